@@ -1,0 +1,69 @@
+"""The machine's matrix-product ceiling at the model's own shapes.
+
+One decode step of a batch is, for its matrix work, one product per weight matrix. Timing
+those products on random data at the model's shapes gives the GFLOP/s this CPU reaches and
+the tokens/s no engine can beat (attention, sampling and everything else come on top).
+Shapes are those of a fused model (q|k|v and gate|up in one matrix each); the FLOPs are the
+same as unfused.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+
+def matmul_shapes(config: dict) -> list[tuple[int, int, int]]:
+    """``(in_features, out_features, count)`` of every weight matrix of a Llama-family model."""
+    hidden = config["hidden_size"]
+    heads = config["num_attention_heads"]
+    kv_heads = config.get("num_key_value_heads") or heads
+    head_dim = config.get("head_dim") or hidden // heads
+    layers = config["num_hidden_layers"]
+    inter = config["intermediate_size"]
+    return [
+        (hidden, (heads + 2 * kv_heads) * head_dim, layers),
+        (heads * head_dim, hidden, layers),
+        (hidden, 2 * inter, layers),
+        (inter, hidden, layers),
+        (hidden, config["vocab_size"], 1),
+    ]
+
+
+def flops_per_token(config: dict) -> float:
+    return float(sum(2 * i * o * n for i, o, n in matmul_shapes(config)))
+
+
+def _seconds_per_product(batch: int, in_f: int, out_f: int, dtype: torch.dtype,
+                         min_time: float) -> float:
+    x = torch.randn(batch, in_f).to(dtype)
+    w = torch.randn(out_f, in_f).to(dtype)
+    F.linear(x, w)  # warm-up: first calls pay for allocation and dispatch
+    reps, start = 0, time.perf_counter()
+    while True:
+        F.linear(x, w)
+        reps += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= min_time and reps >= 3:
+            return elapsed / reps
+
+
+def measure_ceiling(config: dict, batch: int = 64, dtypes: tuple[str, ...] = ("float32",
+                    "bfloat16"), min_time: float = 0.1) -> dict[str, object]:
+    """GFLOP/s and tokens/s ceilings for each dtype at ``batch`` tokens per step."""
+    flops = flops_per_token(config)
+    result: dict[str, object] = {"batch": batch, "gflop_per_token": flops / 1e9}
+    for name in dtypes:
+        dtype = getattr(torch, name)
+        step = sum(n * _seconds_per_product(batch, i, o, dtype, min_time)
+                   for i, o, n in matmul_shapes(config))
+        result[name] = {"gflop_per_s": flops * batch / step / 1e9, "tokens_per_s": batch / step}
+    return result
+
+
+def load_config(folder: Path) -> dict:
+    return json.loads((Path(folder) / "config.json").read_text())

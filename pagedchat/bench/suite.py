@@ -1,0 +1,123 @@
+"""What every bench shares: building the engines, arrivals, one measured run."""
+
+from __future__ import annotations
+
+import gc
+import random
+from dataclasses import dataclass, replace
+
+from pagedchat.bench import report, sharegpt
+from pagedchat.bench.metrics import RequestResult, latency_figures, throughput_figures
+from pagedchat.bench.peers import PEERS, HFContinuous, HFGenerate, load_hf_model
+from pagedchat.bench.sharegpt import Request
+from pagedchat.engine.config import EngineConfig
+from pagedchat.engine.llm_engine import LLMEngine
+
+WARMUP_TEXT = "Warm-up: say something short about paging, memory and the weather. " * 4
+
+
+@dataclass
+class EngineOptions:
+    """The engine knobs a bench exposes (the rest are EngineConfig defaults)."""
+
+    model: str | None = None
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    kv_cache_memory: str | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    dtype: str = "float32"
+    enable_prefix_caching: bool = True
+    preemption_mode: str = "recompute"
+
+    def with_(self, **changes) -> EngineOptions:
+        return replace(self, **changes)
+
+    def build(self) -> LLMEngine:
+        """A fresh engine (so no prefix cache carries over from an earlier run)."""
+        gc.collect()  # let a previous engine's KV pool go before allocating the next
+        return LLMEngine(EngineConfig(
+            model=self.model, block_size=self.block_size, num_kv_blocks=self.num_kv_blocks,
+            kv_cache_memory=self.kv_cache_memory, max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens, dtype=self.dtype,
+            enable_prefix_caching=self.enable_prefix_caching,
+            preemption_mode=self.preemption_mode))
+
+
+def length_limit(engine: LLMEngine) -> int:
+    """The longest request (prompt + output) worth sampling: the paper's 2048, or less when
+    the model's context or the whole KV pool is smaller."""
+    cfg = engine.config
+    return min(2048, cfg.max_model_len, cfg.num_kv_blocks * cfg.block_size)
+
+
+def sample_trace(engine: LLMEngine, num_requests: int, seed: int,
+                 max_tokens: int | None) -> list[Request]:
+    """The paper's ShareGPT sample, within what this engine can hold."""
+    return sharegpt.sample_requests(engine.tokenizer, num_requests, seed, max_tokens,
+                                    max_total_len=length_limit(engine))
+
+
+def parse_list(text: str, convert=str) -> list:
+    """``"a,b"`` -> ``["a", "b"]`` (empty items dropped)."""
+    return [convert(item.strip()) for item in text.split(",") if item.strip()]
+
+
+def parse_peers(text: str) -> list[str]:
+    names = parse_list(text)
+    unknown = [name for name in names if name not in PEERS]
+    if unknown:
+        raise ValueError(f"unknown engine {unknown[0]!r} (choose from {', '.join(PEERS)})")
+    return names
+
+
+def poisson_arrivals(count: int, rate: float, seed: int = 0) -> list[float]:
+    """Arrival offsets (s) of a Poisson process at ``rate`` requests/s; inf: all at once."""
+    if rate == float("inf"):
+        return [0.0] * count
+    rng = random.Random(seed)
+    offsets, now = [], 0.0
+    for _ in range(count):
+        offsets.append(now)
+        now += rng.expovariate(rate)
+    return offsets
+
+
+def warmup_prompt(tokenizer) -> list[int]:
+    return tokenizer.encode(WARMUP_TEXT, add_special_tokens=False)
+
+
+def measure(runner, requests: list[Request], warmup: list[int],
+            arrivals: list[float] | None = None) -> tuple[dict[str, object], list[RequestResult]]:
+    """Warm ``runner`` up on a prompt outside the trace (first calls pay one-off costs), then
+    run the trace once under a progress bar; return its throughput and latency figures."""
+    if not requests:
+        raise ValueError("no request of the trace fits this engine (raise --kv-blocks or "
+                         "--kv-memory, or lower --max-tokens)")
+    runner.run([Request("warmup", warmup, 4)], [0.0], lambda k: None)
+    arrivals = arrivals if arrivals is not None else [0.0] * len(requests)
+    with report.progress(runner.label, len(requests)) as advance:
+        results = runner.run(requests, arrivals, advance)
+    start = min(r.arrival for r in results)
+    duration = max(r.token_times[-1] for r in results) - start
+    return {**throughput_figures(results, duration), **latency_figures(results)}, results
+
+
+def make_peers(names: list[str], engine: LLMEngine, hf_batch_sizes: list[int],
+               hf_page_size: int) -> list:
+    """The peers asked for, on the weights the engine loaded, sized like the engine."""
+    if not names:
+        return []
+    model = load_hf_model(engine.model_files.folder, engine.config.dtype)
+    pad = engine.tokenizer.pad_token_id
+    pad = engine.tokenizer.eos_token_id if pad is None else pad
+    peers = []
+    for name in names:
+        if name == "hf-generate":
+            peers += [HFGenerate(model, pad, size) for size in hf_batch_sizes]
+        else:
+            cfg = engine.config
+            peers.append(HFContinuous(model, cfg.num_kv_blocks * cfg.block_size,
+                                      cfg.max_num_batched_tokens, cfg.max_num_seqs,
+                                      hf_page_size))
+    return peers

@@ -1,0 +1,1 @@
+"""Conversations: sessions, history -> prompt, the sessions store, and the engine driver."""

@@ -1,0 +1,103 @@
+"""A chat session: title, system prompt, sampling settings and messages."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Literal
+
+from pagedchat.engine.sampling_params import SamplingParams
+
+# Long enough to fill whole KV blocks (about 48 tokens with the template), so that
+# sessions sharing it share those blocks through the prefix cache.
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a helpful, concise assistant running in a terminal. Answer in plain language, "
+    "use Markdown for lists and code, and say when you are not sure. Keep answers short "
+    "unless the user asks for detail."
+)
+DEFAULT_TITLE = "New chat"
+
+Role = Literal["user", "assistant"]
+# generating: the reply is being written; cancelled: the user stopped it;
+# interrupted: the app ended before it did; error: the engine refused it.
+Status = Literal["done", "generating", "cancelled", "interrupted", "error"]
+
+
+@dataclass
+class SamplingSettings:
+    """The sampling knobs a user may change with ``/set NAME VALUE``."""
+
+    temperature: float = 0.7
+    top_p: float = 0.95
+    top_k: int = 0
+    repetition_penalty: float = 1.0
+    max_tokens: int = 512
+    seed: int | None = None
+
+    def to_params(self) -> SamplingParams:
+        return SamplingParams(**asdict(self))
+
+    def with_value(self, name: str, text: str) -> SamplingSettings:
+        """A copy with ``name`` set from ``text``; ValueError names what was wrong."""
+        kinds = {f.name: f.type for f in fields(self)}
+        if name not in kinds:
+            raise ValueError(f"unknown setting {name!r} (settings: {', '.join(kinds)})")
+        value: float | int | None
+        try:
+            if name == "seed" and text.strip().lower() in ("none", "off", ""):
+                value = None
+            elif kinds[name] == "float":
+                value = float(text)
+            else:
+                value = int(text)
+        except ValueError:
+            raise ValueError(f"{name} wants a number, got {text!r}") from None
+        updated = replace(self, **{name: value})
+        updated.to_params()  # the engine's own checks (RequestError is a ValueError)
+        return updated
+
+    @classmethod
+    def from_dict(cls, data: dict) -> SamplingSettings:
+        """Settings from stored JSON; keys this version does not know are ignored."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{key: value for key, value in data.items() if key in known})
+
+
+@dataclass
+class Message:
+    role: Role
+    content: str
+    status: Status = "done"
+    id: int | None = None
+    created_at: float = field(default_factory=time.time)
+    # Figures of the turn an assistant message answers (zero for user messages).
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    dropped_messages: int = 0
+    error: str = ""
+
+
+@dataclass
+class Session:
+    title: str = DEFAULT_TITLE
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    settings: SamplingSettings = field(default_factory=SamplingSettings)
+    messages: list[Message] = field(default_factory=list)
+    id: int | None = None
+    created_at: float = field(default_factory=time.time)
+    updated_at: float = field(default_factory=time.time)
+
+    def history(self) -> list[dict[str, str]]:
+        """The messages a prompt is made of: everything said, without failed or empty replies."""
+        return [
+            {"role": message.role, "content": message.content}
+            for message in self.messages
+            if message.role == "user" or (message.content and message.status != "error")
+        ]
+
+
+def title_from(text: str, width: int = 32) -> str:
+    """A session title made of the first words of ``text``."""
+    words = " ".join(text.split())
+    return words if len(words) <= width else words[: width - 1].rstrip() + "…"

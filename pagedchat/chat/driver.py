@@ -1,0 +1,250 @@
+"""The one thread that owns the LLMEngine.
+
+The engine is single-threaded, so a UI never calls it: it puts ``Submit`` and
+``Cancel`` commands on this driver's queue and gets events back through a callback
+(called from the driver thread; a Textual app posts them as messages). The model
+loads in the same thread, so a UI can start at once and queue its first message.
+
+Outputs are coalesced per request and handed over at most every ``flush_interval``
+seconds (a finished reply at once): a small model makes hundreds of steps a second,
+more than a UI wants to hear about.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pagedchat.chat.prompt import PromptTooLong, build_prompt
+
+if TYPE_CHECKING:
+    from pagedchat.engine.llm_engine import LLMEngine
+    from pagedchat.engine.sampling_params import SamplingParams
+    from pagedchat.engine.stats import EngineStats
+
+
+@dataclass(frozen=True)
+class Submit:
+    request_id: str
+    system_prompt: str
+    messages: list[dict[str, str]]  # oldest first; the last one is answered
+    params: SamplingParams
+    context_window: int
+
+
+@dataclass(frozen=True)
+class Cancel:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class EngineReady:
+    num_blocks: int
+    block_size: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class EngineFailed:
+    error: str
+
+
+@dataclass(frozen=True)
+class PromptReady:
+    request_id: str
+    prompt_tokens: int
+    dropped_messages: int
+    truncated: bool
+
+
+@dataclass(frozen=True)
+class ReplyUpdate:
+    request_id: str
+    text: str  # the whole reply so far
+    finished: bool
+    finish_reason: str | None
+    prompt_tokens: int
+    cached_tokens: int
+    output_tokens: int
+
+
+@dataclass(frozen=True)
+class RequestFailed:
+    request_id: str
+    error: str
+
+
+@dataclass(frozen=True)
+class StatsUpdate:
+    stats: EngineStats
+    tokens_per_second: float
+
+
+Event = EngineReady | EngineFailed | PromptReady | ReplyUpdate | RequestFailed | StatsUpdate
+_STOP = object()
+
+
+def load_engine(model: str | None = None, **config: Any) -> LLMEngine:
+    """An engine for ``model`` (None: the default model); imported here to keep start-up fast."""
+    from pagedchat.engine.config import EngineConfig
+    from pagedchat.engine.llm_engine import LLMEngine
+
+    return LLMEngine(EngineConfig(model=model, **config))
+
+
+class EngineDriver:
+    def __init__(
+        self,
+        load: Callable[[], LLMEngine],
+        on_event: Callable[[Event], None],
+        flush_interval: float = 0.05,
+        stats_interval: float = 0.25,
+    ) -> None:
+        self._load = load
+        self._emit = on_event
+        self._flush_interval = flush_interval
+        self._stats_interval = stats_interval
+        self._commands: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="engine-driver", daemon=True)
+        self._pending: dict[str, ReplyUpdate] = {}
+        self._live: set[str] = set()
+        self._token_counts: dict[str, int] = {}
+        self._new_tokens = 0
+        self._last_flush = self._last_stats = time.monotonic()
+        self._stats_dirty = True
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, command: Submit) -> None:
+        self._commands.put(command)
+
+    def cancel(self, request_id: str) -> None:
+        self._commands.put(Cancel(request_id))
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Ask the thread to end and wait for it (a model still loading cannot be stopped)."""
+        self._commands.put(_STOP)
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    # driver thread
+
+    def _run(self) -> None:
+        started = time.perf_counter()
+        try:
+            engine = self._load()
+        except Exception as error:  # noqa: BLE001 - any load failure is reported, not raised
+            reason = str(error) or type(error).__name__
+            self._emit(EngineFailed(reason))
+            self._refuse_all(f"the model failed to load: {reason}")
+            return
+        config = engine.config
+        self._emit(EngineReady(config.num_kv_blocks, config.block_size,
+                               time.perf_counter() - started))
+        self._emit(StatsUpdate(engine.stats(), 0.0))
+        self._serve(engine)
+
+    def _refuse_all(self, reason: str) -> None:
+        while (command := self._commands.get()) is not _STOP:
+            if isinstance(command, Submit):
+                self._emit(RequestFailed(command.request_id, reason))
+
+    def _serve(self, engine: LLMEngine) -> None:
+        while True:
+            busy = engine.has_unfinished_requests()
+            for command in self._take(block=not busy):
+                if command is _STOP:
+                    return
+                if isinstance(command, Submit):
+                    self._add(engine, command)
+                else:
+                    self._abort(engine, command.request_id)
+            if engine.has_unfinished_requests():
+                self._step(engine)
+            self._flush(engine, force=not engine.has_unfinished_requests())
+
+    def _take(self, block: bool) -> list:
+        commands = [self._commands.get()] if block else []
+        while True:
+            try:
+                commands.append(self._commands.get_nowait())
+            except queue.Empty:
+                return commands
+
+    def _add(self, engine: LLMEngine, command: Submit) -> None:
+        rid = command.request_id
+        try:
+            prompt = build_prompt(engine.tokenizer, command.system_prompt, command.messages,
+                                  command.context_window)
+            engine.add_request(rid, prompt.token_ids, command.params)
+        except (PromptTooLong, ValueError) as error:  # RequestError is a ValueError
+            self._emit(RequestFailed(rid, str(error)))
+            return
+        if not self._live:  # tokens/s is measured over busy time only
+            self._new_tokens, self._last_stats = 0, time.monotonic()
+        self._live.add(rid)
+        self._token_counts[rid] = 0
+        self._stats_dirty = True
+        self._emit(PromptReady(rid, len(prompt.token_ids), prompt.dropped_messages,
+                               prompt.truncated))
+
+    def _abort(self, engine: LLMEngine, rid: str) -> None:
+        if rid in self._live:
+            engine.abort_request(rid)
+            self._forget(rid)
+            self._pending.pop(rid, None)
+            self._stats_dirty = True
+
+    def _forget(self, rid: str) -> None:
+        self._live.discard(rid)
+        self._token_counts.pop(rid, None)
+
+    def _step(self, engine: LLMEngine) -> None:
+        try:
+            outputs = engine.step()
+        except Exception as error:  # noqa: BLE001 - a failed step fails its requests, not the thread
+            reason = f"the engine failed: {error or type(error).__name__}"
+            for rid in list(self._live):
+                self._pending.pop(rid, None)
+                self._emit(RequestFailed(rid, reason))
+                with contextlib.suppress(Exception):  # the engine is broken; drop it anyway
+                    engine.abort_request(rid)
+                self._forget(rid)
+            return
+        for output in outputs:
+            rid = output.request_id
+            if rid not in self._live:
+                continue
+            completion = output.outputs[0]
+            count = len(completion.token_ids)
+            self._new_tokens += count - self._token_counts.get(rid, 0)
+            self._token_counts[rid] = count
+            self._pending[rid] = ReplyUpdate(
+                rid, completion.text, output.finished, completion.finish_reason,
+                len(output.prompt_token_ids), output.num_cached_tokens, count,
+            )
+            if output.finished:
+                self._forget(rid)
+        self._stats_dirty = True
+
+    def _flush(self, engine: LLMEngine, force: bool) -> None:
+        now = time.monotonic()
+        finished = any(update.finished for update in self._pending.values())
+        if self._pending and (force or finished or now - self._last_flush >= self._flush_interval):
+            updates, self._pending = list(self._pending.values()), {}
+            for update in updates:
+                self._emit(update)
+            self._last_flush = now
+        if self._stats_dirty and (force or now - self._last_stats >= self._stats_interval):
+            elapsed = max(now - self._last_stats, 1e-6)
+            rate = self._new_tokens / elapsed if engine.has_unfinished_requests() else 0.0
+            self._emit(StatsUpdate(engine.stats(), rate))
+            self._new_tokens = 0
+            self._last_stats = now
+            self._stats_dirty = False

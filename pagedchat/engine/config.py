@@ -1,0 +1,67 @@
+"""EngineConfig: every knob of the engine in one place."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from pagedchat.engine.errors import RequestError
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_bytes(size: str | int) -> int:
+    """``"2GiB"`` -> 2147483648; an int is taken as bytes."""
+    if isinstance(size, int):
+        return size
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(size))
+    if not match or match.group(2).upper() not in _UNITS:
+        raise RequestError(f"cannot read {size!r} as a memory size (try '2GiB' or '512MB')")
+    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+
+
+@dataclass
+class EngineConfig:
+    model: str | None = None
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    kv_cache_memory: str | int | None = None
+    swap_space: str | int = "1GiB"
+    enable_prefix_caching: bool = True
+    preemption_mode: str = "recompute"
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None
+    dtype: str = "float32"
+    device: str = "auto"
+    attention_backend: str = "auto"
+    seed: int = 0
+
+    DEFAULT_KV_CACHE_MEMORY = "2GiB"
+
+    def __post_init__(self) -> None:
+        bs = self.block_size
+        if bs < 1 or bs > 256 or bs & (bs - 1):
+            raise RequestError(f"block_size must be a power of two from 1 to 256, got {bs}")
+        if self.preemption_mode not in ("recompute", "swap"):
+            raise RequestError(
+                f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}"
+            )
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise RequestError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.attention_backend not in ("auto", "torch", "triton"):
+            raise RequestError(
+                f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}"
+            )
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise RequestError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")
+        if self.max_num_seqs < 1:
+            raise RequestError(f"max_num_seqs must be positive, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise RequestError(
+                f"max_num_batched_tokens must be positive, got {self.max_num_batched_tokens}"
+            )
+        if self.kv_cache_memory is not None:
+            parse_bytes(self.kv_cache_memory)
+        parse_bytes(self.swap_space)

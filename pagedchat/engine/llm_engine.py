@@ -1,0 +1,245 @@
+"""LLMEngine: add requests, step, stream outputs back.
+
+Data flows one way: ``add_request`` queues a SequenceGroup; each ``step`` asks the
+scheduler who runs, the model runner computes the logits, and the results are
+appended, detokenized, checked for stops and returned as RequestOutputs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import torch
+
+from pagedchat.engine.block_manager import BlockManager
+from pagedchat.engine.config import EngineConfig
+from pagedchat.engine.detokenizer import IncrementalDetokenizer
+from pagedchat.engine.errors import ModelLoadError, RequestError
+from pagedchat.engine.loader import ModelFiles, prepare_model
+from pagedchat.engine.model_runner import ModelRunner
+from pagedchat.engine.outputs import CompletionOutput, RequestOutput
+from pagedchat.engine.sampler import SampleRow, sample
+from pagedchat.engine.sampling_params import SamplingParams
+from pagedchat.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
+from pagedchat.engine.sequence import Sequence, SequenceGroup, SequenceStatus
+from pagedchat.engine.stats import EngineStats, snapshot
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        from transformers import AutoConfig, AutoTokenizer
+
+        start = time.perf_counter()
+        self.model_files: ModelFiles = prepare_model(config.model)
+        folder = self.model_files.folder
+        try:
+            hf_config = AutoConfig.from_pretrained(folder)
+            self.tokenizer = AutoTokenizer.from_pretrained(folder)
+        except Exception as error:
+            raise ModelLoadError(f"{folder}: cannot read config or tokenizer ({error})") from error
+        context = getattr(hf_config, "max_position_embeddings", 2048)
+        self.config = replace(config, max_model_len=min(config.max_model_len or context, context))
+        try:
+            self.runner = ModelRunner(self.config, hf_config, folder)
+        except KeyError as error:
+            raise ModelLoadError(f"{folder}: weights do not match the config ({error})") from error
+        self.config = replace(self.config, num_kv_blocks=self.runner.num_blocks)
+        self.block_manager = BlockManager(
+            self.runner.num_blocks, config.block_size, self.runner.num_host_blocks,
+            config.enable_prefix_caching,
+        )
+        self.scheduler = Scheduler(self.config, self.block_manager)
+        self.eos_token_ids = _eos_ids(hf_config, self.tokenizer, folder)
+        self.vocab_size = hf_config.vocab_size
+        self.load_seconds = time.perf_counter() - start
+
+    # ---- requests ---------------------------------------------------------------
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        arrival_time: float | None = None,
+    ) -> None:
+        """Queue a request; a request that can never be served raises RequestError now."""
+        params = params or SamplingParams()
+        if self.scheduler.find(request_id) is not None:
+            raise RequestError(f"request id {request_id!r} is already in use")
+        text = prompt if isinstance(prompt, str) else None
+        token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        self._check_request(token_ids, params)
+        group = SequenceGroup(request_id, text, token_ids, params, arrival_time)
+        group.seqs[0].detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids)
+        self.scheduler.add(group)
+
+    def _check_request(self, token_ids: list[int], params: SamplingParams) -> None:
+        if not token_ids:
+            raise RequestError("the prompt is empty")
+        if min(token_ids) < 0 or max(token_ids) >= self.vocab_size:
+            raise RequestError(f"prompt token ids must be in [0, {self.vocab_size})")
+        limit = self.config.max_model_len
+        if len(token_ids) >= limit:
+            raise RequestError(
+                f"the prompt has {len(token_ids)} tokens but the model's context is {limit} "
+                "tokens (it must leave room for at least one new token)")
+        total = min(len(token_ids) + params.max_tokens, limit)
+        bm = self.block_manager
+        shared = len(token_ids) // bm.block_size
+        need = shared + params.best_of * (bm.blocks_for(total) - shared)
+        if need > bm.num_blocks:
+            raise RequestError(
+                f"the request needs up to {need} KV blocks ({len(token_ids)} prompt tokens + "
+                f"{total - len(token_ids)} new, x{params.best_of} sequences, block size "
+                f"{bm.block_size}) but the whole pool has {bm.num_blocks}; lower max_tokens "
+                "or give the cache more memory")
+        if params.use_beam_search:
+            raise RequestError("beam search is not available in this build yet")
+
+    def abort_request(self, request_id: str) -> None:
+        """Stop a request and free its blocks at once (unknown ids are ignored)."""
+        group = self.scheduler.find(request_id)
+        if group is None:
+            return
+        for seq in group.unfinished_seqs:
+            seq.status, seq.finish_reason = SequenceStatus.FINISHED, "abort"
+        self.scheduler.finish(group)
+        group.metrics.finished_time = time.time()
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def stats(self) -> EngineStats:
+        return snapshot(self.block_manager, self.scheduler)
+
+    # ---- one step ---------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one iteration; return the requests that advanced."""
+        out = self.scheduler.schedule()
+        if out.is_empty:
+            return []
+        now = time.time()
+        for item in out.scheduled:
+            if item.group.metrics.first_scheduled_time is None:
+                item.group.metrics.first_scheduled_time = now
+        logits = self.runner.execute(out)
+        return self._process(out, logits)
+
+    def _process(self, out: SchedulerOutput, logits: torch.Tensor) -> list[RequestOutput]:
+        for item in out.scheduled:
+            item.seq.num_computed_tokens += item.num_new_tokens
+            self.block_manager.cache_full_blocks(item.seq)
+        sampling = [item for item in out.scheduled if item.samples]
+        rows, logit_rows, seqs = [], [], []
+        for row, item in enumerate(sampling):
+            for seq in self._seqs_to_sample(item):
+                group = item.group
+                rows.append(SampleRow(group.params, group.prompt_token_ids,
+                                      seq.output_token_ids, group.generator))
+                logit_rows.append(row)
+                seqs.append((group, seq))
+        advanced: dict[str, SequenceGroup] = {}
+        if rows:
+            tokens, logprobs = sample(logits[logit_rows], rows)
+            now = time.time()
+            for (group, seq), token, logprob in zip(seqs, tokens, logprobs):
+                seq.append_token(token, logprob)
+                self._after_token(group, seq)
+                advanced[group.request_id] = group
+            for group in advanced.values():
+                metrics = group.metrics
+                metrics.first_token_time = metrics.first_token_time or now
+                metrics.last_token_time = now
+                metrics.token_times.append(now)
+        results = []
+        for group in advanced.values():
+            if not group.unfinished_seqs:
+                self.scheduler.finish(group)
+                group.metrics.finished_time = time.time()
+            results.append(self._request_output(group))
+        return results
+
+    def _seqs_to_sample(self, item: ScheduledSeq) -> list[Sequence]:
+        """The sequences sampled from this row: after the prompt of an n > 1 request,
+        its best_of samples fork here and share the prompt's blocks."""
+        group = item.group
+        if group.forked:
+            return [item.seq]
+        parent = item.seq
+        children = [parent]
+        for index in range(1, group.params.best_of):
+            child = parent.fork(index)
+            self.block_manager.fork(parent, child)
+            children.append(child)
+        group.seqs = children
+        group.forked = True
+        return children
+
+    def _after_token(self, group: SequenceGroup, seq: Sequence) -> None:
+        params = group.params
+        previous = len(seq.output_text)
+        seq.output_text += seq.detokenizer.step(seq.token_ids)
+        token = seq.token_ids[-1]
+        reason = None
+        if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
+            reason = "stop"
+        elif params.stop:
+            window = seq.output_text[max(previous - max(map(len, params.stop)), 0) :]
+            hits = [window.find(s) for s in params.stop if s in window]
+            if hits:
+                cut = max(previous - max(map(len, params.stop)), 0) + min(hits)
+                seq.output_text = seq.output_text[:cut]
+                reason = "stop"
+        if reason is None and (
+            seq.num_output_tokens >= params.max_tokens
+            or seq.num_tokens >= self.config.max_model_len
+        ):
+            reason = "length"
+        if reason is not None:
+            seq.status, seq.finish_reason = SequenceStatus.FINISHED, reason
+            self.block_manager.free(seq)
+
+    def _request_output(self, group: SequenceGroup) -> RequestOutput:
+        params = group.params
+        seqs = sorted(group.seqs, key=lambda s: s.index)
+        if params.best_of > params.n and not group.unfinished_seqs:
+            seqs = sorted(seqs, key=lambda s: -s.cumulative_logprob)[: params.n]
+        elif params.best_of > params.n:
+            seqs = seqs[: params.n]
+        outputs = []
+        for i, seq in enumerate(seqs):
+            visible = _visible_text(seq, params)
+            delta = visible[seq.emitted_chars :]
+            seq.emitted_chars = len(visible)
+            outputs.append(CompletionOutput(
+                i, visible, seq.output_token_ids, seq.cumulative_logprob, seq.finish_reason, delta))
+        return RequestOutput(
+            group.request_id, group.prompt, group.prompt_token_ids, outputs,
+            group.is_finished, group.num_cached_tokens, group.metrics,
+        )
+
+
+def _visible_text(seq: Sequence, params: SamplingParams) -> str:
+    """Text safe to show now: while a stop string could still be forming, hold back
+    its length minus one characters."""
+    if seq.is_finished or not params.stop:
+        return seq.output_text
+    hold = max(map(len, params.stop)) - 1
+    return seq.output_text[: max(len(seq.output_text) - hold, 0)]
+
+
+def _eos_ids(hf_config, tokenizer, folder) -> set[int]:
+    from transformers import GenerationConfig
+
+    ids: set[int] = set()
+    try:
+        generation = GenerationConfig.from_pretrained(folder)
+        candidates = [generation.eos_token_id, hf_config.eos_token_id, tokenizer.eos_token_id]
+    except OSError:
+        candidates = [hf_config.eos_token_id, tokenizer.eos_token_id]
+    for value in candidates:
+        if isinstance(value, int):
+            ids.add(value)
+        elif value:
+            ids.update(value)
+    return ids

@@ -1,0 +1,1 @@
+"""Our own transformer implementations (the Llama family)."""

@@ -1,0 +1,200 @@
+"""A Llama-family decoder (Llama, SmolLM, Mistral, Qwen2) with paged attention.
+
+Attention reads and writes K/V only through :mod:`pagedchat.kernels`; the batch's
+attention metadata (slot mapping, block tables, context lengths) is passed in, so
+one forward serves prefill chunks and decodes of many sequences at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class AttentionMetadata:
+    """Where each new token's K/V goes and which cached tokens each query reads."""
+
+    slot_mapping: torch.Tensor  # [num_tokens] int64, -1 = skip
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32, padded with -1
+    context_lens: torch.Tensor  # [num_seqs] int32, tokens in cache after this step
+    query_start_loc: torch.Tensor  # [num_seqs + 1] int32
+    max_query_len: int
+    max_context_len: int
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """cos/sin tables computed as transformers does (float32), looked up by position."""
+
+    def __init__(self, inv_freq: torch.Tensor, scaling: float, max_positions: int) -> None:
+        super().__init__()
+        positions = torch.arange(max_positions, dtype=torch.float32)
+        freqs = positions[:, None] * inv_freq.float()[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos", emb.cos() * scaling, persistent=False)
+        self.register_buffer("sin", emb.sin() * scaling, persistent=False)
+
+    def forward(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        cos = self.cos[positions].to(q.dtype).unsqueeze(1)
+        sin = self.sin[positions].to(q.dtype).unsqueeze(1)
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, config, kernels: ModuleType) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        bias = getattr(config, "attention_bias", False) or config.model_type == "qwen2"
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.scale = self.head_dim**-0.5
+        self.kernels = kernels
+        self.k_cache = torch.empty(0)
+        self.v_cache = torch.empty(0)
+
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        qkv = self.qkv_proj(x)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        q, k = rotary(positions, q, k)
+        self.kernels.store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
+        out = self.kernels.paged_attention(
+            q, self.k_cache, self.v_cache, meta.block_tables, meta.context_lens,
+            meta.query_start_loc, self.scale,
+        )
+        return self.o_proj(out.reshape(-1, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.intermediate = config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * self.intermediate, bias=False)
+        self.down_proj = nn.Linear(self.intermediate, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config, kernels: ModuleType) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, kernels)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config, kernels: ModuleType, max_positions: int) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, kernels) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.tied = bool(getattr(config, "tie_word_embeddings", False))
+        self.lm_head = None if self.tied else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        inv_freq, scaling = _rope_parameters(config)
+        self.rotary = RotaryEmbedding(inv_freq, scaling, max_positions)
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            x = layer(x, positions, self.rotary, meta)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits in float32 for the rows that are sampled (and only those)."""
+        hidden = self.norm(hidden)
+        weight = self.embed_tokens.weight if self.tied else self.lm_head.weight
+        return F.linear(hidden, weight).float()
+
+    @torch.no_grad()
+    def load_hf_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Copy a transformers-named state dict in, fusing q/k/v and gate/up."""
+        own = dict(self.named_parameters())
+        for i, layer in enumerate(self.layers):
+            prefix = f"model.layers.{i}."
+            attn, mlp = layer.self_attn, layer.mlp
+            qkv = [tensors.pop(prefix + f"self_attn.{n}_proj.weight") for n in "qkv"]
+            attn.qkv_proj.weight.copy_(torch.cat(qkv))
+            if attn.qkv_proj.bias is not None:
+                biases = [tensors.pop(prefix + f"self_attn.{n}_proj.bias", None) for n in "qkv"]
+                if all(b is not None for b in biases):
+                    attn.qkv_proj.bias.copy_(torch.cat(biases))
+                else:
+                    attn.qkv_proj.bias.zero_()
+            gate_up = [tensors.pop(prefix + f"mlp.{n}_proj.weight") for n in ("gate", "up")]
+            mlp.gate_up_proj.weight.copy_(torch.cat(gate_up))
+            for name in ("self_attn.o_proj.weight", "mlp.down_proj.weight",
+                         "input_layernorm.weight", "post_attention_layernorm.weight"):
+                own[f"layers.{i}.{name}"].copy_(tensors.pop(prefix + name))
+        own["embed_tokens.weight"].copy_(tensors.pop("model.embed_tokens.weight"))
+        own["norm.weight"].copy_(tensors.pop("model.norm.weight"))
+        head = tensors.pop("lm_head.weight", None)
+        if self.lm_head is not None:
+            if head is None:
+                raise KeyError("lm_head.weight (the model's head is not tied to its embeddings)")
+            self.lm_head.weight.copy_(head)
+        if tensors:
+            raise KeyError(f"unexpected weights: {', '.join(sorted(tensors)[:5])}")
+
+
+def _rope_parameters(config) -> tuple[torch.Tensor, float]:
+    """inv_freq and cos/sin scaling for the config's rope type, as transformers computes them."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    params = getattr(config, "rope_parameters", None) or {}
+    rope_type = params.get("rope_type", "default")
+    if rope_type == "default":
+        dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        base = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+        return inv_freq, 1.0
+    if rope_type not in ROPE_INIT_FUNCTIONS:
+        raise ValueError(f"unsupported rope type {rope_type!r}")
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config)
+    return inv_freq, float(scaling)

@@ -1,0 +1,87 @@
+"""Choosing the next token: penalties, greedy, temperature, top-k, top-p, min-p, seeds.
+
+All rows are processed together; only rows with their own seed draw their noise
+from their own generator, so a seeded answer does not depend on what else is in
+the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pagedchat.engine.sampling_params import SamplingParams
+
+
+@dataclass
+class SampleRow:
+    """One sampled sequence: its parameters, history and (optional) own generator."""
+
+    params: SamplingParams
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    generator: torch.Generator | None
+
+
+def apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+    """Repetition (transformers' rule, over prompt and output), presence and frequency
+    (OpenAI's rule, over the output) penalties, in place on rows that ask for them."""
+    for i, row in enumerate(rows):
+        p = row.params
+        if p.repetition_penalty != 1.0:
+            seen = torch.tensor(sorted(set(row.prompt_token_ids) | set(row.output_token_ids)))
+            scores = logits[i, seen]
+            logits[i, seen] = torch.where(
+                scores > 0, scores / p.repetition_penalty, scores * p.repetition_penalty)
+        if (p.presence_penalty or p.frequency_penalty) and row.output_token_ids:
+            ids, counts = torch.tensor(row.output_token_ids).unique(return_counts=True)
+            logits[i, ids] -= p.frequency_penalty * counts.float() + p.presence_penalty
+    return logits
+
+
+def filter_logits(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+    """Temperature, then top-k, top-p and min-p as masks of -inf."""
+    temps = torch.tensor([row.params.temperature for row in rows]).unsqueeze(1)
+    logits = logits / temps
+    top_k = [row.params.top_k for row in rows]
+    if any(k > 0 for k in top_k):
+        vocab = logits.shape[1]
+        k = torch.tensor([k if k > 0 else vocab for k in top_k]).clamp(max=vocab)
+        kth = logits.sort(dim=1, descending=True).values.gather(1, (k - 1).unsqueeze(1))
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    top_p = torch.tensor([row.params.top_p for row in rows])
+    if bool((top_p < 1).any()):
+        sorted_logits, order = logits.sort(dim=1, descending=True)
+        probs = sorted_logits.softmax(dim=1)
+        before = probs.cumsum(dim=1) - probs
+        drop_sorted = before >= top_p.unsqueeze(1)
+        drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    min_p = torch.tensor([row.params.min_p for row in rows])
+    if bool((min_p > 0).any()):
+        probs = logits.softmax(dim=1)
+        floor = probs.max(dim=1, keepdim=True).values * min_p.unsqueeze(1)
+        logits = logits.masked_fill(probs < floor, float("-inf"))
+    return logits
+
+
+def sample(logits: torch.Tensor, rows: list[SampleRow]) -> tuple[list[int], list[float]]:
+    """Next token and its log-probability (under the model's own distribution) per row."""
+    logits = apply_penalties(logits.float().clone(), rows)
+    logprobs = logits.log_softmax(dim=1)
+    chosen = logits.argmax(dim=1)
+    random = [i for i, row in enumerate(rows) if not row.params.greedy]
+    if random:
+        index = torch.tensor(random)
+        probs = filter_logits(logits[index], [rows[i] for i in random]).softmax(dim=1)
+        noise = torch.empty_like(probs)
+        shared = [j for j, i in enumerate(random) if rows[i].generator is None]
+        if shared:
+            noise[shared] = torch.empty(len(shared), probs.shape[1]).exponential_()
+        for j, i in enumerate(random):
+            if rows[i].generator is not None:
+                noise[j].exponential_(generator=rows[i].generator)
+        chosen[index] = (probs / noise).argmax(dim=1)
+    picked = logprobs.gather(1, chosen.unsqueeze(1)).squeeze(1)
+    return chosen.tolist(), picked.tolist()

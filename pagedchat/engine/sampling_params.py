@@ -1,0 +1,84 @@
+"""SamplingParams: how one request's tokens are chosen and when it stops."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pagedchat.engine.errors import RequestError
+
+
+@dataclass
+class SamplingParams:
+    """vLLM-shaped sampling parameters. ``temperature=0`` means greedy.
+
+    ``n`` sequences are returned; ``best_of`` (>= n) are generated. With
+    ``use_beam_search`` the group keeps ``best_of`` (the beam width, default ``n``)
+    beams and returns the ``n`` best, ranked like transformers' beam search.
+    """
+
+    n: int = 1
+    best_of: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    max_tokens: int = 16
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.best_of is None:
+            self.best_of = self.n
+        self._check()
+
+    def _check(self) -> None:
+        def bad(reason: str) -> RequestError:
+            return RequestError(f"invalid sampling parameters: {reason}")
+
+        if self.n < 1:
+            raise bad(f"n must be at least 1, got {self.n}")
+        if self.best_of < self.n:
+            raise bad(f"best_of ({self.best_of}) must be >= n ({self.n})")
+        if self.temperature < 0:
+            raise bad(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise bad(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < -1:
+            raise bad(f"top_k must be -1, 0 (off) or positive, got {self.top_k}")
+        if not 0 <= self.min_p <= 1:
+            raise bad(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.repetition_penalty <= 0:
+            raise bad(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if not -2 <= self.presence_penalty <= 2:
+            raise bad(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
+        if not -2 <= self.frequency_penalty <= 2:
+            raise bad(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
+        if self.max_tokens < 1:
+            raise bad(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if any(not s for s in self.stop):
+            raise bad("stop strings must not be empty")
+        if self.use_beam_search:
+            if self.temperature != 0:
+                raise bad("beam search is deterministic: set temperature=0")
+            if self.early_stopping not in (True, False, "never"):
+                raise bad(f"early_stopping must be True, False or 'never', got {self.early_stopping!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def beam_width(self) -> int:
+        return self.best_of

@@ -1,0 +1,208 @@
+"""Iteration-level scheduling: who runs this step, with how many tokens.
+
+There is no prefill or decode phase. Each sequence has ``num_computed_tokens``;
+a step spends a token budget on running groups first (oldest first), then on
+swapped groups, then on waiting ones, first come first served. A long prompt is
+prefilled in chunks alongside running decodes. When blocks run out, the newest
+running group is preempted, all or nothing, and nothing new is admitted that step.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from pagedchat.engine.block_manager import BlockManager
+from pagedchat.engine.config import EngineConfig
+from pagedchat.engine.sequence import Sequence, SequenceGroup, SequenceStatus
+
+
+@dataclass
+class ScheduledSeq:
+    group: SequenceGroup
+    seq: Sequence
+    num_new_tokens: int
+    samples: bool
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    copies: list[tuple[int, int]] = field(default_factory=list)
+    swap_out: list[tuple[int, int]] = field(default_factory=list)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)
+    preempted: list[SequenceGroup] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(item.num_new_tokens for item in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, block_manager: BlockManager) -> None:
+        self.config = config
+        self.block_manager = block_manager
+        self.waiting: deque[SequenceGroup] = deque()
+        self.running: list[SequenceGroup] = []
+        self.swapped: deque[SequenceGroup] = deque()
+        self.num_preemptions = 0
+
+    def add(self, group: SequenceGroup) -> None:
+        self.waiting.append(group)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped)
+
+    def groups(self) -> list[SequenceGroup]:
+        return [*self.running, *self.swapped, *self.waiting]
+
+    def num_running_seqs(self) -> int:
+        return sum(len(group.unfinished_seqs) for group in self.running)
+
+    # ---- one step ---------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        index = 0
+        while index < len(self.running) and budget > 0:
+            group = self.running[index]
+            plan = self._plan(group, budget)
+            while plan and not self._allocate(plan):
+                victim = self.running.pop()
+                self._preempt(victim, out)
+                if victim is group:
+                    plan = []
+            if group not in self.running:
+                break
+            out.scheduled.extend(plan)
+            budget -= sum(item.num_new_tokens for item in plan)
+            index += 1
+        if not out.preempted:
+            budget = self._resume_swapped(out, budget)
+            if not self.swapped:
+                self._admit_waiting(out, budget)
+        out.copies = self.block_manager.take_copies()
+        return out
+
+    def _plan(
+        self, group: SequenceGroup, budget: int, cached: dict[int, list[int]] | None = None
+    ) -> list[ScheduledSeq]:
+        """How many tokens each sequence of ``group`` computes this step.
+
+        ``cached`` maps a fresh sequence to the prefix-cache blocks it will take.
+        A group samples only when all its sequences are caught up in the same step;
+        a lone sequence may take a chunk of its prompt instead."""
+        seqs = group.unfinished_seqs
+        hit = {seq_id: len(blocks) * self.block_manager.block_size
+               for seq_id, blocks in (cached or {}).items()}
+        remaining = [s.num_tokens - s.num_computed_tokens - hit.get(s.seq_id, 0) for s in seqs]
+        if sum(remaining) <= budget:
+            return [ScheduledSeq(group, s, r, True) for s, r in zip(seqs, remaining)]
+        if len(seqs) == 1:
+            return [ScheduledSeq(group, seqs[0], budget, False)] if budget > 0 else []
+        plan = []
+        for seq, left in zip(seqs, remaining):
+            take = min(left - 1, budget)
+            if take > 0:
+                plan.append(ScheduledSeq(group, seq, take, False))
+                budget -= take
+        return plan
+
+    def _allocate(
+        self, plan: list[ScheduledSeq], cached: dict[int, list[int]] | None = None
+    ) -> bool:
+        """Allocate slots for every sequence of ``plan`` or for none of them."""
+        bm = self.block_manager
+        cached = cached or {}
+        refs: dict[int, int] = {}
+        hits = {block_id for blocks in cached.values() for block_id in blocks}
+        need = bm.evictable_taken(hits)
+        for item in plan:
+            num_cached = len(cached.get(item.seq.seq_id, []))
+            need += bm.blocks_needed(item.seq, item.num_new_tokens, num_cached, refs)
+        if need > bm.num_free_blocks:
+            return False
+        for item in plan:
+            blocks = cached.get(item.seq.seq_id, [])
+            if not bm.allocate_slots(item.seq, item.num_new_tokens, blocks):
+                raise AssertionError("block accounting disagreed with allocation")
+        return True
+
+    def _preempt(self, group: SequenceGroup, out: SchedulerOutput) -> None:
+        self.num_preemptions += 1
+        out.preempted.append(group)
+        seqs = group.unfinished_seqs
+        bm = self.block_manager
+        if self.config.preemption_mode == "swap" and bm.can_swap_out(seqs):
+            out.swap_out.extend(bm.swap_out(seqs))
+            for seq in seqs:
+                seq.status = SequenceStatus.SWAPPED
+            group.status = SequenceStatus.SWAPPED
+            self.swapped.appendleft(group)
+            return
+        for seq in seqs:
+            bm.free(seq)
+            seq.status = SequenceStatus.WAITING
+        group.status = SequenceStatus.WAITING
+        self.waiting.appendleft(group)
+
+    def _resume_swapped(self, out: SchedulerOutput, budget: int) -> int:
+        bm = self.block_manager
+        while self.swapped and budget > 0:
+            group = self.swapped[0]
+            seqs = group.unfinished_seqs
+            if self.num_running_seqs() + len(seqs) > self.config.max_num_seqs:
+                break
+            if not bm.can_swap_in(seqs, reserve=2 * len(seqs)):
+                break
+            self.swapped.popleft()
+            out.swap_in.extend(bm.swap_in(seqs))
+            for seq in seqs:
+                seq.status = SequenceStatus.RUNNING
+            group.status = SequenceStatus.RUNNING
+            self.running.append(group)
+            plan = self._plan(group, budget)
+            if plan and self._allocate(plan):
+                out.scheduled.extend(plan)
+                budget -= sum(item.num_new_tokens for item in plan)
+        return budget
+
+    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        bm = self.block_manager
+        while self.waiting and budget > 0:
+            group = self.waiting[0]
+            if self.num_running_seqs() + group.max_seqs > self.config.max_num_seqs:
+                break
+            cached = {seq.seq_id: bm.find_cached_prefix(seq) for seq in group.unfinished_seqs}
+            plan = self._plan(group, budget, cached)
+            if not plan or not self._allocate(plan, cached):
+                break
+            self.waiting.popleft()
+            group.status = SequenceStatus.RUNNING
+            for seq in group.unfinished_seqs:
+                seq.status = SequenceStatus.RUNNING
+            hits = max(len(blocks) for blocks in cached.values()) * bm.block_size
+            group.num_cached_tokens = max(group.num_cached_tokens, hits)
+            self.running.append(group)
+            out.scheduled.extend(plan)
+            budget -= sum(item.num_new_tokens for item in plan)
+
+    # ---- endings ----------------------------------------------------------------
+    def finish(self, group: SequenceGroup) -> None:
+        """Free every block of a group that ended and drop it from its queue."""
+        for seq in group.seqs:
+            self.block_manager.free(seq)
+        group.status = SequenceStatus.FINISHED
+        for queue in (self.running, self.waiting, self.swapped):
+            if group in queue:
+                queue.remove(group)
+
+    def find(self, request_id: str) -> SequenceGroup | None:
+        for group in self.groups():
+            if group.request_id == request_id:
+                return group
+        return None

@@ -1,0 +1,107 @@
+"""PagedAttention in plain PyTorch: the CPU path and the definition of what is right.
+
+KV cache layout (shared by every kernel), per layer:
+    k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]
+A token's slot is ``block_id * block_size + offset``. Block tables are int32
+``[num_seqs, max_blocks_per_seq]`` padded with -1.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def store_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Write ``key``/``value`` rows ``[num_tokens, num_kv_heads, head_dim]`` into their slots.
+
+    A slot of -1 means "skip this row" (padding)."""
+    valid = slot_mapping >= 0
+    if not bool(valid.all()):
+        key, value, slot_mapping = key[valid], value[valid], slot_mapping[valid]
+    slots = slot_mapping.long()
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, key.to(k_cache.dtype))
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, value.to(v_cache.dtype))
+
+
+def gather_kv(
+    cache: torch.Tensor, block_table: torch.Tensor, context_len: int
+) -> torch.Tensor:
+    """The first ``context_len`` cached rows of one sequence, ``[context_len, kv_heads, dim]``."""
+    block_size = cache.shape[1]
+    num_blocks = (context_len + block_size - 1) // block_size
+    blocks = block_table[:num_blocks].long()
+    return cache[blocks].reshape(-1, *cache.shape[2:])[:context_len]
+
+
+def paged_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of a chunk of new queries per sequence over its paged cache.
+
+    ``query`` is ``[num_tokens, num_heads, head_dim]``; sequence ``i`` owns rows
+    ``query_start_loc[i]:query_start_loc[i+1]``. Those ``q_len`` queries are the last
+    positions of its context, ``context_lens[i] - q_len .. context_lens[i] - 1``, and
+    their K/V are already stored in the cache. Decode is the case ``q_len == 1``;
+    a prefill chunk after a prefix-cache hit or an earlier chunk is ``q_len > 1``
+    with cached tokens before it. Grouped-query heads share K/V heads.
+    Returns ``[num_tokens, num_heads, head_dim]`` in the query's dtype.
+    """
+    num_heads = query.shape[1]
+    num_kv_heads = k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    out = torch.empty_like(query)
+    starts = query_start_loc.tolist()
+    lens = context_lens.tolist()
+    for i, context_len in enumerate(lens):
+        q = query[starts[i] : starts[i + 1]]
+        q_len = q.shape[0]
+        if q_len == 0:
+            continue
+        k = gather_kv(k_cache, block_tables[i], context_len).float()
+        v = gather_kv(v_cache, block_tables[i], context_len).float()
+        if group > 1:
+            k = k.repeat_interleave(group, dim=1)
+            v = v.repeat_interleave(group, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", q.float(), k) * scale
+        q_pos = torch.arange(context_len - q_len, context_len).unsqueeze(1)
+        k_pos = torch.arange(context_len).unsqueeze(0)
+        scores.masked_fill_(k_pos > q_pos, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        out[starts[i] : starts[i + 1]] = torch.einsum("hqk,khd->qhd", probs, v).to(query.dtype)
+    return out
+
+
+def copy_blocks(
+    k_caches: list[torch.Tensor],
+    v_caches: list[torch.Tensor],
+    block_mapping: torch.Tensor,
+) -> None:
+    """Copy-on-write: for every ``(src, dst)`` row of ``block_mapping`` ``[n, 2]``,
+    copy block ``src`` into block ``dst`` in every layer, one batched call per layer."""
+    if block_mapping.numel() == 0:
+        return
+    src = block_mapping[:, 0].long()
+    dst = block_mapping[:, 1].long()
+    for k_cache, v_cache in zip(k_caches, v_caches):
+        k_cache.index_copy_(0, dst, k_cache.index_select(0, src))
+        v_cache.index_copy_(0, dst, v_cache.index_select(0, src))
+
+
+def swap_blocks(src: torch.Tensor, dst: torch.Tensor, block_mapping: torch.Tensor) -> None:
+    """Move blocks between pools (device <-> host): ``dst[d] = src[s]`` for each ``(s, d)``."""
+    if block_mapping.numel() == 0:
+        return
+    rows = src.index_select(0, block_mapping[:, 0].long().to(src.device))
+    dst.index_copy_(0, block_mapping[:, 1].long().to(dst.device), rows.to(dst.device))

@@ -1,0 +1,1 @@
+"""The Textual app of `pagedchat chat`."""

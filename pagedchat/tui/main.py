@@ -1,0 +1,60 @@
+"""`pagedchat chat`: the Typer command and the function behind it."""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from pagedchat.chat.driver import load_engine
+from pagedchat.chat.prompt import DEFAULT_CONTEXT_WINDOW
+from pagedchat.chat.store import Store, StoreError
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+DEFAULT_KV_BLOCKS = 512
+
+
+def run_chat(
+    model: str | None = None,
+    db: Path | None = None,
+    continue_last: bool = False,
+    session_id: int | None = None,
+    context_window: int = DEFAULT_CONTEXT_WINDOW,
+    kv_blocks: int = DEFAULT_KV_BLOCKS,
+) -> None:
+    """Open the store, check the asked-for session, and run the app until the user quits."""
+    from pagedchat.tui.app import ChatApp  # Textual loads only when the app runs
+
+    try:
+        store = Store(db)
+        if session_id is not None and store.load_session(session_id) is None:
+            raise typer.BadParameter(f"there is no session {session_id} in {store.path}",
+                                     param_hint="--session")
+    except StoreError as error:
+        raise typer.BadParameter(str(error), param_hint="--db") from error
+    name = Path(model).name if model else DEFAULT_MODEL_NAME
+    app = ChatApp(store, partial(load_engine, model, num_kv_blocks=kv_blocks), name,
+                  context_window=context_window, session_id=session_id,
+                  continue_last=continue_last)
+    app.run()
+
+
+def chat(
+    model: Annotated[str | None, typer.Option(
+        "--model", "-m", help="HF folder or GGUF file [default: SmolLM2-135M-Instruct]")] = None,
+    db: Annotated[Path | None, typer.Option(
+        help="SQLite file of the sessions [default: $PAGEDCHAT_DATA_DIR or "
+             "$XDG_DATA_HOME/pagedchat/chats.db]")] = None,
+    continue_last: Annotated[bool, typer.Option(
+        "--continue", "-c", help="Reopen the last session.")] = False,
+    session: Annotated[int | None, typer.Option(help="Reopen the session with this id.")] = None,
+    context_window: Annotated[int, typer.Option(
+        min=16, help="Prompt tokens kept: system prompt plus the newest messages that fit."
+    )] = DEFAULT_CONTEXT_WINDOW,
+    kv_blocks: Annotated[int, typer.Option(
+        min=1, help="Blocks in the KV cache pool.")] = DEFAULT_KV_BLOCKS,
+) -> None:
+    """Chat in the terminal with a model served by the paged engine."""
+    run_chat(model, db, continue_last, session, context_window, kv_blocks)

@@ -1,0 +1,123 @@
+"""One message of the chat: who, the text as Markdown, and the figures of its turn.
+
+A streaming reply is flushed to the Markdown widget on a timer, as appends of what
+is new (a widget cannot take more than about 20 updates a second), and rendered once
+in full when the reply ends.
+"""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.widgets import Label, Markdown, Static
+
+from pagedchat.chat.conversation import Message
+
+FLUSH_SECONDS = 0.1
+_STATUS_WORDS = {"generating": "writing…", "cancelled": "cancelled",
+                 "interrupted": "interrupted", "error": "failed"}
+
+
+class MessageBox(Vertical, can_focus=True):
+    BINDINGS = [
+        Binding("y", "copy_text", "Copy message"),
+        Binding("c", "copy_code", "Copy code"),
+    ]
+
+    def __init__(self, message: Message) -> None:
+        super().__init__(classes=message.role)
+        self.message = message
+        self.note = ""  # e.g. "waiting for the model"
+        self._timer = None
+
+    def compose(self) -> ComposeResult:
+        yield Label(self._header(), classes="header")
+        yield Markdown(self.message.content)
+        yield Static(self._caption(), classes="caption", markup=False)
+
+    def on_mount(self) -> None:
+        if self.message.status == "generating":
+            self._timer = self.set_interval(FLUSH_SECONDS, self._flush)
+        self._show_info()
+
+    def refresh_info(self, note: str = "") -> None:
+        """Redraw header and caption from the message (its status and figures changed)."""
+        self.note = note
+        if self.is_mounted:
+            self._show_info()
+
+    def finish(self) -> None:
+        """The reply ended: stop streaming and render the whole text once."""
+        if self._timer is not None:
+            self._timer.stop()
+            self._timer = None
+        self.note = ""
+        if self.is_mounted:
+            self.query_one(Markdown).update(self.message.content)
+            self._show_info()
+
+    def _flush(self) -> None:
+        markdown = self.query_one(Markdown)
+        text, shown = self.message.content, markdown.source
+        if text == shown:
+            return
+        if text.startswith(shown):
+            markdown.append(text[len(shown):])
+        else:
+            markdown.update(text)
+
+    def _show_info(self) -> None:
+        self.query_one(".header", Label).update(self._header())
+        caption = self._caption()
+        self.query_one(".caption", Static).update(caption)
+        self.set_class(not caption, "-no-caption")
+        self.set_class(self.message.status == "error", "-error")
+
+    def _header(self) -> str:
+        who = "You" if self.message.role == "user" else "Assistant"
+        word = self.note or _STATUS_WORDS.get(self.message.status, "")
+        return f"{who} · {word}" if word else who
+
+    def _caption(self) -> str:
+        m = self.message
+        if m.role == "user":
+            return ""
+        parts = []
+        if m.prompt_tokens:
+            parts.append(f"prompt {m.prompt_tokens} tok, {m.cached_tokens} cached")
+        if m.output_tokens:
+            parts.append(f"reply {m.output_tokens} tok")
+        if m.dropped_messages:
+            parts.append(f"{m.dropped_messages} older messages dropped")
+        if m.error:
+            parts.append(m.error)
+        return " · ".join(parts)
+
+    def action_copy_text(self) -> None:
+        self.app.copy_to_clipboard(self.message.content)
+        self.notify("Message copied")
+
+    def action_copy_code(self) -> None:
+        blocks = code_blocks(self.message.content)
+        if not blocks:
+            self.notify("No code block in this message", severity="warning")
+            return
+        self.app.copy_to_clipboard(blocks[-1])
+        self.notify("Code block copied")
+
+
+def code_blocks(text: str) -> list[str]:
+    """The contents of the fenced code blocks in ``text``, in order."""
+    blocks: list[str] = []
+    lines: list[str] | None = None
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            if lines is None:
+                lines = []
+            else:
+                blocks.append("\n".join(lines))
+                lines = None
+        elif lines is not None:
+            lines.append(line)
+    return blocks

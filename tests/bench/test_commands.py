@@ -1,0 +1,118 @@
+"""`pagedchat bench ...` end to end on the tiny random model (small numbers, real engines)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from pagedchat.cli import app
+
+runner = CliRunner()
+
+
+def bench(*args: str):
+    return runner.invoke(app, ["bench", *args])
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir) -> list[str]:
+    return ["--model", str(tiny_model_dir)]
+
+
+def test_throughput_against_both_peers(tiny, tmp_path):
+    out = tmp_path / "t.json"
+    result = bench("throughput", *tiny, "-n", "3", "--max-tokens", "4", "--kv-blocks", "64",
+                   "--compare", "hf-generate,hf-continuous", "--hf-batch-size", "2",
+                   "--no-ceiling", "--json", str(out))
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert data["metadata"]["num_kv_blocks"] == 64
+    engines = data["engines"]
+    assert set(engines) == {"pagedchat", "hf-generate", "hf-continuous"}
+    # the same requests, so the same token counts, for every engine
+    assert len({(e["prompt_tokens"], e["output_tokens"]) for e in engines.values()}) == 1
+    assert engines["pagedchat"]["output_tokens"] == 12
+    assert engines["hf-generate"]["batch_size"] == 2
+    lines = [line for line in result.stdout.splitlines() if line.startswith("throughput ")]
+    assert [line.split()[1] for line in lines] == [
+        "engine=pagedchat", "engine=hf-generate-b2", "engine=hf-continuous"]
+    assert "pagedchat_ratio=1 " in lines[0] + " "
+
+
+def test_unknown_peer_is_a_usage_error(tiny):
+    result = bench("throughput", *tiny, "--compare", "vllm")
+    assert result.exit_code == 2
+    assert "unknown engine 'vllm'" in result.output
+
+
+def test_bad_rate_and_dtype_are_usage_errors(tiny):
+    assert bench("serve", *tiny, "--rate", "0").exit_code == 2
+    assert bench("serve", *tiny, "--rate", "fast").exit_code == 2
+    assert bench("throughput", *tiny, "--dtype", "int3").exit_code == 2
+
+
+def test_missing_model_is_one_clear_line(tmp_path):
+    result = bench("throughput", "--model", str(tmp_path / "nope"), "-n", "1")
+    assert result.exit_code == 1
+    assert "no such file or folder" in result.output
+
+
+def test_serve_writes_latencies_and_the_plot(tiny, tmp_path):
+    plot, out = tmp_path / "serve.png", tmp_path / "s.json"
+    result = bench("serve", *tiny, "-n", "3", "--max-tokens", "3", "--kv-blocks", "64",
+                   "--rate", "20,inf", "--plot", str(plot), "--json", str(out))
+    assert result.exit_code == 0, result.output
+    runs = json.loads(out.read_text())["engines"]["pagedchat"]
+    assert [r["request_rate"] for r in runs] == [20.0, float("inf")]
+    for r in runs:
+        assert r["output_tokens"] == 9
+        assert r["ttft_ms"]["mean"] <= r["e2e_ms"]["mean"]
+        assert r["normalized_latency_s_per_token"] > 0
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_memory_breakdown(tiny, tmp_path):
+    out = tmp_path / "m.json"
+    result = bench("memory", *tiny, "-n", "6", "--max-tokens", "8", "--kv-blocks", "64",
+                   "--max-len", "512", "--plot", str(tmp_path / "m.png"), "--json", str(out))
+    assert result.exit_code == 0, result.output
+    shares = json.loads(out.read_text())["engines"]
+    assert set(shares) == {"pagedchat", "max-length", "power-of-two", "oracle"}
+    assert shares["pagedchat"]["reserved"] == 0
+    assert shares["oracle"]["internal_fragmentation"] == 0
+
+
+def test_prefix_caching_on_and_off(tiny, tmp_path):
+    out = tmp_path / "p.json"
+    result = bench("prefix", *tiny, "-n", "3", "--max-tokens", "2", "--shots", "1",
+                   "--kv-blocks", "128", "--json", str(out))
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert data["engines"]["caching_off"]["cached_tokens"] == 0
+    # the 2nd and 3rd requests find the prefix's full blocks in the cache
+    assert data["engines"]["caching_on"]["cached_tokens"] >= 2 * (data["prefix_tokens"] // 16) * 16
+
+
+def test_blocksize_and_preemption(tiny, tmp_path):
+    out = tmp_path / "b.json"
+    result = bench("blocksize", *tiny, "-n", "2", "--max-tokens", "3", "--sizes", "8,32",
+                   "--kv-memory", "1MiB", "--json", str(out))
+    assert result.exit_code == 0, result.output
+    assert set(json.loads(out.read_text())["engines"]["pagedchat"]) == {"8", "32"}
+    out = tmp_path / "p.json"
+    result = bench("preemption", *tiny, "-n", "4", "--max-tokens", "24", "--kv-blocks", "12",
+                   "--block-size", "8", "--json", str(out))
+    assert result.exit_code == 0, result.output
+    modes = json.loads(out.read_text())["engines"]
+    assert modes["recompute"]["output_tokens"] == modes["swap"]["output_tokens"]
+
+
+def test_chatbot_runs_multi_turn_requests(tiny, tmp_path):
+    out = tmp_path / "c.json"
+    result = bench("chatbot", *tiny, "-n", "3", "--max-tokens", "3", "--context", "256",
+                   "--kv-blocks", "64", "--rate", "inf", "--plot", str(tmp_path / "c.png"),
+                   "--json", str(out))
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["engines"]["pagedchat"][0]["requests"] == 3

@@ -1,0 +1,77 @@
+import pytest
+
+from pagedchat.chat.prompt import PromptTooLong, build_prompt, render
+
+
+class WordTokenizer:
+    """One token per whitespace-separated word, with a ChatML-like template."""
+
+    chat_template = "chatml"
+
+    def __init__(self) -> None:
+        self.vocab: dict[str, int] = {}
+        self.words: list[str] = []
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [self.vocab.setdefault(w, len(self.vocab)) for w in text.split()]
+
+    def decode(self, ids: list[int], **kwargs) -> str:
+        names = {i: w for w, i in self.vocab.items()}
+        return " ".join(names[i] for i in ids)
+
+    def apply_chat_template(self, conversation, add_generation_prompt, tokenize):
+        text = " ".join(f"<{m['role']}> {m['content']} </>" for m in conversation)
+        return {"input_ids": self.encode(text + " <assistant>")}
+
+
+def user(text):
+    return {"role": "user", "content": text}
+
+
+def assistant(text):
+    return {"role": "assistant", "content": text}
+
+
+def words(n, tag="w"):
+    return " ".join(f"{tag}{i}" for i in range(n))
+
+
+def test_everything_fits():
+    tok = WordTokenizer()
+    history = [user("a b"), assistant("c"), user("d")]
+    prompt = build_prompt(tok, "sys", history, context_window=100)
+    assert prompt.dropped_messages == 0 and prompt.kept_messages == 3
+    assert not prompt.truncated
+    assert prompt.token_ids == render(tok, [{"role": "system", "content": "sys"}, *history])
+
+
+def test_oldest_messages_drop_whole_and_system_prompt_stays():
+    tok = WordTokenizer()
+    history = [user(words(10, "a")), assistant(words(10, "b")), user(words(3, "c"))]
+    # system: 3 tokens, each message 2 + content, generation prompt 1
+    prompt = build_prompt(tok, "be brief", history, context_window=4 + 12 + 5 + 1)
+    assert (prompt.kept_messages, prompt.dropped_messages) == (2, 1)
+    text = tok.decode(prompt.token_ids)
+    assert text.startswith("<system> be brief </>")
+    assert "a0" not in text and "b0" in text and "c2" in text
+
+
+def test_newest_message_alone_too_long_keeps_its_end():
+    tok = WordTokenizer()
+    history = [user("old"), user(words(50))]
+    prompt = build_prompt(tok, "sys", history, context_window=20)
+    assert prompt.truncated and prompt.dropped_messages == 1
+    assert len(prompt.token_ids) == 20
+    text = tok.decode(prompt.token_ids)
+    assert "w49 </> <assistant>" in text and "w0 " not in text and "old" not in text
+
+
+def test_system_prompt_larger_than_window_is_refused():
+    with pytest.raises(PromptTooLong, match="context window of 5"):
+        build_prompt(WordTokenizer(), words(10), [user("hi")], context_window=5)
+
+
+def test_no_system_prompt():
+    tok = WordTokenizer()
+    prompt = build_prompt(tok, "", [user("hi")], context_window=10)
+    assert tok.decode(prompt.token_ids) == "<user> hi </> <assistant>"

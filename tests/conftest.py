@@ -1,0 +1,53 @@
+"""Shared fixtures: a tiny random Llama for fast tests, the real default model for slow ones.
+
+Models are built or converted once per session; the converted default model lives
+in a per-user cache (``PAGEDCHAT_CACHE_DIR``), so only the first run pays for it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="session")
+def real_model_dir() -> Path:
+    """The default SmolLM2-135M-Instruct, converted from its GGUF to an HF folder."""
+    from pagedchat.engine.loader import prepare_model
+
+    return prepare_model(None).folder
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, real_model_dir: Path) -> Path:
+    """An HF folder with a 2-layer random Llama and the real SmolLM2 tokenizer.
+
+    Weights are drawn with a wide init so that its next-token distributions are
+    peaked (a near-uniform random model would make every greedy step a near-tie)."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    tokenizer = AutoTokenizer.from_pretrained(real_model_dir)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        max_position_embeddings=1024, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        tie_word_embeddings=True, initializer_range=0.5,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_llm(tiny_model_dir: Path):
+    """One engine on the tiny model, shared by tests that only submit requests."""
+    from pagedchat import LLM
+
+    return LLM(model=str(tiny_model_dir), num_kv_blocks=256, block_size=16)

@@ -1,0 +1,205 @@
+"""Block manager invariants under random allocate / append / fork / free / swap / evict runs."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import hypothesis.strategies as st
+from hypothesis import settings
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from pagedchat.engine.block_manager import NO_HASH, BlockManager, block_hash
+from pagedchat.engine.sequence import Sequence
+
+BLOCK_SIZE = 4
+NUM_BLOCKS = 24
+
+
+class BlockManagerMachine(RuleBasedStateMachine):
+    """Drives a BlockManager as the scheduler and engine would, checking every invariant."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bm = BlockManager(NUM_BLOCKS, BLOCK_SIZE, num_host_blocks=16)
+        self.running: list[Sequence] = []
+        self.swapped: list[list[Sequence]] = []
+
+    # Prompts come from a tiny vocabulary so that prefixes repeat and hit the cache.
+    @rule(prompt=st.lists(st.integers(0, 2), min_size=1, max_size=14))
+    def add_sequence(self, prompt):
+        seq = Sequence(prompt, len(prompt))
+        cached = self.bm.find_cached_prefix(seq)
+        if self.bm.allocate_slots(seq, len(prompt) - len(cached) * BLOCK_SIZE, cached):
+            self._written_blocks_are_private(seq, len(cached) * BLOCK_SIZE)
+            self._compute(seq)
+            self.running.append(seq)
+
+    @precondition(lambda self: self.running)
+    @rule(data=st.data(), tokens=st.lists(st.integers(0, 2), min_size=1, max_size=6))
+    def append(self, data, tokens):
+        seq = data.draw(st.sampled_from(self.running))
+        before = seq.num_computed_tokens
+        seq.token_ids.extend(tokens)
+        if self.bm.allocate_slots(seq, len(tokens)):
+            self._written_blocks_are_private(seq, before)
+            self._compute(seq)
+        else:
+            del seq.token_ids[-len(tokens):]
+
+    @precondition(lambda self: self.running)
+    @rule(data=st.data())
+    def fork(self, data):
+        parent = data.draw(st.sampled_from(self.running))
+        child = parent.fork(1)
+        self.bm.fork(parent, child)
+        self.running.append(child)
+
+    @precondition(lambda self: self.running)
+    @rule(data=st.data())
+    def free(self, data):
+        seq = data.draw(st.sampled_from(self.running))
+        self.running.remove(seq)
+        self.bm.free(seq)
+
+    @precondition(lambda self: self.running)
+    @rule(data=st.data(), size=st.integers(1, 3))
+    def swap_out_group(self, data, size):
+        group = data.draw(st.lists(st.sampled_from(self.running), min_size=1, max_size=size,
+                                   unique=True))
+        if not self.bm.can_swap_out(group):
+            return
+        computed = [seq.num_computed_tokens for seq in group]
+        mapping = self.bm.swap_out(group)
+        assert len(mapping) == len({b for s in group for b in s.cpu_block_table})
+        assert [seq.num_computed_tokens for seq in group] == computed
+        for seq in group:
+            self.running.remove(seq)
+            assert seq.block_table == []
+        self.swapped.append(group)
+
+    @precondition(lambda self: self.swapped)
+    @rule()
+    def swap_in_group(self):
+        group = self.swapped[0]
+        if not self.bm.can_swap_in(group):
+            return
+        shared_before = _sharing_shape(group, "cpu_block_table")
+        self.bm.swap_in(group)
+        assert _sharing_shape(group, "block_table") == shared_before
+        self.swapped.pop(0)
+        self.running.extend(group)
+
+    def _compute(self, seq: Sequence) -> None:
+        seq.num_computed_tokens = seq.num_tokens
+        self.bm.cache_full_blocks(seq)
+        self.bm.take_copies()
+
+    def _written_blocks_are_private(self, seq: Sequence, start: int) -> None:
+        """Copy-on-write: no block that receives new tokens is read by another table."""
+        first, last = start // BLOCK_SIZE, (seq.num_tokens - 1) // BLOCK_SIZE
+        for block_id in seq.block_table[first : last + 1]:
+            assert self.bm.blocks[block_id].ref_count == 1
+
+    @invariant()
+    def each_block_in_exactly_one_state(self):
+        bm = self.bm
+        free, evictable = set(bm.free_ids), set(bm.evictable)
+        assert len(free) == len(bm.free_ids)
+        for block in bm.blocks:
+            states = [block.ref_count > 0, block.block_id in evictable, block.block_id in free]
+            assert sum(states) == 1, f"block {block.block_id} is in {states}"
+            if block.block_id in evictable:
+                assert block.hash != NO_HASH
+            if block.block_id in free:
+                assert block.hash == NO_HASH
+
+    @invariant()
+    def ref_counts_equal_table_references(self):
+        refs = Counter(b for seq in self.running for b in seq.block_table)
+        for block in self.bm.blocks:
+            assert block.ref_count == refs.get(block.block_id, 0)
+        host_refs = Counter(b for group in self.swapped for s in group for b in s.cpu_block_table)
+        for block_id, count in enumerate(self.bm.host.ref_counts):
+            assert count == host_refs.get(block_id, 0)
+
+    @invariant()
+    def hashes_match_contents(self):
+        for h, block_id in self.bm.hash_to_block.items():
+            block = self.bm.blocks[block_id]
+            assert block.hash == h == block_hash(block.parent_hash, block.token_ids)
+            assert len(block.token_ids) == BLOCK_SIZE
+
+    def teardown(self):
+        for group in self.swapped:
+            for seq in group:
+                self.bm.free(seq)
+        for seq in self.running:
+            self.bm.free(seq)
+        assert all(block.ref_count == 0 for block in self.bm.blocks)
+        assert len(self.bm.free_ids) + len(self.bm.evictable) == NUM_BLOCKS
+        assert self.bm.host.num_free == self.bm.host.num_blocks
+
+
+def _sharing_shape(group: list[Sequence], attr: str) -> list[list[int]]:
+    """Block tables renamed by first appearance: equal shapes mean equal sharing."""
+    names: dict[int, int] = {}
+    return [[names.setdefault(b, len(names)) for b in getattr(s, attr)] for s in group]
+
+
+TestBlockManager = BlockManagerMachine.TestCase
+TestBlockManager.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+def test_prefix_blocks_found_again_with_exact_ids_and_ref_counts():
+    bm = BlockManager(10, 4)
+    first = Sequence(list(range(10)), 10)
+    assert bm.allocate_slots(first, 10)
+    first.num_computed_tokens = 10
+    bm.cache_full_blocks(first)
+    assert first.block_table == [0, 1, 2]
+    assert [bm.blocks[b].hash != NO_HASH for b in first.block_table] == [True, True, False]
+    second = Sequence(list(range(8)) + [99, 98], 10)
+    cached = bm.find_cached_prefix(second)
+    assert cached == [0, 1]
+    assert bm.allocate_slots(second, 2, cached)
+    assert second.block_table[:2] == [0, 1] and second.num_computed_tokens == 8
+    assert [bm.blocks[b].ref_count for b in (0, 1, 2)] == [2, 2, 1]
+
+
+def test_prefix_hit_never_covers_the_last_token():
+    bm = BlockManager(10, 4)
+    seq = Sequence(list(range(8)), 8)
+    bm.allocate_slots(seq, 8)
+    seq.num_computed_tokens = 8
+    bm.cache_full_blocks(seq)
+    again = Sequence(list(range(8)), 8)
+    assert bm.find_cached_prefix(again) == [0]
+
+
+def test_eviction_is_lru_and_tail_first():
+    bm = BlockManager(6, 2)
+    older, newer = Sequence([1, 2, 3, 4], 4), Sequence([5, 6, 7, 8], 4)
+    for seq in (older, newer):
+        bm.allocate_slots(seq, 4)
+        seq.num_computed_tokens = 4
+        bm.cache_full_blocks(seq)
+    bm.free(older)
+    bm.free(newer)
+    # older's tail, older's head, then newer's tail, newer's head
+    assert list(bm.evictable) == [1, 0, 3, 2]
+    taker = Sequence(list(range(20, 32)), 12)
+    assert bm.allocate_slots(taker, 12)
+    # never-cached free blocks first, then cached ones in LRU order
+    assert taker.block_table == [4, 5, 1, 0, 3, 2]
+    assert not bm.hash_to_block
+
+
+def test_collision_with_different_tokens_is_not_a_hit():
+    bm = BlockManager(4, 2)
+    seq = Sequence([1, 2, 3], 3)
+    bm.allocate_slots(seq, 3)
+    seq.num_computed_tokens = 3
+    bm.cache_full_blocks(seq)
+    h = seq.block_hashes[0]
+    bm.blocks[bm.hash_to_block[h]].token_ids = (7, 7)  # forge a colliding entry
+    assert bm.find_cached_prefix(Sequence([1, 2, 3], 3)) == []

@@ -1,0 +1,162 @@
+"""Greedy output of the engine equals transformers ``generate``, one prompt at a time.
+
+Sixteen ShareGPT prompts of mixed length are submitted together under each engine
+configuration (block sizes, prefix caching with a shared system prompt, a pool so
+small that requests are preempted by recompute and by swap, a token budget so small
+that prefills are chunked). The one allowed difference is a true near-tie: at the
+first divergence both tokens' log-probabilities are within 1e-4 of each other.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pagedchat import LLM, SamplingParams
+from pagedchat.bench.sharegpt import sample_requests
+
+pytestmark = pytest.mark.slow
+
+MAX_TOKENS = 64
+NEAR_TIE = 1e-4
+SYSTEM = (
+    "You are a careful assistant. Answer in plain words, keep answers short, and when a "
+    "question is ambiguous say which reading you answer. Never invent facts or sources."
+)
+
+
+@pytest.fixture(scope="module")
+def hf_model(real_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(real_model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(real_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(real_model_dir)
+
+
+def _chat_ids(tokenizer, messages) -> list[int]:
+    encoded = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+    return list(encoded["input_ids"])
+
+
+@pytest.fixture(scope="module")
+def prompts(tokenizer) -> list[list[int]]:
+    """16 chat prompts from ShareGPT, lengths spread from a few tokens to ~1000."""
+    pool = sample_requests(tokenizer, 400, seed=1, max_prompt_len=990)
+    pool.sort(key=lambda r: r.prompt_len)
+    picks = [pool[round(i * (len(pool) - 1) / 15)] for i in range(16)]
+    picks[-1] = max(pool, key=lambda r: r.prompt_len)
+    texts = [tokenizer.decode(r.prompt_ids) for r in picks]
+    return [_chat_ids(tokenizer, [{"role": "user", "content": t}]) for t in texts]
+
+
+@pytest.fixture(scope="module")
+def system_prompts(tokenizer, prompts) -> list[list[int]]:
+    """Eight shorter prompts that all start with the same system prompt."""
+    short = sorted(prompts, key=len)[:8]
+    texts = [tokenizer.decode(p) for p in short]
+    users = [t.split("<|im_start|>user\n", 1)[1].split("<|im_end|>", 1)[0] for t in texts]
+    return [_chat_ids(tokenizer, [{"role": "system", "content": SYSTEM},
+                                  {"role": "user", "content": u}]) for u in users]
+
+
+def _reference(hf_model, prompt_sets) -> dict[tuple[int, ...], list[int]]:
+    refs = {}
+    for ids in prompt_sets:
+        with torch.no_grad():
+            out = hf_model.generate(torch.tensor([ids]), max_new_tokens=MAX_TOKENS,
+                                    do_sample=False, attention_mask=torch.ones(1, len(ids)))
+        refs[tuple(ids)] = out[0, len(ids):].tolist()
+    return refs
+
+
+@pytest.fixture(scope="module")
+def references(hf_model, prompts, system_prompts):
+    return _reference(hf_model, prompts + system_prompts)
+
+
+def assert_same_greedy(hf_model, prompts, outputs, references) -> int:
+    """Token-identical, or a true near-tie at the first divergence; returns the ties."""
+    ties = []
+    for ids, output in zip(prompts, outputs):
+        ours, ref = output.outputs[0].token_ids, references[tuple(ids)]
+        if ours == ref:
+            continue
+        at = next((i for i, (a, b) in enumerate(zip(ours, ref)) if a != b), None)
+        assert at is not None, f"one output is a prefix of the other: {len(ours)} vs {len(ref)}"
+        with torch.no_grad():
+            logits = hf_model(torch.tensor([ids + ref[:at]])).logits[0, -1]
+        logprobs = logits.float().log_softmax(-1)
+        gap = abs(logprobs[ours[at]].item() - logprobs[ref[at]].item())
+        assert gap < NEAR_TIE, (
+            f"prompt of {len(ids)} tokens diverges at output token {at}: ours {ours[at]} vs "
+            f"transformers {ref[at]}, log-prob gap {gap:.2e}")
+        ties.append((len(ids), at, gap))
+    print(f"near-ties: {len(ties)} {ties}")
+    assert len(ties) <= 2, f"too many near-ties to be chance: {ties}"
+    return len(ties)
+
+
+GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
+
+CONFIGS = {
+    "block16": dict(block_size=16),
+    "block1": dict(block_size=1),
+    "block64": dict(block_size=64),
+    "chunked-prefill": dict(block_size=16, max_num_batched_tokens=40),
+}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_batched_greedy_matches_transformers(name, real_model_dir, hf_model, prompts, references):
+    slots = 20_000
+    llm = LLM(model=str(real_model_dir), num_kv_blocks=slots // CONFIGS[name]["block_size"],
+              swap_space="64MiB", **CONFIGS[name])
+    outputs = llm.generate(prompts, GREEDY)
+    assert_same_greedy(hf_model, prompts, outputs, references)
+    stats = llm.engine.stats()
+    assert stats.used_blocks == 0, "every block must be freed or cached when requests end"
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_greedy_unchanged_under_preemption(mode, real_model_dir, hf_model, prompts, references):
+    longest = max(len(p) for p in prompts) + MAX_TOKENS
+    llm = LLM(model=str(real_model_dir), block_size=16, num_kv_blocks=longest // 16 + 12,
+              preemption_mode=mode, swap_space="256MiB")
+    outputs = llm.generate(prompts, GREEDY)
+    stats = llm.engine.stats()
+    assert stats.preemptions > 0
+    if mode == "swap":
+        assert stats.swapped_out > 0 and stats.swapped_in == stats.swapped_out
+    assert_same_greedy(hf_model, prompts, outputs, references)
+    assert stats.used_blocks == 0 and stats.host_blocks_used == 0
+
+
+@pytest.mark.parametrize("prefix_caching", [True, False])
+def test_shared_system_prompt_with_and_without_prefix_cache(
+    prefix_caching, real_model_dir, hf_model, system_prompts, references
+):
+    llm = LLM(model=str(real_model_dir), block_size=16, num_kv_blocks=800,
+              enable_prefix_caching=prefix_caching, swap_space="64MiB")
+    first = llm.generate(system_prompts[:1], GREEDY)
+    rest = llm.generate(system_prompts[1:], GREEDY)
+    stats = llm.engine.stats()
+    if prefix_caching:
+        assert stats.prefix_hits >= 7 * 16 * (len(_chat_prefix_tokens(system_prompts)) // 16)
+        assert all(out.num_cached_tokens > 0 for out in rest)
+    else:
+        assert stats.prefix_hits == 0
+    assert_same_greedy(hf_model, system_prompts, first + rest, references)
+
+
+def _chat_prefix_tokens(prompts: list[list[int]]) -> list[int]:
+    common = prompts[0]
+    for ids in prompts[1:]:
+        n = next((i for i, (a, b) in enumerate(zip(common, ids)) if a != b), len(common))
+        common = common[:n]
+    return common

@@ -1,0 +1,63 @@
+"""Helpers for the app tests: an app on a fresh database and the tiny model, and waiting."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from functools import partial
+
+import pytest
+
+from pagedchat.chat.conversation import SamplingSettings
+from pagedchat.chat.driver import load_engine
+from pagedchat.chat.store import Store
+from pagedchat.tui.app import ChatApp
+
+
+@pytest.fixture
+def make_app(tmp_path, tiny_model_dir) -> Iterator[Callable[..., ChatApp]]:
+    """``make_app(**options)``: a ChatApp on ``tmp_path/chats.db`` and the tiny model,
+    greedy, with short replies unless ``settings`` says otherwise. With ``engine=False``
+    the model never finishes loading (for tests of the UI alone: no CPU spent on it)."""
+    never = threading.Event()
+
+    def no_engine():
+        never.wait()
+        raise RuntimeError("the test ended")
+
+    def make(settings: SamplingSettings | None = None, kv_blocks: int = 256,
+             model: str | None = None, engine: bool = True, **options) -> ChatApp:
+        settings = settings or SamplingSettings(temperature=0.0, max_tokens=8, seed=0)
+        loader = partial(load_engine, model or str(tiny_model_dir), num_kv_blocks=kv_blocks)
+        return ChatApp(Store(tmp_path / "chats.db"), loader if engine else no_engine,
+                       "tiny-llama", settings=settings, **options)
+
+    yield make
+    never.set()
+
+
+async def wait_until(pilot, condition: Callable[[], bool], timeout: float = 30.0,
+                     step: float = 0.02) -> None:
+    """Let the app run until ``condition()`` holds; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {condition}")
+        await pilot.pause(step)
+
+
+async def ready(pilot) -> None:
+    await wait_until(pilot, lambda: pilot.app.engine_ready)
+
+
+async def say(pilot, text: str) -> None:
+    """Type ``text`` in the input box and press Enter."""
+    pilot.app.query_one("#input").focus()
+    pilot.app.query_one("#input").insert(text)
+    await pilot.press("enter")
+    await pilot.pause()
+
+
+async def replies_done(pilot) -> None:
+    await wait_until(pilot, lambda: not pilot.app.turns)

@@ -1,0 +1,127 @@
+"""Sending, streaming, several sessions at once, cancelling, waiting for the model."""
+
+from __future__ import annotations
+
+import threading
+from functools import partial
+
+import pytest
+from textual.widgets import Markdown
+
+from pagedchat.chat.conversation import SamplingSettings
+from pagedchat.chat.driver import load_engine
+from pagedchat.tui.widgets.inspector import Inspector
+from pagedchat.tui.widgets.message_box import MessageBox
+from tests.tui.conftest import ready, replies_done, say, wait_until
+
+LONG = SamplingSettings(temperature=1.0, max_tokens=24, seed=0)
+
+
+def last_box(app) -> MessageBox:
+    return app.query(MessageBox).last()
+
+
+async def test_message_gets_a_streamed_reply(make_app):
+    app = make_app(settings=LONG)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        await say(pilot, "Tell me a story")
+        reply = app.session.messages[-1]
+        assert app.query_one("#input").text == ""
+        assert [m.role for m in app.session.messages] == ["user", "assistant"]
+        shown: list[int] = []
+
+        def finished() -> bool:
+            if reply.status == "generating":
+                shown.append(len(last_box(app).query_one(Markdown).source))
+            return reply.status != "generating"
+
+        await wait_until(pilot, finished)
+        await pilot.pause(0.2)
+        assert reply.status == "done" and reply.content.strip()
+        assert 0 < reply.output_tokens <= 24
+        assert any(0 < n < len(reply.content) for n in shown), "no partial text was shown"
+        assert last_box(app).query_one(Markdown).source == reply.content
+        assert reply.prompt_tokens > 0
+        stored = app.store.load_session(app.current).messages
+        assert [(m.role, m.status) for m in stored] == [("user", "done"), ("assistant", "done")]
+        assert stored[1].content == reply.content
+
+
+async def test_two_sessions_answer_at_the_same_time(make_app):
+    app = make_app(settings=SamplingSettings(temperature=0.0, max_tokens=24))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        await say(pilot, "/set max_tokens 1000")
+        await say(pilot, "first question")
+        first_session, first = app.current, app.session.messages[-1]
+        await pilot.press("ctrl+n")
+        await say(pilot, "second question")
+        second = app.session.messages[-1]
+        inspector = app.query_one(Inspector)
+        await wait_until(pilot, lambda: inspector.latest.stats.num_running == 2)
+        await wait_until(pilot, lambda: second.status == "done")
+        assert second.output_tokens == 24
+        assert first.status == "generating" and first.output_tokens > 0
+        await app.open_session(first_session)
+        await pilot.press("escape")
+        assert first.status == "cancelled" and not app.turns
+
+
+async def test_escape_cancels_the_reply_keeps_its_text_and_frees_its_blocks(make_app):
+    app = make_app(settings=SamplingSettings(temperature=1.0, max_tokens=1500, seed=1))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        await say(pilot, "go on forever")
+        reply = app.session.messages[-1]
+        await wait_until(pilot, lambda: reply.output_tokens > 5)
+        await pilot.press("escape")
+        assert reply.status == "cancelled" and not app.turns
+        kept = reply.content
+        assert kept
+        inspector = app.query_one(Inspector)
+        await wait_until(pilot, lambda: inspector.latest.stats.num_running == 0
+                         and inspector.latest.stats.used_blocks == 0)
+        await pilot.pause(0.3)
+        assert reply.content == kept  # later outputs of the aborted request are ignored
+        assert "cancelled" in str(last_box(app).query_one(".header").content)
+        stored = app.store.load_session(app.current).messages[-1]
+        assert (stored.status, stored.content) == ("cancelled", kept)
+
+
+async def test_first_message_waits_for_the_model(make_app, tmp_path, tiny_model_dir):
+    gate = threading.Event()
+
+    def slow_load():
+        gate.wait(30)
+        return load_engine(str(tiny_model_dir), num_kv_blocks=64)
+
+    app = make_app()
+    app.driver._load = slow_load
+    async with app.run_test(size=(100, 30)) as pilot:
+        assert "loading tiny-llama" in str(app.query_one("#model-state").content)
+        await say(pilot, "are you there?")
+        assert app.store.load_session(app.current).messages[0].content == "are you there?"
+        assert "waiting for the model" in str(last_box(app).query_one(".header").content)
+        gate.set()
+        await replies_done(pilot)
+        assert app.session.messages[-1].status == "done"
+        assert "waiting" not in str(last_box(app).query_one(".header").content)
+        assert str(app.query_one("#model-state").content).startswith("● tiny-llama")
+
+
+@pytest.mark.slow
+async def test_real_model_answers(tmp_path):
+    from pagedchat.chat.store import Store
+    from pagedchat.tui.app import ChatApp
+
+    app = ChatApp(Store(tmp_path / "c.db"), partial(load_engine, None, num_kv_blocks=128),
+                  "SmolLM2-135M-Instruct",
+                  settings=SamplingSettings(temperature=0.0, max_tokens=12))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_until(pilot, lambda: app.engine_ready, timeout=300)
+        await say(pilot, "What is the capital of France?")
+        await wait_until(pilot, lambda: not app.turns, timeout=300)
+        reply = app.session.messages[-1]
+        assert reply.status == "done"
+        assert "Paris" in reply.content
