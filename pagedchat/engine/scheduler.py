@@ -101,11 +101,11 @@ class Scheduler:
                for seq_id, blocks in (cached or {}).items()}
         remaining = [s.num_tokens - s.num_computed_tokens - hit.get(s.seq_id, 0) for s in seqs]
         if sum(remaining) <= budget:
-            return [ScheduledSeq(group, s, r, True) for s, r in zip(seqs, remaining)]
+            return [ScheduledSeq(group, s, r, True) for s, r in zip(seqs, remaining, strict=True)]
         if len(seqs) == 1:
             return [ScheduledSeq(group, seqs[0], budget, False)] if budget > 0 else []
         plan = []
-        for seq, left in zip(seqs, remaining):
+        for seq, left in zip(seqs, remaining, strict=True):
             take = min(left - 1, budget)
             if take > 0:
                 plan.append(ScheduledSeq(group, seq, take, False))

@@ -94,12 +94,11 @@ class RequestMetrics:
 
 @dataclass
 class BeamHypothesis:
-    """A finished beam: its tokens and transformers' length-penalised score."""
+    """A finished beam: its output tokens and transformers' length-penalised score."""
 
     token_ids: list[int]
     cumulative_logprob: float
     score: float
-    text: str = ""
     finish_reason: str = "stop"
 
 

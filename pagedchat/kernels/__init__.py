@@ -2,28 +2,35 @@
 
 Every backend exposes ``store_kv``, ``paged_attention``, ``copy_blocks`` and
 ``swap_blocks`` with the signatures of :mod:`pagedchat.kernels.reference`, which
-defines what is right. Triton serves CUDA tensors; the torch reference serves the CPU.
+defines what is right:
+- ``triton``: Triton kernels, picked on CUDA;
+- ``cpu``: a compiled C kernel for decode plus SDPA for long prefill chunks, picked
+  on the CPU (it falls back to the reference when no C compiler is found);
+- ``torch``: the reference itself.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import os
 from types import ModuleType
 
-BACKENDS = ("torch", "triton")
+BACKENDS = ("torch", "cpu", "triton")
+_MODULES = {"torch": "reference", "cpu": "cpu", "triton": "triton_backend"}
 
 
 def select_backend(device: str, preference: str = "auto") -> ModuleType:
-    """The kernel module for ``device``: ``auto`` picks Triton on CUDA, torch elsewhere."""
+    """The kernel module for ``device`` (``"cpu"``, ``"cuda"``...) and a preference."""
     if preference not in ("auto", *BACKENDS):
-        raise ValueError(f"unknown attention backend {preference!r} (choose auto, torch or triton)")
+        raise ValueError(
+            f"unknown attention backend {preference!r} (choose auto, {', '.join(BACKENDS)})")
     name = preference
     if preference == "auto":
-        name = "triton" if device.startswith("cuda") and _triton_available() else "torch"
-    if name == "triton":
-        return importlib.import_module("pagedchat.kernels.triton_backend")
-    return importlib.import_module("pagedchat.kernels.reference")
-
-
-def _triton_available() -> bool:
-    return importlib.util.find_spec("triton") is not None
+        on_cuda = device.startswith("cuda")
+        name = "triton" if on_cuda and importlib.util.find_spec("triton") else (
+            "torch" if on_cuda else "cpu")
+    if name == "triton" and not device.startswith("cuda"):
+        # Triton decides interpreter or compiler when first imported.
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    return importlib.import_module(f"pagedchat.kernels.{_MODULES[name]}")

@@ -24,7 +24,7 @@ def store_kv(
     valid = slot_mapping >= 0
     if not bool(valid.all()):
         key, value, slot_mapping = key[valid], value[valid], slot_mapping[valid]
-    slots = slot_mapping.long()
+    slots = slot_mapping.long().to(k_cache.device)
     k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, key.to(k_cache.dtype))
     v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, value.to(v_cache.dtype))
 
@@ -75,8 +75,8 @@ def paged_attention(
             k = k.repeat_interleave(group, dim=1)
             v = v.repeat_interleave(group, dim=1)
         scores = torch.einsum("qhd,khd->hqk", q.float(), k) * scale
-        q_pos = torch.arange(context_len - q_len, context_len).unsqueeze(1)
-        k_pos = torch.arange(context_len).unsqueeze(0)
+        q_pos = torch.arange(context_len - q_len, context_len, device=query.device).unsqueeze(1)
+        k_pos = torch.arange(context_len, device=query.device).unsqueeze(0)
         scores.masked_fill_(k_pos > q_pos, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         out[starts[i] : starts[i + 1]] = torch.einsum("hqk,khd->qhd", probs, v).to(query.dtype)
@@ -92,8 +92,8 @@ def copy_blocks(
     copy block ``src`` into block ``dst`` in every layer, one batched call per layer."""
     if block_mapping.numel() == 0:
         return
-    src = block_mapping[:, 0].long()
-    dst = block_mapping[:, 1].long()
+    src = block_mapping[:, 0].long().to(k_caches[0].device)
+    dst = block_mapping[:, 1].long().to(k_caches[0].device)
     for k_cache, v_cache in zip(k_caches, v_caches):
         k_cache.index_copy_(0, dst, k_cache.index_select(0, src))
         v_cache.index_copy_(0, dst, v_cache.index_select(0, src))

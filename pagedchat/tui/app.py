@@ -81,15 +81,20 @@ class ChatApp(App):
     TITLE = "pagedchat"
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (110, "-wide")]
     BINDINGS = [
-        Binding("ctrl+q", "quit", "Quit", priority=True),
-        Binding("f1", "help", "Help"),
-        Binding("escape", "cancel_reply", "Cancel"),
-        Binding("ctrl+n", "new_session", "New"),
-        Binding("f2", "rename_session", "Rename"),
-        Binding("f8", "delete_session", "Delete"),
-        Binding("f3", "toggle_inspector", "Inspector"),
-        Binding("ctrl+pageup", "switch_session(-1)", "Previous chat", show=False),
-        Binding("ctrl+pagedown", "switch_session(1)", "Next chat", show=False),
+        Binding("ctrl+q", "quit", "Quit", priority=True, tooltip="Quit (replies so far are kept)"),
+        Binding("f1", "help", "Help", tooltip="This help"),
+        Binding("escape", "cancel_reply", "Cancel",
+                tooltip="Stop the focused session's reply and free its blocks"),
+        Binding("ctrl+n", "new_session", "New", tooltip="Start a new session"),
+        Binding("f2", "rename_session", "Rename", tooltip="Rename the focused session"),
+        Binding("f8", "delete_session", "Delete",
+                tooltip="Delete the focused session (asks first)"),
+        Binding("f3", "toggle_inspector", "Inspector",
+                tooltip="Show or hide the KV cache inspector"),
+        Binding("ctrl+pageup", "switch_session(-1)", "Previous chat", show=False,
+                tooltip="Switch to the session above"),
+        Binding("ctrl+pagedown", "switch_session(1)", "Next chat", show=False,
+                tooltip="Switch to the session below"),
     ]
 
     def __init__(
@@ -293,6 +298,11 @@ class ChatApp(App):
             self.notify("This session is still answering: wait, or press Esc to stop it",
                         severity="warning")
             return False
+        try:
+            params = session.settings.to_params()
+        except ValueError as error:  # settings edited outside the app
+            self.notify(f"{error}; fix it with /set", title="Not sent", severity="error")
+            return False
         user = Message("user", text)
         try:
             self.store.add_message(session, user)
@@ -309,8 +319,8 @@ class ChatApp(App):
         rid = f"s{session.id}-r{next(self._request_numbers)}"
         self.turns[rid] = Turn(session, reply, time.monotonic())
         self.session_of[rid] = session.id
-        self.driver.submit(Submit(rid, session.system_prompt, session.history(),
-                                  session.settings.to_params(), self.context_window))
+        self.driver.submit(Submit(rid, session.system_prompt, session.history(), params,
+                                  self.context_window))
         session.messages.append(reply)
         view = self._view(session.id)
         await view.add(user)

@@ -43,10 +43,10 @@ def run_chat(
 
 def chat(
     model: Annotated[str | None, typer.Option(
-        "--model", "-m", help="HF folder or GGUF file [default: SmolLM2-135M-Instruct]")] = None,
+        "--model", "-m", help="HF folder or GGUF file (default: SmolLM2-135M-Instruct).")] = None,
     db: Annotated[Path | None, typer.Option(
-        help="SQLite file of the sessions [default: $PAGEDCHAT_DATA_DIR or "
-             "$XDG_DATA_HOME/pagedchat/chats.db]")] = None,
+        help="SQLite file of the sessions (default: chats.db in $PAGEDCHAT_DATA_DIR, "
+             "else in $XDG_DATA_HOME/pagedchat).")] = None,
     continue_last: Annotated[bool, typer.Option(
         "--continue", "-c", help="Reopen the last session.")] = False,
     session: Annotated[int | None, typer.Option(help="Reopen the session with this id.")] = None,

@@ -102,11 +102,13 @@ def test_blocksize_and_preemption(tiny, tmp_path):
     assert result.exit_code == 0, result.output
     assert set(json.loads(out.read_text())["engines"]["pagedchat"]) == {"8", "32"}
     out = tmp_path / "p.json"
-    result = bench("preemption", *tiny, "-n", "4", "--max-tokens", "24", "--kv-blocks", "12",
+    result = bench("preemption", *tiny, "-n", "4", "--max-tokens", "16", "--kv-blocks", "12",
                    "--block-size", "8", "--json", str(out))
     assert result.exit_code == 0, result.output
     modes = json.loads(out.read_text())["engines"]
     assert modes["recompute"]["output_tokens"] == modes["swap"]["output_tokens"]
+    assert modes["recompute"]["preemptions"] > 0 and modes["swap"]["preemptions"] > 0
+    assert modes["recompute"]["swapped_out_blocks"] == 0 < modes["swap"]["swapped_out_blocks"]
 
 
 def test_chatbot_runs_multi_turn_requests(tiny, tmp_path):

@@ -32,67 +32,10 @@ HAS_TRITON = importlib.util.find_spec("triton") is not None
 pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 
 from pagedchat.kernels import reference as ref  # noqa: E402
+from paged_cases import DEVICE, TOL, paged_batch, rel_err  # noqa: E402
 
 if HAS_TRITON:
     tb = importlib.import_module("pagedchat.kernels.triton_backend")
-
-DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
-
-
-def rel_err(out: torch.Tensor, expected: torch.Tensor) -> float:
-    """max |out - expected| / max |expected|; NaN anywhere in ``out`` gives inf."""
-    if expected.numel() == 0:
-        return 0.0
-    if not bool(torch.isfinite(out).all()):
-        return float("inf")
-    diff = (out.float() - expected.float()).abs().max()
-    return float(diff / expected.float().abs().max().clamp_min(1e-30))
-
-
-def paged_batch(
-    context_lens: list[int],
-    query_lens: list[int],
-    block_size: int,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    dtype: torch.dtype,
-    seed: int,
-) -> dict:
-    """Random K/V for each sequence's context, in shuffled blocks of a NaN pool."""
-    gen = torch.Generator().manual_seed(seed)
-    blocks_per_seq = [-(-c // block_size) for c in context_lens]
-    num_blocks = sum(blocks_per_seq) + 3  # spare blocks stay NaN
-    perm = torch.randperm(num_blocks, generator=gen)
-    width = max(blocks_per_seq, default=0) + 2  # -1 padding after every table
-    tables = torch.full((len(context_lens), width), -1, dtype=torch.int32)
-    slots, used = [], 0
-    for i, (ctx, nb) in enumerate(zip(context_lens, blocks_per_seq, strict=True)):
-        tables[i, :nb] = perm[used : used + nb].to(torch.int32)
-        used += nb
-        slots += [int(tables[i, t // block_size]) * block_size + t % block_size for t in range(ctx)]
-    shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    k_cache = torch.full(shape, float("nan"), dtype=dtype)
-    v_cache = torch.full(shape, float("nan"), dtype=dtype)
-    n = len(slots)
-    key = torch.randn(n, num_kv_heads, head_dim, generator=gen).to(dtype)
-    value = torch.randn(n, num_kv_heads, head_dim, generator=gen).to(dtype)
-    ref.store_kv(key, value, k_cache, v_cache, torch.tensor(slots, dtype=torch.int64))
-    starts = [0]
-    for q in query_lens:
-        starts.append(starts[-1] + q)
-    query = torch.randn(starts[-1], num_heads, head_dim, generator=gen).to(dtype)
-    batch = {
-        "query": query,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "block_tables": tables,
-        "context_lens": torch.tensor(context_lens, dtype=torch.int32),
-        "query_start_loc": torch.tensor(starts, dtype=torch.int32),
-    }
-    return {name: t.to(DEVICE) for name, t in batch.items()}
-
 
 def run_and_compare(batch: dict, dtype: torch.dtype, fn, **kwargs) -> None:
     scale = batch["query"].shape[-1] ** -0.5

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
 from functools import partial
 
 import pytest
+from textual import events
 from textual.widgets import Markdown
 
 from pagedchat.chat.conversation import SamplingSettings
@@ -15,6 +18,17 @@ from pagedchat.tui.widgets.message_box import MessageBox
 from tests.tui.conftest import ready, replies_done, say, wait_until
 
 LONG = SamplingSettings(temperature=1.0, max_tokens=24, seed=0)
+
+
+async def type_smoothly(pilot, text: str, limit: float = 0.5) -> None:
+    """Type ``text`` key by key; each key must show in the input within ``limit`` seconds."""
+    box = pilot.app.query_one("#input")
+    for char in text:
+        before, start = box.text, time.monotonic()
+        box.post_message(events.Key(char, char))
+        while box.text == before:
+            assert time.monotonic() - start < limit, f"typing {char!r} took over {limit}s"
+            await asyncio.sleep(0.002)
 
 
 def last_box(app) -> MessageBox:
@@ -60,6 +74,7 @@ async def test_two_sessions_answer_at_the_same_time(make_app):
         second = app.session.messages[-1]
         inspector = app.query_one(Inspector)
         await wait_until(pilot, lambda: inspector.latest.stats.num_running == 2)
+        await type_smoothly(pilot, "still typing")
         await wait_until(pilot, lambda: second.status == "done")
         assert second.output_tokens == 24
         assert first.status == "generating" and first.output_tokens > 0

@@ -10,25 +10,30 @@ from textual.widgets import Markdown
 
 from pagedchat.tui.slash import COMMANDS
 
-INTRO = """\
-# pagedchat
+ABOUT = """\
+## About
 
-Chat with a model served by a paged KV cache (PagedAttention). Several sessions can
-answer at once: the engine batches them into the same steps. Sessions with the same
-system prompt share its KV blocks; the inspector shows them.
+pagedchat serves the model with a paged KV cache (PagedAttention). Several sessions
+can answer at once: the engine batches them into the same steps. Sessions with the
+same system prompt share its KV blocks, and a session's next turn reuses the blocks of
+its last one while they stay cached; the inspector (F3) shows both.
 """
 
 
+def key_name(key: str) -> str:
+    """``"ctrl+pageup,ctrl+k"`` -> ``"Ctrl+Pageup"``."""
+    return "+".join(part.capitalize() for part in key.split(",")[0].split("+"))
+
+
 def help_markdown(bindings: list[Binding]) -> str:
-    keys = "\n".join(
-        f"| `{binding.key_display or binding.key}` | {binding.description} |"
-        for binding in bindings if binding.description
-    )
-    commands = "\n".join(f"| `{c.usage}` | {c.help} |" for c in COMMANDS)
-    return (f"{INTRO}\n## Keys\n\n| Key | Does |\n|---|---|\n{keys}\n"
-            "| `Enter` / `Ctrl+J` | send / new line in the input |\n"
-            "| `y` / `c` | copy the focused message / its last code block |\n\n"
-            f"## Commands\n\n| Command | Does |\n|---|---|\n{commands}\n")
+    keys = [(key_name(b.key), b.tooltip or b.description) for b in bindings if b.description]
+    keys += [("Enter / Ctrl+J", "send / new line in the input"),
+             ("Y / C", "copy the focused message / its last code block"),
+             ("Ctrl+P", "command palette")]
+    key_rows = "\n".join(f"| `{key}` | {does} |" for key, does in keys)
+    command_rows = "\n".join(f"| `{c.usage}` | {c.help} |" for c in COMMANDS)
+    return (f"## Keys\n\n| Key | Does |\n|---|---|\n{key_rows}\n\n"
+            f"## Commands\n\n| Command | Does |\n|---|---|\n{command_rows}\n\n{ABOUT}")
 
 
 class HelpScreen(ModalScreen[None]):
@@ -39,5 +44,7 @@ class HelpScreen(ModalScreen[None]):
         self.bindings = bindings
 
     def compose(self) -> ComposeResult:
-        with VerticalScroll(classes="dialog"):
+        with VerticalScroll(classes="dialog") as dialog:
+            dialog.border_title = "pagedchat help"
+            dialog.border_subtitle = "Esc closes"
             yield Markdown(help_markdown(self.bindings))

@@ -1,0 +1,154 @@
+"""The CPU backend: a compiled paged-attention kernel for decode and short chunks,
+torch's SDPA for long prefill chunks, the reference for everything else.
+
+The C kernel (``cpu_attention.c``) is built once per machine with the system C
+compiler into the cache folder and loaded with ctypes (which releases the GIL).
+Without a compiler the backend falls back to the torch reference, with a warning.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from functools import cache
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from pagedchat.kernels import reference
+from pagedchat.kernels.reference import copy_blocks, gather_kv, store_kv, swap_blocks
+from pagedchat.paths import cache_root
+
+__all__ = ["copy_blocks", "paged_attention", "store_kv", "swap_blocks", "kernel_library"]
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("cpu_attention.c")
+COMPILE_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-std=c11"]
+# Chunks longer than this go to SDPA, whose blocked matmuls beat the row-by-row kernel.
+SDPA_MIN_QUERY_LEN = 24
+_FUNCTIONS = {torch.float32: "paged_attention_f32", torch.bfloat16: "paged_attention_bf16"}
+
+
+@cache
+def kernel_library() -> ctypes.CDLL | None:
+    """The compiled kernel, built on first use and cached; None if it cannot be built."""
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        log.warning("no C compiler found: using the (slower) torch reference attention")
+        return None
+    identity = "|".join([SOURCE.read_text(), compiler, *COMPILE_FLAGS, platform.machine(),
+                         _cpu_flags()])
+    target = cache_root() / "kernels" / f"cpu_attention-{_digest(identity)}.so"
+    if not target.is_file():
+        try:
+            _build(compiler, target)
+        except (OSError, subprocess.CalledProcessError) as error:
+            log.warning("could not build the CPU attention kernel (%s): using torch", error)
+            return None
+    library = ctypes.CDLL(str(target))
+    for name in _FUNCTIONS.values():
+        getattr(library, name).restype = ctypes.c_int
+    return library
+
+
+def _build(compiler: str, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        obj, lib = Path(tmp) / "kernel.o", Path(tmp) / "kernel.so"
+        # -ffast-math only when compiling: linking with it would set flush-to-zero for
+        # the whole process (crtfastmath), changing torch's own numerics.
+        subprocess.run([compiler, *COMPILE_FLAGS, "-c", str(SOURCE), "-o", str(obj)],
+                       check=True, capture_output=True)
+        subprocess.run([compiler, "-shared", "-fopenmp", str(obj), "-o", str(lib), "-lm"],
+                       check=True, capture_output=True)
+        os.replace(lib, target)
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def paged_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Same contract as :func:`pagedchat.kernels.reference.paged_attention`."""
+    library = kernel_library()
+    if (library is None or query.dtype not in _FUNCTIONS or query.device.type != "cpu"
+            or k_cache.dtype != query.dtype):
+        return reference.paged_attention(
+            query, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale)
+    query = query.contiguous()
+    out = torch.empty_like(query)
+    q_lens = query_start_loc[1:] - query_start_loc[:-1]
+    short = q_lens <= SDPA_MIN_QUERY_LEN
+    row_seqs = torch.repeat_interleave(torch.arange(len(q_lens), dtype=torch.int32),
+                                       q_lens * short)
+    rows = torch.arange(query.shape[0], dtype=torch.int32)[
+        torch.repeat_interleave(short, q_lens)]
+    if len(rows):
+        tables = block_tables.to(torch.int32).contiguous()
+        status = getattr(library, _FUNCTIONS[query.dtype])(
+            _ptr(query), _ptr(k_cache), _ptr(v_cache), _ptr(out), _ptr(tables),
+            _ptr(context_lens.to(torch.int32).contiguous()),
+            _ptr(query_start_loc.to(torch.int32).contiguous()), _ptr(rows), _ptr(row_seqs),
+            ctypes.c_int(len(rows)), ctypes.c_int(tables.shape[1]),
+            ctypes.c_int(query.shape[1]), ctypes.c_int(k_cache.shape[2]),
+            ctypes.c_int(query.shape[2]), ctypes.c_int(k_cache.shape[1]),
+            ctypes.c_float(scale))
+        if status == 1:
+            return reference.paged_attention(
+                query, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale)
+        if status != 0:
+            raise MemoryError("paged attention: out of memory for the score buffer")
+    starts, lens = query_start_loc.tolist(), context_lens.tolist()
+    for seq in (~short).nonzero().flatten().tolist():
+        begin, end = starts[seq], starts[seq + 1]
+        out[begin:end] = _sdpa(query[begin:end], k_cache, v_cache, block_tables[seq],
+                               lens[seq], scale)
+    return out
+
+
+def _sdpa(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+          block_table: torch.Tensor, context_len: int, scale: float) -> torch.Tensor:
+    """A long chunk of one sequence: gather its context once, then SDPA (causal,
+    aligned to the end of the context)."""
+    k = gather_kv(k_cache, block_table, context_len).transpose(0, 1)
+    v = gather_kv(v_cache, block_table, context_len).transpose(0, 1)
+    q_len = q.shape[0]
+    if q_len == context_len:
+        result = F.scaled_dot_product_attention(
+            q.transpose(0, 1), k, v, is_causal=True, scale=scale, enable_gqa=True)
+    else:
+        q_pos = torch.arange(context_len - q_len, context_len).unsqueeze(1)
+        mask = torch.arange(context_len).unsqueeze(0) <= q_pos
+        result = F.scaled_dot_product_attention(
+            q.transpose(0, 1), k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    return result.transpose(0, 1)
+
+
+def _ptr(tensor: torch.Tensor) -> ctypes.c_void_p:
+    return ctypes.c_void_p(tensor.data_ptr())

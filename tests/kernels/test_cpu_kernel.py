@@ -1,0 +1,55 @@
+"""The compiled CPU paged-attention kernel (and its SDPA path) against the torch reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from paged_cases import TOL, paged_batch, rel_err
+
+from pagedchat.kernels import cpu
+from pagedchat.kernels import reference as ref
+
+pytestmark = pytest.mark.skipif(cpu.kernel_library() is None, reason="no C compiler")
+
+
+def compare(batch: dict, dtype: torch.dtype) -> None:
+    scale = batch["query"].shape[-1] ** -0.5
+    expected = ref.paged_attention(**batch, scale=scale)
+    out = cpu.paged_attention(**batch, scale=scale)
+    assert rel_err(out, expected) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("group", [1, 3, 8])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("block_size", [1, 16, 256])
+def test_decode_matches_reference(block_size, head_dim, group, dtype):
+    kv_heads = 2 if group < 8 else 1
+    ctx = [1, 7, 33, 300]
+    compare(paged_batch(ctx, [1] * 4, block_size, kv_heads * group, kv_heads, head_dim,
+                        dtype, seed=block_size + head_dim + group), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mixed_batch_of_decodes_short_and_long_chunks(dtype):
+    # decode rows, a short chunk after a cached prefix (kernel), a long chunk after a
+    # cached prefix and a whole prompt (both SDPA), and a sequence with no query
+    ctx = [40, 50, 90, 64, 12]
+    q_lens = [1, 10, 60, 64, 0]
+    compare(paged_batch(ctx, q_lens, 16, 9, 3, 64, dtype, seed=4), dtype)
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(
+    seqs=st.lists(st.tuples(st.integers(1, 120), st.integers(0, 40)), min_size=1, max_size=5),
+    block_size=st.sampled_from([1, 2, 8, 16, 32]),
+    group=st.sampled_from([1, 3, 8]),
+    seed=st.integers(0, 1000),
+)
+def test_random_batches_match_reference(seqs, block_size, group, seed):
+    ctx = [c for c, _ in seqs]
+    q_lens = [min(q, c) for c, q in seqs]
+    compare(paged_batch(ctx, q_lens, block_size, 2 * group, 2, 64, torch.float32, seed),
+            torch.float32)

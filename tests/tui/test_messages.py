@@ -1,0 +1,33 @@
+"""Messages can be copied whole, or their code blocks."""
+
+from __future__ import annotations
+
+from pagedchat.chat.conversation import Message, Session
+from pagedchat.chat.store import Store
+from pagedchat.tui.widgets.message_box import MessageBox, code_blocks
+
+REPLY = "Try this:\n\n```python\nprint('hi')\n```\n\nor this:\n\n```\necho hi\n```\n"
+
+
+def test_code_blocks():
+    assert code_blocks(REPLY) == ["print('hi')", "echo hi"]
+    assert code_blocks("no code") == []
+
+
+async def test_copy_a_message_and_its_code(make_app, tmp_path):
+    store = Store(tmp_path / "chats.db")
+    session = store.create_session(Session(title="Code"))
+    store.add_message(session, Message("user", "How do I greet?"))
+    store.add_message(session, Message("assistant", REPLY))
+    store.close()
+    app = make_app(continue_last=True, engine=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        user_box, reply_box = app.query(MessageBox)
+        reply_box.focus()
+        await pilot.press("c")
+        assert app.clipboard == "echo hi"
+        await pilot.press("y")
+        assert app.clipboard == REPLY
+        user_box.focus()
+        await pilot.press("c")
+        assert app.clipboard == REPLY  # no code block: nothing copied
