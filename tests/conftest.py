@@ -33,7 +33,8 @@ def tiny_model_dir(tmp_path_factory, real_model_dir: Path) -> Path:
     config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        max_position_embeddings=1024, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        max_position_embeddings=1024,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         tie_word_embeddings=True, initializer_range=0.5,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.eos_token_id,

@@ -66,7 +66,7 @@ def _check_numbers(value: str) -> str:
 NumRequests = Annotated[int, typer.Option("-n", "--num-requests", min=1,
                                           help="Requests sampled from the trace.")]
 Model = Annotated[str | None, typer.Option(
-    "--model", help="HF folder or GGUF file [default: SmolLM2-135M-Instruct].")]
+    "--model", help="HF folder or GGUF file (default: SmolLM2-135M-Instruct).")]
 MaxTokens = Annotated[int | None, typer.Option("--max-tokens", min=1,
                                                help="Cap every output length.")]
 JsonPath = Annotated[Path | None, typer.Option("--json", help="Write figures + metadata.")]
@@ -190,7 +190,8 @@ def _serve(title: str, options: EngineOptions, make_requests, rates: list[float]
             engine = options.build()  # a fresh prefix cache for every rate
         for runner in [PagedChat(engine), *peers]:
             figures = {"request_rate": rate, **measure(runner, requests, warmup, arrivals)[0]}
-            engines.setdefault(runner.label, []).append(figures)
+            alone = sum(peer.name == runner.name for peer in peers) <= 1
+            engines.setdefault(runner.name if alone else runner.label, []).append(figures)
             rows.append({"engine": runner.label, **_flat(figures)})
     report.emit_table(title, rows, [
         "engine", "request_rate", "requests_per_s", "ttft_ms_mean", "ttft_ms_p99",

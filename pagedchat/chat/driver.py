@@ -127,11 +127,13 @@ class EngineDriver:
     def cancel(self, request_id: str) -> None:
         self._commands.put(Cancel(request_id))
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Ask the thread to end and wait for it (a model still loading cannot be stopped)."""
+    def stop(self, timeout: float = 5.0) -> bool:
+        """Ask the thread to end and wait for it; False if it still runs after ``timeout``
+        (a model load, or a step, cannot be interrupted)."""
         self._commands.put(_STOP)
         if self._thread.is_alive():
             self._thread.join(timeout)
+        return not self._thread.is_alive()
 
     # driver thread
 
@@ -160,6 +162,8 @@ class EngineDriver:
             busy = engine.has_unfinished_requests()
             for command in self._take(block=not busy):
                 if command is _STOP:
+                    for rid in list(self._live):  # leave the engine with its pool balanced
+                        self._abort(engine, rid)
                     return
                 if isinstance(command, Submit):
                     self._add(engine, command)

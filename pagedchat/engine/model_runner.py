@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from pagedchat.engine.config import EngineConfig, parse_bytes
 from pagedchat.engine.errors import ModelLoadError
 from pagedchat.engine.models.llama import AttentionMetadata, LlamaForCausalLM
+from pagedchat.engine.profiling import StepTimer
 from pagedchat.engine.scheduler import SchedulerOutput
 from pagedchat.kernels import select_backend
 
@@ -33,13 +34,18 @@ def resolve_device(device: str) -> str:
 class ModelRunner:
     def __init__(self, config: EngineConfig, hf_config, folder: Path) -> None:
         self.config = config
+        self.timer = StepTimer()
         self.device = torch.device(resolve_device(config.device))
         self.dtype = DTYPES[config.dtype]
         self.kernels = select_backend(self.device.type, config.attention_backend)
         self.block_size = config.block_size
         self.max_model_len = config.max_model_len
-        with torch.device(self.device):
+        # Built on the meta device: no time spent on random weights that are replaced.
+        with torch.device("meta"):
             model = LlamaForCausalLM(hf_config, self.kernels, self.max_model_len)
+        model.to_empty(device=self.device)
+        with torch.device(self.device):
+            model.build_rotary(self.max_model_len)
         model.load_hf_state_dict(_read_weights(folder))
         self.model = model.to(self.dtype).eval()
         self.model.rotary.float()
@@ -65,29 +71,36 @@ class ModelRunner:
         return max(budget // self.block_bytes, 1)
 
     def _allocate(self, num_blocks: int, device) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Per-layer K and V pools. Left uninitialised: every kernel reads only slots
+        already written, so untouched pages cost neither start-up time nor memory."""
         shape = (num_blocks, *self.kv_shape)
         layers = range(len(self.model.layers))
-        keys = [torch.zeros(shape, dtype=self.dtype, device=device) for _ in layers]
-        values = [torch.zeros(shape, dtype=self.dtype, device=device) for _ in layers]
+        keys = [torch.empty(shape, dtype=self.dtype, device=device) for _ in layers]
+        values = [torch.empty(shape, dtype=self.dtype, device=device) for _ in layers]
         return keys, values
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> torch.Tensor:
         """Run one step; logits ``[num_sampling_seqs, vocab]`` in scheduled order."""
-        self._move_blocks(out)
-        input_ids, positions, meta, sample_rows = self._prepare(out)
-        hidden = self.model(input_ids, positions, meta)
+        with self.timer.phase("prepare"):
+            self._move_blocks(out)
+            input_ids, positions, meta, sample_rows = self._prepare(out)
+        with self.timer.phase("forward"):
+            hidden = self.model(input_ids, positions, meta)
         if not sample_rows:
             return torch.empty(0, self.model.config.vocab_size)
-        rows = torch.tensor(sample_rows, device=self.device)
-        return self.model.compute_logits(hidden.index_select(0, rows)).cpu()
+        with self.timer.phase("logits"):
+            rows = torch.tensor(sample_rows, device=self.device)
+            return self.model.compute_logits(hidden.index_select(0, rows)).cpu()
 
     def _move_blocks(self, out: SchedulerOutput) -> None:
         """Swap out, swap in, then copy-on-write: before the step writes anything."""
         swap = self.kernels.swap_blocks
         for pairs, src, dst in (
-            (out.swap_out, (self.k_caches, self.v_caches), (self.host_k_caches, self.host_v_caches)),
-            (out.swap_in, (self.host_k_caches, self.host_v_caches), (self.k_caches, self.v_caches)),
+            (out.swap_out, (self.k_caches, self.v_caches),
+             (self.host_k_caches, self.host_v_caches)),
+            (out.swap_in, (self.host_k_caches, self.host_v_caches),
+             (self.k_caches, self.v_caches)),
         ):
             if pairs:
                 mapping = torch.tensor(pairs, dtype=torch.int64)

@@ -122,6 +122,7 @@ class ChatApp(App):
         self.turns: dict[str, Turn] = {}  # by request id
         self.session_of: dict[str, int] = {}  # every request id of this run -> its session
         self.engine_ready = False
+        self.engine_stopped = False
         self._start_session = session_id
         self._continue_last = continue_last
         self._loaded: set[int] = set()  # sessions whose messages are read
@@ -178,7 +179,7 @@ class ChatApp(App):
         for turn in self.turns.values():
             turn.reply.status = "interrupted"
             self._save(lambda reply=turn.reply: self.store.update_message(reply))
-        self.driver.stop(timeout=2.0)
+        self.engine_stopped = self.driver.stop(timeout=2.0)
         self.store.close()
 
     # sessions
@@ -404,7 +405,10 @@ class ChatApp(App):
         if update.finished:
             self._finish(update.request_id,
                          "cancelled" if update.finish_reason == "abort" else "done")
-        elif time.monotonic() - turn.saved_at >= SAVE_EVERY:
+            return
+        if (box := self._box(turn)) is not None:
+            box.refresh_info()
+        if time.monotonic() - turn.saved_at >= SAVE_EVERY:
             turn.saved_at = time.monotonic()
             self._save(lambda: self.store.update_message(reply))
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from functools import partial
 from pathlib import Path
 from typing import Annotated
@@ -39,6 +41,12 @@ def run_chat(
                   context_window=context_window, session_id=session_id,
                   continue_last=continue_last)
     app.run()
+    if not app.engine_stopped:
+        # The engine thread is inside a model load or a step that cannot be interrupted;
+        # at interpreter exit torch would abort under it. Everything is saved: leave now.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(app.return_code or 0)
 
 
 def chat(

@@ -31,8 +31,9 @@ if not torch.cuda.is_available():
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 
-from pagedchat.kernels import reference as ref  # noqa: E402
 from paged_cases import DEVICE, TOL, paged_batch, rel_err  # noqa: E402
+
+from pagedchat.kernels import reference as ref  # noqa: E402
 
 if HAS_TRITON:
     tb = importlib.import_module("pagedchat.kernels.triton_backend")

@@ -37,7 +37,7 @@ def make_app(tmp_path, tiny_model_dir) -> Iterator[Callable[..., ChatApp]]:
     never.set()
 
 
-async def wait_until(pilot, condition: Callable[[], bool], timeout: float = 30.0,
+async def wait_until(pilot, condition: Callable[[], bool], timeout: float = 60.0,
                      step: float = 0.02) -> None:
     """Let the app run until ``condition()`` holds; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

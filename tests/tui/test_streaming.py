@@ -17,7 +17,7 @@ from pagedchat.tui.widgets.inspector import Inspector
 from pagedchat.tui.widgets.message_box import MessageBox
 from tests.tui.conftest import ready, replies_done, say, wait_until
 
-LONG = SamplingSettings(temperature=1.0, max_tokens=24, seed=0)
+LONG = SamplingSettings(temperature=1.0, top_p=1.0, max_tokens=24, seed=0)
 
 
 async def type_smoothly(pilot, text: str, limit: float = 0.5) -> None:
@@ -63,7 +63,7 @@ async def test_message_gets_a_streamed_reply(make_app):
 
 
 async def test_two_sessions_answer_at_the_same_time(make_app):
-    app = make_app(settings=SamplingSettings(temperature=0.0, max_tokens=24))
+    app = make_app(settings=SamplingSettings(temperature=0.0, max_tokens=12))
     async with app.run_test(size=(100, 30)) as pilot:
         await ready(pilot)
         await say(pilot, "/set max_tokens 1000")
@@ -76,7 +76,7 @@ async def test_two_sessions_answer_at_the_same_time(make_app):
         await wait_until(pilot, lambda: inspector.latest.stats.num_running == 2)
         await type_smoothly(pilot, "still typing")
         await wait_until(pilot, lambda: second.status == "done")
-        assert second.output_tokens == 24
+        assert second.output_tokens == 12
         assert first.status == "generating" and first.output_tokens > 0
         await app.open_session(first_session)
         await pilot.press("escape")
@@ -84,7 +84,7 @@ async def test_two_sessions_answer_at_the_same_time(make_app):
 
 
 async def test_escape_cancels_the_reply_keeps_its_text_and_frees_its_blocks(make_app):
-    app = make_app(settings=SamplingSettings(temperature=1.0, max_tokens=1500, seed=1))
+    app = make_app(settings=SamplingSettings(temperature=1.0, top_p=1.0, max_tokens=1500, seed=1))
     async with app.run_test(size=(100, 30)) as pilot:
         await ready(pilot)
         await say(pilot, "go on forever")

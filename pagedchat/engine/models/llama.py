@@ -131,11 +131,17 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, kernels) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, kernels) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.tied = bool(getattr(config, "tie_word_embeddings", False))
-        self.lm_head = None if self.tied else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        inv_freq, scaling = _rope_parameters(config)
+        self.lm_head = None if self.tied else nn.Linear(
+            config.hidden_size, config.vocab_size, bias=False)
+        self.build_rotary(max_positions)
+
+    def build_rotary(self, max_positions: int) -> None:
+        """(Re)compute the cos/sin tables, e.g. after the model was built on the meta device."""
+        inv_freq, scaling = _rope_parameters(self.config)
         self.rotary = RotaryEmbedding(inv_freq, scaling, max_positions)
 
     def forward(

@@ -38,9 +38,9 @@ class Inspector(VerticalScroll):
         self.query_one(Figures).add(figures_of(s, update.tokens_per_second))
         self.query_one("#counts", Static).update(
             f"blocks  {s.used_blocks} used · {s.cached_blocks} cached · {s.free_blocks} free\n"
-            f"seqs    {s.num_running} running · {s.num_waiting} waiting · {s.num_swapped} swapped\n"
+            f"seqs    {s.num_running} run · {s.num_waiting} wait · {s.num_swapped} swapped\n"
             f"shared  {s.shared_blocks} blocks · {s.saved_blocks} saved\n"
-            f"prefix  {s.prefix_hits} hits / {s.prefix_queries} blocks looked up"
+            f"prefix  {s.prefix_hits} of {s.prefix_queries} blocks found cached"
         )
 
     def show_focus(self, session_of: dict[str, int], titles: dict[int, str],

@@ -8,6 +8,8 @@ from textual.widgets.option_list import Option
 
 from pagedchat.chat.conversation import Session
 
+TITLE_WIDTH = 19  # the list's width less its mark and border: one line per session
+
 
 class SessionList(OptionList):
     def show(self, sessions: list[Session], current: int | None, busy: set[int]) -> None:
@@ -15,7 +17,10 @@ class SessionList(OptionList):
         options = []
         for session in sessions:
             mark = "● " if session.id in busy else "  "
-            label = Content.assemble((mark, "bold $text-success"), session.title)
+            title = session.title
+            if len(title) > TITLE_WIDTH:
+                title = title[: TITLE_WIDTH - 1] + "…"
+            label = Content.assemble((mark, "bold $text-success"), title)
             options.append(Option(label, id=str(session.id)))
         self.set_options(options)
         if current is not None:

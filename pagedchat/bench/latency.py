@@ -1,0 +1,83 @@
+"""Single-stream figures: load time (first and cached), decode speed and time to first
+token of a long prompt, for pagedchat and transformers ``generate`` on the same weights."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+from pagedchat.bench.peers import load_hf_model
+from pagedchat.engine.llm_engine import LLMEngine
+from pagedchat.engine.sampling_params import SamplingParams
+
+_LOAD_PROBE = (
+    "import json, sys, time\n"
+    "start = time.perf_counter()\n"
+    "from pagedchat.engine.config import EngineConfig\n"
+    "from pagedchat.engine.llm_engine import LLMEngine\n"
+    "engine = LLMEngine(EngineConfig(model=sys.argv[1] or None, num_kv_blocks=64))\n"
+    "print(json.dumps({'seconds': time.perf_counter() - start,\n"
+    "                  'from_cache': engine.model_files.from_cache}))\n"
+)
+
+
+def load_times(model: str | None) -> dict[str, float]:
+    """Start-up of a fresh process (import, convert or read weights, allocate): once with
+    an empty cache folder (a GGUF is de-quantized) and once more with it filled."""
+    results = {}
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "PAGEDCHAT_CACHE_DIR": cache}
+        for label in ("first_load_s", "cached_load_s"):
+            done = subprocess.run([sys.executable, "-c", _LOAD_PROBE, model or ""], env=env,
+                                  capture_output=True, text=True, check=True)
+            results[label] = json.loads(done.stdout.strip().splitlines()[-1])["seconds"]
+    return results
+
+
+def pagedchat_single_stream(engine: LLMEngine, prompt_ids: list[int],
+                            max_tokens: int) -> dict[str, float]:
+    """One request alone: time to first token and decode tokens/s after it."""
+    engine.add_request("single", prompt_ids,
+                       SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
+    final = None
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            final = output
+    metrics = final.metrics
+    decode = metrics.last_token_time - metrics.first_token_time
+    return {"ttft_ms": (metrics.first_token_time - metrics.arrival_time) * 1000,
+            "decode_tokens_per_s": (max_tokens - 1) / decode}
+
+
+def hf_single_stream(model, prompt_ids: list[int], max_tokens: int) -> dict[str, float]:
+    """transformers ``generate``, greedy, batch 1: the first token alone, then the rest."""
+    ids = torch.tensor([prompt_ids])
+    mask = torch.ones_like(ids)
+    with torch.inference_mode():
+        start = time.perf_counter()
+        model.generate(ids, attention_mask=mask, max_new_tokens=1, do_sample=False)
+        ttft = time.perf_counter() - start
+        start = time.perf_counter()
+        model.generate(ids, attention_mask=mask, max_new_tokens=max_tokens,
+                       min_new_tokens=max_tokens, do_sample=False)
+        total = time.perf_counter() - start
+    return {"ttft_ms": ttft * 1000, "decode_tokens_per_s": (max_tokens - 1) / (total - ttft)}
+
+
+def compare_single_stream(engine: LLMEngine, prompt_ids: list[int], long_prompt_ids: list[int],
+                          max_tokens: int) -> dict[str, dict[str, float]]:
+    """Decode speed on a short prompt and TTFT on a long one, both engines, same weights."""
+    hf = load_hf_model(engine.model_files.folder, engine.config.dtype)
+    pagedchat_single_stream(engine, prompt_ids, 8)  # warm up both once
+    hf_single_stream(hf, prompt_ids, 8)
+    ours = pagedchat_single_stream(engine, prompt_ids, max_tokens)
+    ours["ttft_ms"] = pagedchat_single_stream(engine, long_prompt_ids, 2)["ttft_ms"]
+    theirs = hf_single_stream(hf, prompt_ids, max_tokens)
+    theirs["ttft_ms"] = hf_single_stream(hf, long_prompt_ids, 2)["ttft_ms"]
+    return {"pagedchat": ours, "hf-generate": theirs}

@@ -1,0 +1,127 @@
+"""The engine driver: one thread owns the engine; commands in, events out."""
+
+from __future__ import annotations
+
+import queue
+import time
+
+import pytest
+
+from pagedchat.chat.conversation import DEFAULT_SYSTEM_PROMPT
+from pagedchat.chat.driver import (
+    EngineDriver,
+    EngineFailed,
+    EngineReady,
+    PromptReady,
+    ReplyUpdate,
+    RequestFailed,
+    StatsUpdate,
+    Submit,
+)
+from pagedchat.engine.errors import ModelLoadError
+from pagedchat.engine.sampling_params import SamplingParams
+
+
+class Events:
+    """Collects a driver's events and waits for the ones a test expects."""
+
+    def __init__(self) -> None:
+        self.queue: queue.Queue = queue.Queue()
+        self.seen: list = []
+
+    def __call__(self, event) -> None:
+        self.queue.put(event)
+
+    def wait_for(self, test, timeout: float = 60.0):
+        deadline = time.monotonic() + timeout
+        while True:
+            for event in self.seen:
+                if test(event):
+                    return event
+            try:
+                self.seen.append(self.queue.get(timeout=max(deadline - time.monotonic(), 0)))
+            except queue.Empty:
+                raise AssertionError(f"no matching event; saw {self.seen}") from None
+
+
+def submit(rid: str, text: str, max_tokens: int, window: int = 1024) -> Submit:
+    return Submit(rid, DEFAULT_SYSTEM_PROMPT, [{"role": "user", "content": text}],
+                  SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True), window)
+
+
+@pytest.fixture
+def start(tiny_llm):
+    """``start(**options)``: a started driver over the shared tiny engine, and its events."""
+    drivers = []
+
+    def start_driver(**options) -> tuple[EngineDriver, Events]:
+        events = Events()
+        driver = EngineDriver(lambda: tiny_llm.engine, events, **options)
+        driver.start()
+        drivers.append(driver)
+        return driver, events
+
+    yield start_driver
+    for driver in drivers:
+        assert driver.stop()
+    assert not tiny_llm.engine.has_unfinished_requests()
+
+
+def test_updates_are_coalesced_and_the_end_comes_at_once(start):
+    driver, events = start(flush_interval=30.0)
+    events.wait_for(lambda e: isinstance(e, EngineReady))
+    driver.submit(submit("a", "hello", 40))
+    ready = events.wait_for(lambda e: isinstance(e, PromptReady))
+    assert ready.request_id == "a" and ready.prompt_tokens > 48 and ready.dropped_messages == 0
+    final = events.wait_for(lambda e: isinstance(e, ReplyUpdate) and e.finished)
+    assert final.output_tokens == 40 and final.finish_reason == "length"
+    assert [e for e in events.seen if isinstance(e, ReplyUpdate)] == [final]
+    stats = events.wait_for(lambda e: isinstance(e, StatsUpdate) and e.stats.num_running == 0
+                            and e is events.seen[-1])
+    assert stats.stats.used_blocks == 0
+
+
+def test_stop_aborts_what_is_running(start):
+    driver, events = start()
+    driver.submit(submit("a", "hello", 2000))
+    events.wait_for(lambda e: isinstance(e, ReplyUpdate) and e.output_tokens > 0)
+    assert driver.stop()  # the fixture checks that the engine has nothing left
+
+
+def test_cancel_frees_the_blocks_and_silences_the_request(start):
+    driver, events = start()
+    driver.submit(submit("long", "go on", 2000))
+    events.wait_for(lambda e: isinstance(e, ReplyUpdate) and e.output_tokens > 2)
+    driver.cancel("long")
+    events.wait_for(lambda e: isinstance(e, StatsUpdate) and e.stats.used_blocks == 0)
+    count = len(events.seen)
+    driver.submit(submit("next", "and now", 3))
+    events.wait_for(lambda e: isinstance(e, ReplyUpdate) and e.finished)
+    assert not any(isinstance(e, ReplyUpdate) and e.request_id == "long"
+                   for e in events.seen[count:])
+
+
+def test_a_prompt_that_cannot_fit_fails_alone(start):
+    driver, events = start()
+    driver.submit(submit("big", "hi", 4, window=20))
+    driver.submit(submit("ok", "hi", 4))
+    failed = events.wait_for(lambda e: isinstance(e, RequestFailed))
+    assert failed.request_id == "big" and "context window of 20" in failed.error
+    done = events.wait_for(lambda e: isinstance(e, ReplyUpdate) and e.finished)
+    assert done.request_id == "ok"
+
+
+def test_a_failed_load_is_reported_and_requests_refused():
+    events = Events()
+
+    def broken():
+        raise ModelLoadError("/nowhere: no such file or folder")
+
+    driver = EngineDriver(broken, events)
+    driver.start()
+    driver.submit(submit("a", "hello", 4))
+    failed = events.wait_for(lambda e: isinstance(e, EngineFailed))
+    assert "no such file" in failed.error
+    refused = events.wait_for(lambda e: isinstance(e, RequestFailed))
+    assert refused.request_id == "a" and "failed to load" in refused.error
+    assert driver.stop()
