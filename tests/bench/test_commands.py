@@ -62,14 +62,17 @@ def test_missing_model_is_one_clear_line(tmp_path):
 def test_serve_writes_latencies_and_the_plot(tiny, tmp_path):
     plot, out = tmp_path / "serve.png", tmp_path / "s.json"
     result = bench("serve", *tiny, "-n", "3", "--max-tokens", "3", "--kv-blocks", "64",
-                   "--rate", "20,inf", "--plot", str(plot), "--json", str(out))
+                   "--rate", "20,inf", "--compare", "hf-generate,hf-continuous",
+                   "--hf-batch-size", "2", "--plot", str(plot), "--json", str(out))
     assert result.exit_code == 0, result.output
-    runs = json.loads(out.read_text())["engines"]["pagedchat"]
-    assert [r["request_rate"] for r in runs] == [20.0, float("inf")]
-    for r in runs:
-        assert r["output_tokens"] == 9
-        assert r["ttft_ms"]["mean"] <= r["e2e_ms"]["mean"]
-        assert r["normalized_latency_s_per_token"] > 0
+    engines = json.loads(out.read_text())["engines"]
+    assert set(engines) == {"pagedchat", "hf-generate", "hf-continuous"}
+    for runs in engines.values():
+        assert [r["request_rate"] for r in runs] == [20.0, float("inf")]
+        for r in runs:
+            assert r["output_tokens"] == 9
+            assert r["ttft_ms"]["mean"] <= r["e2e_ms"]["mean"]
+            assert r["normalized_latency_s_per_token"] > 0
     assert plot.read_bytes()[:4] == b"\x89PNG"
 
 

@@ -1,0 +1,1 @@
+"""Workloads (ShareGPT), peers, measurements and reports: `pagedchat bench`, `batch`, `inspect`."""
