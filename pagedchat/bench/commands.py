@@ -94,7 +94,8 @@ def _user_errors() -> Iterator[None]:
     """A problem the user can fix becomes one line on stderr and exit code 1."""
     try:
         yield
-    except (PagedChatError, ValueError, FileNotFoundError) as error:
+    except (PagedChatError, ValueError, OSError) as error:
+        # OSError covers a missing file as well as a full disk while writing results.
         report.note(f"[red]error:[/red] {error}")
         raise typer.Exit(1) from error
 

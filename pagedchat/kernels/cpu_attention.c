@@ -1,18 +1,18 @@
 /* Paged attention for the CPU: reads K/V straight through the block table.
  *
- * One work item is one query row and one KV head (all the query heads of that
- * group share the K/V reads). Scores for the row's whole context go to a scratch
- * buffer, then softmax and the weighted sum of V: K and V are each read once.
+ * A work item is one query row and a range of KV heads: all of them when there are
+ * enough rows to keep every thread busy (so each token's K/V row is read once,
+ * contiguously), one when there are few rows (a lone long decode). Scores for the
+ * row's whole context go to a scratch buffer, then softmax, then the weighted sum
+ * of V: K and V are each read once.
  * Layout (DESIGN.md): caches [num_blocks, block_size, num_kv_heads, head_dim].
  * Built by pagedchat/kernels/cpu.py with the machine's C compiler; torch's reference
  * kernel is the definition of what is right and the tests compare the two.
  */
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
-
-#define MAX_GROUP 16
-#define MAX_DIM 256
 
 typedef uint16_t bf16_t;
 
@@ -33,79 +33,169 @@ static inline bf16_t bf16_round(float f) {
 #define BF16_LOAD(p, i) bf16_load((p), (i))
 #define BF16_STORE(x) bf16_round(x)
 
-#define DEFINE_PAGED_ATTENTION(NAME, T, LOAD, STORE)                                        \
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define HAVE_AVX512 1
+
+static inline __m512 load16_f32(const float *p) { return _mm512_loadu_ps(p); }
+
+static inline __m512 load16_bf16(const bf16_t *p) {
+    __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
+/* 16 vectors of partial dot products -> one vector of their 16 horizontal sums. */
+static inline __m512 sum16(__m512 p[16]) {
+    __m512 a[8], b[4], c[2];
+    for (int i = 0; i < 8; i++)
+        a[i] = _mm512_add_ps(_mm512_unpacklo_ps(p[2 * i], p[2 * i + 1]),
+                             _mm512_unpackhi_ps(p[2 * i], p[2 * i + 1]));
+    for (int i = 0; i < 4; i++)
+        b[i] = _mm512_add_ps(_mm512_shuffle_ps(a[2 * i], a[2 * i + 1], 0x44),
+                             _mm512_shuffle_ps(a[2 * i], a[2 * i + 1], 0xEE));
+    for (int i = 0; i < 2; i++)
+        c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xEE));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88),
+                         _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
+}
+
+/* Scores of one head against up to 16 consecutive tokens of one block. */
+#define DEFINE_SCORE_TILE(NAME, T, LOAD16)                                                  \
+static inline void NAME(const float *q, const T *k, int64_t token_stride, int count,       \
+                        int head_dim, float *scores) {                                      \
+    __m512 partial[16];                                                                     \
+    for (int t = 0; t < 16; t++) {                                                          \
+        __m512 dot = _mm512_setzero_ps();                                                   \
+        if (t < count)                                                                      \
+            for (int d = 0; d < head_dim; d += 16)                                          \
+                dot = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), LOAD16(k + t * token_stride + d), dot); \
+        partial[t] = dot;                                                                   \
+    }                                                                                       \
+    __m512 sums = sum16(partial);                                                           \
+    _mm512_mask_storeu_ps(scores, (__mmask16)((1u << count) - 1u), sums);                   \
+}
+DEFINE_SCORE_TILE(score_tile_f32, float, load16_f32)
+DEFINE_SCORE_TILE(score_tile_bf16, bf16_t, load16_bf16)
+
+/* acc[0:head_dim] += sum over the block's tokens of p[t] * v[t]. */
+#define DEFINE_VALUE_TILE(NAME, T, LOAD16)                                                  \
+static inline void NAME(const float *p, const T *v, int64_t token_stride, int count,       \
+                        int head_dim, float *acc) {                                         \
+    for (int d = 0; d < head_dim; d += 16) {                                                \
+        __m512 sum = _mm512_loadu_ps(acc + d);                                              \
+        for (int t = 0; t < count; t++)                                                     \
+            sum = _mm512_fmadd_ps(_mm512_set1_ps(p[t]), LOAD16(v + t * token_stride + d), sum); \
+        _mm512_storeu_ps(acc + d, sum);                                                     \
+    }                                                                                       \
+}
+DEFINE_VALUE_TILE(value_tile_f32, float, load16_f32)
+DEFINE_VALUE_TILE(value_tile_bf16, bf16_t, load16_bf16)
+#endif
+
+#define DEFINE_PAGED_ATTENTION(NAME, T, LOAD, STORE, SCORE_TILE, VALUE_TILE)               \
 int NAME(const T *query, const T *k_cache, const T *v_cache, T *out,                        \
          const int32_t *block_tables, const int32_t *context_lens,                          \
          const int32_t *query_start, const int32_t *rows, const int32_t *row_seqs,          \
          int num_rows, int max_blocks, int num_heads, int num_kv_heads, int head_dim,       \
          int block_size, float scale) {                                                     \
     const int group = num_heads / num_kv_heads;                                             \
-    if (group > MAX_GROUP || head_dim > MAX_DIM) return 1;                                  \
+    const int split = num_rows < 2 * omp_get_max_threads() ? num_kv_heads : 1;             \
+    const int heads_per_item = num_kv_heads / split;                                        \
     const int64_t token_stride = (int64_t)num_kv_heads * head_dim;                          \
+    const int vector_path = HAVE_VECTOR_PATH && head_dim % 16 == 0;                         \
     int failed = 0;                                                                         \
     _Pragma("omp parallel for schedule(dynamic, 1)")                                        \
-    for (int64_t item = 0; item < (int64_t)num_rows * num_kv_heads; item++) {               \
-        const int row = rows[item / num_kv_heads];                                          \
-        const int kv_head = (int)(item % num_kv_heads);                                     \
-        const int seq = row_seqs[item / num_kv_heads];                                      \
+    for (int64_t item = 0; item < (int64_t)num_rows * split; item++) {                      \
+        const int row = rows[item / split];                                                 \
+        const int seq = row_seqs[item / split];                                             \
+        const int kv_first = (int)(item % split) * heads_per_item;                          \
         const int q_len = query_start[seq + 1] - query_start[seq];                          \
         const int n = context_lens[seq] - q_len + (row - query_start[seq]) + 1;             \
         const int32_t *table = block_tables + (int64_t)seq * max_blocks;                    \
-        float q[MAX_GROUP][MAX_DIM];                                                        \
-        float acc[MAX_GROUP][MAX_DIM];                                                      \
-        float total[MAX_GROUP];                                                             \
-        float *scores = malloc(sizeof(float) * (size_t)group * (size_t)n);                  \
-        if (scores == NULL) { failed = 1; continue; }                                       \
-        for (int g = 0; g < group; g++) {                                                   \
-            const int64_t base = ((int64_t)row * num_heads + kv_head * group + g) * head_dim; \
-            for (int d = 0; d < head_dim; d++) {                                            \
-                q[g][d] = LOAD(query, base + d) * scale;                                    \
-                acc[g][d] = 0.0f;                                                           \
-            }                                                                               \
+        const int heads = heads_per_item * group;                                           \
+        const int head0 = kv_first * group;                                                 \
+        float *q = malloc(sizeof(float) * (size_t)heads * (size_t)(2 * head_dim + n));      \
+        if (q == NULL) { failed = 1; continue; }                                            \
+        float *acc = q + (int64_t)heads * head_dim;                                         \
+        float *scores = acc + (int64_t)heads * head_dim;                                    \
+        const T *q_row = query + ((int64_t)row * num_heads + head0) * head_dim;             \
+        for (int64_t i = 0; i < (int64_t)heads * head_dim; i++) {                           \
+            q[i] = LOAD(q_row, i) * scale;                                                  \
+            acc[i] = 0.0f;                                                                  \
         }                                                                                   \
         for (int start = 0; start < n; start += block_size) {                               \
             const int64_t block = table[start / block_size];                                \
             const int count = n - start < block_size ? n - start : block_size;              \
-            const T *k = k_cache + (block * block_size * num_kv_heads + kv_head) * head_dim; \
+            const T *k = k_cache + (block * block_size * num_kv_heads + kv_first) * head_dim; \
+            if (vector_path) {                                                              \
+                for (int h = 0; h < heads; h++)                                             \
+                    for (int t = 0; t < count; t += 16)                                     \
+                        SCORE_TILE(q + (int64_t)h * head_dim,                               \
+                                   k + (int64_t)(h / group) * head_dim + t * token_stride,  \
+                                   token_stride, count - t < 16 ? count - t : 16, head_dim, \
+                                   scores + (int64_t)h * n + start + t);                    \
+                continue;                                                                   \
+            }                                                                               \
             for (int t = 0; t < count; t++, k += token_stride) {                            \
-                for (int g = 0; g < group; g++) {                                           \
+                for (int h = 0; h < heads; h++) {                                           \
+                    const T *kh = k + (int64_t)(h / group) * head_dim;                      \
+                    const float *qh = q + (int64_t)h * head_dim;                            \
                     float dot = 0.0f;                                                       \
                     _Pragma("omp simd reduction(+:dot)")                                    \
-                    for (int d = 0; d < head_dim; d++) dot += q[g][d] * LOAD(k, d);         \
-                    scores[(int64_t)g * n + start + t] = dot;                               \
+                    for (int d = 0; d < head_dim; d++) dot += qh[d] * LOAD(kh, d);          \
+                    scores[(int64_t)h * n + start + t] = dot;                               \
                 }                                                                           \
             }                                                                               \
         }                                                                                   \
-        for (int g = 0; g < group; g++) {                                                   \
-            float *s = scores + (int64_t)g * n;                                             \
+        for (int h = 0; h < heads; h++) {                                                   \
+            float *s = scores + (int64_t)h * n;                                             \
             float peak = s[0];                                                              \
             for (int t = 1; t < n; t++) peak = s[t] > peak ? s[t] : peak;                   \
             float sum = 0.0f;                                                               \
             _Pragma("omp simd reduction(+:sum)")                                            \
             for (int t = 0; t < n; t++) { s[t] = expf(s[t] - peak); sum += s[t]; }          \
-            total[g] = sum;                                                                 \
+            const float inv = 1.0f / sum;                                                   \
+            _Pragma("omp simd")                                                             \
+            for (int t = 0; t < n; t++) s[t] *= inv;                                        \
         }                                                                                   \
         for (int start = 0; start < n; start += block_size) {                               \
             const int64_t block = table[start / block_size];                                \
             const int count = n - start < block_size ? n - start : block_size;              \
-            const T *v = v_cache + (block * block_size * num_kv_heads + kv_head) * head_dim; \
+            const T *v = v_cache + (block * block_size * num_kv_heads + kv_first) * head_dim; \
+            if (vector_path) {                                                              \
+                for (int h = 0; h < heads; h++)                                             \
+                    VALUE_TILE(scores + (int64_t)h * n + start,                             \
+                               v + (int64_t)(h / group) * head_dim, token_stride, count,    \
+                               head_dim, acc + (int64_t)h * head_dim);                      \
+                continue;                                                                   \
+            }                                                                               \
             for (int t = 0; t < count; t++, v += token_stride) {                            \
-                for (int g = 0; g < group; g++) {                                           \
-                    const float p = scores[(int64_t)g * n + start + t];                     \
+                for (int h = 0; h < heads; h++) {                                           \
+                    const T *vh = v + (int64_t)(h / group) * head_dim;                      \
+                    float *ah = acc + (int64_t)h * head_dim;                                \
+                    const float p = scores[(int64_t)h * n + start + t];                     \
                     _Pragma("omp simd")                                                     \
-                    for (int d = 0; d < head_dim; d++) acc[g][d] += p * LOAD(v, d);         \
+                    for (int d = 0; d < head_dim; d++) ah[d] += p * LOAD(vh, d);            \
                 }                                                                           \
             }                                                                               \
         }                                                                                   \
-        for (int g = 0; g < group; g++) {                                                   \
-            const int64_t base = ((int64_t)row * num_heads + kv_head * group + g) * head_dim; \
-            const float inv = 1.0f / total[g];                                              \
-            for (int d = 0; d < head_dim; d++) out[base + d] = STORE(acc[g][d] * inv);      \
-        }                                                                                   \
-        free(scores);                                                                       \
+        T *out_row = out + ((int64_t)row * num_heads + head0) * head_dim;                   \
+        for (int64_t i = 0; i < (int64_t)heads * head_dim; i++) out_row[i] = STORE(acc[i]); \
+        free(q);                                                                            \
     }                                                                                       \
     return failed ? 2 : 0;                                                                  \
 }
 
-DEFINE_PAGED_ATTENTION(paged_attention_f32, float, F32_LOAD, F32_STORE)
-DEFINE_PAGED_ATTENTION(paged_attention_bf16, bf16_t, BF16_LOAD, BF16_STORE)
+#if defined(HAVE_AVX512)
+#define HAVE_VECTOR_PATH 1
+DEFINE_PAGED_ATTENTION(paged_attention_f32, float, F32_LOAD, F32_STORE, score_tile_f32,
+                       value_tile_f32)
+DEFINE_PAGED_ATTENTION(paged_attention_bf16, bf16_t, BF16_LOAD, BF16_STORE, score_tile_bf16,
+                       value_tile_bf16)
+#else
+#define HAVE_VECTOR_PATH 0
+#define NO_TILE(...) ((void)0)
+DEFINE_PAGED_ATTENTION(paged_attention_f32, float, F32_LOAD, F32_STORE, NO_TILE, NO_TILE)
+DEFINE_PAGED_ATTENTION(paged_attention_bf16, bf16_t, BF16_LOAD, BF16_STORE, NO_TILE, NO_TILE)
+#endif

@@ -46,10 +46,11 @@ def test_mixed_batch_of_decodes_short_and_long_chunks(dtype):
     seqs=st.lists(st.tuples(st.integers(1, 120), st.integers(0, 40)), min_size=1, max_size=5),
     block_size=st.sampled_from([1, 2, 8, 16, 32]),
     group=st.sampled_from([1, 3, 8]),
+    head_dim=st.sampled_from([64, 80]),  # 80: the generic path, not a multiple of 16
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
     seed=st.integers(0, 1000),
 )
-def test_random_batches_match_reference(seqs, block_size, group, seed):
+def test_random_batches_match_reference(seqs, block_size, group, head_dim, dtype, seed):
     ctx = [c for c, _ in seqs]
     q_lens = [min(q, c) for c, q in seqs]
-    compare(paged_batch(ctx, q_lens, block_size, 2 * group, 2, 64, torch.float32, seed),
-            torch.float32)
+    compare(paged_batch(ctx, q_lens, block_size, 2 * group, 2, head_dim, dtype, seed), dtype)
