@@ -1,7 +1,28 @@
-"""pagedchat: a terminal chatbot on a from-scratch PagedAttention engine."""
+"""pagedchat: a terminal chatbot on a from-scratch PagedAttention engine.
 
-from pagedchat.engine.llm import LLM
-from pagedchat.engine.sampling_params import SamplingParams
+``LLM`` and ``SamplingParams`` load on first use, so that importing a submodule (the
+app, the CLI) does not pay for torch and transformers before anything is on screen.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pagedchat.engine.llm import LLM
+    from pagedchat.engine.sampling_params import SamplingParams
 
 __all__ = ["LLM", "SamplingParams"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name == "LLM":
+        from pagedchat.engine.llm import LLM
+
+        return LLM
+    if name == "SamplingParams":
+        from pagedchat.engine.sampling_params import SamplingParams
+
+        return SamplingParams
+    raise AttributeError(f"module 'pagedchat' has no attribute {name!r}")

@@ -46,7 +46,6 @@ class Cancel:
 class EngineReady:
     num_blocks: int
     block_size: int
-    seconds: float
 
 
 @dataclass(frozen=True)
@@ -138,17 +137,15 @@ class EngineDriver:
     # driver thread
 
     def _run(self) -> None:
-        started = time.perf_counter()
         try:
             engine = self._load()
-        except Exception as error:  # noqa: BLE001 - any load failure is reported, not raised
+        except Exception as error:  # any load failure is reported, never raised
             reason = str(error) or type(error).__name__
             self._emit(EngineFailed(reason))
             self._refuse_all(f"the model failed to load: {reason}")
             return
         config = engine.config
-        self._emit(EngineReady(config.num_kv_blocks, config.block_size,
-                               time.perf_counter() - started))
+        self._emit(EngineReady(config.num_kv_blocks, config.block_size))
         self._emit(StatsUpdate(engine.stats(), 0.0))
         self._serve(engine)
 
@@ -212,7 +209,7 @@ class EngineDriver:
     def _step(self, engine: LLMEngine) -> None:
         try:
             outputs = engine.step()
-        except Exception as error:  # noqa: BLE001 - a failed step fails its requests, not the thread
+        except Exception as error:  # a failed step fails its requests, not the thread
             reason = f"the engine failed: {error or type(error).__name__}"
             for rid in list(self._live):
                 self._pending.pop(rid, None)

@@ -140,10 +140,6 @@ class Store:
         rows = self._run("SELECT * FROM sessions ORDER BY updated_at DESC, id DESC").fetchall()
         return [_session(row) for row in rows]
 
-    def last_session_id(self) -> int | None:
-        row = self._run("SELECT id FROM sessions ORDER BY updated_at DESC, id DESC").fetchone()
-        return row["id"] if row else None
-
     def load_session(self, session_id: int) -> Session | None:
         """The session with its messages, or None when there is no such session."""
         row = self._run("SELECT * FROM sessions WHERE id = ?", (session_id,)).fetchone()

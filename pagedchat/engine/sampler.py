@@ -44,26 +44,45 @@ def filter_logits(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
     """Temperature, then top-k, top-p and min-p as masks of -inf."""
     temps = torch.tensor([row.params.temperature for row in rows]).unsqueeze(1)
     logits = logits / temps
-    top_k = [row.params.top_k for row in rows]
-    if any(k > 0 for k in top_k):
-        vocab = logits.shape[1]
-        k = torch.tensor([k if k > 0 else vocab for k in top_k]).clamp(max=vocab)
-        kth = logits.sort(dim=1, descending=True).values.gather(1, (k - 1).unsqueeze(1))
+    top_k = torch.tensor([row.params.top_k for row in rows])
+    if bool((top_k > 0).any()):
+        limited = top_k > 0
+        k = top_k.clamp(min=1, max=logits.shape[1])
+        values = logits.topk(int(k.max()), dim=1).values
+        kth = values.gather(1, (k - 1).unsqueeze(1))
+        kth[~limited] = float("-inf")
         logits = logits.masked_fill(logits < kth, float("-inf"))
     top_p = torch.tensor([row.params.top_p for row in rows])
     if bool((top_p < 1).any()):
-        sorted_logits, order = logits.sort(dim=1, descending=True)
-        probs = sorted_logits.softmax(dim=1)
-        before = probs.cumsum(dim=1) - probs
-        drop_sorted = before >= top_p.unsqueeze(1)
-        drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
+        logits = logits.masked_fill(_outside_top_p(logits, top_p), float("-inf"))
     min_p = torch.tensor([row.params.min_p for row in rows])
     if bool((min_p > 0).any()):
         probs = logits.softmax(dim=1)
         floor = probs.max(dim=1, keepdim=True).values * min_p.unsqueeze(1)
         logits = logits.masked_fill(probs < floor, float("-inf"))
     return logits
+
+
+_TOP_P_CANDIDATES = 256
+
+
+def _outside_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Tokens outside the smallest most-likely set whose mass reaches ``top_p``.
+
+    The top 256 tokens are ranked first; when their mass already reaches ``top_p``
+    (nearly always) the answer lies among them, which spares sorting the whole
+    vocabulary. Rows where it does not are sorted in full."""
+    probs = logits.softmax(dim=1)
+    count = min(_TOP_P_CANDIDATES, probs.shape[1])
+    values, order = probs.topk(count, dim=1)
+    mass_before = values.cumsum(dim=1) - values
+    covered = mass_before[:, -1] + values[:, -1] >= top_p
+    if not bool(covered.all()):
+        values, order = probs.sort(dim=1, descending=True)
+        mass_before = values.cumsum(dim=1) - values
+    keep = torch.zeros_like(probs, dtype=torch.bool)
+    keep.scatter_(1, order, mass_before < top_p.unsqueeze(1))
+    return ~keep
 
 
 def sample(logits: torch.Tensor, rows: list[SampleRow]) -> tuple[list[int], list[float]]:

@@ -367,6 +367,10 @@ class ChatApp(App):
                     turn.reply.dropped_messages = ready.dropped_messages
                     if (box := self._box(turn)) is not None:
                         box.refresh_info()
+                    if ready.truncated:
+                        self.notify(f"Only the end of your message fits the context window of "
+                                    f"{self.context_window} tokens; the rest was not sent",
+                                    severity="warning", timeout=8)
             case RequestFailed(request_id=rid, error=error):
                 if rid in self.turns:
                     self._finish(rid, "error", error)

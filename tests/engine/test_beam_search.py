@@ -16,12 +16,13 @@ from pagedchat import LLM, SamplingParams
 from pagedchat.engine.errors import RequestError
 from tests.engine.test_engine import _prompts
 
-CASES = [  # beam width, n returned, length_penalty, early_stopping
-    (2, 2, 1.0, False),
-    (4, 4, 1.0, False),
-    (4, 2, 0.5, True),
-    (2, 1, 2.0, "never"),
-    (4, 3, -1.0, "never"),
+CASES = [  # beam width, n returned, length_penalty, early_stopping, repetition_penalty
+    (2, 2, 1.0, False, 1.0),
+    (4, 4, 1.0, False, 1.0),
+    (4, 2, 0.5, True, 1.0),
+    (2, 1, 2.0, "never", 1.0),
+    (4, 3, -1.0, "never", 1.0),
+    (3, 2, 1.0, False, 1.3),
 ]
 
 
@@ -32,10 +33,11 @@ def hf_tiny(tiny_model_dir):
     return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
 
 
-def _params(width, n, length_penalty, early_stopping, max_tokens) -> SamplingParams:
+def _params(width, n, length_penalty, early_stopping, max_tokens, repetition_penalty=1.0
+            ) -> SamplingParams:
     return SamplingParams(n=n, best_of=width, use_beam_search=True, temperature=0,
                           max_tokens=max_tokens, length_penalty=length_penalty,
-                          early_stopping=early_stopping)
+                          early_stopping=early_stopping, repetition_penalty=repetition_penalty)
 
 
 def hf_beams(hf, ids, params: SamplingParams, eos: set[int]) -> tuple[list[list[int]], list[float]]:
@@ -45,7 +47,8 @@ def hf_beams(hf, ids, params: SamplingParams, eos: set[int]) -> tuple[list[list[
             torch.tensor([ids]), attention_mask=torch.ones(1, len(ids)), do_sample=False,
             num_beams=params.best_of, num_return_sequences=params.n,
             max_new_tokens=params.max_tokens, length_penalty=params.length_penalty,
-            early_stopping=params.early_stopping, output_scores=True,
+            early_stopping=params.early_stopping,
+            repetition_penalty=params.repetition_penalty, output_scores=True,
             return_dict_in_generate=True)
     beams = []
     for row in out.sequences[:, len(ids):].tolist():
@@ -62,11 +65,11 @@ def assert_same_beams(ours, ref_beams, ref_scores, length_penalty):
             score, rel=1e-5)
 
 
-@pytest.mark.parametrize("width, n, length_penalty, early_stopping", CASES)
+@pytest.mark.parametrize("width, n, length_penalty, early_stopping, repetition_penalty", CASES)
 def test_tiny_beam_search_matches_transformers(width, n, length_penalty, early_stopping,
-                                               tiny_llm, hf_tiny):
+                                               repetition_penalty, tiny_llm, hf_tiny):
     prompts = _prompts(6, seed=4)
-    params = _params(width, n, length_penalty, early_stopping, max_tokens=20)
+    params = _params(width, n, length_penalty, early_stopping, 20, repetition_penalty)
     outputs = tiny_llm.generate(prompts, params)
     eos = tiny_llm.engine.eos_token_ids
     for ids, out in zip(prompts, outputs, strict=True):

@@ -53,7 +53,8 @@ def stats(step: int) -> StatsUpdate:
         total_blocks=64, block_size=16, used_blocks=6, free_blocks=54, cached_blocks=4,
         live_tokens=live, empty_slots=96 - live, utilization=live / 96,
         internal_fragmentation=(96 - live) / 96, shared_blocks=3, saved_blocks=3,
-        prefix_queries=8 + step, prefix_hits=3 + step, prefix_hit_rate=(3 + step) / (8 + step),
+        prefix_queries=67 * (step + 1), prefix_hits=48 * step,
+        prefix_hit_rate=48 * step / (67 * (step + 1)),
         preemptions=0, swapped_out=0, swapped_in=0, host_blocks_used=0, num_running=2,
         num_waiting=0, num_swapped=0,
         block_tables=[SeqBlockTable("s1-r1", 0, first), SeqBlockTable("s2-r2", 0, second)],
@@ -80,7 +81,7 @@ def test_inspector(snap_compare, make_app, tmp_path):
     async def run_before(pilot) -> None:
         still(pilot)
         app.session_of.update({"s1-r1": 1, "s2-r2": 2})
-        app.post_message(EngineEvent(EngineReady(num_blocks=64, block_size=16, seconds=1.0)))
+        app.post_message(EngineEvent(EngineReady(num_blocks=64, block_size=16)))
         for step in range(5):
             app.post_message(EngineEvent(stats(step)))
         await pilot.press("f3")
@@ -94,7 +95,7 @@ def test_help_screen(snap_compare, make_app, tmp_path):
 
     async def run_before(pilot) -> None:
         still(pilot)
-        app.post_message(EngineEvent(EngineReady(num_blocks=64, block_size=16, seconds=1.0)))
+        app.post_message(EngineEvent(EngineReady(num_blocks=64, block_size=16)))
         await pilot.press("f1")
         await pilot.pause()
 

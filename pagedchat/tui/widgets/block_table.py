@@ -1,4 +1,4 @@
-"""The block table of the focused session: logical -> physical, fill, refs, sharing."""
+"""The block table of the focused session: logical -> physical, tokens filled, refs, marks."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ class BlockTable(DataTable):
         self.cursor_type = "none"
         self.add_columns("log", "phys", "fill", "ref", "marks")
 
-    def show(self, tables: list[SeqBlockTable], block_size: int) -> None:
+    def show(self, tables: list[SeqBlockTable]) -> None:
         self.clear()
         for table in tables:
             for entry in table.blocks:
                 marks = [word for word, on in (("shared", entry.shared), ("cached", entry.cached))
                          if on]
-                self.add_row(entry.logical, entry.physical,
-                             f"{entry.filled}/{block_size}", entry.ref_count, " ".join(marks))
+                self.add_row(entry.logical, entry.physical, entry.filled, entry.ref_count,
+                             " ".join(marks))

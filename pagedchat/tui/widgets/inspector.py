@@ -40,7 +40,7 @@ class Inspector(VerticalScroll):
             f"blocks  {s.used_blocks} used · {s.cached_blocks} cached · {s.free_blocks} free\n"
             f"seqs    {s.num_running} run · {s.num_waiting} wait · {s.num_swapped} swapped\n"
             f"shared  {s.shared_blocks} blocks · {s.saved_blocks} saved\n"
-            f"prefix  {s.prefix_hits} of {s.prefix_queries} blocks found cached"
+            f"prefix  {s.prefix_hits} of {s.prefix_queries} prompt tokens cached"
         )
 
     def show_focus(self, session_of: dict[str, int], titles: dict[int, str],
@@ -59,7 +59,7 @@ class Inspector(VerticalScroll):
         tables, sharing = self._last_seen.get(focused, ([], ""))
         state = "live" if live else "last seen" if tables else "none live"
         self.query_one("#table-title", Label).update(f"Blocks of this chat ({state})")
-        self.query_one(BlockTable).show(tables, s.block_size)
+        self.query_one(BlockTable).show(tables)
         self.query_one("#sharing", Static).update(sharing)
         self.query_one(PoolMap).show(s.pool, s.owners, session_of, titles, focused)
 
