@@ -361,6 +361,58 @@ def preemption(num_requests: NumRequests = 100, model: Model = None,
             report.write_json(json_path, _meta(engine), figures)
 
 
+# ---- single stream and quality ----------------------------------------------------------------
+@bench_app.command()
+def latency(model: Model = None, max_tokens: MaxTokens = 128,
+            prompt_len: Annotated[int, typer.Option(
+                "--prompt-len", min=16, help="Tokens of the long prompt timed to first token.")]
+            = 1000,
+            dtype: Dtype = DType.float32,
+            loads: Annotated[bool, typer.Option(
+                help="Also time a first start (GGUF conversion) and a cached start.")] = True,
+            json_path: JsonPath = None) -> None:
+    """Single stream: decode tokens/s, time to first token of a long prompt, load times."""
+    from pagedchat.bench.latency import compare_single_stream, load_times
+
+    with _user_errors():
+        engine = _options(model, dtype).build()
+        long_prompt = sharegpt.long_prompt(engine.tokenizer, prompt_len)
+        short_prompt = warmup_prompt(engine.tokenizer)
+        figures = compare_single_stream(engine, short_prompt, long_prompt, max_tokens or 128)
+        ours = figures["pagedchat"]
+        rows = [{"engine": name, **f,
+                 "decode_ratio": ours["decode_tokens_per_s"] / f["decode_tokens_per_s"],
+                 "ttft_ratio": f["ttft_ms"] / ours["ttft_ms"]} for name, f in figures.items()]
+        report.emit_table("latency", rows, ["engine", "decode_tokens_per_s", "ttft_ms",
+                                            "decode_ratio", "ttft_ratio"])
+        report.note(f"decode after a short prompt, {max_tokens or 128} tokens; TTFT of a "
+                    f"{len(long_prompt)}-token prompt; ratios: pagedchat over the engine")
+        extra: dict[str, object] = {}
+        if loads:
+            extra["load"] = load_times(model)
+            report.emit_table("load", [extra["load"]], ["first_load_s", "cached_load_s"])
+        if json_path:
+            report.write_json(json_path, _meta(engine), figures, **extra)
+
+
+@bench_app.command()
+def quality(num_requests: NumRequests = 16, model: Model = None, max_tokens: MaxTokens = 32,
+            dtype: Dtype = DType.bfloat16, seed: Seed = 0, json_path: JsonPath = None) -> None:
+    """Greedy agreement with transformers at a lower precision, beside its noise floor."""
+    from pagedchat.bench.quality import greedy_agreement
+
+    with _user_errors():
+        engine = _options(model, dtype).build()
+        requests = sample_trace(engine, num_requests, seed, max_tokens)
+        figures = greedy_agreement(engine, [r.prompt_ids for r in requests], max_tokens or 32)
+        report.emit_table("quality", [{"dtype": engine.config.dtype, **figures}],
+                          ["dtype", "prompts", "first_token_agreement",
+                           "mean_shared_prefix_tokens", "hf_vs_hf_float32_first_token_agreement",
+                           "hf_vs_hf_float32_mean_shared_prefix_tokens"])
+        if json_path:
+            report.write_json(json_path, _meta(engine), {"pagedchat": figures})
+
+
 # ---- batch ------------------------------------------------------------------------------------
 def batch(
     input_path: Annotated[str, typer.Argument(metavar="IN", help="JSONL requests; - = stdin.")],

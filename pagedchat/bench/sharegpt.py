@@ -188,3 +188,13 @@ def few_shot_prefix(tokenizer, shots: int, seed: int = 0, max_turn_len: int = 25
         if len(parts) == shots:
             break
     return _encode(tokenizer, "".join(parts) + "Now answer this one.\nUser: ")
+
+
+def long_prompt(tokenizer, num_tokens: int, seed: int = 0, path: Path | None = None) -> list[int]:
+    """The first ``num_tokens`` tokens of the first long enough user turn: a real prompt
+    of a chosen length, for timing the first token."""
+    for conv in _shuffled(conversations(path), seed):
+        ids = _encode(tokenizer, conv.messages[0]["content"])
+        if len(ids) >= num_tokens:
+            return ids[:num_tokens]
+    raise ValueError(f"no user turn in the trace has {num_tokens} tokens")

@@ -218,6 +218,15 @@ class BlockManager:
             self.host.release(block_id)
         seq.cpu_block_table = []
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix: unreferenced cached blocks become free, and blocks
+        in use can no longer be found by later requests."""
+        for block in self.blocks:
+            block.hash, block.parent_hash, block.token_ids = NO_HASH, NO_HASH, ()
+        self.free_ids.extend(reversed(self.evictable))
+        self.evictable.clear()
+        self.hash_to_block.clear()
+
     def take_copies(self) -> list[tuple[int, int]]:
         """The copy-on-write pairs queued since the last call, for one batched copy."""
         copies, self.pending_copies = self.pending_copies, []

@@ -78,15 +78,29 @@ static inline void NAME(const float *q, const T *k, int64_t token_stride, int co
 DEFINE_SCORE_TILE(score_tile_f32, float, load16_f32)
 DEFINE_SCORE_TILE(score_tile_bf16, bf16_t, load16_bf16)
 
-/* acc[0:head_dim] += sum over the block's tokens of p[t] * v[t]. */
+/* acc[0:head_dim] += sum over the block's tokens of p[t] * v[t]. Up to four 16-lane
+ * accumulators stay in registers across the tokens, so their FMA chains overlap. */
 #define DEFINE_VALUE_TILE(NAME, T, LOAD16)                                                  \
 static inline void NAME(const float *p, const T *v, int64_t token_stride, int count,       \
                         int head_dim, float *acc) {                                         \
-    for (int d = 0; d < head_dim; d += 16) {                                                \
-        __m512 sum = _mm512_loadu_ps(acc + d);                                              \
-        for (int t = 0; t < count; t++)                                                     \
-            sum = _mm512_fmadd_ps(_mm512_set1_ps(p[t]), LOAD16(v + t * token_stride + d), sum); \
-        _mm512_storeu_ps(acc + d, sum);                                                     \
+    for (int d = 0; d < head_dim; d += 64) {                                                \
+        const int chunks = head_dim - d >= 64 ? 4 : (head_dim - d) / 16;                    \
+        __m512 a0 = _mm512_loadu_ps(acc + d);                                               \
+        __m512 a1 = chunks > 1 ? _mm512_loadu_ps(acc + d + 16) : _mm512_setzero_ps();       \
+        __m512 a2 = chunks > 2 ? _mm512_loadu_ps(acc + d + 32) : _mm512_setzero_ps();       \
+        __m512 a3 = chunks > 3 ? _mm512_loadu_ps(acc + d + 48) : _mm512_setzero_ps();       \
+        for (int t = 0; t < count; t++) {                                                   \
+            const __m512 weight = _mm512_set1_ps(p[t]);                                     \
+            const T *row = v + t * token_stride + d;                                        \
+            a0 = _mm512_fmadd_ps(weight, LOAD16(row), a0);                                  \
+            if (chunks > 1) a1 = _mm512_fmadd_ps(weight, LOAD16(row + 16), a1);             \
+            if (chunks > 2) a2 = _mm512_fmadd_ps(weight, LOAD16(row + 32), a2);             \
+            if (chunks > 3) a3 = _mm512_fmadd_ps(weight, LOAD16(row + 48), a3);             \
+        }                                                                                   \
+        _mm512_storeu_ps(acc + d, a0);                                                      \
+        if (chunks > 1) _mm512_storeu_ps(acc + d + 16, a1);                                 \
+        if (chunks > 2) _mm512_storeu_ps(acc + d + 32, a2);                                 \
+        if (chunks > 3) _mm512_storeu_ps(acc + d + 48, a3);                                 \
     }                                                                                       \
 }
 DEFINE_VALUE_TILE(value_tile_f32, float, load16_f32)

@@ -203,3 +203,21 @@ def test_collision_with_different_tokens_is_not_a_hit():
     h = seq.block_hashes[0]
     bm.blocks[bm.hash_to_block[h]].token_ids = (7, 7)  # forge a colliding entry
     assert bm.find_cached_prefix(Sequence([1, 2, 3], 3)) == []
+
+
+def test_reset_prefix_cache_forgets_every_prefix():
+    bm = BlockManager(6, 2)
+    seq = Sequence([1, 2, 3, 4, 5], 5)
+    bm.allocate_slots(seq, 5)
+    seq.num_computed_tokens = 5
+    bm.cache_full_blocks(seq)
+    other = Sequence([7, 8, 9], 3)
+    bm.allocate_slots(other, 3)
+    other.num_computed_tokens = 3
+    bm.cache_full_blocks(other)
+    bm.free(other)
+    assert len(bm.evictable) == 1
+    bm.reset_prefix_cache()
+    assert not bm.evictable and not bm.hash_to_block
+    assert bm.find_cached_prefix(Sequence([1, 2, 3, 4, 5, 6], 6)) == []
+    assert bm.num_free_blocks == 3 and len(bm.free_ids) == 3
