@@ -88,7 +88,9 @@ def _print_run_stats(engine, final, load_seconds: float) -> None:
     ttft = metrics.first_token_time - metrics.arrival_time
     decode = metrics.last_token_time - metrics.first_token_time
     rate = (len(out.token_ids) - 1) / decode if decode > 0 else 0.0
-    source = "cache" if engine.model_files.from_cache else "converted"
+    files = engine.model_files
+    source = ("converted weights from the cache" if files.from_cache
+              else "GGUF converted now" if files.source.endswith(".gguf") else "HF folder")
     lines = [
         f"load duration:        {load_seconds:.2f}s ({source})",
         f"prompt eval count:    {len(final.prompt_token_ids)} token(s)",

@@ -153,8 +153,8 @@ def run_batch(engine: LLMEngine, lines: Iterable[str], sink: IO[str], done: dict
               progress: Callable[[int], None] | None = None) -> Summary:
     """Run every line not already in ``done``; write one record per line to ``sink``.
 
-    The first request runs one step alone: the prefix it shares with the others (the
-    system prompt, the chat template) is then in the prefix cache when they start."""
+    Requests admitted together share their common prefix (the system prompt, the chat
+    template): the engine makes blocks findable as soon as they are scheduled."""
     start = time.perf_counter()
     summary = Summary()
     queued: dict[str, Job] = {}
@@ -170,10 +170,8 @@ def run_batch(engine: LLMEngine, lines: Iterable[str], sink: IO[str], done: dict
         warn(f"line {line}: {reason}")
         write({"id": request_id, "line": line, "error": reason})
 
-    def step() -> list[str]:
-        advanced = []
+    def step() -> None:
         for out in engine.step():
-            advanced.append(out.request_id)
             if out.finished:
                 record = result_record(queued.pop(out.request_id).request_id, out)
                 summary.done += 1
@@ -181,10 +179,8 @@ def run_batch(engine: LLMEngine, lines: Iterable[str], sink: IO[str], done: dict
                 summary.cached_tokens += out.num_cached_tokens
                 summary.completion_tokens += record["usage"]["completion_tokens"]
                 write(record)
-        return advanced
 
     try:
-        first = None
         for job in _new_jobs(lines, engine.tokenizer, system, defaults or {}, done, summary,
                              fail, progress):
             try:
@@ -193,10 +189,6 @@ def run_batch(engine: LLMEngine, lines: Iterable[str], sink: IO[str], done: dict
                 fail(job.request_id, job.line, str(error))
                 continue
             queued[f"batch-{job.line}"] = job
-            if first is None:
-                first = f"batch-{job.line}"
-                while engine.has_unfinished_requests() and first not in step():
-                    pass
         while engine.has_unfinished_requests():
             step()
     except KeyboardInterrupt:

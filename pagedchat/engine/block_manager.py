@@ -120,12 +120,16 @@ class BlockManager:
             parent = h
         return found
 
-    def cache_full_blocks(self, seq: Sequence) -> None:
-        """Give every newly completed block of ``seq`` its hash so others can find it."""
+    def cache_full_blocks(self, seq: Sequence, num_tokens: int | None = None) -> None:
+        """Give every completed block of ``seq`` its hash so others can find it.
+
+        ``num_tokens`` (default: the computed ones) may include tokens scheduled in the
+        current step: every layer stores the whole step's K/V before any attention
+        reads it, so a request admitted in the same step can already share them."""
         if not self.enable_prefix_caching:
             return
         bs = self.block_size
-        num_full = seq.num_computed_tokens // bs
+        num_full = (seq.num_computed_tokens if num_tokens is None else num_tokens) // bs
         while len(seq.block_hashes) < num_full:
             index = len(seq.block_hashes)
             parent = seq.block_hashes[-1] if seq.block_hashes else NO_HASH

@@ -84,6 +84,10 @@ class LLMEngine:
             raise RequestError(
                 f"the prompt has {len(token_ids)} tokens but the model's context is {limit} "
                 "tokens (it must leave room for at least one new token)")
+        if params.best_of > self.config.max_num_seqs:
+            raise RequestError(
+                f"the request runs {params.best_of} sequences (n/best_of) but the engine runs at "
+                f"most max_num_seqs={self.config.max_num_seqs} at once")
         total = min(len(token_ids) + params.max_tokens, limit)
         bm = self.block_manager
         # counted unshared: a group preempted by recompute prefills each sequence on its own

@@ -130,6 +130,7 @@ class Scheduler:
             blocks = cached.get(item.seq.seq_id, [])
             if not bm.allocate_slots(item.seq, item.num_new_tokens, blocks):
                 raise AssertionError("block accounting disagreed with allocation")
+            bm.cache_full_blocks(item.seq, item.seq.num_computed_tokens + item.num_new_tokens)
         return True
 
     def _preempt(self, group: SequenceGroup, out: SchedulerOutput) -> None:

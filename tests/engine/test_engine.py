@@ -205,3 +205,22 @@ def test_parallel_samples_share_the_prompt_blocks(tiny_llm):
     texts = [o.token_ids for o in outputs[0].outputs]
     assert len(texts) == 4 and len({tuple(t) for t in texts}) > 1
     assert engine.stats().used_blocks == 0
+
+
+def test_requests_admitted_in_one_step_share_their_common_prefix(tiny_llm):
+    engine = tiny_llm.engine
+    system = list(range(3000, 3064))
+    for name, tail in (("p", [1, 2]), ("q", [3, 4]), ("r", [5])):
+        engine.add_request(name, system + tail, SamplingParams(temperature=0, max_tokens=4))
+    engine.step()
+    stats = engine.stats()
+    tables = {t.request_id: [b.physical for b in t.blocks] for t in stats.block_tables}
+    assert tables["p"][:4] == tables["q"][:4] == tables["r"][:4]
+    assert all(b.ref_count == 3 for b in stats.block_tables[0].blocks[:4])
+    outputs = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            outputs[out.request_id] = out
+    assert outputs["q"].num_cached_tokens == 64
+    alone = tiny_llm.generate([system + [3, 4]], SamplingParams(temperature=0, max_tokens=4))
+    assert alone[0].outputs[0].token_ids == outputs["q"].outputs[0].token_ids

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pagedchat import LLM, SamplingParams
+from pagedchat.engine.errors import RequestError
 
 PROMPT = list(range(500, 540))  # 40 tokens: two full blocks of 16 and a partial one
 
@@ -76,3 +77,14 @@ def test_best_of_returns_the_n_most_likely_samples(llm):
     every = _run(llm, SamplingParams(n=5, temperature=1.0, seed=3, max_tokens=12))
     ranked = sorted(every.outputs, key=lambda o: -o.cumulative_logprob)[:2]
     assert [o.token_ids for o in out.outputs] == [o.token_ids for o in ranked]
+
+
+def test_groups_that_could_never_run_are_refused_at_once(tiny_model_dir):
+    llm = LLM(model=str(tiny_model_dir), num_kv_blocks=24, block_size=16, max_num_seqs=4)
+    with pytest.raises(RequestError, match="max_num_seqs=4"):
+        llm.engine.add_request("wide", PROMPT, SamplingParams(n=5, temperature=1.0))
+    # 6 samples of 40 + 40 tokens fit shared (2 + 6 * 3 = 20 blocks) but not unshared
+    # (6 * 5 = 30), which a preempted group resumed by recompute needs
+    llm = LLM(model=str(tiny_model_dir), num_kv_blocks=24, block_size=16)
+    with pytest.raises(RequestError, match="whole pool has 24"):
+        llm.engine.add_request("long", PROMPT, SamplingParams(n=6, max_tokens=40))
