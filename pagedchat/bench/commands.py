@@ -413,6 +413,23 @@ def quality(num_requests: NumRequests = 16, model: Model = None, max_tokens: Max
             report.write_json(json_path, _meta(engine), {"pagedchat": figures})
 
 
+@bench_app.command()
+def sharing(num_requests: NumRequests = 24, model: Model = None, max_tokens: MaxTokens = 128,
+            widths: Annotated[str, typer.Option(
+                "--widths", help="n for parallel sampling and beam widths, e.g. 2,4,6.")]
+            = "2,4,6",
+            seed: Seed = 0, json_path: JsonPath = None) -> None:
+    """The paper's Fig. 15: KV memory saved by sharing, parallel sampling and beam search."""
+    from pagedchat.bench.sharing import COLUMNS, measure_sharing
+
+    with _user_errors():
+        engine = _options(model, DType.float32.value).build()
+        rows = measure_sharing(engine, num_requests, max_tokens, seed, parse_list(widths, int))
+        report.emit_table("sharing", rows, COLUMNS)
+        if json_path:
+            report.write_json(json_path, _meta(engine), {"pagedchat": rows})
+
+
 # ---- batch ------------------------------------------------------------------------------------
 def batch(
     input_path: Annotated[str, typer.Argument(metavar="IN", help="JSONL requests; - = stdin.")],

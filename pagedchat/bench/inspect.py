@@ -2,8 +2,8 @@
 
 The default scenario shows each kind of sharing: two chats with the same system prompt (the
 second finds the first's prompt blocks in the prefix cache), one request with n = 3 samples
-(the samples share the prompt's blocks, copy-on-write), and one beam search (skipped, with
-the engine's reason, where the engine does not offer it).
+(the samples share the prompt's blocks, copy-on-write), and one beam search of width 2 (its
+beams share their common history; a pruned beam frees its blocks at once).
 """
 
 from __future__ import annotations
