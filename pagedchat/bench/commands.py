@@ -130,6 +130,8 @@ def throughput(num_requests: NumRequests = 200, model: Model = None,
                kv_blocks: KvBlocks = None, kv_memory: KvMemory = None,
                max_num_seqs: MaxSeqs = 64, dtype: Dtype = DType.float32,
                ceiling: Annotated[bool, typer.Option(help="Measure the matmul ceiling.")] = True,
+               profile: Annotated[bool, typer.Option(
+                   help="Print where pagedchat's steps spent their time.")] = False,
                json_path: JsonPath = None) -> None:
     """Offline throughput on ShareGPT (ignore_eos, output = reference length)."""
     with _user_errors():
@@ -137,7 +139,10 @@ def throughput(num_requests: NumRequests = 200, model: Model = None,
         engine = _options(model, dtype, block_size, kv_blocks, kv_memory, max_num_seqs).build()
         requests = sample_trace(engine, num_requests, seed, max_tokens)
         warmup = warmup_prompt(engine.tokenizer)
+        engine.runner.timer.reset()
         figures = {"pagedchat": measure(PagedChat(engine), requests, warmup)[0]}
+        if profile:
+            figures["pagedchat"]["step_profile"] = _step_profile(engine)
         rows = [{"engine": "pagedchat", **figures["pagedchat"]}]
         for peer in make_peers(parse_peers(compare), engine, batch_sizes, hf_page_size):
             result = measure(peer, requests, warmup)[0]
@@ -159,6 +164,20 @@ def throughput(num_requests: NumRequests = 200, model: Model = None,
             extra["ceiling"] = _ceiling(engine, ours)
         if json_path:
             report.write_json(json_path, _meta(engine), figures, **extra)
+
+
+def _step_profile(engine) -> dict[str, float]:
+    """Seconds per step in each phase; ``forward`` holds the matrix work and attention,
+    the other phases are the overhead around them."""
+    timer = engine.runner.timer
+    steps = max(timer.steps, 1)
+    per_step = {f"{name}_ms": seconds * 1000 / steps for name, seconds in timer.seconds.items()}
+    shares = timer.shares()
+    report.emit_table("step profile", [{"phase": name, "ms_per_step": per_step[f"{name}_ms"],
+                                        "share": shares[name]} for name in timer.seconds],
+                      ["phase", "ms_per_step", "share"])
+    return {**per_step, "overhead_share": 1 - shares.get("forward", 0.0) - shares.get(
+        "logits", 0.0)}
 
 
 def _ceiling(engine, ours: float) -> dict[str, object]:

@@ -120,15 +120,19 @@ class LLMEngine:
     # ---- one step ---------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one iteration; return the requests that advanced."""
-        out = self.scheduler.schedule()
+        timer = self.runner.timer
+        with timer.phase("schedule"):
+            out = self.scheduler.schedule()
         if out.is_empty:
             return []
+        timer.steps += 1
         now = time.time()
         for item in out.scheduled:
             if item.group.metrics.first_scheduled_time is None:
                 item.group.metrics.first_scheduled_time = now
         logits = self.runner.execute(out)
-        return self._process(out, logits)
+        with timer.phase("sample+detokenize"):
+            return self._process(out, logits)
 
     def _process(self, out: SchedulerOutput, logits: torch.Tensor) -> list[RequestOutput]:
         for item in out.scheduled:

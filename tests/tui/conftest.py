@@ -27,14 +27,31 @@ def make_app(tmp_path, tiny_model_dir) -> Iterator[Callable[..., ChatApp]]:
         raise RuntimeError("the test ended")
 
     def make(settings: SamplingSettings | None = None, kv_blocks: int = 256,
-             model: str | None = None, engine: bool = True, **options) -> ChatApp:
+             model: str | None = None, engine: bool = True, step_delay: float = 0.0,
+             **options) -> ChatApp:
         settings = settings or SamplingSettings(temperature=0.0, max_tokens=8, seed=0)
         loader = partial(load_engine, model or str(tiny_model_dir), num_kv_blocks=kv_blocks)
+        if step_delay:
+            loader = partial(slowed, loader, step_delay)
         return ChatApp(Store(tmp_path / "chats.db"), loader if engine else no_engine,
                        "tiny-llama", settings=settings, **options)
 
     yield make
     never.set()
+
+
+def slowed(loader: Callable, delay: float):
+    """The engine from ``loader`` with every step taking ``delay`` seconds longer: a slow
+    model, so that tests see streaming and overlap however fast this machine is."""
+    engine = loader()
+    step = engine.step
+
+    def slow_step():
+        time.sleep(delay)
+        return step()
+
+    engine.step = slow_step
+    return engine
 
 
 async def wait_until(pilot, condition: Callable[[], bool], timeout: float = 60.0,

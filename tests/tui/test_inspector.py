@@ -13,7 +13,8 @@ def rows(table: BlockTable) -> list[list]:
 
 
 async def test_inspector_shows_blocks_shared_by_two_sessions(make_app):
-    app = make_app(settings=SamplingSettings(temperature=0.0, max_tokens=1000))
+    app = make_app(settings=SamplingSettings(temperature=0.0, max_tokens=1000),
+                   step_delay=0.1)
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
         inspector = app.query_one(Inspector)

@@ -36,7 +36,7 @@ def last_box(app) -> MessageBox:
 
 
 async def test_message_gets_a_streamed_reply(make_app):
-    app = make_app(settings=LONG)
+    app = make_app(settings=LONG, step_delay=0.1)
     async with app.run_test(size=(100, 30)) as pilot:
         await ready(pilot)
         await say(pilot, "Tell me a story")
@@ -63,7 +63,8 @@ async def test_message_gets_a_streamed_reply(make_app):
 
 
 async def test_two_sessions_answer_at_the_same_time(make_app):
-    app = make_app(settings=SamplingSettings(temperature=0.0, max_tokens=1000))
+    app = make_app(settings=SamplingSettings(temperature=0.0, max_tokens=1000),
+                   step_delay=0.1)
     async with app.run_test(size=(100, 30)) as pilot:
         await ready(pilot)
         await say(pilot, "first question")
@@ -86,7 +87,8 @@ async def test_two_sessions_answer_at_the_same_time(make_app):
 
 
 async def test_escape_cancels_the_reply_keeps_its_text_and_frees_its_blocks(make_app):
-    app = make_app(settings=SamplingSettings(temperature=1.0, top_p=1.0, max_tokens=1500, seed=1))
+    app = make_app(settings=SamplingSettings(temperature=1.0, top_p=1.0, max_tokens=1500, seed=1),
+                   step_delay=0.1)
     async with app.run_test(size=(100, 30)) as pilot:
         await ready(pilot)
         await say(pilot, "go on forever")
