@@ -137,7 +137,6 @@ class LLMEngine:
     def _process(self, out: SchedulerOutput, logits: torch.Tensor) -> list[RequestOutput]:
         for item in out.scheduled:
             item.seq.num_computed_tokens += item.num_new_tokens
-            self.block_manager.cache_full_blocks(item.seq)
         sampling = [item for item in out.scheduled if item.samples]
         rows, logit_rows, seqs = [], [], []
         beams: dict[str, tuple[SequenceGroup, dict[int, int]]] = {}  # (group, seq id -> row)
