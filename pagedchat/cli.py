@@ -36,6 +36,9 @@ def run(
     seed: Annotated[int | None, typer.Option(help="Makes a sampled answer repeat.")] = None,
     raw: Annotated[bool, typer.Option(help="Send the prompt as is, no chat template.")] = False,
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
+    tensor_parallel_size: Annotated[int, typer.Option(
+        "--tensor-parallel-size", "-tp", min=1,
+        help="Workers that split the model's heads (one process each).")] = 1,
     verbose: Annotated[bool, typer.Option(
         "--verbose", "-v", help="Print load time, token counts and speeds to stderr.")] = False,
 ) -> None:
@@ -54,7 +57,8 @@ def run(
                                 seed=seed)
         start = time.perf_counter()
         engine = LLMEngine(EngineConfig(model=model, dtype=dtype, kv_cache_memory="512MiB",
-                                        swap_space="0B"))
+                                        swap_space="0B",
+                                        tensor_parallel_size=tensor_parallel_size))
         loaded = time.perf_counter()
         if raw:
             request: str | list[int] = prompt

@@ -20,30 +20,42 @@ def real_model_dir() -> Path:
     return prepare_model(None).folder
 
 
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory, real_model_dir: Path) -> Path:
-    """An HF folder with a 2-layer random Llama and the real SmolLM2 tokenizer.
+def _save_tiny_llama(folder: Path, tokenizer_dir: Path, **shape) -> Path:
+    """A 2-layer random Llama with the real SmolLM2 tokenizer, saved as an HF folder.
 
     Weights are drawn with a wide init so that its next-token distributions are
     peaked (a near-uniform random model would make every greedy step a near-tie)."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    tokenizer = AutoTokenizer.from_pretrained(real_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        max_position_embeddings=1024,
+        vocab_size=len(tokenizer), num_hidden_layers=2, max_position_embeddings=1024,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         tie_word_embeddings=True, initializer_range=0.5,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.eos_token_id, **shape,
     )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, real_model_dir: Path) -> Path:
+    """4 query heads, 2 KV heads: the model of the fast tests."""
+    return _save_tiny_llama(
+        tmp_path_factory.mktemp("tiny-llama"), real_model_dir, hidden_size=64,
+        intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+
+
+@pytest.fixture(scope="session")
+def tiny_tp_model_dir(tmp_path_factory, real_model_dir: Path) -> Path:
+    """8 query heads, 4 KV heads: splits over 1, 2 or 4 tensor-parallel workers."""
+    return _save_tiny_llama(
+        tmp_path_factory.mktemp("tiny-llama-tp"), real_model_dir, hidden_size=128,
+        intermediate_size=256, num_attention_heads=8, num_key_value_heads=4, head_dim=16)
 
 
 @pytest.fixture(scope="session")

@@ -166,3 +166,16 @@ def test_partial_last_line_is_dropped_on_resume(tmp_path):
                    '{"id": "c", "te')
     assert load_done(out) == {'"a"': False, '"b"': True}
     assert out.read_text().endswith("2}\n")
+
+
+def test_tensor_parallel_batch_gives_the_same_text(tiny_tp_model_dir, tmp_path):
+    source = _jsonl(tmp_path / "in.jsonl", *_counting_lines(3))
+    texts = []
+    for size in ("1", "2"):
+        out = tmp_path / f"out-{size}.jsonl"
+        result = runner.invoke(app, ["batch", str(source), "-o", str(out), "--model",
+                                     str(tiny_tp_model_dir), "--kv-blocks", "64",
+                                     "--tensor-parallel-size", size])
+        assert result.exit_code == 0, result.output
+        texts.append({r["id"]: r["text"] for r in _records(out)})
+    assert texts[0] == texts[1] and len(texts[0]) == 3

@@ -87,6 +87,9 @@ HfPage = Annotated[int, typer.Option("--hf-page-size", min=4,
 Rates = Annotated[str, typer.Option("--rate", callback=_check_numbers,
                                     help="Request rates (req/s), e.g. 0.5,1,2; inf = all at once.")]
 Plot = Annotated[Path, typer.Option("--plot", help="Where to write the PNG.")]
+TensorParallelSize = Annotated[int, typer.Option(
+    "--tensor-parallel-size", "-tp", min=1,
+    help="Workers that split the model's heads (one process each).")]
 
 
 @contextmanager
@@ -101,10 +104,10 @@ def _user_errors() -> Iterator[None]:
 
 
 def _options(model, dtype, block_size=16, kv_blocks=None, kv_memory=None,
-             max_num_seqs=64) -> EngineOptions:
+             max_num_seqs=64, tp=1) -> EngineOptions:
     return EngineOptions(model=model, block_size=block_size, num_kv_blocks=kv_blocks,
                          kv_cache_memory=kv_memory, max_num_seqs=max_num_seqs,
-                         dtype=DType(dtype).value)
+                         dtype=DType(dtype).value, tensor_parallel_size=tp)
 
 
 def _meta(engine) -> dict[str, object]:
@@ -132,17 +135,27 @@ def throughput(num_requests: NumRequests = 200, model: Model = None,
                ceiling: Annotated[bool, typer.Option(help="Measure the matmul ceiling.")] = True,
                profile: Annotated[bool, typer.Option(
                    help="Print where pagedchat's steps spent their time.")] = False,
-               json_path: JsonPath = None) -> None:
+               json_path: JsonPath = None,
+               tp: TensorParallelSize = 1) -> None:
     """Offline throughput on ShareGPT (ignore_eos, output = reference length)."""
     with _user_errors():
         batch_sizes = parse_list(hf_batch_size, int)
-        engine = _options(model, dtype, block_size, kv_blocks, kv_memory, max_num_seqs).build()
+        engine = _options(model, dtype, block_size, kv_blocks, kv_memory, max_num_seqs,
+                          tp).build()
         requests = sample_trace(engine, num_requests, seed, max_tokens)
         warmup = warmup_prompt(engine.tokenizer)
         engine.runner.timer.reset()
         figures = {"pagedchat": measure(PagedChat(engine), requests, warmup)[0]}
         if profile:
             figures["pagedchat"]["step_profile"] = _step_profile(engine)
+        if tp > 1:
+            from pagedchat.bench.parallel import communication_figures
+
+            figures["pagedchat"]["communication"] = comm = communication_figures(engine)
+            report.note(f"tensor parallel x{tp}: {comm['all_reduce_bytes_per_token']:.0f} bytes "
+                        f"all-reduced per token, {comm['broadcast_bytes_per_step']:.0f} bytes "
+                        f"broadcast per step; {comm['weights_per_worker_mb']:.0f} MB of weights "
+                        "per worker")
         rows = [{"engine": "pagedchat", **figures["pagedchat"]}]
         for peer in make_peers(parse_peers(compare), engine, batch_sizes, hf_page_size):
             result = measure(peer, requests, warmup)[0]
@@ -230,10 +243,11 @@ def serve(num_requests: NumRequests = 200, model: Model = None, max_tokens: MaxT
           hf_page_size: HfPage = 256, seed: Seed = 0, block_size: BlockSize = 16,
           kv_blocks: KvBlocks = None, kv_memory: KvMemory = None, max_num_seqs: MaxSeqs = 64,
           dtype: Dtype = DType.float32, plot: Plot = Path("bench-serve.png"),
-          json_path: JsonPath = None) -> None:
+          json_path: JsonPath = None,
+          tp: TensorParallelSize = 1) -> None:
     """Online serving: Poisson arrivals; TTFT, TPOT, ITL, e2e and normalized latency."""
     with _user_errors():
-        options = _options(model, dtype, block_size, kv_blocks, kv_memory, max_num_seqs)
+        options = _options(model, dtype, block_size, kv_blocks, kv_memory, max_num_seqs, tp)
         _serve("serve", options,
                lambda engine: sample_trace(engine, num_requests, seed, max_tokens),
                parse_list(rate, float), parse_peers(compare), parse_list(hf_batch_size, int),
@@ -248,10 +262,11 @@ def chatbot(num_requests: NumRequests = 100, model: Model = None, max_tokens: Ma
             hf_page_size: HfPage = 256, seed: Seed = 0, block_size: BlockSize = 16,
             kv_blocks: KvBlocks = None, kv_memory: KvMemory = None,
             max_num_seqs: MaxSeqs = 64, dtype: Dtype = DType.float32,
-            plot: Plot = Path("bench-chatbot.png"), json_path: JsonPath = None) -> None:
+            plot: Plot = Path("bench-chatbot.png"), json_path: JsonPath = None,
+            tp: TensorParallelSize = 1) -> None:
     """The paper's chatbot: multi-turn history + new message, last 1024 tokens kept."""
     with _user_errors():
-        options = _options(model, dtype, block_size, kv_blocks, kv_memory, max_num_seqs)
+        options = _options(model, dtype, block_size, kv_blocks, kv_memory, max_num_seqs, tp)
         _serve("chatbot", options,
                lambda engine: sharegpt.sample_chat_requests(
                    engine.tokenizer, num_requests, seed, context, max_tokens or 1024,
@@ -267,10 +282,11 @@ def memory(num_requests: NumRequests = 200, model: Model = None, max_tokens: Max
                "--max-len", help="What the max-length policy reserves per request.")] = 2048,
            seed: Seed = 0, block_size: BlockSize = 16, kv_blocks: KvBlocks = 512,
            max_num_seqs: MaxSeqs = 64, dtype: Dtype = DType.float32,
-           plot: Plot = Path("bench-memory.png"), json_path: JsonPath = None) -> None:
+           plot: Plot = Path("bench-memory.png"), json_path: JsonPath = None,
+           tp: TensorParallelSize = 1) -> None:
     """The paper's Fig. 2: KV memory holding token states vs reserved vs fragmented."""
     with _user_errors():
-        engine = _options(model, dtype, block_size, kv_blocks, None, max_num_seqs).build()
+        engine = _options(model, dtype, block_size, kv_blocks, None, max_num_seqs, tp).build()
         requests = sample_trace(engine, num_requests, seed, max_tokens)
         cfg = engine.config
         capacity = cfg.num_kv_blocks * cfg.block_size
@@ -300,10 +316,11 @@ def prefix(num_requests: NumRequests = 100, model: Model = None, max_tokens: Max
                                               help="Examples in the shared prefix.")] = 5,
            seed: Seed = 0, block_size: BlockSize = 16, kv_blocks: KvBlocks = None,
            kv_memory: KvMemory = None, max_num_seqs: MaxSeqs = 64, dtype: Dtype = DType.float32,
-           json_path: JsonPath = None) -> None:
+           json_path: JsonPath = None,
+           tp: TensorParallelSize = 1) -> None:
     """A shared few-shot prefix on every request, prefix caching on vs off."""
     with _user_errors():
-        options = _options(model, dtype, block_size, kv_blocks, kv_memory, max_num_seqs)
+        options = _options(model, dtype, block_size, kv_blocks, kv_memory, max_num_seqs, tp)
         figures: dict[str, dict[str, object]] = {}
         for caching in (True, False):
             engine = options.with_(enable_prefix_caching=caching).build()
@@ -338,12 +355,13 @@ def blocksize(num_requests: NumRequests = 100, model: Model = None,
               rate: Annotated[float | None, typer.Option(
                   "--rate", min=0.0, help="Poisson rate (req/s); default: all at once.")] = None,
               seed: Seed = 0, kv_memory: KvMemory = "512MiB", max_num_seqs: MaxSeqs = 64,
-              dtype: Dtype = DType.float32, json_path: JsonPath = None) -> None:
+              dtype: Dtype = DType.float32, json_path: JsonPath = None,
+              tp: TensorParallelSize = 1) -> None:
     """The block-size ablation: the same KV memory cut into blocks of each size."""
     with _user_errors():
         figures: dict[str, dict[str, object]] = {}
         for size in parse_list(sizes, int):
-            engine = _options(model, dtype, size, None, kv_memory, max_num_seqs).build()
+            engine = _options(model, dtype, size, None, kv_memory, max_num_seqs, tp).build()
             requests = sample_trace(engine, num_requests, seed, max_tokens)
             arrivals = poisson_arrivals(len(requests), rate, seed) if rate else None
             figures[str(size)] = measure(PagedChat(engine), requests,
@@ -360,12 +378,13 @@ def blocksize(num_requests: NumRequests = 100, model: Model = None,
 def preemption(num_requests: NumRequests = 100, model: Model = None,
                max_tokens: MaxTokens = None, seed: Seed = 0, block_size: BlockSize = 16,
                kv_blocks: KvBlocks = 128, max_num_seqs: MaxSeqs = 64,
-               dtype: Dtype = DType.float32, json_path: JsonPath = None) -> None:
+               dtype: Dtype = DType.float32, json_path: JsonPath = None,
+               tp: TensorParallelSize = 1) -> None:
     """Recompute vs swap under memory pressure (a small KV pool)."""
     with _user_errors():
         figures: dict[str, dict[str, object]] = {}
         for mode in ("recompute", "swap"):
-            engine = _options(model, dtype, block_size, kv_blocks, None, max_num_seqs).with_(
+            engine = _options(model, dtype, block_size, kv_blocks, None, max_num_seqs, tp).with_(
                 preemption_mode=mode).build()
             requests = sample_trace(engine, num_requests, seed, max_tokens)
             result = measure(PagedChat(engine), requests, warmup_prompt(engine.tokenizer))[0]
@@ -389,12 +408,13 @@ def latency(model: Model = None, max_tokens: MaxTokens = 128,
             dtype: Dtype = DType.float32,
             loads: Annotated[bool, typer.Option(
                 help="Also time a first start (GGUF conversion) and a cached start.")] = True,
-            json_path: JsonPath = None) -> None:
+            json_path: JsonPath = None,
+            tp: TensorParallelSize = 1) -> None:
     """Single stream: decode tokens/s, time to first token of a long prompt, load times."""
     from pagedchat.bench.latency import compare_single_stream, load_times
 
     with _user_errors():
-        engine = _options(model, dtype).build()
+        engine = _options(model, dtype, tp=tp).build()
         long_prompt = sharegpt.long_prompt(engine.tokenizer, prompt_len)
         short_prompt = warmup_prompt(engine.tokenizer)
         figures = compare_single_stream(engine, short_prompt, long_prompt, max_tokens or 128)
@@ -416,12 +436,13 @@ def latency(model: Model = None, max_tokens: MaxTokens = 128,
 
 @bench_app.command()
 def quality(num_requests: NumRequests = 16, model: Model = None, max_tokens: MaxTokens = 32,
-            dtype: Dtype = DType.bfloat16, seed: Seed = 0, json_path: JsonPath = None) -> None:
+            dtype: Dtype = DType.bfloat16, seed: Seed = 0, json_path: JsonPath = None,
+            tp: TensorParallelSize = 1) -> None:
     """Greedy agreement with transformers at a lower precision, beside its noise floor."""
     from pagedchat.bench.quality import greedy_agreement
 
     with _user_errors():
-        engine = _options(model, dtype).build()
+        engine = _options(model, dtype, tp=tp).build()
         requests = sample_trace(engine, num_requests, seed, max_tokens)
         figures = greedy_agreement(engine, [r.prompt_ids for r in requests], max_tokens or 32)
         report.emit_table("quality", [{"dtype": engine.config.dtype, **figures}],
@@ -437,16 +458,59 @@ def sharing(num_requests: NumRequests = 24, model: Model = None, max_tokens: Max
             widths: Annotated[str, typer.Option(
                 "--widths", help="n for parallel sampling and beam widths, e.g. 2,4,6.")]
             = "2,4,6",
-            seed: Seed = 0, json_path: JsonPath = None) -> None:
+            seed: Seed = 0, json_path: JsonPath = None,
+            tp: TensorParallelSize = 1) -> None:
     """The paper's Fig. 15: KV memory saved by sharing, parallel sampling and beam search."""
     from pagedchat.bench.sharing import COLUMNS, measure_sharing
 
     with _user_errors():
-        engine = _options(model, DType.float32.value).build()
+        engine = _options(model, DType.float32.value, tp=tp).build()
         rows = measure_sharing(engine, num_requests, max_tokens, seed, parse_list(widths, int))
         report.emit_table("sharing", rows, COLUMNS)
         if json_path:
             report.write_json(json_path, _meta(engine), {"pagedchat": rows})
+
+
+# ---- tensor parallelism -----------------------------------------------------------------------
+@bench_app.command()
+def parallel(num_requests: NumRequests = 32, model: Model = None, max_tokens: MaxTokens = 64,
+             sizes: Annotated[str, typer.Option(
+                 "--sizes", help="Tensor-parallel sizes to run, e.g. 1,3.")] = "1,3",
+             seed: Seed = 0, kv_blocks: KvBlocks = None, dtype: Dtype = DType.float32,
+             json_path: JsonPath = None) -> None:
+    """Throughput for each tensor-parallel size on the same requests, with the bytes
+    all-reduced per token and broadcast per step, next to the model's size."""
+    from pagedchat.bench.parallel import communication_figures
+
+    with _user_errors():
+        options = _options(model, dtype, kv_blocks=kv_blocks)
+        figures: dict[str, dict[str, object]] = {}
+        rows, requests, meta = [], None, {}
+        for size in parse_list(sizes, int):
+            engine = options.with_(tensor_parallel_size=size).build()
+            try:
+                if requests is None:
+                    requests = sample_trace(engine, num_requests, seed, max_tokens)
+                    meta = _meta(engine)
+                result = measure(PagedChat(engine), requests,
+                                 warmup_prompt(engine.tokenizer))[0]
+                result.update(communication_figures(engine))
+            finally:
+                engine.shutdown()
+            figures[f"pagedchat-tp{size}"] = result
+            rows.append({"engine": f"pagedchat tp={size}", **result})
+        base = rows[0]["output_tokens_per_s"]
+        for row in rows:
+            row["speedup"] = row["output_tokens_per_s"] / base
+        report.emit_table("tensor parallelism", rows, [
+            "engine", "output_tokens_per_s", "speedup", "all_reduce_bytes_per_token",
+            "expected_all_reduce_bytes_per_token", "all_reduce_mb_per_step",
+            "broadcast_bytes_per_step", "weights_per_worker_mb"])
+        report.note(f"{len(requests)} ShareGPT requests; model weights "
+                    f"{rows[0]['weights_per_worker_mb']:.0f} MB on one worker; speedup = "
+                    "output tokens/s against the first size")
+        if json_path:
+            report.write_json(json_path, meta, figures)
 
 
 # ---- batch ------------------------------------------------------------------------------------
@@ -464,6 +528,7 @@ def batch(
         "--temperature", min=0.0, help="Default temperature of a line (0 = greedy).")] = None,
     kv_blocks: KvBlocks = None,
     kv_memory: KvMemory = None,
+    tp: TensorParallelSize = 1,
 ) -> None:
     """Run a JSONL file of prompts through the engine; resumable (reruns skip done ids)."""
     from pagedchat.chat.batch import describe, load_done, run_batch
@@ -474,8 +539,8 @@ def batch(
         done = load_done(Path(output)) if output != "-" else {}
         lines = (sys.stdin if input_path == "-" else
                  Path(input_path).open(encoding="utf-8")).read().splitlines()
-        engine = EngineOptions(model=model, num_kv_blocks=kv_blocks,
-                               kv_cache_memory=kv_memory).build()
+        engine = EngineOptions(model=model, num_kv_blocks=kv_blocks, kv_cache_memory=kv_memory,
+                               tensor_parallel_size=tp).build()
         defaults: dict[str, object] = {"max_tokens": max_tokens}
         if temperature is not None:
             defaults["temperature"] = temperature

@@ -29,6 +29,7 @@ class EngineOptions:
     dtype: str = "float32"
     enable_prefix_caching: bool = True
     preemption_mode: str = "recompute"
+    tensor_parallel_size: int = 1
 
     def with_(self, **changes) -> EngineOptions:
         return replace(self, **changes)
@@ -42,6 +43,7 @@ class EngineOptions:
             max_num_batched_tokens=self.max_num_batched_tokens, dtype=self.dtype,
             enable_prefix_caching=self.enable_prefix_caching,
             preemption_mode=self.preemption_mode,
+            tensor_parallel_size=self.tensor_parallel_size,
             # a CPU swap pool only where preemption swaps: it costs memory and start time
             swap_space="1GiB" if self.preemption_mode == "swap" else "0B"))
 

@@ -161,6 +161,7 @@ class EngineDriver:
                 if command is _STOP:
                     for rid in list(self._live):  # leave the engine with its pool balanced
                         self._abort(engine, rid)
+                    engine.shutdown()  # tensor-parallel workers end with the app
                     return
                 if isinstance(command, Submit):
                     self._add(engine, command)

@@ -36,6 +36,7 @@ class EngineConfig:
     dtype: str = "float32"
     device: str = "auto"
     attention_backend: str = "auto"
+    tensor_parallel_size: int = 1
     seed: int = 0
 
     DEFAULT_KV_CACHE_MEMORY = "2GiB"
@@ -56,6 +57,9 @@ class EngineConfig:
                 f"got {self.attention_backend!r}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise RequestError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")
+        if self.tensor_parallel_size < 1:
+            raise RequestError(
+                f"tensor_parallel_size must be positive, got {self.tensor_parallel_size}")
         if self.max_num_seqs < 1:
             raise RequestError(f"max_num_seqs must be positive, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < 1:

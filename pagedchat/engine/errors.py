@@ -11,3 +11,7 @@ class ModelLoadError(PagedChatError):
 
 class RequestError(PagedChatError, ValueError):
     """A request that can never be served (bad parameters, too long, larger than the pool)."""
+
+
+class WorkerError(PagedChatError):
+    """A tensor-parallel worker process died or failed; the engine cannot go on."""

@@ -18,6 +18,16 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
         self._next_id = 0
 
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers, if any (also done at exit)."""
+        self.engine.shutdown()
+
     def generate(
         self,
         prompts: str | list[int] | list[str] | list[list[int]],

@@ -20,6 +20,8 @@ from pagedchat.engine.errors import ModelLoadError, RequestError
 from pagedchat.engine.loader import ModelFiles, prepare_model
 from pagedchat.engine.model_runner import ModelRunner
 from pagedchat.engine.outputs import CompletionOutput, RequestOutput
+from pagedchat.engine.parallel import check_size
+from pagedchat.engine.parallel_runner import ParallelRunner
 from pagedchat.engine.sampler import SampleRow, apply_penalties, sample
 from pagedchat.engine.sampling_params import SamplingParams
 from pagedchat.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
@@ -41,8 +43,10 @@ class LLMEngine:
             raise ModelLoadError(f"{folder}: cannot read config or tokenizer ({error})") from error
         context = getattr(hf_config, "max_position_embeddings", 2048)
         self.config = replace(config, max_model_len=min(config.max_model_len or context, context))
+        check_size(config.tensor_parallel_size, hf_config)
+        runner_class = ParallelRunner if config.tensor_parallel_size > 1 else ModelRunner
         try:
-            self.runner = ModelRunner(self.config, hf_config, folder)
+            self.runner = runner_class(self.config, hf_config, folder)
         except KeyError as error:
             raise ModelLoadError(f"{folder}: weights do not match the config ({error})") from error
         self.config = replace(self.config, num_kv_blocks=self.runner.num_blocks)
@@ -53,6 +57,7 @@ class LLMEngine:
         self.scheduler = Scheduler(self.config, self.block_manager)
         self.eos_token_ids = _eos_ids(hf_config, self.tokenizer, folder)
         self.vocab_size = hf_config.vocab_size
+        self.hf_config = hf_config
         self.load_seconds = time.perf_counter() - start
 
     # ---- requests ---------------------------------------------------------------
@@ -116,6 +121,10 @@ class LLMEngine:
 
     def stats(self) -> EngineStats:
         return snapshot(self.block_manager, self.scheduler)
+
+    def shutdown(self) -> None:
+        """Release the model's workers (tensor parallelism); safe to call twice."""
+        self.runner.shutdown()
 
     # ---- one step ---------------------------------------------------------------
     def step(self) -> list[RequestOutput]:

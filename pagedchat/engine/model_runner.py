@@ -1,9 +1,8 @@
-"""Builds one step's flat batch, runs the model over the paged KV cache, returns logits.
+"""Runs the model over the paged KV cache for one step and returns the sampled rows' logits.
 
-The batch is every scheduled token of every sequence, one after another: prefill
-chunks and single decode tokens side by side. For each token it computes its
-position and its cache slot (``block_table[pos // block_size] * block_size +
-pos % block_size``); for each sequence its context length and padded block table.
+The step arrives as a :class:`StepInput` (flat arrays built from the scheduler's
+decision), so the same runner serves the single-process engine and every worker of a
+tensor-parallel group, each holding its share of the heads and of every KV block.
 """
 
 from __future__ import annotations
@@ -18,8 +17,10 @@ from safetensors.torch import load_file
 from pagedchat.engine.config import EngineConfig, parse_bytes
 from pagedchat.engine.errors import ModelLoadError
 from pagedchat.engine.models.llama import AttentionMetadata, LlamaForCausalLM
+from pagedchat.engine.parallel import TensorParallel
 from pagedchat.engine.profiling import StepTimer
 from pagedchat.engine.scheduler import SchedulerOutput
+from pagedchat.engine.step_input import StepInput, build_step
 from pagedchat.kernels import select_backend
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -32,17 +33,23 @@ def resolve_device(device: str) -> str:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, hf_config, folder: Path) -> None:
+    def __init__(
+        self, config: EngineConfig, hf_config, folder: Path, tp: TensorParallel | None = None
+    ) -> None:
         self.config = config
+        self.tp = tp or TensorParallel()
         self.timer = StepTimer()
         self.device = torch.device(resolve_device(config.device))
+        if self.device.type == "cuda" and self.tp.size > 1:
+            self.device = torch.device("cuda", self.tp.rank)  # one GPU per worker
+            torch.cuda.set_device(self.device)
         self.dtype = DTYPES[config.dtype]
         self.kernels = select_backend(self.device.type, config.attention_backend)
         self.block_size = config.block_size
         self.max_model_len = config.max_model_len
         # Built on the meta device: no time spent on random weights that are replaced.
         with torch.device("meta"):
-            model = LlamaForCausalLM(hf_config, self.kernels, self.max_model_len)
+            model = LlamaForCausalLM(hf_config, self.kernels, self.max_model_len, self.tp)
         model.to_empty(device=self.device)
         with torch.device(self.device):
             model.build_rotary(self.max_model_len)
@@ -57,12 +64,24 @@ class ModelRunner:
         self.host_k_caches, self.host_v_caches = self._allocate(self.num_host_blocks, "cpu")
         for layer, k, v in zip(self.model.layers, self.k_caches, self.v_caches):
             layer.self_attn.k_cache, layer.self_attn.v_cache = k, v
+        self.tokens_forwarded = self.steps_run = 0
 
     @property
     def block_bytes(self) -> int:
-        """Bytes of K and V for one block across all layers."""
+        """Bytes of K and V for one block across all layers (this worker's heads)."""
         per_layer = 2 * int(np.prod(self.kv_shape)) * torch.finfo(self.dtype).bits // 8
         return per_layer * len(self.model.layers)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of this worker's weights (the whole model when there is one worker)."""
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+    def communication(self) -> dict[str, int]:
+        """Tokens run so far and the bytes exchanged for them (zero with one worker)."""
+        return {"tokens": self.tokens_forwarded, "steps": self.steps_run,
+                "bytes_all_reduced": self.tp.bytes_all_reduced,
+                "bytes_broadcast": self.tp.bytes_broadcast}
 
     def _num_blocks(self) -> int:
         if self.config.num_kv_blocks is not None:
@@ -79,70 +98,62 @@ class ModelRunner:
         values = [torch.empty(shape, dtype=self.dtype, device=device) for _ in layers]
         return keys, values
 
-    @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> torch.Tensor:
-        """Run one step; logits ``[num_sampling_seqs, vocab]`` in scheduled order."""
+        """Run one scheduled step; logits ``[num_sampling_seqs, vocab]`` in scheduled order."""
         with self.timer.phase("prepare"):
-            self._move_blocks(out)
-            input_ids, positions, meta, sample_rows = self._prepare(out)
+            step = build_step(out, self.block_size)
+        return self.execute_step(step)
+
+    def shutdown(self) -> None:
+        """Nothing to release in one process (the parallel runner stops its workers)."""
+
+    @torch.inference_mode()
+    def execute_step(self, step: StepInput) -> torch.Tensor | None:
+        """Run one step; rank 0 gets the sampled rows' logits, other workers None."""
+        self.tokens_forwarded += len(step.input_ids)
+        self.steps_run += 1
+        with self.timer.phase("prepare"):
+            self._move_blocks(step)
+            input_ids, positions, meta = self._to_tensors(step)
         with self.timer.phase("forward"):
             hidden = self.model(input_ids, positions, meta)
-        if not sample_rows:
+        if not step.sample_rows:
             return torch.empty(0, self.model.config.vocab_size)
         with self.timer.phase("logits"):
-            rows = torch.tensor(sample_rows, device=self.device)
-            return self.model.compute_logits(hidden.index_select(0, rows)).cpu()
+            rows = torch.tensor(step.sample_rows, device=self.device)
+            logits = self.model.compute_logits(hidden.index_select(0, rows))
+            return None if logits is None else logits.cpu()
 
-    def _move_blocks(self, out: SchedulerOutput) -> None:
+    def _move_blocks(self, step: StepInput) -> None:
         """Swap out, swap in, then copy-on-write: before the step writes anything."""
         swap = self.kernels.swap_blocks
         for pairs, src, dst in (
-            (out.swap_out, (self.k_caches, self.v_caches),
+            (step.swap_out, (self.k_caches, self.v_caches),
              (self.host_k_caches, self.host_v_caches)),
-            (out.swap_in, (self.host_k_caches, self.host_v_caches),
+            (step.swap_in, (self.host_k_caches, self.host_v_caches),
              (self.k_caches, self.v_caches)),
         ):
             if pairs:
                 mapping = torch.tensor(pairs, dtype=torch.int64)
                 for s, d in zip(src[0] + src[1], dst[0] + dst[1]):
                     swap(s, d, mapping)
-        if out.copies:
-            mapping = torch.tensor(out.copies, dtype=torch.int64, device=self.device)
+        if step.copies:
+            mapping = torch.tensor(step.copies, dtype=torch.int64, device=self.device)
             self.kernels.copy_blocks(self.k_caches, self.v_caches, mapping)
 
-    def _prepare(self, out: SchedulerOutput):
-        bs = self.block_size
-        token_chunks, position_chunks, slot_chunks = [], [], []
-        context_lens, query_start, sample_rows = [], [0], []
-        max_blocks = max(len(item.seq.block_table) for item in out.scheduled)
-        tables = np.full((len(out.scheduled), max_blocks), -1, dtype=np.int32)
-        for i, item in enumerate(out.scheduled):
-            seq = item.seq
-            start = seq.num_computed_tokens
-            end = start + item.num_new_tokens
-            table = np.asarray(seq.block_table, dtype=np.int64)
-            tables[i, : len(table)] = table
-            positions = np.arange(start, end)
-            token_chunks.append(seq.token_ids[start:end])
-            position_chunks.append(positions)
-            slot_chunks.append(table[positions // bs] * bs + positions % bs)
-            context_lens.append(end)
-            query_start.append(query_start[-1] + item.num_new_tokens)
-            if item.samples:
-                sample_rows.append(query_start[-1] - 1)
+    def _to_tensors(self, step: StepInput):
         device = self.device
-        input_ids = torch.tensor(
-            [t for chunk in token_chunks for t in chunk], dtype=torch.int64, device=device)
-        positions = torch.from_numpy(np.concatenate(position_chunks)).to(device)
+        query_lens = np.diff(step.query_start_loc)
         meta = AttentionMetadata(
-            slot_mapping=torch.from_numpy(np.concatenate(slot_chunks)).to(device),
-            block_tables=torch.from_numpy(tables).to(device),
-            context_lens=torch.tensor(context_lens, dtype=torch.int32, device=device),
-            query_start_loc=torch.tensor(query_start, dtype=torch.int32, device=device),
-            max_query_len=max(item.num_new_tokens for item in out.scheduled),
-            max_context_len=max(context_lens),
+            slot_mapping=torch.from_numpy(step.slot_mapping).to(device),
+            block_tables=torch.from_numpy(step.block_tables).to(device),
+            context_lens=torch.from_numpy(step.context_lens).to(device),
+            query_start_loc=torch.from_numpy(step.query_start_loc).to(device),
+            max_query_len=int(query_lens.max()),
+            max_context_len=int(step.context_lens.max()),
         )
-        return input_ids, positions, meta, sample_rows
+        input_ids = torch.from_numpy(step.input_ids).to(device)
+        return input_ids, torch.from_numpy(step.positions).to(device), meta
 
 
 def _read_weights(folder: Path) -> dict[str, torch.Tensor]:

@@ -119,7 +119,7 @@ def paged_attention(
             ctypes.c_int(len(rows)), ctypes.c_int(tables.shape[1]),
             ctypes.c_int(query.shape[1]), ctypes.c_int(k_cache.shape[2]),
             ctypes.c_int(query.shape[2]), ctypes.c_int(k_cache.shape[1]),
-            ctypes.c_float(scale))
+            ctypes.c_float(scale), ctypes.c_int(torch.get_num_threads()))
         if status != 0:
             raise MemoryError("paged attention: out of memory for the score buffer")
     starts, lens = query_start_loc.tolist(), context_lens.tolist()

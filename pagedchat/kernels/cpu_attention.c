@@ -4,7 +4,9 @@
  * enough rows to keep every thread busy (so each token's K/V row is read once,
  * contiguously), one when there are few rows (a lone long decode). Scores for the
  * row's whole context go to a scratch buffer, then softmax, then the weighted sum
- * of V: K and V are each read once.
+ * of V: K and V are each read once. It runs on num_threads threads, torch's own
+ * intra-op count, so one setting governs both (tensor-parallel workers each take
+ * their share of the cores).
  * Layout (DESIGN.md): caches [num_blocks, block_size, num_kv_heads, head_dim].
  * Built by pagedchat/kernels/cpu.py with the machine's C compiler; torch's reference
  * kernel is the definition of what is right and the tests compare the two.
@@ -112,14 +114,14 @@ int NAME(const T *query, const T *k_cache, const T *v_cache, T *out,            
          const int32_t *block_tables, const int32_t *context_lens,                          \
          const int32_t *query_start, const int32_t *rows, const int32_t *row_seqs,          \
          int num_rows, int max_blocks, int num_heads, int num_kv_heads, int head_dim,       \
-         int block_size, float scale) {                                                     \
+         int block_size, float scale, int num_threads) {                                    \
     const int group = num_heads / num_kv_heads;                                             \
-    const int split = num_rows < 2 * omp_get_max_threads() ? num_kv_heads : 1;             \
+    const int split = num_rows < 2 * num_threads ? num_kv_heads : 1;                        \
     const int heads_per_item = num_kv_heads / split;                                        \
     const int64_t token_stride = (int64_t)num_kv_heads * head_dim;                          \
     const int vector_path = HAVE_VECTOR_PATH && head_dim % 16 == 0;                         \
     int failed = 0;                                                                         \
-    _Pragma("omp parallel for schedule(dynamic, 1)")                                        \
+    _Pragma("omp parallel for schedule(dynamic, 1) num_threads(num_threads)")               \
     for (int64_t item = 0; item < (int64_t)num_rows * split; item++) {                      \
         const int row = rows[item / split];                                                 \
         const int seq = row_seqs[item / split];                                             \

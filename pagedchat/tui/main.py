@@ -25,6 +25,7 @@ def run_chat(
     session_id: int | None = None,
     context_window: int = DEFAULT_CONTEXT_WINDOW,
     kv_blocks: int = DEFAULT_KV_BLOCKS,
+    tensor_parallel_size: int = 1,
 ) -> None:
     """Open the store, check the asked-for session, and run the app until the user quits."""
     from pagedchat.tui.app import ChatApp  # Textual loads only when the app runs
@@ -37,8 +38,9 @@ def run_chat(
     except StoreError as error:
         raise typer.BadParameter(str(error), param_hint="--db") from error
     name = Path(model).name if model else DEFAULT_MODEL_NAME
-    app = ChatApp(store, partial(load_engine, model, num_kv_blocks=kv_blocks), name,
-                  context_window=context_window, session_id=session_id,
+    load = partial(load_engine, model, num_kv_blocks=kv_blocks,
+                   tensor_parallel_size=tensor_parallel_size)
+    app = ChatApp(store, load, name, context_window=context_window, session_id=session_id,
                   continue_last=continue_last)
     app.run()
     if not app.engine_stopped:
@@ -63,6 +65,9 @@ def chat(
     )] = DEFAULT_CONTEXT_WINDOW,
     kv_blocks: Annotated[int, typer.Option(
         min=1, help="Blocks in the KV cache pool.")] = DEFAULT_KV_BLOCKS,
+    tensor_parallel_size: Annotated[int, typer.Option(
+        "--tensor-parallel-size", "-tp", min=1,
+        help="Workers that split the model's heads (one process each).")] = 1,
 ) -> None:
     """Chat in the terminal with a model served by the paged engine."""
-    run_chat(model, db, continue_last, session, context_window, kv_blocks)
+    run_chat(model, db, continue_last, session, context_window, kv_blocks, tensor_parallel_size)

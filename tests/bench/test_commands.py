@@ -121,3 +121,25 @@ def test_chatbot_runs_multi_turn_requests(tiny, tmp_path):
                    "--json", str(out))
     assert result.exit_code == 0, result.output
     assert json.loads(out.read_text())["engines"]["pagedchat"][0]["requests"] == 3
+
+
+def test_parallel_reports_bytes_per_token_for_each_size(tiny_tp_model_dir, tmp_path):
+    out = tmp_path / "p.json"
+    result = bench("parallel", "--model", str(tiny_tp_model_dir), "-n", "3", "--max-tokens", "4",
+                   "--kv-blocks", "64", "--sizes", "1,2", "--json", str(out))
+    assert result.exit_code == 0, result.output
+    engines = json.loads(out.read_text())["engines"]
+    one, two = engines["pagedchat-tp1"], engines["pagedchat-tp2"]
+    assert one["output_tokens"] == two["output_tokens"] == 12
+    assert one["all_reduce_bytes_per_token"] == 0
+    # 2 layers x 2 all-reduces + the embedding's, 128 float32 values per token each
+    assert two["all_reduce_bytes_per_token"] == two["expected_all_reduce_bytes_per_token"] == (
+        5 * 128 * 4)
+    assert two["broadcast_bytes_per_step"] > 0
+    assert two["weights_per_worker_mb"] < 0.6 * one["weights_per_worker_mb"]
+
+
+def test_tensor_parallel_size_that_does_not_divide_is_one_clear_line(tiny_tp_model_dir):
+    result = bench("throughput", "--model", str(tiny_tp_model_dir), "-n", "1", "-tp", "3")
+    assert result.exit_code == 1
+    assert "sizes that work: 1, 2, 4" in result.output

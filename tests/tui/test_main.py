@@ -22,3 +22,30 @@ def test_unusable_database_is_refused(tmp_path):
     result = CliRunner().invoke(app, ["--db", str(tmp_path / "file" / "c.db")])
     assert result.exit_code == 2
     assert "cannot open the chat database" in result.output
+
+
+def test_tensor_parallel_size_reaches_the_engine(tmp_path, monkeypatch, tiny_tp_model_dir):
+    """The app's engine loader builds a k-worker engine; closing the app ends the workers."""
+    import pagedchat.tui.app as tui_app
+    from pagedchat.chat.driver import EngineDriver
+
+    loaded = []
+
+    class RecordingApp:
+        def __init__(self, store, load, name, **options) -> None:
+            self.load = load
+            self.engine_stopped = True
+            self.return_code = 0
+
+        def run(self) -> None:
+            driver = EngineDriver(lambda: loaded.append(self.load()) or loaded[0], lambda e: None)
+            driver.start()
+            assert driver.stop(timeout=120)
+
+    monkeypatch.setattr(tui_app, "ChatApp", RecordingApp)
+    result = CliRunner().invoke(app, ["--db", str(tmp_path / "c.db"), "--model",
+                                      str(tiny_tp_model_dir), "--kv-blocks", "32", "-tp", "2"])
+    assert result.exit_code == 0, result.output
+    engine = loaded[0]
+    assert engine.config.tensor_parallel_size == 2
+    assert not any(worker.is_alive() for worker in engine.runner.workers)

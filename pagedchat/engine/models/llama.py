@@ -3,6 +3,10 @@
 Attention reads and writes K/V only through :mod:`pagedchat.kernels`; the batch's
 attention metadata (slot mapping, block tables, context lengths) is passed in, so
 one forward serves prefill chunks and decodes of many sequences at once.
+
+Under tensor parallelism (:mod:`pagedchat.engine.parallel`) each worker builds the same
+model with its share of the heads, MLP columns and vocabulary; with one worker the
+collectives are no-ops.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from pagedchat.engine.parallel import TensorParallel
 
 
 @dataclass
@@ -65,11 +71,15 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    def __init__(self, config, kernels: ModuleType) -> None:
+    """Column-parallel QKV over this worker's heads, row-parallel output projection."""
+
+    def __init__(self, config, kernels: ModuleType, tp: TensorParallel) -> None:
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.tp = tp
+        self.head_dim = (getattr(config, "head_dim", None)
+                         or config.hidden_size // config.num_attention_heads)
+        self.num_heads = config.num_attention_heads // tp.size
+        self.num_kv_heads = config.num_key_value_heads // tp.size
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         bias = getattr(config, "attention_bias", False) or config.model_type == "qwen2"
@@ -95,28 +105,31 @@ class Attention(nn.Module):
             q, self.k_cache, self.v_cache, meta.block_tables, meta.context_lens,
             meta.query_start_loc, self.scale,
         )
-        return self.o_proj(out.reshape(-1, self.q_size))
+        return self.tp.all_reduce(self.o_proj(out.reshape(-1, self.q_size)))
 
 
 class MLP(nn.Module):
-    def __init__(self, config) -> None:
+    """Column-parallel gate/up, row-parallel down projection."""
+
+    def __init__(self, config, tp: TensorParallel) -> None:
         super().__init__()
-        self.intermediate = config.intermediate_size
+        self.tp = tp
+        self.intermediate = config.intermediate_size // tp.size
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * self.intermediate, bias=False)
         self.down_proj = nn.Linear(self.intermediate, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.tp.all_reduce(self.down_proj(F.silu(gate) * up))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config, kernels: ModuleType) -> None:
+    def __init__(self, config, kernels: ModuleType, tp: TensorParallel) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config, kernels)
+        self.self_attn = Attention(config, kernels, tp)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        self.mlp = MLP(config, tp)
 
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding,
@@ -127,16 +140,22 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, config, kernels: ModuleType, max_positions: int) -> None:
+    """The embedding and the head hold this worker's rows of the vocabulary."""
+
+    def __init__(
+        self, config, kernels: ModuleType, max_positions: int, tp: TensorParallel | None = None
+    ) -> None:
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.tp = tp = tp or TensorParallel()
+        self.vocab_start, self.vocab_end = tp.part(config.vocab_size)
+        rows = self.vocab_end - self.vocab_start
+        self.embed_tokens = nn.Embedding(rows, config.hidden_size)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, kernels) for _ in range(config.num_hidden_layers))
+            DecoderLayer(config, kernels, tp) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.tied = bool(getattr(config, "tie_word_embeddings", False))
-        self.lm_head = None if self.tied else nn.Linear(
-            config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = None if self.tied else nn.Linear(config.hidden_size, rows, bias=False)
         self.build_rotary(max_positions)
 
     def build_rotary(self, max_positions: int) -> None:
@@ -147,44 +166,61 @@ class LlamaForCausalLM(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)
+        x = self.embed(input_ids)
         for layer in self.layers:
             x = layer(x, positions, self.rotary, meta)
         return x
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits in float32 for the rows that are sampled (and only those)."""
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Vocabulary-parallel lookup: ids outside this worker's rows give zeros, and the
+        all-reduce adds the one worker's row that holds each id (an exact sum)."""
+        if self.tp.size == 1:
+            return self.embed_tokens(input_ids)
+        outside = (input_ids < self.vocab_start) | (input_ids >= self.vocab_end)
+        local = (input_ids - self.vocab_start).masked_fill(outside, 0)
+        x = self.embed_tokens(local).masked_fill(outside.unsqueeze(-1), 0.0)
+        return self.tp.all_reduce(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """Logits in float32 for the rows that are sampled (and only those); under tensor
+        parallelism the vocabulary blocks are gathered on rank 0 (None elsewhere)."""
         hidden = self.norm(hidden)
         weight = self.embed_tokens.weight if self.tied else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        return self.tp.gather_columns(F.linear(hidden, weight).float(), self.config.vocab_size)
 
     @torch.no_grad()
     def load_hf_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
-        """Copy a transformers-named state dict in, fusing q/k/v and gate/up."""
+        """Copy a transformers-named state dict in, fusing q/k/v and gate/up, and keeping
+        this worker's shard: output rows of column-parallel layers, input columns of
+        row-parallel ones, rows of the vocabulary."""
         own = dict(self.named_parameters())
+        shard = self.tp.shard
         for i, layer in enumerate(self.layers):
             prefix = f"model.layers.{i}."
             attn, mlp = layer.self_attn, layer.mlp
-            qkv = [tensors.pop(prefix + f"self_attn.{n}_proj.weight") for n in "qkv"]
+            qkv = [shard(tensors.pop(prefix + f"self_attn.{n}_proj.weight")) for n in "qkv"]
             attn.qkv_proj.weight.copy_(torch.cat(qkv))
             if attn.qkv_proj.bias is not None:
                 biases = [tensors.pop(prefix + f"self_attn.{n}_proj.bias", None) for n in "qkv"]
                 if all(b is not None for b in biases):
-                    attn.qkv_proj.bias.copy_(torch.cat(biases))
+                    attn.qkv_proj.bias.copy_(torch.cat([shard(b) for b in biases]))
                 else:
                     attn.qkv_proj.bias.zero_()
-            gate_up = [tensors.pop(prefix + f"mlp.{n}_proj.weight") for n in ("gate", "up")]
+            gate_up = [shard(tensors.pop(prefix + f"mlp.{n}_proj.weight"))
+                       for n in ("gate", "up")]
             mlp.gate_up_proj.weight.copy_(torch.cat(gate_up))
-            for name in ("self_attn.o_proj.weight", "mlp.down_proj.weight",
-                         "input_layernorm.weight", "post_attention_layernorm.weight"):
+            for name in ("self_attn.o_proj.weight", "mlp.down_proj.weight"):
+                own[f"layers.{i}.{name}"].copy_(shard(tensors.pop(prefix + name), dim=1))
+            for name in ("input_layernorm.weight", "post_attention_layernorm.weight"):
                 own[f"layers.{i}.{name}"].copy_(tensors.pop(prefix + name))
-        own["embed_tokens.weight"].copy_(tensors.pop("model.embed_tokens.weight"))
+        vocab = slice(self.vocab_start, self.vocab_end)
+        own["embed_tokens.weight"].copy_(tensors.pop("model.embed_tokens.weight")[vocab])
         own["norm.weight"].copy_(tensors.pop("model.norm.weight"))
         head = tensors.pop("lm_head.weight", None)
         if self.lm_head is not None:
             if head is None:
                 raise KeyError("lm_head.weight (the model's head is not tied to its embeddings)")
-            self.lm_head.weight.copy_(head)
+            self.lm_head.weight.copy_(head[vocab])
         if tensors:
             raise KeyError(f"unexpected weights: {', '.join(sorted(tensors)[:5])}")
 
