@@ -20,7 +20,13 @@ import typer
 from pagedchat.bench import report, sharegpt
 from pagedchat.bench.ceiling import load_config, measure_ceiling
 from pagedchat.bench.engines import PagedChat
-from pagedchat.bench.memory import PARTS, POLICIES, Tally, simulate_contiguous
+from pagedchat.bench.memory import (
+    PARTS,
+    POLICIES,
+    Tally,
+    resident_figures,
+    simulate_contiguous,
+)
 from pagedchat.bench.suite import (
     EngineOptions,
     length_limit,
@@ -146,6 +152,10 @@ def throughput(num_requests: NumRequests = 200, model: Model = None,
         warmup = warmup_prompt(engine.tokenizer)
         engine.runner.timer.reset()
         figures = {"pagedchat": measure(PagedChat(engine), requests, warmup)[0]}
+        figures["pagedchat"]["memory"] = resident = resident_figures(engine)
+        report.note(f"pagedchat resident memory {resident['rss_mb']:.0f} MB: weights "
+                    f"{resident['weights_mb']:.0f} + KV written {resident['kv_written_mb']:.0f} "
+                    f"+ {resident['beyond_weights_and_kv_mb']:.0f} MB beyond them")
         if profile:
             figures["pagedchat"]["step_profile"] = _step_profile(engine)
         if tp > 1:

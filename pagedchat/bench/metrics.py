@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import resource
 from dataclasses import dataclass
 
 import numpy as np
@@ -79,3 +81,12 @@ def throughput_figures(results: list[RequestResult], duration_s: float) -> dict[
         "output_tokens_per_s": output / duration_s,
         "total_tokens_per_s": (prompt + output) / duration_s,
     }
+
+
+def resident_bytes() -> int:
+    """This process's resident memory now (Linux /proc), else its peak (getrusage)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

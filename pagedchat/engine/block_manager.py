@@ -79,6 +79,9 @@ class BlockManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_ids = list(range(num_blocks - 1, -1, -1))
+        # Free ids are handed out lowest first and reused last-freed first, so blocks at or
+        # above this mark were never written: their pages are not resident.
+        self.high_water = 0
         self.evictable: OrderedDict[int, None] = OrderedDict()
         self.hash_to_block: dict[int, int] = {}
         self.host = HostPool(num_host_blocks)
@@ -303,4 +306,5 @@ class BlockManager:
             del self.hash_to_block[block.hash]
             block.hash, block.parent_hash, block.token_ids = NO_HASH, NO_HASH, ()
         self.blocks[block_id].ref_count = 1
+        self.high_water = max(self.high_water, block_id + 1)
         return block_id

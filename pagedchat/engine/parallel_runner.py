@@ -119,6 +119,11 @@ class ParallelRunner:
         """Bytes of rank 0's shard of the weights."""
         return self.runner.weight_bytes
 
+    @property
+    def block_bytes(self) -> int:
+        """Bytes of one block in rank 0's pool (its heads)."""
+        return self.runner.block_bytes
+
     def shutdown(self) -> None:
         """Tell the workers to stop, wait for them, and leave the group; safe to repeat."""
         if not self._finalizer.alive:

@@ -16,8 +16,10 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import weakref
 from functools import cache
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -104,30 +106,63 @@ def paged_attention(
             query, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale)
     query = query.contiguous()
     out = torch.empty_like(query)
-    q_lens = query_start_loc[1:] - query_start_loc[:-1]
-    short = q_lens <= SDPA_MIN_QUERY_LEN
-    row_seqs = torch.repeat_interleave(torch.arange(len(q_lens), dtype=torch.int32),
-                                       q_lens * short)
-    rows = torch.arange(query.shape[0], dtype=torch.int32)[
-        torch.repeat_interleave(short, q_lens)]
-    if len(rows):
-        tables = block_tables.to(torch.int32).contiguous()
+    plan = _plan(block_tables, context_lens, query_start_loc)
+    if len(plan.rows):
         status = getattr(library, _FUNCTIONS[query.dtype])(
-            _ptr(query), _ptr(k_cache), _ptr(v_cache), _ptr(out), _ptr(tables),
-            _ptr(context_lens.to(torch.int32).contiguous()),
-            _ptr(query_start_loc.to(torch.int32).contiguous()), _ptr(rows), _ptr(row_seqs),
-            ctypes.c_int(len(rows)), ctypes.c_int(tables.shape[1]),
+            _ptr(query), _ptr(k_cache), _ptr(v_cache), _ptr(out), _ptr(plan.tables),
+            _ptr(plan.context_lens), _ptr(plan.query_start_loc), _ptr(plan.rows),
+            _ptr(plan.row_seqs), ctypes.c_int(len(plan.rows)), ctypes.c_int(plan.tables.shape[1]),
             ctypes.c_int(query.shape[1]), ctypes.c_int(k_cache.shape[2]),
             ctypes.c_int(query.shape[2]), ctypes.c_int(k_cache.shape[1]),
             ctypes.c_float(scale), ctypes.c_int(torch.get_num_threads()))
         if status != 0:
             raise MemoryError("paged attention: out of memory for the score buffer")
-    starts, lens = query_start_loc.tolist(), context_lens.tolist()
-    for seq in (~short).nonzero().flatten().tolist():
-        begin, end = starts[seq], starts[seq + 1]
+    for seq, begin, end, context_len in plan.long_chunks:
         out[begin:end] = _sdpa(query[begin:end], k_cache, v_cache, block_tables[seq],
-                               lens[seq], scale)
+                               context_len, scale)
     return out
+
+
+class _Plan(NamedTuple):
+    """How one step's batch splits between the C kernel and SDPA, in the kernel's types."""
+
+    rows: torch.Tensor  # int32: the query rows of short chunks (decodes, short prefills)
+    row_seqs: torch.Tensor  # int32: the sequence of each of those rows
+    tables: torch.Tensor
+    context_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+    long_chunks: list[tuple[int, int, int, int]]  # (seq, first row, end row, context len)
+
+
+_last_plan: tuple[tuple[weakref.ref, ...], _Plan] | None = None
+
+
+def _plan(block_tables: torch.Tensor, context_lens: torch.Tensor,
+          query_start_loc: torch.Tensor) -> _Plan:
+    """The step's plan, made by its first layer and reused by the others: every layer is
+    given the very same metadata tensors, which are never changed in place, so they are
+    recognised by identity (weak references: a freed tensor never matches)."""
+    global _last_plan
+    given = (block_tables, context_lens, query_start_loc)
+    if _last_plan is not None and all(
+            ref() is tensor for ref, tensor in zip(_last_plan[0], given, strict=True)):
+        return _last_plan[1]
+    q_lens = query_start_loc[1:] - query_start_loc[:-1]
+    short = q_lens <= SDPA_MIN_QUERY_LEN
+    total = int(query_start_loc[-1])
+    starts, lens = query_start_loc.tolist(), context_lens.tolist()
+    plan = _Plan(
+        rows=torch.arange(total, dtype=torch.int32)[torch.repeat_interleave(short, q_lens)],
+        row_seqs=torch.repeat_interleave(torch.arange(len(q_lens), dtype=torch.int32),
+                                         q_lens * short),
+        tables=block_tables.to(torch.int32).contiguous(),
+        context_lens=context_lens.to(torch.int32).contiguous(),
+        query_start_loc=query_start_loc.to(torch.int32).contiguous(),
+        long_chunks=[(seq, starts[seq], starts[seq + 1], lens[seq])
+                     for seq in (~short).nonzero().flatten().tolist()],
+    )
+    _last_plan = (tuple(weakref.ref(tensor) for tensor in given), plan)
+    return plan
 
 
 def _sdpa(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -54,3 +54,17 @@ def test_random_batches_match_reference(seqs, block_size, group, head_dim, dtype
     ctx = [c for c, _ in seqs]
     q_lens = [min(q, c) for c, q in seqs]
     compare(paged_batch(ctx, q_lens, block_size, 2 * group, 2, head_dim, dtype, seed), dtype)
+
+
+def test_step_plan_is_reused_across_layers_and_never_across_steps():
+    """Layers of one step share the metadata tensors, and the plan made for them; the
+    next step's tensors (possibly at the same addresses) get a plan of their own."""
+    for seed, (ctx, q_lens) in enumerate([([40, 90], [1, 60]), ([7, 300, 33], [7, 1, 30]),
+                                          ([40, 90], [1, 60])]):
+        batch = paged_batch(ctx, q_lens, 16, 9, 3, 64, torch.float32, seed=seed)
+        scale = batch["query"].shape[-1] ** -0.5
+        expected = ref.paged_attention(**batch, scale=scale)
+        for _layer in range(3):  # the same tensors, as every layer of a step passes them
+            assert rel_err(cpu.paged_attention(**batch, scale=scale), expected) < TOL[torch.float32]
+        assert cpu._last_plan[0][1]() is batch["context_lens"]
+        del batch

@@ -20,6 +20,8 @@ from torch import nn
 
 from pagedchat.engine.parallel import TensorParallel
 
+Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin: [tokens, 1, head_dim]
+
 
 @dataclass
 class AttentionMetadata:
@@ -57,12 +59,17 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", emb.cos() * scaling, persistent=False)
         self.register_buffer("sin", emb.sin() * scaling, persistent=False)
 
-    def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        cos = self.cos[positions].to(q.dtype).unsqueeze(1)
-        sin = self.sin[positions].to(q.dtype).unsqueeze(1)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+    def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> Rope:
+        """cos and sin for these positions, shaped to broadcast over heads; looked up once
+        per step and shared by every layer."""
+        cos, sin = self.cos[positions].to(dtype), self.sin[positions].to(dtype)
+        return cos.unsqueeze(1), sin.unsqueeze(1)
+
+
+def apply_rotary(x: torch.Tensor, rope: Rope) -> torch.Tensor:
+    """``x`` is ``[tokens, heads, head_dim]``: queries and keys go through together."""
+    cos, sin = rope
+    return x * cos + _rotate_half(x) * sin
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -90,16 +97,14 @@ class Attention(nn.Module):
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
 
-    def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding,
-        meta: AttentionMetadata,
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: Rope, meta: AttentionMetadata) -> torch.Tensor:
         qkv = self.qkv_proj(x)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = rotary(positions, q, k)
+        qk_size = self.q_size + self.kv_size
+        # queries and keys sit side by side in the fused output: rotate them in one go
+        qk = apply_rotary(qkv[:, :qk_size].view(-1, self.num_heads + self.num_kv_heads,
+                                                 self.head_dim), rope)
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+        v = qkv[:, qk_size:].view(-1, self.num_kv_heads, self.head_dim)
         self.kernels.store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
         out = self.kernels.paged_attention(
             q, self.k_cache, self.v_cache, meta.block_tables, meta.context_lens,
@@ -131,11 +136,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config, tp)
 
-    def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding,
-        meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, meta)
+    def forward(self, x: torch.Tensor, rope: Rope, meta: AttentionMetadata) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -167,8 +169,9 @@ class LlamaForCausalLM(nn.Module):
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
         x = self.embed(input_ids)
+        rope = self.rotary.lookup(positions, x.dtype)
         for layer in self.layers:
-            x = layer(x, positions, self.rotary, meta)
+            x = layer(x, rope, meta)
         return x
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
