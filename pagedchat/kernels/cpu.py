@@ -9,6 +9,7 @@ Without a compiler the backend falls back to the torch reference, with a warning
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -17,7 +18,6 @@ import shutil
 import subprocess
 import tempfile
 import weakref
-from functools import cache
 from pathlib import Path
 from typing import NamedTuple
 
@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from pagedchat.kernels import reference
-from pagedchat.kernels.reference import copy_blocks, gather_kv, store_kv, swap_blocks
+from pagedchat.kernels.reference import copy_blocks, gather_kv, swap_blocks, write_slots
 from pagedchat.paths import cache_root
 
 __all__ = ["copy_blocks", "paged_attention", "store_kv", "swap_blocks", "kernel_library"]
@@ -40,7 +40,7 @@ SDPA_MIN_QUERY_LEN = 24
 _FUNCTIONS = {torch.float32: "paged_attention_f32", torch.bfloat16: "paged_attention_bf16"}
 
 
-@cache
+@functools.cache
 def kernel_library() -> ctypes.CDLL | None:
     """The compiled kernel, built on first use and cached; None if it cannot be built."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
@@ -134,24 +134,54 @@ class _Plan(NamedTuple):
     long_chunks: list[tuple[int, int, int, int]]  # (seq, first row, end row, context len)
 
 
-_last_plan: tuple[tuple[weakref.ref, ...], _Plan] | None = None
+def _per_step(make):
+    """Memoise ``make`` on the identity of its tensor arguments, one entry deep. Every layer
+    of a step is given the very same metadata tensors, never changed in place, so the first
+    layer computes and the others reuse; weak references mean a freed tensor (a past step)
+    never matches, even if a new one reuses its address."""
+    last: list = [(), None]
+
+    @functools.wraps(make)
+    def memoised(*tensors: torch.Tensor):
+        refs, value = last
+        if len(refs) == len(tensors) and all(
+                ref() is tensor for ref, tensor in zip(refs, tensors, strict=True)):
+            return value
+        value = make(*tensors)
+        last[:] = [tuple(weakref.ref(tensor) for tensor in tensors), value]
+        return value
+
+    return memoised
 
 
+@_per_step
+def _slots(slot_mapping: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The int64 slots to write and, when some rows are skipped (-1), the rows kept."""
+    valid = slot_mapping >= 0
+    if bool(valid.all()):
+        return slot_mapping.long(), None
+    return slot_mapping[valid].long(), valid
+
+
+def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
+             v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Same contract as :func:`pagedchat.kernels.reference.store_kv`, with the slot check
+    done once per step."""
+    slots, kept = _slots(slot_mapping)
+    if kept is not None:
+        key, value = key[kept], value[kept]
+    write_slots(key, value, k_cache, v_cache, slots)
+
+
+@_per_step
 def _plan(block_tables: torch.Tensor, context_lens: torch.Tensor,
           query_start_loc: torch.Tensor) -> _Plan:
-    """The step's plan, made by its first layer and reused by the others: every layer is
-    given the very same metadata tensors, which are never changed in place, so they are
-    recognised by identity (weak references: a freed tensor never matches)."""
-    global _last_plan
-    given = (block_tables, context_lens, query_start_loc)
-    if _last_plan is not None and all(
-            ref() is tensor for ref, tensor in zip(_last_plan[0], given, strict=True)):
-        return _last_plan[1]
+    """How this step's batch splits between the C kernel and SDPA."""
     q_lens = query_start_loc[1:] - query_start_loc[:-1]
     short = q_lens <= SDPA_MIN_QUERY_LEN
     total = int(query_start_loc[-1])
     starts, lens = query_start_loc.tolist(), context_lens.tolist()
-    plan = _Plan(
+    return _Plan(
         rows=torch.arange(total, dtype=torch.int32)[torch.repeat_interleave(short, q_lens)],
         row_seqs=torch.repeat_interleave(torch.arange(len(q_lens), dtype=torch.int32),
                                          q_lens * short),
@@ -161,8 +191,6 @@ def _plan(block_tables: torch.Tensor, context_lens: torch.Tensor,
         long_chunks=[(seq, starts[seq], starts[seq + 1], lens[seq])
                      for seq in (~short).nonzero().flatten().tolist()],
     )
-    _last_plan = (tuple(weakref.ref(tensor) for tensor in given), plan)
-    return plan
 
 
 def _sdpa(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -24,7 +24,12 @@ def store_kv(
     valid = slot_mapping >= 0
     if not bool(valid.all()):
         key, value, slot_mapping = key[valid], value[valid], slot_mapping[valid]
-    slots = slot_mapping.long().to(k_cache.device)
+    write_slots(key, value, k_cache, v_cache, slot_mapping.long().to(k_cache.device))
+
+
+def write_slots(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
+                v_cache: torch.Tensor, slots: torch.Tensor) -> None:
+    """Write every row of ``key``/``value`` to its (valid, int64) slot."""
     k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, key.to(k_cache.dtype))
     v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, value.to(v_cache.dtype))
 

@@ -66,5 +66,18 @@ def test_step_plan_is_reused_across_layers_and_never_across_steps():
         expected = ref.paged_attention(**batch, scale=scale)
         for _layer in range(3):  # the same tensors, as every layer of a step passes them
             assert rel_err(cpu.paged_attention(**batch, scale=scale), expected) < TOL[torch.float32]
-        assert cpu._last_plan[0][1]() is batch["context_lens"]
-        del batch
+        meta = (batch["block_tables"], batch["context_lens"], batch["query_start_loc"])
+        assert cpu._plan(*meta) is cpu._plan(*meta)
+        assert cpu._plan(*(t.clone() for t in meta)) is not cpu._plan(*meta)
+        del batch, meta
+
+
+def test_store_kv_matches_reference_and_skips_padding_rows():
+    for slots in ([5, 0, 17, 3], [5, -1, 17, -1]):
+        key, value = torch.randn(4, 2, 8), torch.randn(4, 2, 8)
+        mapping = torch.tensor(slots)
+        caches = [torch.zeros(3, 8, 2, 8) for _ in range(4)]
+        ref.store_kv(key, value, caches[0], caches[1], mapping)
+        for _layer in range(2):
+            cpu.store_kv(key, value, caches[2], caches[3], mapping)
+        assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
