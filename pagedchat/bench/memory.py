@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from pagedchat.bench.metrics import resident_bytes
+from pagedchat.bench.metrics import MB, resident_bytes
 from pagedchat.bench.sharegpt import Request
 from pagedchat.engine.llm_engine import LLMEngine
 from pagedchat.engine.stats import EngineStats
@@ -152,10 +152,9 @@ def resident_figures(engine: LLMEngine) -> dict[str, float]:
     """The process's resident memory against what it must hold: the weights and the KV
     blocks written so far (the pool is allocated lazily: unwritten blocks take no pages).
     ``beyond_weights_and_kv_mb`` is the rest: Python, torch, the tokenizer, buffers."""
-    mb = 1e6
     runner = engine.runner
     kv = engine.block_manager.high_water * runner.block_bytes
     rss = resident_bytes()
-    return {"rss_mb": rss / mb, "weights_mb": runner.weight_bytes / mb, "kv_written_mb": kv / mb,
-            "kv_pool_mb": engine.block_manager.num_blocks * runner.block_bytes / mb,
-            "beyond_weights_and_kv_mb": (rss - runner.weight_bytes - kv) / mb}
+    return {"rss_mb": rss / MB, "weights_mb": runner.weight_bytes / MB, "kv_written_mb": kv / MB,
+            "kv_pool_mb": engine.block_manager.num_blocks * runner.block_bytes / MB,
+            "beyond_weights_and_kv_mb": (rss - runner.weight_bytes - kv) / MB}

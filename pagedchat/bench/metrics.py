@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+MB = 1e6  # figures named *_mb are in decimal megabytes
+
 
 @dataclass(slots=True)
 class RequestResult:

@@ -3,9 +3,8 @@ model's size, measured from the engine's own counters."""
 
 from __future__ import annotations
 
+from pagedchat.bench.metrics import MB
 from pagedchat.engine.llm_engine import LLMEngine
-
-MB = 1e6
 
 
 def expected_bytes_per_token(engine: LLMEngine) -> int:
