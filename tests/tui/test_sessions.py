@@ -77,7 +77,9 @@ async def test_new_rename_delete(make_app):
 
 
 async def test_sessions_and_messages_survive_a_restart(make_app):
-    app = make_app(settings=SamplingSettings(temperature=0.0, max_tokens=6))
+    # A slowed model: the long reply cannot finish before the app quits, however fast
+    # the machine (the tiny model would otherwise write its 1,000 tokens in a second).
+    app = make_app(settings=SamplingSettings(temperature=0.0, max_tokens=6), step_delay=0.05)
     async with app.run_test(size=(100, 30)) as pilot:
         await ready(pilot)
         await say(pilot, "remember me")
