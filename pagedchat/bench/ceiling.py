@@ -1,7 +1,8 @@
 """The machine's matrix-product ceiling at the model's own shapes.
 
 One decode step of a batch is, for its matrix work, one product per weight matrix. Timing
-those products on random data at the model's shapes gives the GFLOP/s this CPU reaches and
+one step's products on random data at the model's shapes, each layer with its own weights
+(so that they stream from memory as the model's do), gives the GFLOP/s this CPU reaches and
 the tokens/s no engine can beat (attention, sampling and everything else come on top).
 Shapes are those of a fused model (q|k|v and gate|up in one matrix each); the FLOPs are the
 same as unfused.
@@ -38,14 +39,37 @@ def flops_per_token(config: dict) -> float:
     return float(sum(2 * i * o * n for i, o, n in matmul_shapes(config)))
 
 
-def _seconds_per_product(batch: int, in_f: int, out_f: int, dtype: torch.dtype,
-                         min_time: float) -> float:
-    x = torch.randn(batch, in_f).to(dtype)
-    w = torch.randn(out_f, in_f).to(dtype)
-    F.linear(x, w)  # warm-up: first calls pay for allocation and dispatch
+def work_flops(config: dict, prompt_tokens: int, output_tokens: int) -> float:
+    """The matrix FLOPs a run had to do: every token goes through every layer, and only
+    sampled tokens (one per output token) through the head."""
+    head = 2.0 * config["hidden_size"] * config["vocab_size"]
+    return prompt_tokens * (flops_per_token(config) - head) + output_tokens * flops_per_token(
+        config)
+
+
+def _seconds_per_step(config: dict, batch: int, dtype: torch.dtype, min_time: float) -> float:
+    shapes = matmul_shapes(config)
+    inputs = {i: torch.randn(batch, i).to(dtype) for i, _, _ in shapes}
+    weights = []
+    for i, o, n in shapes:
+        first = torch.rand(o, i).to(dtype)
+        weights.append([first] + [first.clone() for _ in range(n - 1)])
+    layers = config["num_hidden_layers"]
+
+    def step() -> None:
+        for layer in range(layers):
+            for (i, _, n), matrices in zip(shapes, weights, strict=True):
+                if n == layers:
+                    F.linear(inputs[i], matrices[layer])
+        for (i, _, n), matrices in zip(shapes, weights, strict=True):
+            if n != layers:
+                for matrix in matrices:
+                    F.linear(inputs[i], matrix)
+
+    step()  # warm-up: first calls pay for allocation and dispatch
     reps, start = 0, time.perf_counter()
     while True:
-        F.linear(x, w)
+        step()
         reps += 1
         elapsed = time.perf_counter() - start
         if elapsed >= min_time and reps >= 3:
@@ -53,14 +77,12 @@ def _seconds_per_product(batch: int, in_f: int, out_f: int, dtype: torch.dtype,
 
 
 def measure_ceiling(config: dict, batch: int = 64, dtypes: tuple[str, ...] = ("float32",
-                    "bfloat16"), min_time: float = 0.1) -> dict[str, object]:
+                    "bfloat16"), min_time: float = 0.5) -> dict[str, object]:
     """GFLOP/s and tokens/s ceilings for each dtype at ``batch`` tokens per step."""
     flops = flops_per_token(config)
     result: dict[str, object] = {"batch": batch, "gflop_per_token": flops / 1e9}
     for name in dtypes:
-        dtype = getattr(torch, name)
-        step = sum(n * _seconds_per_product(batch, i, o, dtype, min_time)
-                   for i, o, n in matmul_shapes(config))
+        step = _seconds_per_step(config, batch, getattr(torch, name), min_time)
         result[name] = {"gflop_per_s": flops * batch / step / 1e9, "tokens_per_s": batch / step}
     return result
 

@@ -30,7 +30,9 @@ class EngineConfig:
     swap_space: str | int = "1GiB"
     enable_prefix_caching: bool = True
     preemption_mode: str = "recompute"
-    max_num_seqs: int = 64
+    # vLLM's default too: on this CPU, 256 gave 375 output tok/s on 200 ShareGPT requests
+    # against 302 at 64 (bigger matrix products, weights read once for more tokens)
+    max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None
     dtype: str = "float32"

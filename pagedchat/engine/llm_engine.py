@@ -161,7 +161,9 @@ class LLMEngine:
                 seqs.append((group, seq))
         advanced: dict[str, SequenceGroup] = {}
         if rows:
-            tokens, logprobs = sample(logits[logit_rows], rows)
+            # every row is sampled once in a plain decode batch: no copy of the logits then
+            every_row = logit_rows == list(range(len(logits)))
+            tokens, logprobs = sample(logits if every_row else logits[logit_rows], rows)
             for (group, seq), token, logprob in zip(seqs, tokens, logprobs, strict=True):
                 seq.append_token(token, logprob)
                 self._after_token(group, seq)

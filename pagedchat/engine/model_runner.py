@@ -7,6 +7,7 @@ tensor-parallel group, each holding its share of the heads and of every KV block
 
 from __future__ import annotations
 
+import ctypes
 import json
 from pathlib import Path
 
@@ -32,6 +33,22 @@ def resolve_device(device: str) -> str:
     return device
 
 
+def keep_freed_memory() -> None:
+    """Have glibc keep freed activation buffers for reuse instead of handing them back to
+    the OS. By default it maps every buffer over its (adaptive) threshold afresh and trims
+    its heap, so each step's large activations page-fault in again: 95,000 faults and 12%
+    of a 1,000-token prefill on this model. Process-wide; a no-op without glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(_M_MMAP_THRESHOLD, 128 << 20)
+        libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30)
+    except (OSError, AttributeError):
+        pass
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
+
+
 class ModelRunner:
     def __init__(
         self, config: EngineConfig, hf_config, folder: Path, tp: TensorParallel | None = None
@@ -44,6 +61,8 @@ class ModelRunner:
             self.device = torch.device("cuda", self.tp.rank)  # one GPU per worker
             torch.cuda.set_device(self.device)
         self.dtype = DTYPES[config.dtype]
+        if self.device.type == "cpu":
+            keep_freed_memory()
         self.kernels = select_backend(self.device.type, config.attention_backend)
         self.block_size = config.block_size
         self.max_model_len = config.max_model_len

@@ -87,9 +87,12 @@ def _outside_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
 
 def sample(logits: torch.Tensor, rows: list[SampleRow]) -> tuple[list[int], list[float]]:
     """Next token and its log-probability (under the model's own distribution) per row."""
-    logits = apply_penalties(logits.float().clone(), rows)
-    logprobs = logits.log_softmax(dim=1)
-    chosen = logits.argmax(dim=1)
+    logits = logits.float()
+    if any(_penalised(row.params) for row in rows):
+        logits = apply_penalties(logits.clone(), rows)
+    # max gives the greedy choice (the first of equal maxima, as argmax) and its logit in
+    # one pass; only the chosen tokens' log-probabilities are needed, not a log-softmax.
+    top, chosen = logits.max(dim=1)
     random = [i for i, row in enumerate(rows) if not row.params.greedy]
     if random:
         index = torch.tensor(random)
@@ -102,5 +105,11 @@ def sample(logits: torch.Tensor, rows: list[SampleRow]) -> tuple[list[int], list
             if rows[i].generator is not None:
                 noise[j].exponential_(generator=rows[i].generator)
         chosen[index] = (probs / noise).argmax(dim=1)
-    picked = logprobs.gather(1, chosen.unsqueeze(1)).squeeze(1)
+        top = logits.gather(1, chosen.unsqueeze(1)).squeeze(1)
+    picked = top - logits.logsumexp(dim=1)
     return chosen.tolist(), picked.tolist()
+
+
+def _penalised(params: SamplingParams) -> bool:
+    return (params.repetition_penalty != 1.0 or bool(params.presence_penalty)
+            or bool(params.frequency_penalty))

@@ -30,6 +30,16 @@ static inline bf16_t bf16_round(float f) {
     return (bf16_t)((v.u + 0x7FFFu + ((v.u >> 16) & 1u)) >> 16);
 }
 
+/* Ask for the item's rows of the block that comes next while this one is computed: the
+ * blocks of a sequence are scattered, so the hardware prefetcher cannot see them coming,
+ * and without this a thread waits on memory for every block. */
+static inline void prefetch_rows(const char *first, int count, int64_t token_bytes,
+                                 int row_bytes) {
+    for (int t = 0; t < count; t++)
+        for (int b = 0; b < row_bytes; b += 64)
+            __builtin_prefetch(first + t * token_bytes + b, 0, 1);
+}
+
 #define F32_LOAD(p, i) ((p)[i])
 #define F32_STORE(x) (x)
 #define BF16_LOAD(p, i) bf16_load((p), (i))
@@ -107,32 +117,90 @@ static inline void NAME(const float *p, const T *v, int64_t token_stride, int co
 }
 DEFINE_VALUE_TILE(value_tile_f32, float, load16_f32)
 DEFINE_VALUE_TILE(value_tile_bf16, bf16_t, load16_bf16)
+
+/* e^x for 16 lanes: x = n ln2 + r with |r| <= ln2 / 2, a degree-7 polynomial for e^r
+ * (Cephes' coefficients, about 1 ulp), then scalef for the 2^n (underflows to 0 cleanly).
+ * glibc's scalar expf was a third of the kernel's time. */
+static inline __m512 exp16(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(y, n);
+}
+
+/* s[0:n] <- softmax(s[0:n]), in place. */
+static inline void softmax_row(float *s, int n) {
+    __m512 peak = _mm512_set1_ps(-INFINITY);
+    for (int t = 0; t < n; t += 16) {
+        const __mmask16 m = n - t >= 16 ? 0xFFFF : (__mmask16)((1u << (n - t)) - 1u);
+        peak = _mm512_mask_max_ps(peak, m, peak, _mm512_maskz_loadu_ps(m, s + t));
+    }
+    const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(peak));
+    __m512 sum = _mm512_setzero_ps();
+    for (int t = 0; t < n; t += 16) {
+        const __mmask16 m = n - t >= 16 ? 0xFFFF : (__mmask16)((1u << (n - t)) - 1u);
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + t), top));
+        _mm512_mask_storeu_ps(s + t, m, e);
+        sum = _mm512_mask_add_ps(sum, m, sum, e);
+    }
+    const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
+    for (int t = 0; t < n; t += 16) {
+        const __mmask16 m = n - t >= 16 ? 0xFFFF : (__mmask16)((1u << (n - t)) - 1u);
+        _mm512_mask_storeu_ps(s + t, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, s + t), inv));
+    }
+}
+#else
+/* Without AVX-512: plain loops (the compiler vectorises what it can). */
+static inline void softmax_row(float *s, int n) {
+    float peak = s[0];
+    for (int t = 1; t < n; t++) peak = s[t] > peak ? s[t] : peak;
+    float sum = 0.0f;
+    for (int t = 0; t < n; t++) { s[t] = expf(s[t] - peak); sum += s[t]; }
+    const float inv = 1.0f / sum;
+    for (int t = 0; t < n; t++) s[t] *= inv;
+}
 #endif
 
+/* Shapes and step metadata shared by every work item of one call. */
+typedef struct {
+    const int32_t *block_tables, *context_lens, *query_start, *rows, *row_seqs;
+    int max_blocks, num_heads, num_kv_heads, block_size, split;
+    float scale;
+} Batch;
+
+/* ATTEND_ITEM is always inlined where head_dim is a literal (64, 128), so its loops over
+ * head_dim unroll into straight-line vector code; other sizes take the general path. */
 #define DEFINE_PAGED_ATTENTION(NAME, T, LOAD, STORE, SCORE_TILE, VALUE_TILE)               \
-int NAME(const T *query, const T *k_cache, const T *v_cache, T *out,                        \
-         const int32_t *block_tables, const int32_t *context_lens,                          \
-         const int32_t *query_start, const int32_t *rows, const int32_t *row_seqs,          \
-         int num_rows, int max_blocks, int num_heads, int num_kv_heads, int head_dim,       \
-         int block_size, float scale, int num_threads) {                                    \
-    const int group = num_heads / num_kv_heads;                                             \
-    const int split = num_rows < 2 * num_threads ? num_kv_heads : 1;                        \
-    const int heads_per_item = num_kv_heads / split;                                        \
-    const int64_t token_stride = (int64_t)num_kv_heads * head_dim;                          \
-    const int vector_path = HAVE_VECTOR_PATH && head_dim % 16 == 0;                         \
-    int failed = 0;                                                                         \
-    _Pragma("omp parallel for schedule(dynamic, 1) num_threads(num_threads)")               \
-    for (int64_t item = 0; item < (int64_t)num_rows * split; item++) {                      \
-        const int row = rows[item / split];                                                 \
-        const int seq = row_seqs[item / split];                                             \
+static inline __attribute__((always_inline)) int NAME##_item(                               \
+        const Batch *b, const T *query, const T *k_cache, const T *v_cache, T *out,         \
+        int64_t item, const int head_dim) {                                                 \
+        const int split = b->split, num_kv_heads = b->num_kv_heads;                         \
+        const int num_heads = b->num_heads, block_size = b->block_size;                     \
+        const int32_t *query_start = b->query_start;                                        \
+        const float scale = b->scale;                                                       \
+        const int group = num_heads / num_kv_heads;                                         \
+        const int heads_per_item = num_kv_heads / split;                                    \
+        const int64_t token_stride = (int64_t)num_kv_heads * head_dim;                      \
+        const int vector_path = HAVE_VECTOR_PATH && head_dim % 16 == 0;                     \
+        const int row = b->rows[item / split];                                              \
+        const int seq = b->row_seqs[item / split];                                          \
         const int kv_first = (int)(item % split) * heads_per_item;                          \
         const int q_len = query_start[seq + 1] - query_start[seq];                          \
-        const int n = context_lens[seq] - q_len + (row - query_start[seq]) + 1;             \
-        const int32_t *table = block_tables + (int64_t)seq * max_blocks;                    \
+        const int n = b->context_lens[seq] - q_len + (row - query_start[seq]) + 1;             \
+        const int32_t *table = b->block_tables + (int64_t)seq * b->max_blocks;               \
         const int heads = heads_per_item * group;                                           \
         const int head0 = kv_first * group;                                                 \
         float *q = malloc(sizeof(float) * (size_t)heads * (size_t)(2 * head_dim + n));      \
-        if (q == NULL) { failed = 1; continue; }                                            \
+        if (q == NULL) return 1;                                                             \
         float *acc = q + (int64_t)heads * head_dim;                                         \
         float *scores = acc + (int64_t)heads * head_dim;                                    \
         const T *q_row = query + ((int64_t)row * num_heads + head0) * head_dim;             \
@@ -144,6 +212,13 @@ int NAME(const T *query, const T *k_cache, const T *v_cache, T *out,            
             const int64_t block = table[start / block_size];                                \
             const int count = n - start < block_size ? n - start : block_size;              \
             const T *k = k_cache + (block * block_size * num_kv_heads + kv_first) * head_dim; \
+            if (start + block_size < n)                                                     \
+                prefetch_rows((const char *)(k_cache + ((int64_t)table[start / block_size + 1] \
+                                  * block_size * num_kv_heads + kv_first) * head_dim),      \
+                              n - start - block_size < block_size ? n - start - block_size \
+                                                                  : block_size,             \
+                              token_stride * (int64_t)sizeof(T),                            \
+                              heads_per_item * head_dim * (int)sizeof(T));                  \
             if (vector_path) {                                                              \
                 for (int h = 0; h < heads; h++)                                             \
                     for (int t = 0; t < count; t += 16)                                     \
@@ -164,21 +239,18 @@ int NAME(const T *query, const T *k_cache, const T *v_cache, T *out,            
                 }                                                                           \
             }                                                                               \
         }                                                                                   \
-        for (int h = 0; h < heads; h++) {                                                   \
-            float *s = scores + (int64_t)h * n;                                             \
-            float peak = s[0];                                                              \
-            for (int t = 1; t < n; t++) peak = s[t] > peak ? s[t] : peak;                   \
-            float sum = 0.0f;                                                               \
-            _Pragma("omp simd reduction(+:sum)")                                            \
-            for (int t = 0; t < n; t++) { s[t] = expf(s[t] - peak); sum += s[t]; }          \
-            const float inv = 1.0f / sum;                                                   \
-            _Pragma("omp simd")                                                             \
-            for (int t = 0; t < n; t++) s[t] *= inv;                                        \
-        }                                                                                   \
+        for (int h = 0; h < heads; h++) softmax_row(scores + (int64_t)h * n, n);          \
         for (int start = 0; start < n; start += block_size) {                               \
             const int64_t block = table[start / block_size];                                \
             const int count = n - start < block_size ? n - start : block_size;              \
             const T *v = v_cache + (block * block_size * num_kv_heads + kv_first) * head_dim; \
+            if (start + block_size < n)                                                     \
+                prefetch_rows((const char *)(v_cache + ((int64_t)table[start / block_size + 1] \
+                                  * block_size * num_kv_heads + kv_first) * head_dim),      \
+                              n - start - block_size < block_size ? n - start - block_size \
+                                                                  : block_size,             \
+                              token_stride * (int64_t)sizeof(T),                            \
+                              heads_per_item * head_dim * (int)sizeof(T));                  \
             if (vector_path) {                                                              \
                 for (int h = 0; h < heads; h++)                                             \
                     VALUE_TILE(scores + (int64_t)h * n + start,                             \
@@ -199,6 +271,29 @@ int NAME(const T *query, const T *k_cache, const T *v_cache, T *out,            
         T *out_row = out + ((int64_t)row * num_heads + head0) * head_dim;                   \
         for (int64_t i = 0; i < (int64_t)heads * head_dim; i++) out_row[i] = STORE(acc[i]); \
         free(q);                                                                            \
+        return 0;                                                                           \
+}                                                                                           \
+                                                                                            \
+int NAME(const T *query, const T *k_cache, const T *v_cache, T *out,                        \
+         const int32_t *block_tables, const int32_t *context_lens,                          \
+         const int32_t *query_start, const int32_t *rows, const int32_t *row_seqs,          \
+         int num_rows, int max_blocks, int num_heads, int num_kv_heads, int head_dim,       \
+         int block_size, float scale, int num_threads) {                                    \
+    /* a lone long decode is split by KV head so that every thread has work */              \
+    const int split = num_rows < 2 * num_threads ? num_kv_heads : 1;                        \
+    const Batch b = {block_tables, context_lens, query_start, rows, row_seqs, max_blocks,   \
+                     num_heads, num_kv_heads, block_size, split, scale};                    \
+    int failed = 0;                                                                         \
+    _Pragma("omp parallel for schedule(dynamic, 1) num_threads(num_threads)")               \
+    for (int64_t item = 0; item < (int64_t)num_rows * split; item++) {                      \
+        int bad;                                                                            \
+        if (head_dim == 64)                                                                 \
+            bad = NAME##_item(&b, query, k_cache, v_cache, out, item, 64);                  \
+        else if (head_dim == 128)                                                           \
+            bad = NAME##_item(&b, query, k_cache, v_cache, out, item, 128);                 \
+        else                                                                                \
+            bad = NAME##_item(&b, query, k_cache, v_cache, out, item, head_dim);            \
+        if (bad) failed = 1;                                                                \
     }                                                                                       \
     return failed ? 2 : 0;                                                                  \
 }

@@ -8,7 +8,7 @@ import json
 from rich.console import Console
 
 from pagedchat.bench import report
-from pagedchat.bench.ceiling import flops_per_token, matmul_shapes, measure_ceiling
+from pagedchat.bench.ceiling import flops_per_token, matmul_shapes, measure_ceiling, work_flops
 
 SMOLLM2 = {"hidden_size": 576, "num_attention_heads": 9, "num_key_value_heads": 3,
            "num_hidden_layers": 30, "intermediate_size": 1536, "vocab_size": 49152}
@@ -19,6 +19,12 @@ def test_flops_per_token_of_smollm2():
     layer = 576 * 576 + 2 * 576 * 192 + 576 * 576 + 3 * 576 * 1536
     assert flops_per_token(SMOLLM2) == 2 * (30 * layer + 576 * 49152)
     assert matmul_shapes(SMOLLM2)[0] == (576, 576 + 2 * 192, 30)
+
+
+def test_work_counts_prompt_tokens_without_the_head():
+    head = 2 * 576 * 49152
+    assert work_flops(SMOLLM2, 0, 10) == 10 * flops_per_token(SMOLLM2)
+    assert work_flops(SMOLLM2, 7, 0) == 7 * (flops_per_token(SMOLLM2) - head)
 
 
 def test_ceiling_is_measured():
