@@ -70,6 +70,16 @@ def _check_numbers(value: str) -> str:
     return value
 
 
+def _check_sizes(value: str) -> str:
+    try:
+        sizes = parse_list(value, int)
+    except ValueError as error:
+        raise typer.BadParameter(f"not a list of whole numbers: {value!r}") from error
+    if not sizes or min(sizes) < 1:
+        raise typer.BadParameter("give one or more positive whole numbers, e.g. 8,16,32")
+    return value
+
+
 NumRequests = Annotated[int, typer.Option("-n", "--num-requests", min=1,
                                           help="Requests sampled from the trace.")]
 Model = Annotated[str | None, typer.Option(
@@ -89,7 +99,11 @@ Dtype = Annotated[DType, typer.Option("--dtype", help="Weights and KV cache dtyp
 Compare = Annotated[str, typer.Option(
     "--compare", callback=_check_peers, help="Peers to run too: hf-generate,hf-continuous.")]
 HfBatch = Annotated[str, typer.Option(
-    "--hf-batch-size", help="Static batch sizes for hf-generate (the best is kept).")]
+    "--hf-batch-size", callback=_check_sizes,
+    help="Static batch sizes for hf-generate (the best is kept).")]
+HfRequests = Annotated[str, typer.Option(
+    "--hf-max-requests", callback=_check_sizes,
+    help="Requests per batch for hf-continuous (the best is kept).")]
 HfPage = Annotated[int, typer.Option("--hf-page-size", min=4,
                                      help="hf-continuous page size in tokens.")]
 Rates = Annotated[str, typer.Option("--rate", callback=_check_numbers,
@@ -137,7 +151,8 @@ def _flat(figures: dict[str, object]) -> dict[str, object]:
 @bench_app.command()
 def throughput(num_requests: NumRequests = 200, model: Model = None,
                max_tokens: MaxTokens = None, compare: Compare = "", hf_batch_size: HfBatch = "8",
-               hf_page_size: HfPage = 256, seed: Seed = 0, block_size: BlockSize = 16,
+               hf_max_requests: HfRequests = "64", hf_page_size: HfPage = 256,
+               seed: Seed = 0, block_size: BlockSize = 16,
                kv_blocks: KvBlocks = None, kv_memory: KvMemory = None,
                max_num_seqs: MaxSeqs = MAX_SEQS, dtype: Dtype = DType.float32,
                ceiling: Annotated[bool, typer.Option(help="Measure the matmul ceiling.")] = True,
@@ -169,13 +184,15 @@ def throughput(num_requests: NumRequests = 200, model: Model = None,
                         f"broadcast per step; {comm['weights_per_worker_mb']:.0f} MB of weights "
                         "per worker")
         rows = [{"engine": "pagedchat", **figures["pagedchat"]}]
-        for peer in make_peers(parse_peers(compare), engine, batch_sizes, hf_page_size):
+        for peer in make_peers(parse_peers(compare), engine, batch_sizes, hf_page_size,
+                               parse_list(hf_max_requests, int)):
             result = measure(peer, requests, warmup)[0]
             rows.append({"engine": peer.label, **result})
             best = figures.get(peer.name)
             if best is None or result["output_tokens_per_s"] > best["output_tokens_per_s"]:
-                figures[peer.name] = {**result, **({"batch_size": peer.batch_size}
-                                                   if peer.name == "hf-generate" else {})}
+                setting = ({"batch_size": peer.batch_size} if peer.name == "hf-generate"
+                           else {"max_requests": peer.max_num_seqs})
+                figures[peer.name] = {**result, **setting}
         ours = figures["pagedchat"]["output_tokens_per_s"]
         for row in rows:
             row["pagedchat_ratio"] = ours / row["output_tokens_per_s"]

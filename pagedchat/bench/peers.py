@@ -111,7 +111,7 @@ class HFGenerate:
 class HFContinuous:
     """transformers continuous batching (``init_continuous_batching``)."""
 
-    name = label = "hf-continuous"
+    name = "hf-continuous"
 
     def __init__(self, model, kv_tokens: int, max_batch_tokens: int, max_num_seqs: int,
                  page_size: int = 256) -> None:
@@ -120,6 +120,7 @@ class HFContinuous:
         self.max_batch_tokens = max_batch_tokens
         self.max_num_seqs = max_num_seqs
         self.page_size = page_size
+        self.label = f"hf-continuous-r{max_num_seqs}"
 
     def _configs(self, max_new_tokens: int):
         from transformers import ContinuousBatchingConfig, GenerationConfig

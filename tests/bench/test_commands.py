@@ -25,7 +25,7 @@ def test_throughput_against_both_peers(tiny, tmp_path):
     out = tmp_path / "t.json"
     result = bench("throughput", *tiny, "-n", "3", "--max-tokens", "4", "--kv-blocks", "64",
                    "--compare", "hf-generate,hf-continuous", "--hf-batch-size", "2",
-                   "--no-ceiling", "--json", str(out))
+                   "--hf-max-requests", "1,3", "--no-ceiling", "--json", str(out))
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
     assert data["metadata"]["num_kv_blocks"] == 64
@@ -37,7 +37,14 @@ def test_throughput_against_both_peers(tiny, tmp_path):
     assert engines["hf-generate"]["batch_size"] == 2
     lines = [line for line in result.stdout.splitlines() if line.startswith("throughput ")]
     assert [line.split()[1] for line in lines] == [
-        "engine=pagedchat", "engine=hf-generate-b2", "engine=hf-continuous"]
+        "engine=pagedchat", "engine=hf-generate-b2", "engine=hf-continuous-r1",
+        "engine=hf-continuous-r3"]
+    # each request limit is a run of its own; the JSON keeps the faster
+    speeds = {int(line.split()[1].rsplit("-r", 1)[1]): float(line.split()[3].split("=")[1])
+              for line in lines[2:]}
+    best = max(speeds, key=speeds.get)
+    assert engines["hf-continuous"]["max_requests"] == best
+    assert engines["hf-continuous"]["output_tokens_per_s"] == pytest.approx(speeds[best])
     assert "pagedchat_ratio=1 " in lines[0] + " "
 
 
@@ -45,6 +52,15 @@ def test_unknown_peer_is_a_usage_error(tiny):
     result = bench("throughput", *tiny, "--compare", "vllm")
     assert result.exit_code == 2
     assert "unknown engine 'vllm'" in result.output
+
+
+def test_bad_peer_sizes_are_usage_errors(tiny):
+    for option, value in [("--hf-batch-size", "0"), ("--hf-max-requests", "1.5"),
+                          ("--hf-max-requests", "many")]:
+        result = bench("throughput", *tiny, "--compare", "hf-continuous", option, value)
+        assert result.exit_code == 2, (option, value)
+        message = " ".join(result.output.replace("│", " ").split())  # unwrap the error box
+        assert f"Invalid value for '{option}'" in message and "whole numbers" in message
 
 
 def test_bad_rate_and_dtype_are_usage_errors(tiny):
