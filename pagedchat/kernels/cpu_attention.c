@@ -40,6 +40,15 @@ static inline void prefetch_rows(const char *first, int count, int64_t token_byt
             __builtin_prefetch(first + t * token_bytes + b, 0, 1);
 }
 
+/* Inside the block loops of DEFINE_PAGED_ATTENTION: the item's rows of the next block. */
+#define PREFETCH_NEXT_BLOCK(cache)                                                           \
+    if (start + block_size < n)                                                             \
+        prefetch_rows((const char *)((cache) + ((int64_t)table[start / block_size + 1]        \
+                                                * block_size * num_kv_heads + kv_first) * head_dim), \
+                      n - start - block_size < block_size ? n - start - block_size : block_size, \
+                      token_stride * (int64_t)sizeof(*(cache)),                             \
+                      heads_per_item * head_dim * (int)sizeof(*(cache)))
+
 #define F32_LOAD(p, i) ((p)[i])
 #define F32_STORE(x) (x)
 #define BF16_LOAD(p, i) bf16_load((p), (i))
@@ -212,13 +221,7 @@ static inline __attribute__((always_inline)) int NAME##_item(                   
             const int64_t block = table[start / block_size];                                \
             const int count = n - start < block_size ? n - start : block_size;              \
             const T *k = k_cache + (block * block_size * num_kv_heads + kv_first) * head_dim; \
-            if (start + block_size < n)                                                     \
-                prefetch_rows((const char *)(k_cache + ((int64_t)table[start / block_size + 1] \
-                                  * block_size * num_kv_heads + kv_first) * head_dim),      \
-                              n - start - block_size < block_size ? n - start - block_size \
-                                                                  : block_size,             \
-                              token_stride * (int64_t)sizeof(T),                            \
-                              heads_per_item * head_dim * (int)sizeof(T));                  \
+            PREFETCH_NEXT_BLOCK(k_cache);                                                  \
             if (vector_path) {                                                              \
                 for (int h = 0; h < heads; h++)                                             \
                     for (int t = 0; t < count; t += 16)                                     \
@@ -244,13 +247,7 @@ static inline __attribute__((always_inline)) int NAME##_item(                   
             const int64_t block = table[start / block_size];                                \
             const int count = n - start < block_size ? n - start : block_size;              \
             const T *v = v_cache + (block * block_size * num_kv_heads + kv_first) * head_dim; \
-            if (start + block_size < n)                                                     \
-                prefetch_rows((const char *)(v_cache + ((int64_t)table[start / block_size + 1] \
-                                  * block_size * num_kv_heads + kv_first) * head_dim),      \
-                              n - start - block_size < block_size ? n - start - block_size \
-                                                                  : block_size,             \
-                              token_stride * (int64_t)sizeof(T),                            \
-                              heads_per_item * head_dim * (int)sizeof(T));                  \
+            PREFETCH_NEXT_BLOCK(v_cache);                                                  \
             if (vector_path) {                                                              \
                 for (int h = 0; h < heads; h++)                                             \
                     VALUE_TILE(scores + (int64_t)h * n + start,                             \
