@@ -6,10 +6,16 @@ in a per-user cache (``PAGEDCHAT_CACHE_DIR``), so only the first run pays for it
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    # Triton picks interpreter or compiler once, when first imported, and transformers'
+    # modeling code imports it: set the interpreter before any test module is collected.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="session")
