@@ -42,29 +42,22 @@ def flops_per_token(config: dict) -> float:
 def work_flops(config: dict, prompt_tokens: int, output_tokens: int) -> float:
     """The matrix FLOPs a run had to do: every token goes through every layer, and only
     sampled tokens (one per output token) through the head."""
+    per_token = flops_per_token(config)
     head = 2.0 * config["hidden_size"] * config["vocab_size"]
-    return prompt_tokens * (flops_per_token(config) - head) + output_tokens * flops_per_token(
-        config)
+    return prompt_tokens * (per_token - head) + output_tokens * per_token
 
 
 def _seconds_per_step(config: dict, batch: int, dtype: torch.dtype, min_time: float) -> float:
-    shapes = matmul_shapes(config)
-    inputs = {i: torch.randn(batch, i).to(dtype) for i, _, _ in shapes}
-    weights = []
-    for i, o, n in shapes:
-        first = torch.rand(o, i).to(dtype)
-        weights.append([first] + [first.clone() for _ in range(n - 1)])
-    layers = config["num_hidden_layers"]
+    """One step's products, each weight matrix a distinct tensor read once, as in the model
+    (the order does not matter: no matrix is reused within a step)."""
+    products = []
+    for i, o, n in matmul_shapes(config):
+        x, first = torch.randn(batch, i).to(dtype), torch.rand(o, i).to(dtype)
+        products += [(x, first)] + [(x, first.clone()) for _ in range(n - 1)]
 
     def step() -> None:
-        for layer in range(layers):
-            for (i, _, n), matrices in zip(shapes, weights, strict=True):
-                if n == layers:
-                    F.linear(inputs[i], matrices[layer])
-        for (i, _, n), matrices in zip(shapes, weights, strict=True):
-            if n != layers:
-                for matrix in matrices:
-                    F.linear(inputs[i], matrix)
+        for x, weight in products:
+            F.linear(x, weight)
 
     step()  # warm-up: first calls pay for allocation and dispatch
     reps, start = 0, time.perf_counter()

@@ -514,7 +514,8 @@ def sharing(num_requests: NumRequests = 24, model: Model = None, max_tokens: Max
 @bench_app.command()
 def parallel(num_requests: NumRequests = 32, model: Model = None, max_tokens: MaxTokens = 64,
              sizes: Annotated[str, typer.Option(
-                 "--sizes", help="Tensor-parallel sizes to run, e.g. 1,3.")] = "1,3",
+                 "--sizes", callback=_check_sizes,
+                 help="Tensor-parallel sizes to run, e.g. 1,3.")] = "1,3",
              seed: Seed = 0, kv_blocks: KvBlocks = None, dtype: Dtype = DType.float32,
              json_path: JsonPath = None) -> None:
     """Throughput for each tensor-parallel size on the same requests, with the bytes

@@ -186,89 +186,90 @@ typedef struct {
     float scale;
 } Batch;
 
-/* ATTEND_ITEM is always inlined where head_dim is a literal (64, 128), so its loops over
- * head_dim unroll into straight-line vector code; other sizes take the general path. */
+/* NAME##_item, one work item, is always inlined where head_dim is a literal (64, 128), so
+ * its loops over head_dim unroll into straight-line vector code; other sizes take the
+ * general path. */
 #define DEFINE_PAGED_ATTENTION(NAME, T, LOAD, STORE, SCORE_TILE, VALUE_TILE)               \
 static inline __attribute__((always_inline)) int NAME##_item(                               \
         const Batch *b, const T *query, const T *k_cache, const T *v_cache, T *out,         \
         int64_t item, const int head_dim) {                                                 \
-        const int split = b->split, num_kv_heads = b->num_kv_heads;                         \
-        const int num_heads = b->num_heads, block_size = b->block_size;                     \
-        const int32_t *query_start = b->query_start;                                        \
-        const float scale = b->scale;                                                       \
-        const int group = num_heads / num_kv_heads;                                         \
-        const int heads_per_item = num_kv_heads / split;                                    \
-        const int64_t token_stride = (int64_t)num_kv_heads * head_dim;                      \
-        const int vector_path = HAVE_VECTOR_PATH && head_dim % 16 == 0;                     \
-        const int row = b->rows[item / split];                                              \
-        const int seq = b->row_seqs[item / split];                                          \
-        const int kv_first = (int)(item % split) * heads_per_item;                          \
-        const int q_len = query_start[seq + 1] - query_start[seq];                          \
-        const int n = b->context_lens[seq] - q_len + (row - query_start[seq]) + 1;             \
-        const int32_t *table = b->block_tables + (int64_t)seq * b->max_blocks;               \
-        const int heads = heads_per_item * group;                                           \
-        const int head0 = kv_first * group;                                                 \
-        float *q = malloc(sizeof(float) * (size_t)heads * (size_t)(2 * head_dim + n));      \
-        if (q == NULL) return 1;                                                             \
-        float *acc = q + (int64_t)heads * head_dim;                                         \
-        float *scores = acc + (int64_t)heads * head_dim;                                    \
-        const T *q_row = query + ((int64_t)row * num_heads + head0) * head_dim;             \
-        for (int64_t i = 0; i < (int64_t)heads * head_dim; i++) {                           \
-            q[i] = LOAD(q_row, i) * scale;                                                  \
-            acc[i] = 0.0f;                                                                  \
+    const int split = b->split, num_kv_heads = b->num_kv_heads;                             \
+    const int num_heads = b->num_heads, block_size = b->block_size;                         \
+    const int32_t *query_start = b->query_start;                                            \
+    const float scale = b->scale;                                                           \
+    const int group = num_heads / num_kv_heads;                                             \
+    const int heads_per_item = num_kv_heads / split;                                        \
+    const int64_t token_stride = (int64_t)num_kv_heads * head_dim;                          \
+    const int vector_path = HAVE_VECTOR_PATH && head_dim % 16 == 0;                         \
+    const int row = b->rows[item / split];                                                  \
+    const int seq = b->row_seqs[item / split];                                              \
+    const int kv_first = (int)(item % split) * heads_per_item;                              \
+    const int q_len = query_start[seq + 1] - query_start[seq];                              \
+    const int n = b->context_lens[seq] - q_len + (row - query_start[seq]) + 1;              \
+    const int32_t *table = b->block_tables + (int64_t)seq * b->max_blocks;                  \
+    const int heads = heads_per_item * group;                                               \
+    const int head0 = kv_first * group;                                                     \
+    float *q = malloc(sizeof(float) * (size_t)heads * (size_t)(2 * head_dim + n));          \
+    if (q == NULL) return 1;                                                                \
+    float *acc = q + (int64_t)heads * head_dim;                                             \
+    float *scores = acc + (int64_t)heads * head_dim;                                        \
+    const T *q_row = query + ((int64_t)row * num_heads + head0) * head_dim;                 \
+    for (int64_t i = 0; i < (int64_t)heads * head_dim; i++) {                               \
+        q[i] = LOAD(q_row, i) * scale;                                                      \
+        acc[i] = 0.0f;                                                                      \
+    }                                                                                       \
+    for (int start = 0; start < n; start += block_size) {                                   \
+        const int64_t block = table[start / block_size];                                    \
+        const int count = n - start < block_size ? n - start : block_size;                  \
+        const T *k = k_cache + (block * block_size * num_kv_heads + kv_first) * head_dim;   \
+        PREFETCH_NEXT_BLOCK(k_cache);                                                       \
+        if (vector_path) {                                                                  \
+            for (int h = 0; h < heads; h++)                                                 \
+                for (int t = 0; t < count; t += 16)                                         \
+                    SCORE_TILE(q + (int64_t)h * head_dim,                                   \
+                               k + (int64_t)(h / group) * head_dim + t * token_stride,      \
+                               token_stride, count - t < 16 ? count - t : 16, head_dim,     \
+                               scores + (int64_t)h * n + start + t);                        \
+            continue;                                                                       \
         }                                                                                   \
-        for (int start = 0; start < n; start += block_size) {                               \
-            const int64_t block = table[start / block_size];                                \
-            const int count = n - start < block_size ? n - start : block_size;              \
-            const T *k = k_cache + (block * block_size * num_kv_heads + kv_first) * head_dim; \
-            PREFETCH_NEXT_BLOCK(k_cache);                                                  \
-            if (vector_path) {                                                              \
-                for (int h = 0; h < heads; h++)                                             \
-                    for (int t = 0; t < count; t += 16)                                     \
-                        SCORE_TILE(q + (int64_t)h * head_dim,                               \
-                                   k + (int64_t)(h / group) * head_dim + t * token_stride,  \
-                                   token_stride, count - t < 16 ? count - t : 16, head_dim, \
-                                   scores + (int64_t)h * n + start + t);                    \
-                continue;                                                                   \
-            }                                                                               \
-            for (int t = 0; t < count; t++, k += token_stride) {                            \
-                for (int h = 0; h < heads; h++) {                                           \
-                    const T *kh = k + (int64_t)(h / group) * head_dim;                      \
-                    const float *qh = q + (int64_t)h * head_dim;                            \
-                    float dot = 0.0f;                                                       \
-                    _Pragma("omp simd reduction(+:dot)")                                    \
-                    for (int d = 0; d < head_dim; d++) dot += qh[d] * LOAD(kh, d);          \
-                    scores[(int64_t)h * n + start + t] = dot;                               \
-                }                                                                           \
-            }                                                                               \
-        }                                                                                   \
-        for (int h = 0; h < heads; h++) softmax_row(scores + (int64_t)h * n, n);          \
-        for (int start = 0; start < n; start += block_size) {                               \
-            const int64_t block = table[start / block_size];                                \
-            const int count = n - start < block_size ? n - start : block_size;              \
-            const T *v = v_cache + (block * block_size * num_kv_heads + kv_first) * head_dim; \
-            PREFETCH_NEXT_BLOCK(v_cache);                                                  \
-            if (vector_path) {                                                              \
-                for (int h = 0; h < heads; h++)                                             \
-                    VALUE_TILE(scores + (int64_t)h * n + start,                             \
-                               v + (int64_t)(h / group) * head_dim, token_stride, count,    \
-                               head_dim, acc + (int64_t)h * head_dim);                      \
-                continue;                                                                   \
-            }                                                                               \
-            for (int t = 0; t < count; t++, v += token_stride) {                            \
-                for (int h = 0; h < heads; h++) {                                           \
-                    const T *vh = v + (int64_t)(h / group) * head_dim;                      \
-                    float *ah = acc + (int64_t)h * head_dim;                                \
-                    const float p = scores[(int64_t)h * n + start + t];                     \
-                    _Pragma("omp simd")                                                     \
-                    for (int d = 0; d < head_dim; d++) ah[d] += p * LOAD(vh, d);            \
-                }                                                                           \
+        for (int t = 0; t < count; t++, k += token_stride) {                                \
+            for (int h = 0; h < heads; h++) {                                               \
+                const T *kh = k + (int64_t)(h / group) * head_dim;                          \
+                const float *qh = q + (int64_t)h * head_dim;                                \
+                float dot = 0.0f;                                                           \
+                _Pragma("omp simd reduction(+:dot)")                                        \
+                for (int d = 0; d < head_dim; d++) dot += qh[d] * LOAD(kh, d);              \
+                scores[(int64_t)h * n + start + t] = dot;                                   \
             }                                                                               \
         }                                                                                   \
-        T *out_row = out + ((int64_t)row * num_heads + head0) * head_dim;                   \
-        for (int64_t i = 0; i < (int64_t)heads * head_dim; i++) out_row[i] = STORE(acc[i]); \
-        free(q);                                                                            \
-        return 0;                                                                           \
+    }                                                                                       \
+    for (int h = 0; h < heads; h++) softmax_row(scores + (int64_t)h * n, n);                \
+    for (int start = 0; start < n; start += block_size) {                                   \
+        const int64_t block = table[start / block_size];                                    \
+        const int count = n - start < block_size ? n - start : block_size;                  \
+        const T *v = v_cache + (block * block_size * num_kv_heads + kv_first) * head_dim;   \
+        PREFETCH_NEXT_BLOCK(v_cache);                                                       \
+        if (vector_path) {                                                                  \
+            for (int h = 0; h < heads; h++)                                                 \
+                VALUE_TILE(scores + (int64_t)h * n + start,                                 \
+                           v + (int64_t)(h / group) * head_dim, token_stride, count,        \
+                           head_dim, acc + (int64_t)h * head_dim);                          \
+            continue;                                                                       \
+        }                                                                                   \
+        for (int t = 0; t < count; t++, v += token_stride) {                                \
+            for (int h = 0; h < heads; h++) {                                               \
+                const T *vh = v + (int64_t)(h / group) * head_dim;                          \
+                float *ah = acc + (int64_t)h * head_dim;                                    \
+                const float p = scores[(int64_t)h * n + start + t];                         \
+                _Pragma("omp simd")                                                         \
+                for (int d = 0; d < head_dim; d++) ah[d] += p * LOAD(vh, d);                \
+            }                                                                               \
+        }                                                                                   \
+    }                                                                                       \
+    T *out_row = out + ((int64_t)row * num_heads + head0) * head_dim;                       \
+    for (int64_t i = 0; i < (int64_t)heads * head_dim; i++) out_row[i] = STORE(acc[i]);     \
+    free(q);                                                                                \
+    return 0;                                                                               \
 }                                                                                           \
                                                                                             \
 int NAME(const T *query, const T *k_cache, const T *v_cache, T *out,                        \

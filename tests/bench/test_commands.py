@@ -54,10 +54,12 @@ def test_unknown_peer_is_a_usage_error(tiny):
     assert "unknown engine 'vllm'" in result.output
 
 
-def test_bad_peer_sizes_are_usage_errors(tiny):
-    for option, value in [("--hf-batch-size", "0"), ("--hf-max-requests", "1.5"),
-                          ("--hf-max-requests", "many")]:
-        result = bench("throughput", *tiny, "--compare", "hf-continuous", option, value)
+def test_bad_sizes_are_usage_errors(tiny):
+    for command, option, value in [("throughput", "--hf-batch-size", "0"),
+                                   ("throughput", "--hf-max-requests", "1.5"),
+                                   ("throughput", "--hf-max-requests", "many"),
+                                   ("parallel", "--sizes", "1,three")]:
+        result = bench(command, *tiny, option, value)
         assert result.exit_code == 2, (option, value)
         message = " ".join(result.output.replace("│", " ").split())  # unwrap the error box
         assert f"Invalid value for '{option}'" in message and "whole numbers" in message
