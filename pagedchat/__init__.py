@@ -6,7 +6,14 @@ app, the CLI) does not pay for torch and transformers before anything is on scre
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
+
+# MKL's own allocator keeps every buffer it ever packed a matrix into (about 130 MB after
+# a ShareGPT run); without it they go back to malloc, which the engine keeps warm anyway
+# (model_runner.keep_freed_memory), at no cost in speed. MKL reads this once, when torch
+# loads it: here it comes before any of pagedchat imports torch. A user's setting wins.
+os.environ.setdefault("MKL_DISABLE_FAST_MM", "1")
 
 if TYPE_CHECKING:
     from pagedchat.engine.llm import LLM

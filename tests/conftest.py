@@ -26,7 +26,8 @@ def real_model_dir() -> Path:
     return prepare_model(None).folder
 
 
-def _save_tiny_llama(folder: Path, tokenizer_dir: Path, **shape) -> Path:
+def save_tiny_llama(folder: Path, tokenizer_dir: Path, rope_parameters: dict | None = None,
+                    **shape) -> Path:
     """A 2-layer random Llama with the real SmolLM2 tokenizer, saved as an HF folder.
 
     Weights are drawn with a wide init so that its next-token distributions are
@@ -36,7 +37,7 @@ def _save_tiny_llama(folder: Path, tokenizer_dir: Path, **shape) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     config = LlamaConfig(
         vocab_size=len(tokenizer), num_hidden_layers=2, max_position_embeddings=1024,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        rope_parameters=rope_parameters or {"rope_type": "default", "rope_theta": 10000.0},
         tie_word_embeddings=True, initializer_range=0.5,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.eos_token_id, **shape,
@@ -51,7 +52,7 @@ def _save_tiny_llama(folder: Path, tokenizer_dir: Path, **shape) -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, real_model_dir: Path) -> Path:
     """4 query heads, 2 KV heads: the model of the fast tests."""
-    return _save_tiny_llama(
+    return save_tiny_llama(
         tmp_path_factory.mktemp("tiny-llama"), real_model_dir, hidden_size=64,
         intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
 
@@ -59,7 +60,7 @@ def tiny_model_dir(tmp_path_factory, real_model_dir: Path) -> Path:
 @pytest.fixture(scope="session")
 def tiny_tp_model_dir(tmp_path_factory, real_model_dir: Path) -> Path:
     """8 query heads, 4 KV heads: splits over 1, 2 or 4 tensor-parallel workers."""
-    return _save_tiny_llama(
+    return save_tiny_llama(
         tmp_path_factory.mktemp("tiny-llama-tp"), real_model_dir, hidden_size=128,
         intermediate_size=256, num_attention_heads=8, num_key_value_heads=4, head_dim=16)
 
@@ -70,3 +71,14 @@ def tiny_llm(tiny_model_dir: Path):
     from pagedchat import LLM
 
     return LLM(model=str(tiny_model_dir), num_kv_blocks=256, block_size=16)
+
+
+@pytest.fixture(scope="session")
+def make_tiny_llama(tmp_path_factory, real_model_dir: Path):
+    """Build another tiny Llama: ``make_tiny_llama(name, rope_parameters=..., **shape)``."""
+    def make(name: str, rope_parameters: dict | None = None, **shape) -> Path:
+        shape = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+                 "num_key_value_heads": 2, "head_dim": 16, **shape}
+        return save_tiny_llama(tmp_path_factory.mktemp(name), real_model_dir, rope_parameters,
+                               **shape)
+    return make

@@ -10,9 +10,9 @@ from pagedchat.engine.llm_engine import LLMEngine
 def expected_bytes_per_token(engine: LLMEngine) -> int:
     """Megatron's count: two all-reduces per layer (attention out, MLP down) plus the
     embedding's, each one hidden vector per token, in the model's dtype."""
-    hf = engine.hf_config
+    model = engine.model_config
     element = 2 if engine.config.dtype in ("bfloat16", "float16") else 4
-    return (2 * hf.num_hidden_layers + 1) * hf.hidden_size * element
+    return (2 * model.num_hidden_layers + 1) * model.hidden_size * element
 
 
 def communication_figures(engine: LLMEngine) -> dict[str, float]:

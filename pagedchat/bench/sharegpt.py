@@ -2,19 +2,22 @@
 
 The shipped JSON file is cut short at its end, so it is decoded one conversation at a time
 and reading stops at the first element that does not decode (about 17,600 survive).
-Parsing all of it takes well under a second, so nothing is cached on disk.
+Scanning all of it takes about a second, so nothing is cached on disk; what is kept in
+memory is where each conversation lies in the file, and a sample decodes only the
+conversations it reaches.
 """
 
 from __future__ import annotations
 
+import codecs
 import importlib.util
 import json
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from pagedchat.chat.prompt import render
 
@@ -53,9 +56,18 @@ def dataset_file() -> Path:
 
 def iter_json_array(path: Path) -> Iterator[Any]:
     """Yield the elements of a top-level JSON array, stopping at the first incomplete one."""
+    return (item for item, _ in iter_json_spans(path))
+
+
+def iter_json_spans(path: Path) -> Iterator[tuple[Any, tuple[int, int]]]:
+    """Each element of a top-level JSON array with its byte span in the file (so it can be
+    read again alone), stopping at the first incomplete one."""
     decoder = json.JSONDecoder()
-    with open(path, encoding="utf-8") as f:
+    utf8 = codecs.getincrementaldecoder("utf-8")()
+    with open(path, "rb") as f:
         buf, pos, eof = "", 0, False
+        # the byte offset of buf[mark]: advanced by encoding what lies between, once
+        mark, mark_byte = 0, 0
         started = False
         while True:
             while pos < len(buf) and buf[pos] in " \t\r\n,":
@@ -68,15 +80,45 @@ def iter_json_array(path: Path) -> Iterator[Any]:
             if pos < len(buf) and buf[pos] == "]":
                 return
             try:
-                item, pos = decoder.raw_decode(buf, pos)
+                item, end = decoder.raw_decode(buf, pos)
             except json.JSONDecodeError:
                 if eof:
                     return  # the truncated tail
                 chunk = f.read(_CHUNK)
                 eof = not chunk
-                buf, pos = buf[pos:] + chunk, 0
+                mark_byte += len(buf[mark:pos].encode("utf-8"))
+                buf, pos, mark = buf[pos:] + utf8.decode(chunk), 0, 0
                 continue
-            yield item
+            start = mark_byte + len(buf[mark:pos].encode("utf-8"))
+            mark, mark_byte = end, start + len(buf[pos:end].encode("utf-8"))
+            yield item, (start, mark_byte)
+            pos = end
+
+
+class Trace(Sequence[Conversation]):
+    """The trace's usable conversations, decoded when asked for: only their byte spans in
+    the file are kept (holding them all parsed would take about 150 MB)."""
+
+    def __init__(self, path: Path, spans: list[tuple[int, int]]) -> None:
+        self.path, self.spans = path, spans
+
+    def __len__(self) -> int:
+        return len(self.spans)
+
+    @overload
+    def __getitem__(self, index: int) -> Conversation: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Conversation]: ...
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        start, end = self.spans[index]
+        with open(self.path, "rb") as f:
+            f.seek(start)
+            conversation = _normalize(json.loads(f.read(end - start)))
+        assert conversation is not None  # only usable conversations have spans
+        return conversation
 
 
 def _normalize(raw: dict) -> Conversation | None:
@@ -100,17 +142,18 @@ def _normalize(raw: dict) -> Conversation | None:
 
 
 @lru_cache(maxsize=2)
-def conversations(path: Path | None = None) -> tuple[Conversation, ...]:
+def conversations(path: Path | None = None) -> Trace:
     """Every conversation of the trace with at least one user -> assistant exchange."""
-    found = (_normalize(raw) for raw in iter_json_array(path or dataset_file())
-             if isinstance(raw, dict))
-    return tuple(c for c in found if c is not None)
+    path = path or dataset_file()
+    return Trace(path, [span for raw, span in iter_json_spans(path)
+                        if isinstance(raw, dict) and _normalize(raw) is not None])
 
 
-def _shuffled(items: tuple[Conversation, ...], seed: int) -> list[Conversation]:
-    order = list(items)
+def _shuffled(trace: Trace, seed: int) -> Iterator[Conversation]:
+    """The conversations in a seeded order, each decoded when reached."""
+    order = list(range(len(trace)))
     random.Random(seed).shuffle(order)
-    return order
+    return (trace[i] for i in order)
 
 
 def _encode(tokenizer, text: str) -> list[int]:

@@ -7,6 +7,7 @@ appended, detokenized, checked for stops and returned as RequestOutputs.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import replace
 
@@ -18,6 +19,7 @@ from pagedchat.engine.config import EngineConfig
 from pagedchat.engine.detokenizer import IncrementalDetokenizer
 from pagedchat.engine.errors import ModelLoadError, RequestError
 from pagedchat.engine.loader import ModelFiles, prepare_model
+from pagedchat.engine.model_config import ModelConfig
 from pagedchat.engine.model_runner import ModelRunner
 from pagedchat.engine.outputs import CompletionOutput, RequestOutput
 from pagedchat.engine.parallel import check_size
@@ -27,26 +29,25 @@ from pagedchat.engine.sampling_params import SamplingParams
 from pagedchat.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from pagedchat.engine.sequence import Sequence, SequenceGroup, SequenceStatus
 from pagedchat.engine.stats import EngineStats, snapshot
+from pagedchat.engine.tokenizer import load_tokenizer
 
 
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
-        from transformers import AutoConfig, AutoTokenizer
-
         start = time.perf_counter()
         self.model_files: ModelFiles = prepare_model(config.model)
         folder = self.model_files.folder
         try:
-            hf_config = AutoConfig.from_pretrained(folder)
-            self.tokenizer = AutoTokenizer.from_pretrained(folder)
+            model_config = ModelConfig.from_folder(folder)
+            self.tokenizer = load_tokenizer(model_config)
         except Exception as error:
             raise ModelLoadError(f"{folder}: cannot read config or tokenizer ({error})") from error
-        context = getattr(hf_config, "max_position_embeddings", 2048)
+        context = model_config.max_position_embeddings
         self.config = replace(config, max_model_len=min(config.max_model_len or context, context))
-        check_size(config.tensor_parallel_size, hf_config)
+        check_size(config.tensor_parallel_size, model_config)
         runner_class = ParallelRunner if config.tensor_parallel_size > 1 else ModelRunner
         try:
-            self.runner = runner_class(self.config, hf_config, folder)
+            self.runner = runner_class(self.config, model_config)
         except KeyError as error:
             raise ModelLoadError(f"{folder}: weights do not match the config ({error})") from error
         self.config = replace(self.config, num_kv_blocks=self.runner.num_blocks)
@@ -55,9 +56,9 @@ class LLMEngine:
             config.enable_prefix_caching,
         )
         self.scheduler = Scheduler(self.config, self.block_manager)
-        self.eos_token_ids = _eos_ids(hf_config, self.tokenizer, folder)
-        self.vocab_size = hf_config.vocab_size
-        self.hf_config = hf_config
+        self.eos_token_ids = _eos_ids(model_config, self.tokenizer)
+        self.vocab_size = model_config.vocab_size
+        self.model_config = model_config
         self.load_seconds = time.perf_counter() - start
 
     # ---- requests ---------------------------------------------------------------
@@ -163,7 +164,8 @@ class LLMEngine:
         if rows:
             # every row is sampled once in a plain decode batch: no copy of the logits then
             every_row = logit_rows == list(range(len(logits)))
-            tokens, logprobs = sample(logits if every_row else logits[logit_rows], rows)
+            tokens, logprobs = sample(logits if every_row else logits[logit_rows], rows,
+                                      self.runner.kernels.max_logsumexp)
             for (group, seq), token, logprob in zip(seqs, tokens, logprobs, strict=True):
                 seq.append_token(token, logprob)
                 self._after_token(group, seq)
@@ -288,15 +290,17 @@ def _visible_text(seq: Sequence, params: SamplingParams) -> str:
     return seq.output_text[: max(len(seq.output_text) - hold, 0)]
 
 
-def _eos_ids(hf_config, tokenizer, folder) -> set[int]:
-    from transformers import GenerationConfig
-
+def _eos_ids(model_config: ModelConfig, tokenizer) -> set[int]:
+    """Every id that ends a reply: the generation config's, the model config's and the
+    tokenizer's end-of-sequence tokens (as transformers' ``generate`` stops on the first)."""
     ids: set[int] = set()
     try:
-        generation = GenerationConfig.from_pretrained(folder)
-        candidates = [generation.eos_token_id, hf_config.eos_token_id, tokenizer.eos_token_id]
-    except OSError:
-        candidates = [hf_config.eos_token_id, tokenizer.eos_token_id]
+        generation = json.loads(
+            (model_config.folder / "generation_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        generation = {}
+    candidates = [generation.get("eos_token_id"), model_config.eos_token_id,
+                  tokenizer.eos_token_id]
     for value in candidates:
         if isinstance(value, int):
             ids.add(value)

@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 
 from pagedchat.engine.config import EngineConfig, parse_bytes
 from pagedchat.engine.errors import ModelLoadError
+from pagedchat.engine.model_config import ModelConfig
 from pagedchat.engine.models.llama import AttentionMetadata, LlamaForCausalLM
 from pagedchat.engine.parallel import TensorParallel
 from pagedchat.engine.profiling import StepTimer
@@ -53,7 +54,7 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
 
 class ModelRunner:
     def __init__(
-        self, config: EngineConfig, hf_config, folder: Path, tp: TensorParallel | None = None
+        self, config: EngineConfig, model_config: ModelConfig, tp: TensorParallel | None = None
     ) -> None:
         self.config = config
         self.tp = tp or TensorParallel()
@@ -68,11 +69,11 @@ class ModelRunner:
         self.max_model_len = config.max_model_len
         # Built on the meta device: no time spent on random weights that are replaced.
         with torch.device("meta"):
-            model = LlamaForCausalLM(hf_config, self.kernels, self.max_model_len, self.tp)
+            model = LlamaForCausalLM(model_config, self.kernels, self.tp)
         model.to_empty(device=self.device)
         with torch.device(self.device):
             model.build_rotary(self.max_model_len)
-        model.load_hf_state_dict(_read_weights(folder))
+        model.load_hf_state_dict(_read_weights(model_config.folder))
         self.model = model.to(self.dtype).eval()
         self.model.rotary.float()
         attn = self.model.layers[0].self_attn

@@ -19,31 +19,32 @@ from typing import Any
 
 import torch
 
+from pagedchat.engine.model_config import ModelConfig
+
 # How long a collective may wait for a peer. Dead workers are caught far sooner (the
 # watchdog in parallel_runner.py); this only bounds a live worker that stopped answering
 # (and a worker's wait for rank 0's store).
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)
 
 
-def valid_sizes(hf_config) -> list[int]:
+def valid_sizes(model_config: ModelConfig) -> list[int]:
     """Every tensor-parallel size that splits the model's heads and MLP evenly."""
-    num_heads = hf_config.num_attention_heads
-    num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or num_heads
-    common = math.gcd(num_heads, num_kv_heads, hf_config.intermediate_size)
+    common = math.gcd(model_config.num_attention_heads, model_config.num_key_value_heads,
+                      model_config.intermediate_size)
     return [k for k in range(1, common + 1) if common % k == 0]
 
 
-def check_size(size: int, hf_config) -> None:
+def check_size(size: int, model_config: ModelConfig) -> None:
     """Refuse a size that does not divide the heads, naming the sizes that do."""
     from pagedchat.engine.errors import RequestError
 
-    sizes = valid_sizes(hf_config)
+    sizes = valid_sizes(model_config)
     if size not in sizes:
-        num_kv_heads = getattr(hf_config, "num_key_value_heads", None)
         raise RequestError(
             f"tensor_parallel_size={size} does not divide this model's "
-            f"{hf_config.num_attention_heads} attention heads, {num_kv_heads} KV heads and "
-            f"{hf_config.intermediate_size} MLP columns evenly; sizes that work: "
+            f"{model_config.num_attention_heads} attention heads, "
+            f"{model_config.num_key_value_heads} KV heads and "
+            f"{model_config.intermediate_size} MLP columns evenly; sizes that work: "
             f"{', '.join(map(str, sizes))}")
 
 

@@ -14,7 +14,6 @@ import signal
 import threading
 import weakref
 from multiprocessing.connection import wait
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -22,6 +21,7 @@ import torch.multiprocessing as mp
 
 from pagedchat.engine.config import EngineConfig
 from pagedchat.engine.errors import ModelLoadError, WorkerError
+from pagedchat.engine.model_config import ModelConfig
 from pagedchat.engine.model_runner import ModelRunner
 from pagedchat.engine.parallel import COLLECTIVE_TIMEOUT, TensorParallel
 from pagedchat.engine.scheduler import SchedulerOutput
@@ -35,7 +35,7 @@ LOAD_TIMEOUT = 600.0
 class ParallelRunner:
     """Same interface as :class:`ModelRunner` (``execute``, ``timer``, ``num_blocks``...)."""
 
-    def __init__(self, config: EngineConfig, hf_config, folder: Path) -> None:
+    def __init__(self, config: EngineConfig, model_config: ModelConfig) -> None:
         size = config.tensor_parallel_size
         # The workers share this machine's cores: one share each, for torch and the kernel.
         self.threads = max(1, (os.cpu_count() or 1) // size)
@@ -48,7 +48,8 @@ class ParallelRunner:
                               timeout=COLLECTIVE_TIMEOUT)
         self.workers = [
             context.Process(target=run_worker, name=f"pagedchat-tp-rank{rank}", daemon=True,
-                            args=(rank, size, store.port, config, folder, self.threads, ready))
+                            args=(rank, size, store.port, config, model_config.folder, self.threads,
+                                  ready))
             for rank in range(1, size)
         ]
         for process in self.workers:
@@ -58,13 +59,14 @@ class ParallelRunner:
         self._finalizer = weakref.finalize(self, self.watchdog.stop_workers)
         try:
             self.tp = TensorParallel(0, size)
-            self.runner = ModelRunner(config, hf_config, folder, self.tp)
+            self.runner = ModelRunner(config, model_config, self.tp)
             self._wait_ready(ready)
             self.tp.connect(store, self.runner.device.type)
         except BaseException:
             self._finalizer()
             raise
         self.timer = self.runner.timer
+        self.kernels = self.runner.kernels
         self.num_blocks = self.runner.num_blocks
         self.num_host_blocks = self.runner.num_host_blocks
         self.watchdog.start()

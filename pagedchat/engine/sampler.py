@@ -7,11 +7,15 @@ the batch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from pagedchat.engine.sampling_params import SamplingParams
+from pagedchat.kernels import reference
+
+RowReduction = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
 @dataclass
@@ -85,14 +89,17 @@ def _outside_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     return ~keep
 
 
-def sample(logits: torch.Tensor, rows: list[SampleRow]) -> tuple[list[int], list[float]]:
-    """Next token and its log-probability (under the model's own distribution) per row."""
+def sample(logits: torch.Tensor, rows: list[SampleRow],
+           max_logsumexp: RowReduction = reference.max_logsumexp,
+           ) -> tuple[list[int], list[float]]:
+    """Next token and its log-probability (under the model's own distribution) per row.
+    ``max_logsumexp`` is the kernel backend's (a compiled single pass on the CPU)."""
     logits = logits.float()
     if any(_penalised(row.params) for row in rows):
         logits = apply_penalties(logits.clone(), rows)
-    # max gives the greedy choice (the first of equal maxima, as argmax) and its logit in
-    # one pass; only the chosen tokens' log-probabilities are needed, not a log-softmax.
-    top, chosen = logits.max(dim=1)
+    # The greedy choice (the first of equal maxima, as argmax), its logit and each row's
+    # normaliser: only the chosen tokens' log-probabilities are needed, not a log-softmax.
+    top, chosen, normaliser = max_logsumexp(logits)
     random = [i for i, row in enumerate(rows) if not row.params.greedy]
     if random:
         index = torch.tensor(random)
@@ -106,7 +113,7 @@ def sample(logits: torch.Tensor, rows: list[SampleRow]) -> tuple[list[int], list
                 noise[j].exponential_(generator=rows[i].generator)
         chosen[index] = (probs / noise).argmax(dim=1)
         top = logits.gather(1, chosen.unsqueeze(1)).squeeze(1)
-    picked = top - logits.logsumexp(dim=1)
+    picked = top - normaliser
     return chosen.tolist(), picked.tolist()
 
 

@@ -20,15 +20,15 @@ def run_worker(rank: int, size: int, store_port: int, config: EngineConfig, fold
     ``ready`` is a queue that gets ``(rank, error)``, error None once the shard is loaded."""
     import torch
     import torch.distributed as dist
-    from transformers import AutoConfig
 
+    from pagedchat.engine.model_config import ModelConfig
     from pagedchat.engine.model_runner import ModelRunner
     from pagedchat.engine.parallel import COLLECTIVE_TIMEOUT, TensorParallel
 
     torch.set_num_threads(threads)
     tp = TensorParallel(rank, size)
     try:
-        runner = ModelRunner(config, AutoConfig.from_pretrained(folder), folder, tp)
+        runner = ModelRunner(config, ModelConfig.from_folder(folder), tp)
     except Exception as error:  # reported by rank 0, naming this rank
         ready.put((rank, f"{type(error).__name__}: {error}"))
         sys.exit(1)

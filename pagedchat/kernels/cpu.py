@@ -1,9 +1,10 @@
 """The CPU backend: a compiled paged-attention kernel for decode and short chunks,
-torch's SDPA for long prefill chunks, the reference for everything else.
+torch's SDPA for long prefill chunks, a compiled pass over the logits for sampling,
+the reference for everything else.
 
-The C kernel (``cpu_attention.c``) is built once per machine with the system C
-compiler into the cache folder and loaded with ctypes (which releases the GIL).
-Without a compiler the backend falls back to the torch reference, with a warning.
+The C kernels (``cpu_attention.c``, ``cpu_sampling.c``) are built once per machine with
+the system C compiler into the cache folder and loaded with ctypes (which releases the
+GIL). Without a compiler the backend falls back to the torch reference, with a warning.
 """
 
 from __future__ import annotations
@@ -28,11 +29,13 @@ from pagedchat.kernels import reference
 from pagedchat.kernels.reference import copy_blocks, gather_kv, swap_blocks, write_slots
 from pagedchat.paths import cache_root
 
-__all__ = ["copy_blocks", "paged_attention", "store_kv", "swap_blocks", "kernel_library"]
+__all__ = ["copy_blocks", "kernel_library", "max_logsumexp", "paged_attention", "store_kv",
+           "swap_blocks"]
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("cpu_attention.c")
+SOURCES = [Path(__file__).with_name(name) for name in ("cpu_attention.c", "cpu_sampling.c")]
+HEADERS = [Path(__file__).with_name("cpu_vector.h")]
 COMPILE_FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp",
                  "-fPIC", "-std=c11"]
 # Chunks longer than this go to SDPA, whose blocked matmuls beat the row-by-row kernel.
@@ -42,36 +45,39 @@ _FUNCTIONS = {torch.float32: "paged_attention_f32", torch.bfloat16: "paged_atten
 
 @functools.cache
 def kernel_library() -> ctypes.CDLL | None:
-    """The compiled kernel, built on first use and cached; None if it cannot be built."""
+    """The compiled kernels, built on first use and cached; None if they cannot be built."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         log.warning("no C compiler found: using the (slower) torch reference attention")
         return None
-    identity = "|".join([SOURCE.read_text(), compiler, *COMPILE_FLAGS, platform.machine(),
-                         _cpu_flags()])
-    target = cache_root() / "kernels" / f"cpu_attention-{_digest(identity)}.so"
+    identity = "|".join([*(path.read_text() for path in SOURCES + HEADERS), compiler,
+                         *COMPILE_FLAGS, platform.machine(), _cpu_flags()])
+    target = cache_root() / "kernels" / f"cpu_kernels-{_digest(identity)}.so"
     if not target.is_file():
         try:
             _build(compiler, target)
         except (OSError, subprocess.CalledProcessError) as error:
-            log.warning("could not build the CPU attention kernel (%s): using torch", error)
+            log.warning("could not build the CPU kernels (%s): using torch", error)
             return None
     library = ctypes.CDLL(str(target))
     for name in _FUNCTIONS.values():
         getattr(library, name).restype = ctypes.c_int
+    library.max_logsumexp_f32.restype = None
     return library
 
 
 def _build(compiler: str, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        obj, lib = Path(tmp) / "kernel.o", Path(tmp) / "kernel.so"
+        objects = [Path(tmp) / f"{source.stem}.o" for source in SOURCES]
+        lib = Path(tmp) / "kernels.so"
         # -ffast-math only when compiling: linking with it would set flush-to-zero for
         # the whole process (crtfastmath), changing torch's own numerics.
-        subprocess.run([compiler, *COMPILE_FLAGS, "-c", str(SOURCE), "-o", str(obj)],
-                       check=True, capture_output=True)
-        subprocess.run([compiler, "-shared", "-fopenmp", str(obj), "-o", str(lib), "-lm"],
-                       check=True, capture_output=True)
+        for source, obj in zip(SOURCES, objects, strict=True):
+            subprocess.run([compiler, *COMPILE_FLAGS, "-c", str(source), "-o", str(obj)],
+                           check=True, capture_output=True)
+        subprocess.run([compiler, "-shared", "-fopenmp", *map(str, objects), "-o", str(lib),
+                        "-lm"], check=True, capture_output=True)
         os.replace(lib, target)
 
 
@@ -211,6 +217,22 @@ def _sdpa(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         out = F.scaled_dot_product_attention(q4, k, v, attn_mask=allowed, scale=scale,
                                              enable_gqa=True)
     return out[0].transpose(0, 1)
+
+
+def max_logsumexp(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Same contract as :func:`pagedchat.kernels.reference.max_logsumexp`, in one read of
+    each row (torch reads the whole matrix three times and allocates a copy of it)."""
+    library = kernel_library()
+    if (library is None or logits.dtype != torch.float32 or logits.device.type != "cpu"
+            or logits.dim() != 2 or logits.stride(1) != 1 or logits.shape[1] == 0):
+        return reference.max_logsumexp(logits)
+    rows, vocab = logits.shape
+    top, lse = torch.empty(rows), torch.empty(rows)
+    index = torch.empty(rows, dtype=torch.int64)
+    library.max_logsumexp_f32(
+        _ptr(logits), ctypes.c_int(rows), ctypes.c_int(vocab), ctypes.c_int64(logits.stride(0)),
+        _ptr(top), _ptr(index), _ptr(lse), ctypes.c_int(torch.get_num_threads()))
+    return top, index, lse
 
 
 def _ptr(tensor: torch.Tensor) -> ctypes.c_void_p:

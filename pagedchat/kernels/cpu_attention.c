@@ -16,6 +16,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "cpu_vector.h"
+
 typedef uint16_t bf16_t;
 
 static inline float bf16_load(const bf16_t *p, int64_t i) {
@@ -54,9 +56,7 @@ static inline void prefetch_rows(const char *first, int count, int64_t token_byt
 #define BF16_LOAD(p, i) bf16_load((p), (i))
 #define BF16_STORE(x) bf16_round(x)
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#define HAVE_AVX512 1
+#if defined(HAVE_AVX512)
 
 static inline __m512 load16_f32(const float *p) { return _mm512_loadu_ps(p); }
 
@@ -127,43 +127,24 @@ static inline void NAME(const float *p, const T *v, int64_t token_stride, int co
 DEFINE_VALUE_TILE(value_tile_f32, float, load16_f32)
 DEFINE_VALUE_TILE(value_tile_bf16, bf16_t, load16_bf16)
 
-/* e^x for 16 lanes: x = n ln2 + r with |r| <= ln2 / 2, a degree-7 polynomial for e^r
- * (Cephes' coefficients, about 1 ulp), then scalef for the 2^n (underflows to 0 cleanly).
- * glibc's scalar expf was a third of the kernel's time. */
-static inline __m512 exp16(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
-    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(y, n);
-}
-
 /* s[0:n] <- softmax(s[0:n]), in place. */
 static inline void softmax_row(float *s, int n) {
     __m512 peak = _mm512_set1_ps(-INFINITY);
     for (int t = 0; t < n; t += 16) {
-        const __mmask16 m = n - t >= 16 ? 0xFFFF : (__mmask16)((1u << (n - t)) - 1u);
+        const __mmask16 m = tail_mask(n - t);
         peak = _mm512_mask_max_ps(peak, m, peak, _mm512_maskz_loadu_ps(m, s + t));
     }
     const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(peak));
     __m512 sum = _mm512_setzero_ps();
     for (int t = 0; t < n; t += 16) {
-        const __mmask16 m = n - t >= 16 ? 0xFFFF : (__mmask16)((1u << (n - t)) - 1u);
+        const __mmask16 m = tail_mask(n - t);
         const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + t), top));
         _mm512_mask_storeu_ps(s + t, m, e);
         sum = _mm512_mask_add_ps(sum, m, sum, e);
     }
     const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
     for (int t = 0; t < n; t += 16) {
-        const __mmask16 m = n - t >= 16 ? 0xFFFF : (__mmask16)((1u << (n - t)) - 1u);
+        const __mmask16 m = tail_mask(n - t);
         _mm512_mask_storeu_ps(s + t, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, s + t), inv));
     }
 }

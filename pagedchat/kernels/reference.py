@@ -110,3 +110,11 @@ def swap_blocks(src: torch.Tensor, dst: torch.Tensor, block_mapping: torch.Tenso
         return
     rows = src.index_select(0, block_mapping[:, 0].long().to(src.device))
     dst.index_copy_(0, block_mapping[:, 1].long().to(dst.device), rows.to(dst.device))
+
+
+def max_logsumexp(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per row of float32 ``[rows, vocab]`` logits: the largest value, the first index
+    holding it (``argmax``), and ``logsumexp``: the greedy token and the normaliser of its
+    log-probability, all sampling needs from a row before any filtering."""
+    top, index = logits.max(dim=1)
+    return top, index, logits.logsumexp(dim=1)

@@ -2,12 +2,13 @@
 
 Importing it requires Triton. On a machine without a GPU it only works under
 ``TRITON_INTERPRET=1`` (set before this module is first imported), which is how the tests
-run it on CPU. ``swap_blocks`` is a plain device <-> host copy: torch does it well.
+run it on CPU. ``swap_blocks`` is a plain device <-> host copy and ``max_logsumexp`` two
+reductions over the logits: torch does both well.
 """
 
 from __future__ import annotations
 
-from pagedchat.kernels.reference import swap_blocks
+from pagedchat.kernels.reference import max_logsumexp, swap_blocks
 from pagedchat.kernels.triton_attention import (
     choose_num_splits,
     paged_attention,
@@ -21,6 +22,7 @@ __all__ = [
     "INTERPRETED",
     "choose_num_splits",
     "copy_blocks",
+    "max_logsumexp",
     "paged_attention",
     "paged_attention_decode",
     "paged_attention_prefill",

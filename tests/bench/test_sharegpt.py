@@ -40,6 +40,26 @@ def test_truncated_file_stops_at_first_incomplete_element(tmp_path, monkeypatch)
     assert [item["id"] for item in got] == ["c0", "c1", "c2", "c3"]
 
 
+def test_spans_read_each_element_again_across_chunks_and_multibyte_text(tmp_path, monkeypatch):
+    """The trace keeps only byte spans: each must hold exactly its element, wherever the
+    1 MB reads cut (here every 7 characters) and whatever the characters' widths."""
+    texts = ["plain", "héllo wörld", "日本語のテキスト", "emoji 🙂🙃 mixed", "tail ✓"]
+    items = [_conv(f"c{i}", ("human", text), ("gpt", text[::-1]))
+             for i, text in enumerate(texts)]
+    path = tmp_path / "trace.json"
+    text = json.dumps(items, ensure_ascii=False, indent=1)
+    path.write_bytes(text.encode("utf-8")[:-3])  # cut inside the last element
+    monkeypatch.setattr(sharegpt, "_CHUNK", 7)
+    found = list(sharegpt.iter_json_spans(path))
+    assert [item["id"] for item, _ in found] == ["c0", "c1", "c2", "c3"]
+    data = path.read_bytes()
+    for item, (start, end) in found:
+        assert json.loads(data[start:end]) == item
+    trace = sharegpt.conversations(path)
+    assert len(trace) == 4
+    assert [c.messages[0]["content"] for c in trace[1:3]] == texts[1:3]
+
+
 def test_complete_file_is_read_to_the_end(tmp_path):
     items = [_conv(f"c{i}", ("human", "hi"), ("gpt", "yo")) for i in range(3)]
     path = _write(tmp_path / "trace.json", items)

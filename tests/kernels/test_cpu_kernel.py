@@ -81,3 +81,31 @@ def test_store_kv_matches_reference_and_skips_padding_rows():
         for _layer in range(2):
             cpu.store_kv(key, value, caches[2], caches[3], mapping)
         assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+
+
+def _compare_reductions(logits: torch.Tensor) -> None:
+    top, index, lse = cpu.max_logsumexp(logits)
+    ref_top, ref_index, ref_lse = ref.max_logsumexp(logits)
+    assert torch.equal(index, ref_index)  # the greedy token: exactly argmax's
+    assert torch.equal(top, ref_top)
+    assert torch.allclose(lse, ref_lse, rtol=1e-6, atol=1e-5)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(1, 9), vocab=st.integers(1, 300), spread=st.floats(0.1, 100.0),
+       seed=st.integers(0, 2**16))
+def test_max_logsumexp_matches_reference(rows, vocab, spread, seed):
+    """Any row count and length (vector tails included)."""
+    gen = torch.Generator().manual_seed(seed)
+    _compare_reductions(torch.randn(rows, vocab, generator=gen) * spread)
+
+
+def test_max_logsumexp_takes_the_first_of_equal_maxima_and_strided_rows():
+    logits = torch.randn(6, 49152, generator=torch.Generator().manual_seed(1))
+    logits[0, [7, 4000, 49151]] = 50.0  # in different vector lanes
+    logits[1, [33, 17]] = 50.0  # same lane: 17 comes first
+    logits[2, 49151] = 60.0  # in the tail
+    logits[3] = 0.25  # a flat row: index 0
+    _compare_reductions(logits)
+    assert cpu.max_logsumexp(logits)[1][:4].tolist() == [7, 17, 49151, 0]
+    _compare_reductions(logits[:, :1000])  # rows 49,152 floats apart

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pagedchat.engine.model_config import ModelConfig
 from pagedchat.engine.parallel import TensorParallel
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin: [tokens, 1, head_dim]
@@ -80,17 +81,16 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 class Attention(nn.Module):
     """Column-parallel QKV over this worker's heads, row-parallel output projection."""
 
-    def __init__(self, config, kernels: ModuleType, tp: TensorParallel) -> None:
+    def __init__(self, config: ModelConfig, kernels: ModuleType, tp: TensorParallel) -> None:
         super().__init__()
         self.tp = tp
-        self.head_dim = (getattr(config, "head_dim", None)
-                         or config.hidden_size // config.num_attention_heads)
+        self.head_dim = config.head_dim
         self.num_heads = config.num_attention_heads // tp.size
         self.num_kv_heads = config.num_key_value_heads // tp.size
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        bias = getattr(config, "attention_bias", False) or config.model_type == "qwen2"
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size,
+                                  bias=config.attention_bias)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
         self.scale = self.head_dim**-0.5
         self.kernels = kernels
@@ -116,7 +116,7 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """Column-parallel gate/up, row-parallel down projection."""
 
-    def __init__(self, config, tp: TensorParallel) -> None:
+    def __init__(self, config: ModelConfig, tp: TensorParallel) -> None:
         super().__init__()
         self.tp = tp
         self.intermediate = config.intermediate_size // tp.size
@@ -125,11 +125,12 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.tp.all_reduce(self.down_proj(F.silu(gate) * up))
+        # the product in place: one [tokens, intermediate] buffer instead of two
+        return self.tp.all_reduce(self.down_proj(F.silu(gate).mul_(up)))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config, kernels: ModuleType, tp: TensorParallel) -> None:
+    def __init__(self, config: ModelConfig, kernels: ModuleType, tp: TensorParallel) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, kernels, tp)
@@ -145,23 +146,27 @@ class LlamaForCausalLM(nn.Module):
     """The embedding and the head hold this worker's rows of the vocabulary."""
 
     def __init__(
-        self, config, kernels: ModuleType, max_positions: int, tp: TensorParallel | None = None
+        self, config: ModelConfig, kernels: ModuleType, tp: TensorParallel | None = None
     ) -> None:
         super().__init__()
         self.config = config
         self.tp = tp = tp or TensorParallel()
         self.vocab_start, self.vocab_end = tp.part(config.vocab_size)
         rows = self.vocab_end - self.vocab_start
-        self.embed_tokens = nn.Embedding(rows, config.hidden_size)
+        # Given its weight, the embedding skips its random init: that init, run on the meta
+        # device, would import torch._dynamo (about 140 MB resident) for nothing.
+        self.embed_tokens = nn.Embedding(rows, config.hidden_size,
+                                         _weight=torch.empty(rows, config.hidden_size))
         self.layers = nn.ModuleList(
             DecoderLayer(config, kernels, tp) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.tied = bool(getattr(config, "tie_word_embeddings", False))
+        self.tied = config.tie_word_embeddings
         self.lm_head = None if self.tied else nn.Linear(config.hidden_size, rows, bias=False)
-        self.build_rotary(max_positions)
+        self.rotary: RotaryEmbedding | None = None  # see build_rotary
 
     def build_rotary(self, max_positions: int) -> None:
-        """(Re)compute the cos/sin tables, e.g. after the model was built on the meta device."""
+        """Compute the cos/sin tables, on the current device. A separate step because the
+        model is built on the meta device, where the tables would be empty."""
         inv_freq, scaling = _rope_parameters(self.config)
         self.rotary = RotaryEmbedding(inv_freq, scaling, max_positions)
 
@@ -228,18 +233,18 @@ class LlamaForCausalLM(nn.Module):
             raise KeyError(f"unexpected weights: {', '.join(sorted(tensors)[:5])}")
 
 
-def _rope_parameters(config) -> tuple[torch.Tensor, float]:
-    """inv_freq and cos/sin scaling for the config's rope type, as transformers computes them."""
+def _rope_parameters(config: ModelConfig) -> tuple[torch.Tensor, float]:
+    """inv_freq and cos/sin scaling for the config's rope type, as transformers computes them.
+    Scaled rope types (llama3, yarn, ...) take transformers' own formulas and config."""
+    if config.rope_type == "default":
+        dim = config.head_dim
+        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+        return inv_freq, 1.0
+    from transformers import AutoConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    params = getattr(config, "rope_parameters", None) or {}
-    rope_type = params.get("rope_type", "default")
-    if rope_type == "default":
-        dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        base = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
-        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
-        return inv_freq, 1.0
-    if rope_type not in ROPE_INIT_FUNCTIONS:
-        raise ValueError(f"unsupported rope type {rope_type!r}")
-    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config)
+    if config.rope_type not in ROPE_INIT_FUNCTIONS:
+        raise ValueError(f"unsupported rope type {config.rope_type!r}")
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS[config.rope_type](
+        AutoConfig.from_pretrained(config.folder))
     return inv_freq, float(scaling)
