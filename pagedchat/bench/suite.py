@@ -26,7 +26,7 @@ class EngineOptions:
     num_kv_blocks: int | None = None
     kv_cache_memory: str | None = None
     max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
+    max_num_batched_tokens: int = EngineConfig.max_num_batched_tokens
     dtype: str = "float32"
     enable_prefix_caching: bool = True
     preemption_mode: str = "recompute"
@@ -109,14 +109,16 @@ def measure(runner, requests: list[Request], warmup: list[int],
 
 
 # transformers' continuous batching was fastest here with at most 64 requests per batch
-# (65.4 output tokens/s on 200 ShareGPT requests, 45.7 with 256)
+# (65.4 output tokens/s on 200 ShareGPT requests, 45.7 with 256), measured with 2048 tokens
+# per batch; it keeps that budget (pagedchat's own is smaller, to hold less activation memory)
 HF_MAX_REQUESTS = (64,)
+HF_MAX_BATCH_TOKENS = 2048
 
 
 def make_peers(names: list[str], engine: LLMEngine, hf_batch_sizes: list[int],
                hf_page_size: int, hf_max_requests: Sequence[int] = HF_MAX_REQUESTS) -> list:
-    """The peers asked for, on the weights the engine loaded, with pagedchat's KV memory and
-    token budget; each static batch size and continuous request limit is a peer of its own."""
+    """The peers asked for, on the weights the engine loaded, with pagedchat's KV memory;
+    each static batch size and continuous request limit is a peer of its own."""
     if not names:
         return []
     model = load_hf_model(engine.model_files.folder, engine.config.dtype)
@@ -129,6 +131,6 @@ def make_peers(names: list[str], engine: LLMEngine, hf_batch_sizes: list[int],
         else:
             cfg = engine.config
             peers += [HFContinuous(model, cfg.num_kv_blocks * cfg.block_size,
-                                   cfg.max_num_batched_tokens, limit, hf_page_size)
+                                   HF_MAX_BATCH_TOKENS, limit, hf_page_size)
                       for limit in hf_max_requests]
     return peers
