@@ -291,8 +291,8 @@ def _visible_text(seq: Sequence, params: SamplingParams) -> str:
 
 
 def _eos_ids(model_config: ModelConfig, tokenizer) -> set[int]:
-    """Every id that ends a reply: the generation config's, the model config's and the
-    tokenizer's end-of-sequence tokens (as transformers' ``generate`` stops on the first)."""
+    """Every id that ends a reply: the end-of-sequence ids of the generation config, of the
+    model config and of the tokenizer."""
     ids: set[int] = set()
     try:
         generation = json.loads(
