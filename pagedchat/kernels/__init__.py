@@ -1,8 +1,8 @@
 """PagedAttention kernels behind one interface.
 
-Every backend exposes ``store_kv``, ``paged_attention``, ``copy_blocks`` and
-``swap_blocks`` with the signatures of :mod:`pagedchat.kernels.reference`, which
-defines what is right:
+Every backend exposes ``store_kv``, ``paged_attention``, ``copy_blocks``, ``swap_blocks``
+and ``max_logsumexp`` (the sampler's per-row reduction) with the signatures of
+:mod:`pagedchat.kernels.reference`, which defines what is right:
 - ``triton``: Triton kernels, picked on CUDA;
 - ``cpu``: a compiled C kernel for decode plus SDPA for long prefill chunks, picked
   on the CPU (it falls back to the reference when no C compiler is found);

@@ -240,5 +240,6 @@ def test_copy_blocks_matches_reference(dtype):
     tb.copy_blocks(k_out, v_out, torch.empty((0, 2), dtype=torch.int64))  # no-op
 
 
-def test_swap_blocks_is_the_reference():
+def test_swap_blocks_and_the_sampler_reduction_are_the_reference():
     assert tb.swap_blocks is ref.swap_blocks
+    assert tb.max_logsumexp is ref.max_logsumexp
