@@ -54,11 +54,6 @@ def dataset_file() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / DATA_FILE
 
 
-def iter_json_array(path: Path) -> Iterator[Any]:
-    """Yield the elements of a top-level JSON array, stopping at the first incomplete one."""
-    return (item for item, _ in iter_json_spans(path))
-
-
 def iter_json_spans(path: Path) -> Iterator[tuple[Any, tuple[int, int]]]:
     """Each element of a top-level JSON array with its byte span in the file (so it can be
     read again alone), stopping at the first incomplete one."""

@@ -3,13 +3,13 @@
 transformers' config classes would read the same file, but importing them imports the
 rope helpers, which import torch._dynamo, sympy and accelerate: about 150 MB resident
 for a few integers. Only a rope type other than the default asks transformers (its own
-formulas for scaled rope, see ``llama.rope_parameters``).
+formulas for scaled rope, see ``models/llama.py``).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +25,12 @@ class ModelConfig:
     num_attention_heads: int
     num_key_value_heads: int
     head_dim: int
+    rope_parameters: dict[str, Any]  # always with rope_type and rope_theta
+    attention_bias: bool
+    tie_word_embeddings: bool = False
+    # transformers' LlamaConfig defaults, for files that leave these out
     rms_norm_eps: float = 1e-6
     max_position_embeddings: int = 2048
-    tie_word_embeddings: bool = False
-    attention_bias: bool = False
-    rope_parameters: dict[str, Any] = field(default_factory=dict)
     eos_token_id: int | list[int] | None = None
 
     @classmethod
@@ -46,6 +47,9 @@ class ModelConfig:
         if missing:
             raise ValueError(f"{path}: missing {', '.join(missing)}")
         heads = raw["num_attention_heads"]
+        optional = {name: raw[name] for name in ("rms_norm_eps", "max_position_embeddings",
+                                                  "tie_word_embeddings", "eos_token_id")
+                    if raw.get(name) is not None}
         return cls(
             folder=Path(folder),
             model_type=raw["model_type"],
@@ -56,22 +60,19 @@ class ModelConfig:
             num_attention_heads=heads,
             num_key_value_heads=raw.get("num_key_value_heads") or heads,
             head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
-            rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
-            max_position_embeddings=raw.get("max_position_embeddings", 2048),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            # Qwen2 has biases on q, k and v without saying so in its config
-            attention_bias=bool(raw.get("attention_bias", False)) or raw["model_type"] == "qwen2",
             rope_parameters=_rope_parameters(raw),
-            eos_token_id=raw.get("eos_token_id"),
+            # Qwen2 has biases on q, k and v without saying so in its config
+            attention_bias=bool(raw.get("attention_bias")) or raw["model_type"] == "qwen2",
+            **optional,
         )
 
     @property
     def rope_type(self) -> str:
-        return self.rope_parameters.get("rope_type", "default")
+        return self.rope_parameters["rope_type"]
 
     @property
     def rope_theta(self) -> float:
-        return float(self.rope_parameters.get("rope_theta", 10000.0))
+        return float(self.rope_parameters["rope_theta"])
 
 
 def _rope_parameters(raw: dict[str, Any]) -> dict[str, Any]:

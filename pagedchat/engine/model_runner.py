@@ -34,6 +34,9 @@ def resolve_device(device: str) -> str:
     return device
 
 
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
+
+
 def keep_freed_memory() -> None:
     """Hand back what loading the weights freed, then have glibc keep freed activation
     buffers for reuse instead of returning them to the OS. By default it maps every buffer
@@ -47,9 +50,6 @@ def keep_freed_memory() -> None:
         libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30)
     except (OSError, AttributeError):
         pass
-
-
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
 
 
 class ModelRunner:

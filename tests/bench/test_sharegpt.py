@@ -36,7 +36,7 @@ def test_truncated_file_stops_at_first_incomplete_element(tmp_path, monkeypatch)
     items = [_conv(f"c{i}", ("human", words(5)), ("gpt", words(6))) for i in range(5)]
     path = _write(tmp_path / "trace.json", items, cut=40)
     monkeypatch.setattr(sharegpt, "_CHUNK", 7)  # elements straddle many chunk boundaries
-    got = list(sharegpt.iter_json_array(path))
+    got = [item for item, _ in sharegpt.iter_json_spans(path)]
     assert [item["id"] for item in got] == ["c0", "c1", "c2", "c3"]
 
 
@@ -63,14 +63,14 @@ def test_spans_read_each_element_again_across_chunks_and_multibyte_text(tmp_path
 def test_complete_file_is_read_to_the_end(tmp_path):
     items = [_conv(f"c{i}", ("human", "hi"), ("gpt", "yo")) for i in range(3)]
     path = _write(tmp_path / "trace.json", items)
-    assert len(list(sharegpt.iter_json_array(path))) == 3
+    assert len(list(sharegpt.iter_json_spans(path))) == 3
 
 
 def test_not_an_array_is_refused(tmp_path):
     path = tmp_path / "bad.json"
     path.write_text('{"id": 1}')
     with pytest.raises(ValueError, match="not a JSON array"):
-        list(sharegpt.iter_json_array(path))
+        list(sharegpt.iter_json_spans(path))
 
 
 def test_conversations_start_with_user_and_alternate(tmp_path):
