@@ -1,7 +1,9 @@
 """PagedAttention kernels behind one interface.
 
-Every backend exposes ``store_kv``, ``paged_attention``, ``copy_blocks``, ``swap_blocks``
-and ``max_logsumexp`` (the sampler's per-row reduction) with the signatures of
+Every backend exposes ``store_kv``, ``paged_attention``, ``copy_blocks``, ``swap_blocks``,
+``max_logsumexp`` (the sampler's per-row reduction) and the layer's small operations
+``rms_norm``, ``rotary_store`` (rotation of queries and keys, then the store) and
+``silu_mul``, with the signatures of
 :mod:`pagedchat.kernels.reference`, which defines what is right:
 - ``triton``: Triton kernels, picked on CUDA;
 - ``cpu``: a compiled C kernel for decode plus SDPA for long prefill chunks, picked

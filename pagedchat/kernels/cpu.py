@@ -1,10 +1,12 @@
 """The CPU backend: a compiled paged-attention kernel for decode and short chunks,
 torch's SDPA for long prefill chunks, a compiled pass over the logits for sampling,
-the reference for everything else.
+compiled float32 RMSNorm, rotary-and-store and SiLU-and-multiply, the reference for
+everything else.
 
-The C kernels (``cpu_attention.c``, ``cpu_sampling.c``) are built once per machine with
-the system C compiler into the cache folder and loaded with ctypes (which releases the
-GIL). Without a compiler the backend falls back to the torch reference, with a warning.
+The C kernels (``cpu_attention.c``, ``cpu_sampling.c``, ``cpu_layer.c``) are built once
+per machine with the system C compiler into the cache folder and loaded with ctypes
+(which releases the GIL). Without a compiler the backend falls back to the torch
+reference, with a warning.
 """
 
 from __future__ import annotations
@@ -29,18 +31,31 @@ from pagedchat.kernels import reference
 from pagedchat.kernels.reference import copy_blocks, gather_kv, swap_blocks, write_slots
 from pagedchat.paths import cache_root
 
-__all__ = ["copy_blocks", "kernel_library", "max_logsumexp", "paged_attention", "store_kv",
-           "swap_blocks"]
+__all__ = ["copy_blocks", "kernel_library", "max_logsumexp", "paged_attention", "rms_norm",
+           "rotary_store", "silu_mul", "store_kv", "swap_blocks"]
 
 log = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).with_name(name) for name in ("cpu_attention.c", "cpu_sampling.c")]
+SOURCES = [Path(__file__).with_name(name)
+           for name in ("cpu_attention.c", "cpu_sampling.c", "cpu_layer.c")]
 HEADERS = [Path(__file__).with_name("cpu_vector.h")]
 COMPILE_FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp",
                  "-fPIC", "-std=c11"]
 # Chunks longer than this go to SDPA, whose blocked matmuls beat the row-by-row kernel.
 SDPA_MIN_QUERY_LEN = 24
 _FUNCTIONS = {torch.float32: "paged_attention_f32", torch.bfloat16: "paged_attention_bf16"}
+_P, _INT, _INT64, _FLOAT = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
+# Declared once, so calls pass plain ints (tensor.data_ptr(), sizes) with no conversions
+# written out: at one decoding sequence each call's Python time counts.
+_ATTENTION = (_INT, [_P] * 9 + [_INT] * 6 + [_FLOAT, _INT])
+_SIGNATURES = {
+    "paged_attention_f32": _ATTENTION,
+    "paged_attention_bf16": _ATTENTION,
+    "max_logsumexp_f32": (None, [_P, _INT, _INT, _INT64, _P, _P, _P, _INT]),
+    "rms_norm_f32": (None, [_P] * 5 + [_INT, _INT, _FLOAT, _INT]),
+    "rotary_store_f32": (None, [_P, _INT64] + [_P] * 6 + [_INT] * 5),
+    "silu_mul_f32": (None, [_P, _P, _INT, _INT, _INT]),
+}
 
 
 @functools.cache
@@ -60,9 +75,9 @@ def kernel_library() -> ctypes.CDLL | None:
             log.warning("could not build the CPU kernels (%s): using torch", error)
             return None
     library = ctypes.CDLL(str(target))
-    for name in _FUNCTIONS.values():
-        getattr(library, name).restype = ctypes.c_int
-    library.max_logsumexp_f32.restype = None
+    for name, (restype, argtypes) in _SIGNATURES.items():
+        function = getattr(library, name)
+        function.restype, function.argtypes = restype, argtypes
     return library
 
 
@@ -115,12 +130,11 @@ def paged_attention(
     plan = _plan(block_tables, context_lens, query_start_loc)
     if len(plan.rows):
         status = getattr(library, _FUNCTIONS[query.dtype])(
-            _ptr(query), _ptr(k_cache), _ptr(v_cache), _ptr(out), _ptr(plan.tables),
-            _ptr(plan.context_lens), _ptr(plan.query_start_loc), _ptr(plan.rows),
-            _ptr(plan.row_seqs), ctypes.c_int(len(plan.rows)), ctypes.c_int(plan.tables.shape[1]),
-            ctypes.c_int(query.shape[1]), ctypes.c_int(k_cache.shape[2]),
-            ctypes.c_int(query.shape[2]), ctypes.c_int(k_cache.shape[1]),
-            ctypes.c_float(scale), ctypes.c_int(torch.get_num_threads()))
+            query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
+            plan.tables.data_ptr(), plan.context_lens.data_ptr(),
+            plan.query_start_loc.data_ptr(), plan.rows.data_ptr(), plan.row_seqs.data_ptr(),
+            len(plan.rows), plan.tables.shape[1], query.shape[1], k_cache.shape[2],
+            query.shape[2], k_cache.shape[1], scale, torch.get_num_threads())
         if status != 0:
             raise MemoryError("paged attention: out of memory for the score buffer")
     for seq, begin, end, context_len in plan.long_chunks:
@@ -230,10 +244,69 @@ def max_logsumexp(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tor
     top, lse = torch.empty(rows), torch.empty(rows)
     index = torch.empty(rows, dtype=torch.int64)
     library.max_logsumexp_f32(
-        _ptr(logits), ctypes.c_int(rows), ctypes.c_int(vocab), ctypes.c_int64(logits.stride(0)),
-        _ptr(top), _ptr(index), _ptr(lse), ctypes.c_int(torch.get_num_threads()))
+        logits.data_ptr(), rows, vocab, logits.stride(0), top.data_ptr(), index.data_ptr(),
+        lse.data_ptr(), torch.get_num_threads())
     return top, index, lse
 
 
-def _ptr(tensor: torch.Tensor) -> ctypes.c_void_p:
-    return ctypes.c_void_p(tensor.data_ptr())
+def _float32_library(*tensors: torch.Tensor) -> ctypes.CDLL | None:
+    """The library when the C float32 kernels apply to these tensors, else None."""
+    library = kernel_library()
+    for tensor in tensors:
+        if tensor.dtype != torch.float32 or tensor.device.type != "cpu":
+            return None
+    return library
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same contract as :func:`pagedchat.kernels.reference.rms_norm`: the residual add
+    and the norm in one pass over each row."""
+    library = _float32_library(x, weight) if residual is None else _float32_library(
+        x, weight, residual)
+    if library is None or x.dim() != 2 or not weight.is_contiguous():
+        return reference.rms_norm(x, weight, eps, residual)
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    if residual is None:
+        total, residual_ptr, total_ptr = x, None, None
+    else:
+        residual = residual.contiguous()
+        total = torch.empty_like(x)
+        residual_ptr, total_ptr = residual.data_ptr(), total.data_ptr()
+    library.rms_norm_f32(x.data_ptr(), residual_ptr, weight.data_ptr(), out.data_ptr(),
+                         total_ptr, x.shape[0], x.shape[1], eps, torch.get_num_threads())
+    return out, total
+
+
+def rotary_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int,
+                 k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 slot_mapping: torch.Tensor) -> torch.Tensor:
+    """Same contract as :func:`pagedchat.kernels.reference.rotary_store`, one pass over
+    each token: keys and values go straight to their slots."""
+    library = _float32_library(qkv, cos, sin, k_cache, v_cache)
+    if (library is None or qkv.stride(1) != 1 or not k_cache.is_contiguous()
+            or not v_cache.is_contiguous()):
+        return reference.rotary_store(qkv, cos, sin, num_heads, k_cache, v_cache, slot_mapping)
+    tokens, (kv_heads, head_dim) = qkv.shape[0], k_cache.shape[2:]
+    cos, sin = cos.contiguous(), sin.contiguous()
+    slots = slot_mapping.to(torch.int64).contiguous()
+    q = torch.empty(tokens, num_heads, head_dim)
+    library.rotary_store_f32(
+        qkv.data_ptr(), qkv.stride(0), cos.data_ptr(), sin.data_ptr(), slots.data_ptr(),
+        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tokens, num_heads, kv_heads,
+        head_dim, torch.get_num_threads())
+    return q
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """Same contract as :func:`pagedchat.kernels.reference.silu_mul`, one pass."""
+    library = _float32_library(gate_up)
+    if library is None or gate_up.dim() != 2:
+        return reference.silu_mul(gate_up)
+    gate_up = gate_up.contiguous()
+    rows, width = gate_up.shape[0], gate_up.shape[1] // 2
+    out = torch.empty(rows, width)
+    library.silu_mul_f32(gate_up.data_ptr(), out.data_ptr(), rows, width,
+                         torch.get_num_threads())
+    return out

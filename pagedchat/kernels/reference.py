@@ -1,4 +1,6 @@
-"""PagedAttention in plain PyTorch: the CPU path and the definition of what is right.
+"""PagedAttention in plain PyTorch, and the small operations of a decoder layer around it
+(RMSNorm, rotary embedding, SiLU-and-multiply) as transformers computes them: the
+definition of what is right for every backend.
 
 KV cache layout (shared by every kernel), per layer:
     k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]
@@ -9,6 +11,7 @@ A token's slot is ``block_id * block_size + offset``. Block tables are int32
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 def store_kv(
@@ -118,3 +121,54 @@ def max_logsumexp(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tor
     log-probability, all sampling needs from a row before any filtering."""
     top, index = logits.max(dim=1)
     return top, index, logits.logsumexp(dim=1)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm as transformers computes it (in float32, cast back before the weight).
+    With ``residual``, ``x + residual`` is normalised instead. Returns the normalised rows
+    and the rows normalised (the residual stream for the next addition)."""
+    if residual is not None:
+        x = x + residual
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype), x
+
+
+def rotary_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int,
+                 k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 slot_mapping: torch.Tensor) -> torch.Tensor:
+    """The step before attention: rotate the queries and keys of the fused QKV rows
+    ``[tokens, (num_heads + 2 kv_heads) head_dim]``, store the rotated keys and the values
+    in their slots (as :func:`store_kv`), and return the rotated queries
+    ``[tokens, num_heads, head_dim]``."""
+    q, k, v = split_rotary(qkv, cos, sin, num_heads, k_cache.shape[2])
+    store_kv(k, v, k_cache, v_cache, slot_mapping)
+    return q
+
+
+def split_rotary(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int,
+                 num_kv_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Queries and keys rotated (in one call: they sit side by side), values as they are,
+    each ``[tokens, heads, head_dim]``."""
+    head_dim = cos.shape[-1]
+    qk_size = (num_heads + num_kv_heads) * head_dim
+    qk = rotary(qkv[:, :qk_size].view(-1, num_heads + num_kv_heads, head_dim), cos, sin)
+    q, k = qk.split([num_heads, num_kv_heads], dim=1)
+    return q, k, qkv[:, qk_size:].view(-1, num_kv_heads, head_dim)
+
+
+def rotary(qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding (rotate-half convention) of ``qk`` ``[tokens, heads, head_dim]``
+    with each token's ``cos``/``sin`` rows ``[tokens, head_dim]``; a new tensor."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    half = qk.shape[-1] // 2
+    rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
+    return qk * cos + rotated * sin
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` for rows ``[gate | up]`` of the fused gate/up projection."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    # the product in place: one [tokens, width] buffer instead of two
+    return F.silu(gate).mul_(up)

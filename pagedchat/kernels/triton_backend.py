@@ -2,13 +2,23 @@
 
 Importing it requires Triton. On a machine without a GPU it only works under
 ``TRITON_INTERPRET=1`` (set before this module is first imported), which is how the tests
-run it on CPU. ``swap_blocks`` is a plain device <-> host copy and ``max_logsumexp`` two
-reductions over the logits: torch does both well.
+run it on CPU. ``swap_blocks`` is a plain device <-> host copy, ``max_logsumexp`` two
+reductions over the logits, and ``rms_norm``, ``silu_mul`` and the rotation in
+``rotary_store`` elementwise work that torch launches as a few kernels each: those come
+from the reference.
 """
 
 from __future__ import annotations
 
-from pagedchat.kernels.reference import max_logsumexp, swap_blocks
+import torch
+
+from pagedchat.kernels.reference import (
+    max_logsumexp,
+    rms_norm,
+    silu_mul,
+    split_rotary,
+    swap_blocks,
+)
 from pagedchat.kernels.triton_attention import (
     choose_num_splits,
     paged_attention,
@@ -26,6 +36,18 @@ __all__ = [
     "paged_attention",
     "paged_attention_decode",
     "paged_attention_prefill",
+    "rms_norm",
+    "rotary_store",
+    "silu_mul",
     "store_kv",
     "swap_blocks",
 ]
+
+
+def rotary_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int,
+                 k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 slot_mapping: torch.Tensor) -> torch.Tensor:
+    """The reference's rotation, then this backend's store."""
+    q, k, v = split_rotary(qkv, cos, sin, num_heads, k_cache.shape[2])
+    store_kv(k, v, k_cache, v_cache, slot_mapping)
+    return q

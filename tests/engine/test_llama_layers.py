@@ -1,12 +1,18 @@
-"""Layers of our Llama against transformers' own, bit for bit."""
+"""Layers of our Llama against transformers' own: the reference kernels bit for bit."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from transformers.models.llama.modeling_llama import LlamaRMSNorm
+from transformers.models.llama.modeling_llama import (
+    LlamaRMSNorm,
+    LlamaRotaryEmbedding,
+    apply_rotary_pos_emb,
+)
 
-from pagedchat.engine.models.llama import RMSNorm
+from pagedchat.engine.model_config import ModelConfig
+from pagedchat.engine.models.llama import LlamaForCausalLM
+from pagedchat.kernels import reference
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -14,13 +20,45 @@ from pagedchat.engine.models.llama import RMSNorm
 @pytest.mark.parametrize("rows", [1, 7, 300])
 def test_rms_norm_is_bit_identical_to_transformers(dtype, hidden, rows):
     generator = torch.Generator().manual_seed(hidden + rows)
-    ours, theirs = RMSNorm(hidden, 1e-5), LlamaRMSNorm(hidden, eps=1e-5)
+    theirs = LlamaRMSNorm(hidden, eps=1e-5)
     weight = torch.randn(hidden, generator=generator)
     with torch.no_grad():
-        ours.weight.copy_(weight)
         theirs.weight.copy_(weight)
-    ours, theirs = ours.to(dtype), theirs.to(dtype)
+    theirs, weight = theirs.to(dtype), weight.to(dtype)
     for scale in (1e-3, 1.0, 40.0):
         x = (torch.randn(rows, hidden, generator=generator) * scale).to(dtype)
+        residual = (torch.randn(rows, hidden, generator=generator) * scale).to(dtype)
         with torch.no_grad():
-            assert torch.equal(ours(x), theirs(x))
+            out, total = reference.rms_norm(x, weight, 1e-5)
+            assert torch.equal(out, theirs(x)) and total is x
+            # the residual add folded in: transformers adds, then normalises
+            out, total = reference.rms_norm(x, weight, 1e-5, residual)
+            assert torch.equal(total, residual + x)
+            assert torch.equal(out, theirs(residual + x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_is_bit_identical_to_transformers(tiny_model_dir, dtype):
+    config = ModelConfig.from_folder(tiny_model_dir)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config, reference)
+    model.build_rotary(64)
+    theirs = LlamaRotaryEmbedding(config=_hf_config(tiny_model_dir))
+    positions = torch.tensor([0, 5, 17, 63, 2])
+    heads, dim = 3, config.head_dim
+    generator = torch.Generator().manual_seed(1)
+    q = torch.randn(len(positions), heads, dim, generator=generator).to(dtype)
+    k = torch.randn(len(positions), heads, dim, generator=generator).to(dtype)
+    cos, sin = model.rotary.lookup(positions, dtype)
+    their_cos, their_sin = theirs(q, positions.unsqueeze(0))
+    # transformers rotates [batch, heads, tokens, dim]; ours is [tokens, heads, dim]
+    their_q, their_k = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                            their_cos.to(dtype), their_sin.to(dtype))
+    assert torch.equal(reference.rotary(q, cos, sin), their_q[0].transpose(0, 1))
+    assert torch.equal(reference.rotary(k, cos, sin), their_k[0].transpose(0, 1))
+
+
+def _hf_config(folder):
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(folder)

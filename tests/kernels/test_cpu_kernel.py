@@ -109,3 +109,71 @@ def test_max_logsumexp_takes_the_first_of_equal_maxima_and_strided_rows():
     _compare_reductions(logits)
     assert cpu.max_logsumexp(logits)[1][:4].tolist() == [7, 17, 49151, 0]
     _compare_reductions(logits[:, :1000])  # rows 49,152 floats apart
+
+
+def _close(out: torch.Tensor, expected: torch.Tensor) -> bool:
+    """Float32 kernels summing in another order than torch: a few ulps apart."""
+    return torch.allclose(out, expected, rtol=1e-5, atol=1e-6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.sampled_from([1, 2, 7, 64, 300]), dim=st.sampled_from([8, 64, 100, 576, 2048]),
+       scale=st.floats(1e-3, 50.0), with_residual=st.booleans(), seed=st.integers(0, 2**16))
+def test_rms_norm_matches_reference(rows, dim, scale, with_residual, seed):
+    """Any width (vector tails), one row to enough rows for threads, with and without the
+    residual add."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, dim, generator=gen) * scale
+    weight = torch.randn(dim, generator=gen)
+    residual = torch.randn(rows, dim, generator=gen) * scale if with_residual else None
+    out, total = cpu.rms_norm(x, weight, 1e-6, residual)
+    ref_out, ref_total = ref.rms_norm(x, weight, 1e-6, residual)
+    assert _close(out, ref_out)
+    assert torch.equal(total, ref_total)  # an addition: exact
+
+
+@settings(max_examples=30, deadline=None)
+@given(tokens=st.sampled_from([1, 3, 40, 700]), kv_heads=st.integers(1, 4),
+       group=st.sampled_from([1, 3]), head_dim=st.sampled_from([16, 64, 80, 128]),
+       skipped=st.booleans(), seed=st.integers(0, 2**16))
+def test_rotary_store_matches_reference(tokens, kv_heads, group, head_dim, skipped, seed):
+    """Queries returned, keys and values in their slots (a -1 slot left alone), from fused
+    QKV rows of any width; enough tokens for threads."""
+    gen = torch.Generator().manual_seed(seed)
+    heads = kv_heads * group
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=gen)
+    angles = torch.rand(tokens, head_dim // 2, generator=gen) * 100
+    cos, sin = torch.cat([angles.cos()] * 2, dim=1), torch.cat([angles.sin()] * 2, dim=1)
+    slots = torch.randperm(tokens + 5, generator=gen)[:tokens]
+    if skipped:
+        slots[::2] = -1
+    caches = [torch.zeros(tokens + 5, 1, kv_heads, head_dim) for _ in range(4)]
+    q = cpu.rotary_store(qkv, cos, sin, heads, caches[0], caches[1], slots)
+    ref_q = ref.rotary_store(qkv, cos, sin, heads, caches[2], caches[3], slots)
+    assert q.shape == (tokens, heads, head_dim) and _close(q, ref_q)
+    assert _close(caches[0], caches[2])
+    assert torch.equal(caches[1], caches[3])  # values: copied
+
+
+@settings(max_examples=30, deadline=None)
+@given(rows=st.sampled_from([1, 5, 64, 300]), width=st.sampled_from([8, 100, 1536]),
+       scale=st.floats(0.1, 60.0), seed=st.integers(0, 2**16))
+def test_silu_mul_matches_reference(rows, width, scale, seed):
+    """Large gates both ways: silu(-60) underflows to -0, silu(60) is the gate itself."""
+    gen = torch.Generator().manual_seed(seed)
+    gate_up = torch.randn(rows, 2 * width, generator=gen) * scale
+    assert _close(cpu.silu_mul(gate_up), ref.silu_mul(gate_up))
+
+
+def test_layer_kernels_leave_other_dtypes_to_the_reference():
+    """bfloat16 rows (and anything the C code does not take) get the reference's bits."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 64, generator=gen).bfloat16()
+    weight = torch.randn(64, generator=gen).bfloat16()
+    assert torch.equal(cpu.rms_norm(x, weight, 1e-5, x)[0], ref.rms_norm(x, weight, 1e-5, x)[0])
+    assert torch.equal(cpu.silu_mul(x), ref.silu_mul(x))
+    cos = torch.randn(4, 16, generator=gen).bfloat16()
+    caches = [torch.zeros(8, 1, 1, 16, dtype=torch.bfloat16) for _ in range(4)]
+    q = cpu.rotary_store(x[:, :48], cos, cos, 1, caches[0], caches[1], torch.arange(4))
+    ref_q = ref.rotary_store(x[:, :48], cos, cos, 1, caches[2], caches[3], torch.arange(4))
+    assert torch.equal(q, ref_q) and torch.equal(caches[0], caches[2])

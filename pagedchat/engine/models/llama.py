@@ -2,7 +2,10 @@
 
 Attention reads and writes K/V only through :mod:`pagedchat.kernels`; the batch's
 attention metadata (slot mapping, block tables, context lengths) is passed in, so
-one forward serves prefill chunks and decodes of many sequences at once.
+one forward serves prefill chunks and decodes of many sequences at once. The small
+operations between the matrix products (RMSNorm with the residual add before it, rotary
+embedding with the K/V store, SiLU-and-multiply) come from the kernels too: the
+reference computes them as transformers does, the CPU backend in one compiled pass each.
 
 Under tensor parallelism (:mod:`pagedchat.engine.parallel`) each worker builds the same
 model with its share of the heads, MLP columns and vocabulary; with one worker the
@@ -21,7 +24,7 @@ from torch import nn
 from pagedchat.engine.model_config import ModelConfig
 from pagedchat.engine.parallel import TensorParallel
 
-Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin: [tokens, 1, head_dim]
+Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin: [tokens, head_dim]
 
 
 @dataclass
@@ -37,16 +40,18 @@ class AttentionMetadata:
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float) -> None:
+    def __init__(self, size: int, eps: float, kernels: ModuleType) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
+        self.kernels = kernels
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The normalised rows of ``x`` (of ``x + residual`` when given) and the rows
+        normalised: the residual stream the layer adds to next."""
+        return self.kernels.rms_norm(x, self.weight, self.eps, residual)
 
 
 class RotaryEmbedding(nn.Module):
@@ -61,21 +66,9 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", emb.sin() * scaling, persistent=False)
 
     def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> Rope:
-        """cos and sin for these positions, shaped to broadcast over heads; looked up once
-        per step and shared by every layer."""
-        cos, sin = self.cos[positions].to(dtype), self.sin[positions].to(dtype)
-        return cos.unsqueeze(1), sin.unsqueeze(1)
-
-
-def apply_rotary(x: torch.Tensor, rope: Rope) -> torch.Tensor:
-    """``x`` is ``[tokens, heads, head_dim]``: queries and keys go through together."""
-    cos, sin = rope
-    return x * cos + _rotate_half(x) * sin
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        """cos and sin rows for these positions; looked up once per step and shared by
+        every layer."""
+        return self.cos[positions].to(dtype), self.sin[positions].to(dtype)
 
 
 class Attention(nn.Module):
@@ -98,14 +91,8 @@ class Attention(nn.Module):
         self.v_cache = torch.empty(0)
 
     def forward(self, x: torch.Tensor, rope: Rope, meta: AttentionMetadata) -> torch.Tensor:
-        qkv = self.qkv_proj(x)
-        qk_size = self.q_size + self.kv_size
-        # queries and keys sit side by side in the fused output: rotate them in one go
-        qk = apply_rotary(qkv[:, :qk_size].view(-1, self.num_heads + self.num_kv_heads,
-                                                 self.head_dim), rope)
-        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
-        v = qkv[:, qk_size:].view(-1, self.num_kv_heads, self.head_dim)
-        self.kernels.store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
+        q = self.kernels.rotary_store(self.qkv_proj(x), *rope, self.num_heads, self.k_cache,
+                                      self.v_cache, meta.slot_mapping)
         out = self.kernels.paged_attention(
             q, self.k_cache, self.v_cache, meta.block_tables, meta.context_lens,
             meta.query_start_loc, self.scale,
@@ -116,30 +103,35 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """Column-parallel gate/up, row-parallel down projection."""
 
-    def __init__(self, config: ModelConfig, tp: TensorParallel) -> None:
+    def __init__(self, config: ModelConfig, kernels: ModuleType, tp: TensorParallel) -> None:
         super().__init__()
         self.tp = tp
+        self.kernels = kernels
         self.intermediate = config.intermediate_size // tp.size
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * self.intermediate, bias=False)
         self.down_proj = nn.Linear(self.intermediate, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        # the product in place: one [tokens, intermediate] buffer instead of two
-        return self.tp.all_reduce(self.down_proj(F.silu(gate).mul_(up)))
+        return self.tp.all_reduce(self.down_proj(self.kernels.silu_mul(self.gate_up_proj(x))))
 
 
 class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, kernels: ModuleType, tp: TensorParallel) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, kernels)
         self.self_attn = Attention(config, kernels, tp)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config, tp)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, kernels)
+        self.mlp = MLP(config, kernels, tp)
 
-    def forward(self, x: torch.Tensor, rope: Rope, meta: AttentionMetadata) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None, rope: Rope, meta: AttentionMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """transformers' ``residual + attn(norm(residual))`` then the same for the MLP, with
+        each residual add folded into the norm after it: the layer takes and returns its
+        sublayer output and the residual stream still to be added (none before layer 0)."""
+        h, residual = self.input_layernorm(x, residual)
+        h, residual = self.post_attention_layernorm(self.self_attn(h, rope, meta), residual)
+        return self.mlp(h), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -159,7 +151,7 @@ class LlamaForCausalLM(nn.Module):
                                          _weight=torch.empty(rows, config.hidden_size))
         self.layers = nn.ModuleList(
             DecoderLayer(config, kernels, tp) for _ in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, kernels)
         self.tied = config.tie_word_embeddings
         self.lm_head = None if self.tied else nn.Linear(config.hidden_size, rows, bias=False)
         self.rotary: RotaryEmbedding | None = None  # see build_rotary
@@ -175,9 +167,10 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         x = self.embed(input_ids)
         rope = self.rotary.lookup(positions, x.dtype)
+        residual = None
         for layer in self.layers:
-            x = layer(x, rope, meta)
-        return x
+            x, residual = layer(x, residual, rope, meta)
+        return x + residual
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Vocabulary-parallel lookup: ids outside this worker's rows give zeros, and the
@@ -192,7 +185,7 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """Logits in float32 for the rows that are sampled (and only those); under tensor
         parallelism the vocabulary blocks are gathered on rank 0 (None elsewhere)."""
-        hidden = self.norm(hidden)
+        hidden, _ = self.norm(hidden)
         weight = self.embed_tokens.weight if self.tied else self.lm_head.weight
         return self.tp.gather_columns(F.linear(hidden, weight).float(), self.config.vocab_size)
 
