@@ -1,13 +1,14 @@
 """PagedAttention kernels behind one interface.
 
 Every backend exposes ``store_kv``, ``paged_attention``, ``copy_blocks``, ``swap_blocks``,
-``max_logsumexp`` (the sampler's per-row reduction) and the layer's small operations
-``rms_norm``, ``rotary_store`` (rotation of queries and keys, then the store) and
-``silu_mul``, with the signatures of
-:mod:`pagedchat.kernels.reference`, which defines what is right:
+``max_logsumexp`` (the sampler's per-row reduction), ``linear`` and the layer's small
+operations ``rms_norm``, ``rotary_store`` (rotation of queries and keys, then the store)
+and ``silu_mul``, with the signatures of :mod:`pagedchat.kernels.reference`, which
+defines what is right:
 - ``triton``: Triton kernels, picked on CUDA;
-- ``cpu``: a compiled C kernel for decode plus SDPA for long prefill chunks, picked
-  on the CPU (it falls back to the reference when no C compiler is found);
+- ``cpu``: compiled C kernels (attention for decode and short chunks, SDPA for long
+  ones; the layer's small operations; products of a few rows), picked on the CPU (it
+  falls back to the reference when no C compiler is found);
 - ``torch``: the reference itself.
 """
 

@@ -172,3 +172,9 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     gate, up = gate_up.chunk(2, dim=-1)
     # the product in place: one [tokens, width] buffer instead of two
     return F.silu(gate).mul_(up)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor,
+           bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ weight.T (+ bias)``: a linear layer's product, ``[rows, in] -> [rows, out]``."""
+    return F.linear(x, weight, bias)

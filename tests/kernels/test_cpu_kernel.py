@@ -177,3 +177,24 @@ def test_layer_kernels_leave_other_dtypes_to_the_reference():
     q = cpu.rotary_store(x[:, :48], cos, cos, 1, caches[0], caches[1], torch.arange(4))
     ref_q = ref.rotary_store(x[:, :48], cos, cos, 1, caches[2], caches[3], torch.arange(4))
     assert torch.equal(q, ref_q) and torch.equal(caches[0], caches[2])
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, cpu.LINEAR_ROWS.stop + 2), k_dim=st.sampled_from([8, 100, 576]),
+       n_dim=st.sampled_from([1, 7, 64, 961]), with_bias=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_linear_matches_reference(rows, k_dim, n_dim, with_bias, seed):
+    """Any row count (eight-row passes and their remainder), widths with vector tails, an
+    odd number of outputs (the last paired with itself)."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k_dim, generator=gen)
+    weight = torch.randn(n_dim, k_dim, generator=gen)
+    bias = torch.randn(n_dim, generator=gen) if with_bias else None
+    expected = ref.linear(x, weight, bias)
+    assert torch.allclose(cpu.linear(x, weight, bias), expected, rtol=1e-5, atol=1e-4)
+    # the C product itself at every row count, inside the dispatched range or not
+    out = torch.empty(rows, n_dim)
+    cpu.kernel_library().linear_f32(
+        x.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(),
+        out.data_ptr(), rows, k_dim, n_dim, 2)
+    assert torch.allclose(out, expected, rtol=1e-5, atol=1e-4)

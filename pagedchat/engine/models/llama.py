@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from types import ModuleType
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from pagedchat.engine.model_config import ModelConfig
@@ -37,6 +36,18 @@ class AttentionMetadata:
     query_start_loc: torch.Tensor  # [num_seqs + 1] int32
     max_query_len: int
     max_context_len: int
+
+
+class Linear(nn.Linear):
+    """``nn.Linear``'s parameters, the kernels' product (a few rows in C on the CPU)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool,
+                 kernels: ModuleType) -> None:
+        super().__init__(in_features, out_features, bias=bias)
+        self.kernels = kernels
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.kernels.linear(x, self.weight, self.bias)
 
 
 class RMSNorm(nn.Module):
@@ -82,9 +93,9 @@ class Attention(nn.Module):
         self.num_kv_heads = config.num_key_value_heads // tp.size
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size,
-                                  bias=config.attention_bias)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size,
+                               config.attention_bias, kernels)
+        self.o_proj = Linear(self.q_size, config.hidden_size, False, kernels)
         self.scale = self.head_dim**-0.5
         self.kernels = kernels
         self.k_cache = torch.empty(0)
@@ -108,8 +119,8 @@ class MLP(nn.Module):
         self.tp = tp
         self.kernels = kernels
         self.intermediate = config.intermediate_size // tp.size
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * self.intermediate, bias=False)
-        self.down_proj = nn.Linear(self.intermediate, config.hidden_size, bias=False)
+        self.gate_up_proj = Linear(config.hidden_size, 2 * self.intermediate, False, kernels)
+        self.down_proj = Linear(self.intermediate, config.hidden_size, False, kernels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.tp.all_reduce(self.down_proj(self.kernels.silu_mul(self.gate_up_proj(x))))
@@ -153,7 +164,8 @@ class LlamaForCausalLM(nn.Module):
             DecoderLayer(config, kernels, tp) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, kernels)
         self.tied = config.tie_word_embeddings
-        self.lm_head = None if self.tied else nn.Linear(config.hidden_size, rows, bias=False)
+        self.lm_head = None if self.tied else Linear(config.hidden_size, rows, False, kernels)
+        self.kernels = kernels
         self.rotary: RotaryEmbedding | None = None  # see build_rotary
 
     def build_rotary(self, max_positions: int) -> None:
@@ -187,7 +199,8 @@ class LlamaForCausalLM(nn.Module):
         parallelism the vocabulary blocks are gathered on rank 0 (None elsewhere)."""
         hidden, _ = self.norm(hidden)
         weight = self.embed_tokens.weight if self.tied else self.lm_head.weight
-        return self.tp.gather_columns(F.linear(hidden, weight).float(), self.config.vocab_size)
+        logits = self.kernels.linear(hidden, weight).float()
+        return self.tp.gather_columns(logits, self.config.vocab_size)
 
     @torch.no_grad()
     def load_hf_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
