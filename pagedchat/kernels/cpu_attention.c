@@ -4,7 +4,9 @@
  * enough rows to keep every thread busy (so each token's K/V row is read once,
  * contiguously), one when there are few rows (a lone long decode). Scores for the
  * row's whole context go to a scratch buffer, then softmax, then the weighted sum
- * of V: K and V are each read once. It runs on num_threads threads, torch's own
+ * of V: K and V are each read once. Both passes go 16 tokens at a time through row
+ * pointers looked up in the block table, so a tile may span blocks and the block size
+ * (1, 8, 16...) does not change the arithmetic's shape or speed. It runs on num_threads threads, torch's own
  * intra-op count, so one setting governs both (tensor-parallel workers each take
  * their share of the cores).
  * Layout (DESIGN.md): caches [num_blocks, block_size, num_kv_heads, head_dim].
@@ -32,24 +34,29 @@ static inline bf16_t bf16_round(float f) {
     return (bf16_t)((v.u + 0x7FFFu + ((v.u >> 16) & 1u)) >> 16);
 }
 
-/* Ask for the item's rows of the block that comes next while this one is computed: the
- * blocks of a sequence are scattered, so the hardware prefetcher cannot see them coming,
- * and without this a thread waits on memory for every block. */
-static inline void prefetch_rows(const char *first, int count, int64_t token_bytes,
-                                 int row_bytes) {
-    for (int t = 0; t < count; t++)
-        for (int b = 0; b < row_bytes; b += 64)
-            __builtin_prefetch(first + t * token_bytes + b, 0, 1);
+#define TILE 16
+
+/* Where tokens [start, start + 16) of a sequence (fewer at its end) keep their rows,
+ * found through the block table; cache points at this item's first KV head of slot 0.
+ * Returns the count. */
+static inline int tile_rows(const char *cache, int64_t token_bytes, const int32_t *table,
+                            int block_size, int start, int n, const char *rows[TILE]) {
+    const int count = n - start < TILE ? n - start : TILE;
+    int block = start / block_size, offset = start % block_size;
+    for (int t = 0; t < count; t++) {
+        rows[t] = cache + ((int64_t)table[block] * block_size + offset) * token_bytes;
+        if (++offset == block_size) { offset = 0; block++; }
+    }
+    return count;
 }
 
-/* Inside the block loops of DEFINE_PAGED_ATTENTION: the item's rows of the next block. */
-#define PREFETCH_NEXT_BLOCK(cache)                                                           \
-    if (start + block_size < n)                                                             \
-        prefetch_rows((const char *)((cache) + ((int64_t)table[start / block_size + 1]        \
-                                                * block_size * num_kv_heads + kv_first) * head_dim), \
-                      n - start - block_size < block_size ? n - start - block_size : block_size, \
-                      token_stride * (int64_t)sizeof(*(cache)),                             \
-                      heads_per_item * head_dim * (int)sizeof(*(cache)))
+/* Ask for the next tile's rows while this one is computed: the blocks of a sequence are
+ * scattered, so the hardware prefetcher cannot see them coming, and without this a
+ * thread waits on memory for every block. */
+static inline void prefetch_tile(const char *const rows[TILE], int count, int row_bytes) {
+    for (int t = 0; t < count; t++)
+        for (int b = 0; b < row_bytes; b += 64) __builtin_prefetch(rows[t] + b, 0, 1);
+}
 
 #define F32_LOAD(p, i) ((p)[i])
 #define F32_STORE(x) (x)
@@ -81,16 +88,18 @@ static inline __m512 sum16(__m512 p[16]) {
                          _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
 }
 
-/* Scores of one head against up to 16 consecutive tokens of one block. */
+/* Scores of one head against up to 16 tokens: K rows rows[t] + head (in elements). */
 #define DEFINE_SCORE_TILE(NAME, T, LOAD16)                                                  \
-static inline void NAME(const float *q, const T *k, int64_t token_stride, int count,       \
-                        int head_dim, float *scores) {                                      \
+static inline void NAME(const float *q, const char *const rows[TILE], int64_t head,        \
+                        int count, int head_dim, float *scores) {                           \
     __m512 partial[16];                                                                     \
     for (int t = 0; t < 16; t++) {                                                          \
         __m512 dot = _mm512_setzero_ps();                                                   \
-        if (t < count)                                                                      \
+        if (t < count) {                                                                    \
+            const T *k = (const T *)rows[t] + head;                                         \
             for (int d = 0; d < head_dim; d += 16)                                          \
-                dot = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), LOAD16(k + t * token_stride + d), dot); \
+                dot = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), LOAD16(k + d), dot);          \
+        }                                                                                   \
         partial[t] = dot;                                                                   \
     }                                                                                       \
     __m512 sums = sum16(partial);                                                           \
@@ -99,11 +108,12 @@ static inline void NAME(const float *q, const T *k, int64_t token_stride, int co
 DEFINE_SCORE_TILE(score_tile_f32, float, load16_f32)
 DEFINE_SCORE_TILE(score_tile_bf16, bf16_t, load16_bf16)
 
-/* acc[0:head_dim] += sum over the block's tokens of p[t] * v[t]. Up to four 16-lane
- * accumulators stay in registers across the tokens, so their FMA chains overlap. */
+/* acc[0:head_dim] += sum over up to 16 tokens of p[t] * v[t], V rows rows[t] + head. Up
+ * to four 16-lane accumulators stay in registers across the tokens, so their FMA chains
+ * overlap. */
 #define DEFINE_VALUE_TILE(NAME, T, LOAD16)                                                  \
-static inline void NAME(const float *p, const T *v, int64_t token_stride, int count,       \
-                        int head_dim, float *acc) {                                         \
+static inline void NAME(const float *p, const char *const rows[TILE], int64_t head,        \
+                        int count, int head_dim, float *acc) {                              \
     for (int d = 0; d < head_dim; d += 64) {                                                \
         const int chunks = head_dim - d >= 64 ? 4 : (head_dim - d) / 16;                    \
         __m512 a0 = _mm512_loadu_ps(acc + d);                                               \
@@ -112,7 +122,7 @@ static inline void NAME(const float *p, const T *v, int64_t token_stride, int co
         __m512 a3 = chunks > 3 ? _mm512_loadu_ps(acc + d + 48) : _mm512_setzero_ps();       \
         for (int t = 0; t < count; t++) {                                                   \
             const __m512 weight = _mm512_set1_ps(p[t]);                                     \
-            const T *row = v + t * token_stride + d;                                        \
+            const T *row = (const T *)rows[t] + head + d;                                   \
             a0 = _mm512_fmadd_ps(weight, LOAD16(row), a0);                                  \
             if (chunks > 1) a1 = _mm512_fmadd_ps(weight, LOAD16(row + 16), a1);             \
             if (chunks > 2) a2 = _mm512_fmadd_ps(weight, LOAD16(row + 32), a2);             \
@@ -199,51 +209,57 @@ static inline __attribute__((always_inline)) int NAME##_item(                   
         q[i] = LOAD(q_row, i) * scale;                                                      \
         acc[i] = 0.0f;                                                                      \
     }                                                                                       \
-    for (int start = 0; start < n; start += block_size) {                                   \
-        const int64_t block = table[start / block_size];                                    \
-        const int count = n - start < block_size ? n - start : block_size;                  \
-        const T *k = k_cache + (block * block_size * num_kv_heads + kv_first) * head_dim;   \
-        PREFETCH_NEXT_BLOCK(k_cache);                                                       \
-        if (vector_path) {                                                                  \
-            for (int h = 0; h < heads; h++)                                                 \
-                for (int t = 0; t < count; t += 16)                                         \
-                    SCORE_TILE(q + (int64_t)h * head_dim,                                   \
-                               k + (int64_t)(h / group) * head_dim + t * token_stride,      \
-                               token_stride, count - t < 16 ? count - t : 16, head_dim,     \
-                               scores + (int64_t)h * n + start + t);                        \
-            continue;                                                                       \
-        }                                                                                   \
-        for (int t = 0; t < count; t++, k += token_stride) {                                \
-            for (int h = 0; h < heads; h++) {                                               \
-                const T *kh = k + (int64_t)(h / group) * head_dim;                          \
-                const float *qh = q + (int64_t)h * head_dim;                                \
+    const int64_t token_bytes = token_stride * (int64_t)sizeof(T);                          \
+    const int row_bytes = heads_per_item * head_dim * (int)sizeof(T);                       \
+    const char *rows[TILE], *ahead[TILE];                                                   \
+    const char *k_first = (const char *)(k_cache + (int64_t)kv_first * head_dim);           \
+    const char *v_first = (const char *)(v_cache + (int64_t)kv_first * head_dim);           \
+    int ahead_count = tile_rows(k_first, token_bytes, table, block_size, 0, n, ahead);      \
+    for (int start = 0; start < n; start += TILE) {                                         \
+        const int count = ahead_count;                                                      \
+        for (int t = 0; t < count; t++) rows[t] = ahead[t];                                 \
+        ahead_count = start + TILE < n                                                      \
+            ? tile_rows(k_first, token_bytes, table, block_size, start + TILE, n, ahead)    \
+            : tile_rows(v_first, token_bytes, table, block_size, 0, n, ahead);              \
+        prefetch_tile(ahead, ahead_count, row_bytes);                                       \
+        for (int h = 0; h < heads; h++) {                                                   \
+            const int64_t head = (int64_t)(h / group) * head_dim;                           \
+            const float *qh = q + (int64_t)h * head_dim;                                    \
+            float *sh = scores + (int64_t)h * n + start;                                    \
+            if (vector_path) {                                                              \
+                SCORE_TILE(qh, rows, head, count, head_dim, sh);                            \
+                continue;                                                                   \
+            }                                                                               \
+            for (int t = 0; t < count; t++) {                                               \
+                const T *kh = (const T *)rows[t] + head;                                    \
                 float dot = 0.0f;                                                           \
                 _Pragma("omp simd reduction(+:dot)")                                        \
                 for (int d = 0; d < head_dim; d++) dot += qh[d] * LOAD(kh, d);              \
-                scores[(int64_t)h * n + start + t] = dot;                                   \
+                sh[t] = dot;                                                                \
             }                                                                               \
         }                                                                                   \
     }                                                                                       \
     for (int h = 0; h < heads; h++) softmax_row(scores + (int64_t)h * n, n);                \
-    for (int start = 0; start < n; start += block_size) {                                   \
-        const int64_t block = table[start / block_size];                                    \
-        const int count = n - start < block_size ? n - start : block_size;                  \
-        const T *v = v_cache + (block * block_size * num_kv_heads + kv_first) * head_dim;   \
-        PREFETCH_NEXT_BLOCK(v_cache);                                                       \
-        if (vector_path) {                                                                  \
-            for (int h = 0; h < heads; h++)                                                 \
-                VALUE_TILE(scores + (int64_t)h * n + start,                                 \
-                           v + (int64_t)(h / group) * head_dim, token_stride, count,        \
-                           head_dim, acc + (int64_t)h * head_dim);                          \
-            continue;                                                                       \
+    /* the V pass: its first tile was prefetched by the K pass's last */                    \
+    for (int start = 0; start < n; start += TILE) {                                         \
+        const int count = ahead_count;                                                      \
+        for (int t = 0; t < count; t++) rows[t] = ahead[t];                                 \
+        if (start + TILE < n) {                                                             \
+            ahead_count = tile_rows(v_first, token_bytes, table, block_size, start + TILE, n, ahead); \
+            prefetch_tile(ahead, ahead_count, row_bytes);                                   \
         }                                                                                   \
-        for (int t = 0; t < count; t++, v += token_stride) {                                \
-            for (int h = 0; h < heads; h++) {                                               \
-                const T *vh = v + (int64_t)(h / group) * head_dim;                          \
-                float *ah = acc + (int64_t)h * head_dim;                                    \
-                const float p = scores[(int64_t)h * n + start + t];                         \
+        for (int h = 0; h < heads; h++) {                                                   \
+            const int64_t head = (int64_t)(h / group) * head_dim;                           \
+            const float *ph = scores + (int64_t)h * n + start;                              \
+            float *ah = acc + (int64_t)h * head_dim;                                        \
+            if (vector_path) {                                                              \
+                VALUE_TILE(ph, rows, head, count, head_dim, ah);                            \
+                continue;                                                                   \
+            }                                                                               \
+            for (int t = 0; t < count; t++) {                                               \
+                const T *vh = (const T *)rows[t] + head;                                    \
                 _Pragma("omp simd")                                                         \
-                for (int d = 0; d < head_dim; d++) ah[d] += p * LOAD(vh, d);                \
+                for (int d = 0; d < head_dim; d++) ah[d] += ph[t] * LOAD(vh, d);            \
             }                                                                               \
         }                                                                                   \
     }                                                                                       \
