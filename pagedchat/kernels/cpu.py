@@ -62,6 +62,7 @@ _SIGNATURES = {
     "rotary_store_f32": (None, [_P, _INT64] + [_P] * 6 + [_INT] * 5),
     "silu_mul_f32": (None, [_P, _P, _INT, _INT, _INT]),
     "linear_f32": (None, [_P] * 4 + [_INT] * 4),
+    "linear_f32_vectorised": (_INT, []),
 }
 
 
@@ -319,6 +320,13 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return out
 
 
+@functools.cache
+def _linear_vectorised() -> bool:
+    """Whether the C product was built with its AVX-512 path (its plain loops lose to BLAS)."""
+    library = kernel_library()
+    return library is not None and bool(library.linear_f32_vectorised())
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor,
            bias: torch.Tensor | None = None) -> torch.Tensor:
     """Same contract as :func:`pagedchat.kernels.reference.linear`; ``LINEAR_ROWS``
@@ -326,7 +334,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor,
     library = _float32_library(x, weight) if bias is None else _float32_library(
         x, weight, bias)
     if (library is None or x.dim() != 2 or x.shape[0] not in LINEAR_ROWS
-            or not weight.is_contiguous()):
+            or not weight.is_contiguous() or not _linear_vectorised()):
         return reference.linear(x, weight, bias)
     x = x.contiguous()
     out = torch.empty(x.shape[0], weight.shape[0])

@@ -10,6 +10,7 @@
  */
 #include <math.h>
 #include <omp.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "cpu_vector.h"

@@ -87,3 +87,12 @@ void linear_f32(const float *x, const float *w, const float *bias, float *out, i
         }
     }
 }
+
+/* Whether linear_f32 was built with its vector path: without it torch's BLAS is faster. */
+int linear_f32_vectorised(void) {
+#if defined(HAVE_AVX512)
+    return 1;
+#else
+    return 0;
+#endif
+}
