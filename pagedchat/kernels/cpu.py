@@ -1,13 +1,12 @@
 """The CPU backend: a compiled paged-attention kernel for decode and short chunks,
 torch's SDPA for long prefill chunks, a compiled pass over the logits for sampling,
-compiled float32 RMSNorm, rotary-and-store and SiLU-and-multiply, the reference for
-everything else.
+compiled float32 RMSNorm, rotary-and-store and SiLU-and-multiply, a compiled product for
+linear layers of 2 to 16 rows (a small decode batch, where torch's BLAS is slower than
+reading the weights once), the reference for everything else.
 
-A compiled product for linear layers of 2 to 16 rows (a small decode batch), where
-torch's BLAS is slower than reading the weights once. The C kernels (``cpu_*.c``) are
-built once per machine with the system C compiler into the cache folder and loaded with ctypes
-(which releases the GIL). Without a compiler the backend falls back to the torch
-reference, with a warning.
+The C kernels (``cpu_*.c``) are built once per machine with the system C compiler into
+the cache folder and loaded with ctypes (which releases the GIL). Without a compiler the
+backend falls back to the torch reference, with a warning.
 """
 
 from __future__ import annotations
@@ -33,8 +32,7 @@ from pagedchat.kernels.reference import copy_blocks, gather_kv, swap_blocks, wri
 from pagedchat.paths import cache_root
 
 __all__ = ["copy_blocks", "kernel_library", "linear", "max_logsumexp", "paged_attention",
-           "rms_norm",
-           "rotary_store", "silu_mul", "store_kv", "swap_blocks"]
+           "rms_norm", "rotary_store", "silu_mul", "store_kv", "swap_blocks"]
 
 log = logging.getLogger(__name__)
 
@@ -257,21 +255,20 @@ def max_logsumexp(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tor
     return top, index, lse
 
 
-def _float32_library(*tensors: torch.Tensor) -> ctypes.CDLL | None:
-    """The library when the C float32 kernels apply to these tensors, else None."""
-    library = kernel_library()
+def _float32_library(*tensors: torch.Tensor | None) -> ctypes.CDLL | None:
+    """The library when the C float32 kernels apply to these tensors (None: an absent
+    optional one), else None."""
     for tensor in tensors:
-        if tensor.dtype != torch.float32 or tensor.device.type != "cpu":
+        if tensor is not None and (tensor.dtype != torch.float32 or tensor.device.type != "cpu"):
             return None
-    return library
+    return kernel_library()
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
              residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Same contract as :func:`pagedchat.kernels.reference.rms_norm`: the residual add
     and the norm in one pass over each row."""
-    library = _float32_library(x, weight) if residual is None else _float32_library(
-        x, weight, residual)
+    library = _float32_library(x, weight, residual)
     if library is None or x.dim() != 2 or not weight.is_contiguous():
         return reference.rms_norm(x, weight, eps, residual)
     x = x.contiguous()
@@ -331,8 +328,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor,
            bias: torch.Tensor | None = None) -> torch.Tensor:
     """Same contract as :func:`pagedchat.kernels.reference.linear`; ``LINEAR_ROWS``
     float32 rows in C, other counts in torch."""
-    library = _float32_library(x, weight) if bias is None else _float32_library(
-        x, weight, bias)
+    library = _float32_library(x, weight, bias)
     if (library is None or x.dim() != 2 or x.shape[0] not in LINEAR_ROWS
             or not weight.is_contiguous() or not _linear_vectorised()):
         return reference.linear(x, weight, bias)
