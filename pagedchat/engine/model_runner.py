@@ -52,6 +52,20 @@ def keep_freed_memory() -> None:
         pass
 
 
+def materialize(model: torch.nn.Module, device: torch.device) -> None:
+    """Give every parameter and buffer of a model built on the meta device uninitialised
+    storage on ``device``: what ``Module.to_empty`` does, without its ``empty_like`` of
+    meta tensors, which runs through torch's Python references and imports sympy (34 MB
+    resident)."""
+    for module in model.modules():
+        for name, tensor in [*module.named_parameters(recurse=False),
+                             *module.named_buffers(recurse=False)]:
+            empty = torch.empty(tensor.shape, dtype=tensor.dtype, device=device)
+            if isinstance(tensor, torch.nn.Parameter):
+                empty = torch.nn.Parameter(empty, requires_grad=tensor.requires_grad)
+            setattr(module, name, empty)
+
+
 class ModelRunner:
     def __init__(
         self, config: EngineConfig, model_config: ModelConfig, tp: TensorParallel | None = None
@@ -70,7 +84,7 @@ class ModelRunner:
         # Built on the meta device: no time spent on random weights that are replaced.
         with torch.device("meta"):
             model = LlamaForCausalLM(model_config, self.kernels, self.tp)
-        model.to_empty(device=self.device)
+        materialize(model, self.device)
         with torch.device(self.device):
             model.build_rotary(self.max_model_len)
         model.load_hf_state_dict(_read_weights(model_config.folder))

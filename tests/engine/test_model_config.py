@@ -105,13 +105,14 @@ def test_scaled_rope_matches_transformers(make_tiny_llama, rope):
 
 
 def test_an_engine_process_leaves_the_compiler_stack_unloaded(tiny_model_dir):
-    """What costs the 150 MB: torch._dynamo and transformers' model config classes."""
+    """What costs the 150 MB: torch._dynamo and transformers' model config classes; and
+    sympy (34 MB), which ``Module.to_empty`` on meta tensors imports."""
     script = (
         "import sys\n"
         "from pagedchat import LLM, SamplingParams\n"
         f"llm = LLM(model={str(tiny_model_dir)!r}, num_kv_blocks=64)\n"
         "llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=4))\n"
-        "heavy = ['torch._dynamo', 'transformers.models.llama.configuration_llama']\n"
+        "heavy = ['torch._dynamo', 'transformers.models.llama.configuration_llama', 'sympy']\n"
         "print(sorted(name for name in heavy if name in sys.modules))\n"
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
