@@ -55,16 +55,18 @@ static inline int tile_rows(const char *cache, int64_t token_bytes, const int32_
  * at 21-26 GB/s here, the memory's bandwidth (1 to 4 tiles ahead measured the same). */
 #define PREFETCH_TILES 2
 
-/* Prefetch tile j of an item's walk: its K tiles 0..tiles-1, then its V tiles. */
-static inline void prefetch_tile(int j, int tiles, const char *k_first, const char *v_first,
-                                 int64_t token_bytes, const int32_t *table, int block_size,
-                                 int n, int row_bytes) {
-    if (j >= 2 * tiles) return;
-    const char *rows[TILE];
+/* Tile j of an item's walk (its K tiles 0..tiles-1, then its V tiles): find its rows,
+ * keep them in the item's ring of tiles (used PREFETCH_TILES tiles later) and prefetch
+ * them. Returns the count. */
+static inline int prefetch_tile(int j, int tiles, const char *k_first, const char *v_first,
+                                int64_t token_bytes, const int32_t *table, int block_size,
+                                int n, int row_bytes, const char *rows[TILE]) {
+    if (j >= 2 * tiles) return 0;
     const int count = tile_rows(j < tiles ? k_first : v_first, token_bytes, table, block_size,
                                 (j % tiles) * TILE, n, rows);
     for (int t = 0; t < count; t++)
         for (int b = 0; b < row_bytes; b += 64) __builtin_prefetch(rows[t] + b, 0, 1);
+    return count;
 }
 
 #define F32_LOAD(p, i) ((p)[i])
@@ -220,51 +222,54 @@ static inline __attribute__((always_inline)) int NAME##_item(                   
     }                                                                                       \
     const int64_t token_bytes = token_stride * (int64_t)sizeof(T);                          \
     const int row_bytes = heads_per_item * head_dim * (int)sizeof(T);                       \
-    const char *rows[TILE];                                                                 \
+    /* ring[j % RING]: tile j's rows, found when it was prefetched */                       \
+    enum { RING = PREFETCH_TILES + 1 };                                                     \
+    const char *ring[RING][TILE];                                                           \
+    int counts[RING];                                                                       \
     const char *k_first = (const char *)(k_cache + (int64_t)kv_first * head_dim);           \
     const char *v_first = (const char *)(v_cache + (int64_t)kv_first * head_dim);           \
     const int tiles = (n + TILE - 1) / TILE;                                                \
     for (int j = 0; j < PREFETCH_TILES; j++)                                                \
-        prefetch_tile(j, tiles, k_first, v_first, token_bytes, table, block_size, n, row_bytes); \
-    for (int i = 0, start = 0; start < n; i++, start += TILE) {                             \
-        const int count = tile_rows(k_first, token_bytes, table, block_size, start, n, rows); \
-        prefetch_tile(i + PREFETCH_TILES, tiles, k_first, v_first, token_bytes, table,      \
-                      block_size, n, row_bytes);                                            \
+        counts[j % RING] = prefetch_tile(j, tiles, k_first, v_first, token_bytes, table,     \
+                                         block_size, n, row_bytes, ring[j % RING]);         \
+    /* one walk: tiles 0..tiles-1 score K, the softmax, tiles..2 tiles-1 sum V */           \
+    for (int j = 0; j < 2 * tiles; j++) {                                                   \
+        const int ahead = (j + PREFETCH_TILES) % RING;                                      \
+        counts[ahead] = prefetch_tile(j + PREFETCH_TILES, tiles, k_first, v_first,          \
+                                      token_bytes, table, block_size, n, row_bytes,         \
+                                      ring[ahead]);                                         \
+        const char *const *rows = ring[j % RING];                                           \
+        const int count = counts[j % RING];                                                 \
+        const int start = (j % tiles) * TILE;                                               \
+        if (j == tiles)                                                                     \
+            for (int h = 0; h < heads; h++) softmax_row(scores + (int64_t)h * n, n);        \
         for (int h = 0; h < heads; h++) {                                                   \
             const int64_t head = (int64_t)(h / group) * head_dim;                           \
-            const float *qh = q + (int64_t)h * head_dim;                                    \
             float *sh = scores + (int64_t)h * n + start;                                    \
-            if (vector_path) {                                                              \
-                SCORE_TILE(qh, rows, head, count, head_dim, sh);                            \
+            if (j < tiles) {                                                                \
+                const float *qh = q + (int64_t)h * head_dim;                                \
+                if (vector_path) {                                                          \
+                    SCORE_TILE(qh, rows, head, count, head_dim, sh);                        \
+                    continue;                                                               \
+                }                                                                           \
+                for (int t = 0; t < count; t++) {                                           \
+                    const T *kh = (const T *)rows[t] + head;                                \
+                    float dot = 0.0f;                                                       \
+                    _Pragma("omp simd reduction(+:dot)")                                    \
+                    for (int d = 0; d < head_dim; d++) dot += qh[d] * LOAD(kh, d);          \
+                    sh[t] = dot;                                                            \
+                }                                                                           \
                 continue;                                                                   \
             }                                                                               \
-            for (int t = 0; t < count; t++) {                                               \
-                const T *kh = (const T *)rows[t] + head;                                    \
-                float dot = 0.0f;                                                           \
-                _Pragma("omp simd reduction(+:dot)")                                        \
-                for (int d = 0; d < head_dim; d++) dot += qh[d] * LOAD(kh, d);              \
-                sh[t] = dot;                                                                \
-            }                                                                               \
-        }                                                                                   \
-    }                                                                                       \
-    for (int h = 0; h < heads; h++) softmax_row(scores + (int64_t)h * n, n);                \
-    /* the V pass: its first tiles were prefetched by the K pass's last */                  \
-    for (int i = 0, start = 0; start < n; i++, start += TILE) {                             \
-        const int count = tile_rows(v_first, token_bytes, table, block_size, start, n, rows); \
-        prefetch_tile(tiles + i + PREFETCH_TILES, tiles, k_first, v_first, token_bytes,     \
-                      table, block_size, n, row_bytes);                                     \
-        for (int h = 0; h < heads; h++) {                                                   \
-            const int64_t head = (int64_t)(h / group) * head_dim;                           \
-            const float *ph = scores + (int64_t)h * n + start;                              \
             float *ah = acc + (int64_t)h * head_dim;                                        \
             if (vector_path) {                                                              \
-                VALUE_TILE(ph, rows, head, count, head_dim, ah);                            \
+                VALUE_TILE(sh, rows, head, count, head_dim, ah);                            \
                 continue;                                                                   \
             }                                                                               \
             for (int t = 0; t < count; t++) {                                               \
                 const T *vh = (const T *)rows[t] + head;                                    \
                 _Pragma("omp simd")                                                         \
-                for (int d = 0; d < head_dim; d++) ah[d] += ph[t] * LOAD(vh, d);            \
+                for (int d = 0; d < head_dim; d++) ah[d] += sh[t] * LOAD(vh, d);            \
             }                                                                               \
         }                                                                                   \
     }                                                                                       \

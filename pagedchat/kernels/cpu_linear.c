@@ -1,8 +1,9 @@
 /* y = x W^T (+ b) for a few rows of x: the linear layers of a small decode batch.
  *
- * With up to a dozen rows a step is bound by reading W once from memory, as with one row;
- * but the BLAS torch uses packs W for a general matrix product and, at these sizes, takes
- * 1.1 to 2.3 times as long as for one row (measured on this model's shapes). Here each
+ * With a few rows (2 to 16 are sent here) a step is bound by reading W once from memory,
+ * as with one row; but the BLAS torch uses packs W for a general matrix product and, at
+ * these sizes, takes 1.1 to 2.3 times as long as for one row (measured on this model's
+ * shapes). Here each
  * pair of W's rows is read from memory once, prefetched ahead, and multiplied into every
  * row of x (eight at a time, from the cache). The torch reference is F.linear; the tests
  * compare the two.

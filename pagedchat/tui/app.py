@@ -143,8 +143,7 @@ class ChatApp(App):
 
     async def on_mount(self) -> None:
         self.driver.start()
-        self._loading_timer = self.set_interval(1.0, self._show_loading)
-        self._show_loading()
+        self.query_one(StatusLine).show_loading(self.model_name, self._load_started)
         self._save(self.store.mark_interrupted)
         try:
             self.sessions = {s.id: s for s in self.store.list_sessions()}
@@ -378,24 +377,17 @@ class ChatApp(App):
             case EngineReady() as ready:
                 self._engine_ready(ready)
             case EngineFailed(error=error):
-                self._loading_timer.stop()
-                self.query_one(StatusLine).model_state = f"✗ {self.model_name}: failed to load"
+                self.query_one(StatusLine).show_state(f"✗ {self.model_name}: failed to load")
                 self.notify(error, title="The model failed to load", severity="error",
                             timeout=15)
 
     def _engine_ready(self, ready: EngineReady) -> None:
         self.engine_ready = True
-        self._loading_timer.stop()
-        self.query_one(StatusLine).model_state = (
+        self.query_one(StatusLine).show_state(
             f"● {self.model_name} · {ready.num_blocks} blocks x {ready.block_size} tokens")
         for turn in self.turns.values():
             if (box := self._box(turn)) is not None:
                 box.refresh_info()
-
-    def _show_loading(self) -> None:
-        seconds = time.monotonic() - self._load_started
-        self.query_one(StatusLine).model_state = (
-            f"◌ loading {self.model_name}… {seconds:.0f}s (you can type already)")
 
     def _take_reply(self, update: ReplyUpdate) -> None:
         turn = self.turns.get(update.request_id)

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import time
+
 from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.reactive import reactive
+from textual.timer import Timer
 from textual.widgets import Static
 
 
 class StatusLine(Horizontal):
     model_state: reactive[str] = reactive("")
     load: reactive[str] = reactive("")
+    _loading: Timer | None = None
 
     def compose(self) -> ComposeResult:
         yield Static(id="model-state", markup=False)
@@ -21,3 +25,20 @@ class StatusLine(Horizontal):
 
     def watch_load(self, text: str) -> None:
         self.query_one("#engine-load", Static).update(text)
+
+    def show_loading(self, model_name: str, started: float) -> None:
+        """Count the seconds since ``started`` (``time.monotonic``) once a second until
+        :meth:`show_state`. The timer is this widget's, so it ends with the widget too (an
+        app's timer could still fire while its screen is being taken down)."""
+        def tick() -> None:
+            self.model_state = (f"◌ loading {model_name}… {time.monotonic() - started:.0f}s "
+                                "(you can type already)")
+
+        tick()
+        self._loading = self.set_interval(1.0, tick)
+
+    def show_state(self, text: str) -> None:
+        """The model's state for good: loaded or failed."""
+        if self._loading is not None:
+            self._loading.stop()
+        self.model_state = text
