@@ -171,8 +171,9 @@ def throughput(num_requests: NumRequests = 200, model: Model = None,
         figures = {"pagedchat": measure(PagedChat(engine), requests, warmup)[0]}
         figures["pagedchat"]["memory"] = resident = resident_figures(engine)
         report.note(f"pagedchat resident memory {resident['rss_mb']:.0f} MB: weights "
-                    f"{resident['weights_mb']:.0f} + KV written {resident['kv_written_mb']:.0f} "
-                    f"+ {resident['beyond_weights_and_kv_mb']:.0f} MB beyond them")
+                    f"{resident['weights_mb']:.0f} + KV pool {resident['kv_pool_mb']:.0f} (of "
+                    f"which {resident['kv_written_mb']:.0f} ever used) + "
+                    f"{resident['beyond_weights_and_kv_mb']:.0f} MB beyond them")
         if profile:
             figures["pagedchat"]["step_profile"] = _step_profile(engine)
         if tp > 1:
@@ -236,10 +237,11 @@ def _ceiling(engine, ours: dict[str, object]) -> dict[str, object]:
         found[name]["flop_share"] = achieved / found[name]["gflop_per_s"]
         rows.append({"dtype": name, **found[name]})
     found["pagedchat_gflop_per_s"] = achieved
-    report.emit_table("ceiling", rows, ["dtype", "gflop_per_s", "tokens_per_s", "output_share",
-                                        "flop_share"])
+    report.emit_table("ceiling", rows, ["dtype", "product", "gflop_per_s", "tokens_per_s",
+                                        "output_share", "flop_share"])
     report.note(f"matmul ceiling: one step of batch {found['batch']} with every layer's own "
-                f"weights, {found['gflop_per_token']:.3f} GFLOP/token; pagedchat (in "
+                f"weights, the fastest of torch's products (F.linear, oneDNN on packed "
+                f"weights), {found['gflop_per_token']:.3f} GFLOP/token; pagedchat (in "
                 f"{engine.config.dtype}) did {achieved:.1f} GFLOP/s of matrix work, prompts "
                 "included; output_share = its output tokens/s / the ceiling's tokens/s")
     return found

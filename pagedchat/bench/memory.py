@@ -150,11 +150,12 @@ def _contiguous_parts(running: list[_Held], head: Request, policy: str, capacity
 
 def resident_figures(engine: LLMEngine) -> dict[str, float]:
     """The process's resident memory against what it must hold: the weights and the KV
-    blocks written so far (the pool is allocated lazily: unwritten blocks take no pages).
-    ``beyond_weights_and_kv_mb`` is the rest: Python, torch, the tokenizer, buffers."""
+    pool (written in full when the engine starts). ``beyond_weights_and_kv_mb`` is the
+    rest: Python, torch, the tokenizer, activations and the buffers kept for reuse."""
     runner = engine.runner
-    kv = engine.block_manager.high_water * runner.block_bytes
+    pool = engine.block_manager.num_blocks * runner.block_bytes
     rss = resident_bytes()
-    return {"rss_mb": rss / MB, "weights_mb": runner.weight_bytes / MB, "kv_written_mb": kv / MB,
-            "kv_pool_mb": engine.block_manager.num_blocks * runner.block_bytes / MB,
-            "beyond_weights_and_kv_mb": (rss - runner.weight_bytes - kv) / MB}
+    return {"rss_mb": rss / MB, "weights_mb": runner.weight_bytes / MB,
+            "kv_written_mb": engine.block_manager.high_water * runner.block_bytes / MB,
+            "kv_pool_mb": pool / MB,
+            "beyond_weights_and_kv_mb": (rss - runner.weight_bytes - pool) / MB}

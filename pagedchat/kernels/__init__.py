@@ -1,7 +1,8 @@
 """PagedAttention kernels behind one interface.
 
 Every backend exposes ``store_kv``, ``paged_attention``, ``copy_blocks``, ``swap_blocks``,
-``max_logsumexp`` (the sampler's per-row reduction), ``linear`` and the layer's small
+``max_logsumexp`` (the sampler's per-row reduction), ``linear`` (with ``pack_linear``, which
+lays a weight out for it once at load) and the layer's small
 operations ``rms_norm``, ``rotary_store`` (rotation of queries and keys, then the store)
 and ``silu_mul``, with the signatures of :mod:`pagedchat.kernels.reference`, which
 defines what is right:

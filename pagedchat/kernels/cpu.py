@@ -1,8 +1,9 @@
 """The CPU backend: a compiled paged-attention kernel for decode and short chunks,
 torch's SDPA for long prefill chunks, a compiled pass over the logits for sampling,
-compiled float32 RMSNorm, rotary-and-store and SiLU-and-multiply, a compiled product for
-linear layers of 2 to 16 rows (a small decode batch, where torch's BLAS is slower than
-reading the weights once), the reference for everything else.
+compiled float32 RMSNorm, rotary-and-store and SiLU-and-multiply, linear layers through
+oneDNN on weights packed once into its layout, a compiled product for the head's few
+rows (its weight stays plain: the embedding reads it too), the reference for everything
+else.
 
 The C kernels (``cpu_*.c``) are built once per machine with the system C compiler into
 the cache folder and loaded with ctypes (which releases the GIL). Without a compiler the
@@ -31,8 +32,8 @@ from pagedchat.kernels import reference
 from pagedchat.kernels.reference import copy_blocks, gather_kv, swap_blocks, write_slots
 from pagedchat.paths import cache_root
 
-__all__ = ["copy_blocks", "kernel_library", "linear", "max_logsumexp", "paged_attention",
-           "rms_norm", "rotary_store", "silu_mul", "store_kv", "swap_blocks"]
+__all__ = ["copy_blocks", "kernel_library", "linear", "max_logsumexp", "pack_linear",
+           "paged_attention", "rms_norm", "rotary_store", "silu_mul", "store_kv", "swap_blocks"]
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +44,11 @@ COMPILE_FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-ma
                  "-fPIC", "-std=c11"]
 # Chunks longer than this go to SDPA, whose blocked matmuls beat the row-by-row kernel.
 SDPA_MIN_QUERY_LEN = 24
-# From 2 to 16 rows the C product, which reads each weight once, beats torch's BLAS on
-# this model's shapes (a decode step at batch 4: 1.55x, 8: 1.68x, 16: 1.23x); one row is
-# torch's matrix-vector product, already at memory speed; past 16 BLAS's packing pays.
-LINEAR_ROWS = range(2, 17)
+# On a plain weight, up to 16 rows the C product, which reads each weight once, beats
+# torch's BLAS on this model's shapes (a decode step at batch 4: 1.55x, 8: 1.68x, 16:
+# 1.23x; one row: 2.9x on AMD Zen 5, where MKL's matrix-vector product reads 15 GB/s of
+# 45) and oneDNN on plain weights (16 rows: 1.5x); past 16 oneDNN's blocked product pays.
+LINEAR_ROWS = range(1, 17)
 _FUNCTIONS = {torch.float32: "paged_attention_f32", torch.bfloat16: "paged_attention_bf16"}
 _P, _INT, _INT64, _FLOAT = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
 # Declared once, so calls pass plain ints (tensor.data_ptr(), sizes) with no conversions
@@ -324,17 +326,73 @@ def _linear_vectorised() -> bool:
     return library is not None and bool(library.linear_f32_vectorised())
 
 
+@functools.cache
+def _onednn() -> bool:
+    """Whether torch has its oneDNN product (the one its compiler uses on the CPU) and it
+    agrees with ``F.linear``."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        x, w = torch.ones(2, 3), torch.ones(4, 3)
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
+        return torch.equal(_onednn_product(x, packed, None), F.linear(x, w))
+    except (RuntimeError, AttributeError):
+        return False
+
+
+def onednn_rows(rows: int) -> int:
+    """The row count oneDNN is asked for: ``rows`` rounded up to a multiple of a sixteenth
+    of the next power of two (at least 16), so at most 12% more.
+
+    oneDNN builds, JIT-compiles and caches a product for each row count it sees (about
+    0.7 MB each); a step's row count changes from step to step, and 126 row counts on
+    three weight shapes held 400 MB. Rounded, a 200-request run sees a few dozen."""
+    grain = max(16, (1 << (rows - 1).bit_length()) // 16)
+    return -(-rows // grain) * grain
+
+
+def _onednn_product(x: torch.Tensor, weight: torch.Tensor,
+                    bias: torch.Tensor | None) -> torch.Tensor:
+    rows = x.shape[0]
+    padded = onednn_rows(rows)
+    x = F.pad(x, (0, 0, 0, padded - rows)) if padded != rows else x.contiguous()
+    # the first rows of a contiguous product: still contiguous, no copy
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")[:rows]
+
+
+def pack_linear(weight: torch.Tensor) -> torch.Tensor:
+    """Same contract as :func:`pagedchat.kernels.reference.pack_linear`: a float32 or
+    bfloat16 weight reordered into oneDNN's blocked layout (the same bytes, another order).
+
+    torch's ``F.linear`` takes MKL's sgemm in float32, which on some CPUs runs far below
+    their vector units; oneDNN on its own layout was the fastest product at every row count
+    measured (AMD Zen 5, this model's 120 layer products streamed from memory, float32:
+    1 row 10.5 ms against 12.1 for the C product and 34.6 for ``F.linear``; 256 rows 139
+    against 154 for oneDNN on plain weights and 300 for ``F.linear``; bfloat16 1 row 5.6 ms
+    against 13.3)."""
+    if (weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16)
+            or weight.dim() != 2 or not _onednn()):
+        return weight
+    return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), None)
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor,
            bias: torch.Tensor | None = None) -> torch.Tensor:
-    """Same contract as :func:`pagedchat.kernels.reference.linear`; ``LINEAR_ROWS``
-    float32 rows in C, other counts in torch."""
+    """Same contract as :func:`pagedchat.kernels.reference.linear`. A packed weight goes to
+    oneDNN. A plain float32 one (the tied head, which the embedding also reads) goes to
+    the C product for ``LINEAR_ROWS`` rows, to oneDNN for more; anything else to torch."""
+    if weight.is_mkldnn:
+        return _onednn_product(x, weight, bias)
     library = _float32_library(x, weight, bias)
-    if (library is None or x.dim() != 2 or x.shape[0] not in LINEAR_ROWS
-            or not weight.is_contiguous() or not _linear_vectorised()):
+    if library is None or x.dim() != 2 or not weight.is_contiguous():
         return reference.linear(x, weight, bias)
-    x = x.contiguous()
-    out = torch.empty(x.shape[0], weight.shape[0])
-    library.linear_f32(x.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(),
-                       out.data_ptr(), x.shape[0], x.shape[1], weight.shape[0],
-                       torch.get_num_threads())
-    return out
+    if x.shape[0] in LINEAR_ROWS and _linear_vectorised():
+        x = x.contiguous()
+        out = torch.empty(x.shape[0], weight.shape[0])
+        library.linear_f32(x.data_ptr(), weight.data_ptr(),
+                           None if bias is None else bias.data_ptr(), out.data_ptr(),
+                           x.shape[0], x.shape[1], weight.shape[0], torch.get_num_threads())
+        return out
+    if x.shape[0] == 0 or not _onednn():
+        return reference.linear(x, weight, bias)
+    return _onednn_product(x, weight, bias)

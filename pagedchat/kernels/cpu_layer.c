@@ -56,12 +56,27 @@ void rms_norm_f32(const float *x, const float *residual, const float *weight, fl
 
 /* Rotate-half rotary embedding of one head: out[i] = x[i] cos[i] - x[i + half] sin[i],
  * out[i + half] = x[i + half] cos[i + half] + x[i] sin[i + half]. */
-static void rotate(const float *x, const float *cos, const float *sin, float *out, int head_dim) {
+static void rotate(const float *restrict x, const float *restrict cos, const float *restrict sin,
+                   float *restrict out, int head_dim) {
     const int half = head_dim / 2;
+#if defined(HAVE_AVX512)
+    for (int i = 0; i < half; i += 16) {
+        const __mmask16 m = tail_mask(half - i);
+        const __m512 lo = _mm512_maskz_loadu_ps(m, x + i);
+        const __m512 hi = _mm512_maskz_loadu_ps(m, x + half + i);
+        _mm512_mask_storeu_ps(out + i, m, _mm512_sub_ps(
+            _mm512_mul_ps(lo, _mm512_maskz_loadu_ps(m, cos + i)),
+            _mm512_mul_ps(hi, _mm512_maskz_loadu_ps(m, sin + i))));
+        _mm512_mask_storeu_ps(out + half + i, m, _mm512_add_ps(
+            _mm512_mul_ps(hi, _mm512_maskz_loadu_ps(m, cos + half + i)),
+            _mm512_mul_ps(lo, _mm512_maskz_loadu_ps(m, sin + half + i))));
+    }
+#else
     for (int i = 0; i < half; i++) {
         out[i] = x[i] * cos[i] - x[i + half] * sin[i];
         out[i + half] = x[i + half] * cos[i + half] + x[i] * sin[i + half];
     }
+#endif
 }
 
 /* The step before attention, per token: rotate its query and key heads, write the rotated

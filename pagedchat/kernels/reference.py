@@ -176,5 +176,12 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 def linear(x: torch.Tensor, weight: torch.Tensor,
            bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ weight.T (+ bias)``: a linear layer's product, ``[rows, in] -> [rows, out]``."""
+    """``x @ weight.T (+ bias)``: a linear layer's product, ``[rows, in] -> [rows, out]``.
+    ``weight`` is a plain ``[out, in]`` tensor or what this backend's ``pack_linear`` made."""
     return F.linear(x, weight, bias)
+
+
+def pack_linear(weight: torch.Tensor) -> torch.Tensor:
+    """A linear layer's weight in the layout this backend's ``linear`` reads fastest, done
+    once when the model is loaded (here: unchanged)."""
+    return weight

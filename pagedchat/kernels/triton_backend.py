@@ -3,9 +3,9 @@
 Importing it requires Triton. On a machine without a GPU it only works under
 ``TRITON_INTERPRET=1`` (set before this module is first imported), which is how the tests
 run it on CPU. ``swap_blocks`` is a plain device <-> host copy, ``max_logsumexp`` two
-reductions over the logits, ``linear`` torch's own product, and ``rms_norm``,
-``silu_mul`` and the rotation in ``rotary_store`` elementwise work that torch launches as
-a few kernels each: those come from the reference.
+reductions over the logits, ``linear`` torch's own product (``pack_linear`` leaves weights
+as they are), and ``rms_norm``, ``silu_mul`` and the rotation in ``rotary_store``
+elementwise work that torch launches as a few kernels each: those come from the reference.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import torch
 from pagedchat.kernels.reference import (
     linear,
     max_logsumexp,
+    pack_linear,
     rms_norm,
     silu_mul,
     split_rotary,
@@ -35,6 +36,7 @@ __all__ = [
     "copy_blocks",
     "linear",
     "max_logsumexp",
+    "pack_linear",
     "paged_attention",
     "paged_attention_decode",
     "paged_attention_prefill",

@@ -49,6 +49,12 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.kernels.linear(x, self.weight, self.bias)
 
+    def pack(self) -> None:
+        """Lay the weight out as the kernels' product reads it fastest (after loading: the
+        packed layout may be opaque, e.g. oneDNN's, and takes no more copies)."""
+        self.weight = nn.Parameter(self.kernels.pack_linear(self.weight.detach()),
+                                   requires_grad=False)
+
 
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float, kernels: ModuleType) -> None:
