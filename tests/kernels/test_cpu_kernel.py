@@ -41,6 +41,33 @@ def test_mixed_batch_of_decodes_short_and_long_chunks(dtype):
     compare(paged_batch(ctx, q_lens, 16, 9, 3, 64, dtype, seed=4), dtype)
 
 
+@pytest.mark.parametrize(("group", "head_dim"), [(1, 64), (3, 64), (8, 128), (4, 64)])
+@pytest.mark.parametrize("block_size", [1, 16, 32])
+def test_prompt_chunks_match_reference_without_sdpa(monkeypatch, block_size, group, head_dim):
+    """Long chunks go to the chunked-prefill kernel (never to SDPA) when it is built: a
+    whole prompt, chunks after a cached prefix, one of 1,024 keys (the stride that once
+    aliased in L1), item tiles cut short (q_len not a multiple of the positions per item,
+    e.g. 24 / 4 = 6 for group 4), next to decode rows."""
+    if not cpu._prefill_vectorised():
+        pytest.skip("the chunked-prefill kernel needs AVX-512")
+    monkeypatch.setattr(cpu, "_sdpa", lambda *args: pytest.fail("SDPA was used"))
+    ctx = [300, 1024, 50, 77, 9]
+    q_lens = [300, 61, 8, 1, 9]
+    compare(paged_batch(ctx, q_lens, block_size, 2 * group, 2, head_dim, torch.float32,
+                        seed=block_size + group), torch.float32)
+
+
+def test_prompt_chunks_take_sdpa_where_the_kernel_does_not_apply(monkeypatch):
+    """Head sizes that are not a multiple of 16, and bfloat16, go to SDPA."""
+    calls = []
+    sdpa = cpu._sdpa
+    monkeypatch.setattr(cpu, "_sdpa", lambda *args: calls.append(1) or sdpa(*args))
+    for head_dim, dtype in ((72, torch.float32), (64, torch.bfloat16)):
+        calls.clear()
+        compare(paged_batch([60, 40], [60, 30], 16, 6, 2, head_dim, dtype, seed=3), dtype)
+        assert len(calls) == 2
+
+
 @settings(max_examples=30, deadline=None, derandomize=True)
 @given(
     seqs=st.lists(st.tuples(st.integers(1, 120), st.integers(0, 40)), min_size=1, max_size=5),

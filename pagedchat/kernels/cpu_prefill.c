@@ -1,0 +1,253 @@
+/* Paged attention for prompt chunks on the CPU: query tiles against key tiles, read
+ * through the block table.
+ *
+ * A chunk of new queries attends causally to its sequence's cached prefix and to itself.
+ * Row by row (cpu_attention.c) each query row reads the whole context again; here a work
+ * item is MAX_ROWS query rows (a few positions times the query heads that share one KV
+ * head), and each 16-key tile of K and V serves all of them. The scores are a small
+ * matrix product: K, transposed once per call, gives one 16-key vector per dimension, and
+ * each row takes one fused multiply-add per dimension, its vector in a register. Each
+ * row's scores (the item's keys, 24 rows of a few KB, in L2) then get their softmax, and
+ * the weighted sum of V is another small product. On this model's 1,000-token prompt it
+ * ran at 2.8x torch's SDPA (AMD Zen 5, 238 against 84 GFLOP/s), and needs neither the
+ * gathered context nor a mask. Float32, AVX-512 and head sizes that are multiples of 16
+ * only; cpu.py sends the rest to SDPA. The torch reference kernel is the definition; the
+ * tests compare the two.
+ * Layout (DESIGN.md): caches [num_blocks, block_size, num_kv_heads, head_dim].
+ */
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "cpu_vector.h"
+
+/* Query rows (positions x heads of one KV group) per item: their score vectors, one
+ * register each, stay in registers while K's tile streams past. */
+#define MAX_ROWS 24
+#define KEY_TILE 16
+#define MAX_HEAD_DIM 256
+/* Loops over the rows are unrolled, so that each row's vector is a register of its own
+ * (rolled, GCC kept them in memory: a load and a store around every multiply-add). */
+#define UNROLLED _Pragma("GCC unroll 24")
+
+#if defined(HAVE_AVX512)
+
+typedef struct {
+    const float *query, *v_cache;
+    float *out;
+    const float *keys_t;  /* each listed sequence's K, transposed: see transpose_keys */
+    const int64_t *keys_at;
+    const int32_t *block_tables, *context_lens, *query_start;
+    int max_blocks, num_heads, num_kv_heads, block_size, group;
+    float scale;
+} Prefill;
+
+static inline int64_t padded(int n) { return (n + KEY_TILE - 1) / KEY_TILE * KEY_TILE; }
+
+/* Floats between two dimensions of the transposed keys (and two rows of scores): the keys
+ * rounded up to an odd number of tiles, so that the 64-byte lines of one tile's rows fall
+ * in different L1 sets (at a stride of 1,024 keys they all fell in one: half the speed). */
+static inline int64_t key_width(int context) {
+    const int64_t tiles = padded(context) / KEY_TILE;
+    return (tiles | 1) * KEY_TILE;
+}
+
+/* The slot of token `token` of a sequence, through its block table. */
+static inline int64_t slot_of(const int32_t *table, int block_size, int token) {
+    return (int64_t)table[token / block_size] * block_size + token % block_size;
+}
+
+/* keys_t[kv][d][t] = K of token t, head kv, dimension d, for t < context (then zeros up to
+ * key_width), read once per call through the block table. */
+static void transpose_keys(const float *k_cache, const int32_t *table, int block_size,
+                           int context, int num_kv_heads, int head_dim, float *keys_t) {
+    const int64_t width = key_width(context);
+    for (int t = 0; t < width; t++) {
+        const float *k = t < context
+            ? k_cache + slot_of(table, block_size, t) * num_kv_heads * head_dim : NULL;
+        for (int kv = 0; kv < num_kv_heads; kv++)
+            for (int d = 0; d < head_dim; d++)
+                keys_t[((int64_t)kv * head_dim + d) * width + t] =
+                    k ? k[(int64_t)kv * head_dim + d] : 0.0f;
+    }
+}
+
+/* One item: query positions [first, first + rows / group) of listed sequence i, KV head
+ * kv. Scores for every key the item sees go to `scores` ([rows][width] floats), then each
+ * row's softmax, then the weighted sum of V. Always inlined where rows and head_dim are
+ * literals, so that the per-row vectors live in registers. */
+static inline __attribute__((always_inline)) void prefill_item(
+        const Prefill *p, int i, int seq, int kv, int first, const int rows,
+        const int head_dim, float *scores) {
+    const int group = p->group, chunks = head_dim / 16;
+    const int q_start = p->query_start[seq];
+    const int q_len = p->query_start[seq + 1] - q_start;
+    const int context = p->context_lens[seq];
+    const int prefix = context - q_len;  /* cached tokens before the chunk */
+    const int32_t *table = p->block_tables + (int64_t)seq * p->max_blocks;
+    const int64_t token_stride = (int64_t)p->num_kv_heads * head_dim;
+    const int64_t width = key_width(context);
+    const float *keys_t = p->keys_t + p->keys_at[i] + (int64_t)kv * head_dim * width;
+    const int keys = prefix + first + rows / group;  /* keys any row of the item sees */
+    float q[MAX_ROWS][MAX_HEAD_DIM] __attribute__((aligned(64)));
+    for (int r = 0; r < rows; r++) {
+        const int position = first + r / group, head = kv * group + r % group;
+        const float *src = p->query + ((int64_t)(q_start + position) * p->num_heads + head)
+                           * head_dim;
+        for (int d = 0; d < head_dim; d++) q[r][d] = src[d] * p->scale;
+    }
+    /* scores, 16 keys a vector for every row; keys past a row's position get -3e38 (finite:
+     * -ffast-math assumes no infinities), so that their weight is 0 */
+    for (int start = 0; start < keys; start += KEY_TILE) {
+        __m512 s[MAX_ROWS];
+        UNROLLED
+        for (int r = 0; r < rows; r++) s[r] = _mm512_setzero_ps();
+        for (int d = 0; d < head_dim; d++) {
+            const __m512 k = _mm512_load_ps(keys_t + (int64_t)d * width + start);
+            UNROLLED
+            for (int r = 0; r < rows; r++)
+                s[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r][d]), k, s[r]);
+        }
+        const __m512i lanes = _mm512_add_epi32(_mm512_set1_epi32(start),
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+        for (int r = 0; r < rows; r++) {
+            const __mmask16 seen = _mm512_cmple_epi32_mask(
+                lanes, _mm512_set1_epi32(prefix + first + r / group));
+            _mm512_store_ps(scores + r * width + start,
+                            _mm512_mask_mov_ps(_mm512_set1_ps(-3.0e38f), seen, s[r]));
+        }
+    }
+    const int64_t span = padded(keys);
+    for (int r = 0; r < rows; r++) {  /* softmax over the row's keys */
+        float *row = scores + r * width;
+        __m512 peak = _mm512_set1_ps(-3.0e38f);
+        for (int t = 0; t < span; t += 16) peak = _mm512_max_ps(peak, _mm512_load_ps(row + t));
+        const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(peak));
+        __m512 sum = _mm512_setzero_ps();
+        for (int t = 0; t < span; t += 16) {
+            const __m512 e = exp16(_mm512_sub_ps(_mm512_load_ps(row + t), top));
+            _mm512_store_ps(row + t, e);
+            sum = _mm512_add_ps(sum, e);
+        }
+        const __m512 inverse = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
+        for (int t = 0; t < span; t += 16)
+            _mm512_store_ps(row + t, _mm512_mul_ps(_mm512_load_ps(row + t), inverse));
+    }
+    /* out = probs V, 16 dimensions at a time for every row */
+    for (int c = 0; c < chunks; c++) {
+        __m512 a[MAX_ROWS];
+        UNROLLED
+        for (int r = 0; r < rows; r++) a[r] = _mm512_setzero_ps();
+        for (int t = 0; t < keys; t++) {
+            const __m512 v = _mm512_loadu_ps(p->v_cache
+                + slot_of(table, p->block_size, t) * token_stride + (int64_t)kv * head_dim
+                + 16 * c);
+            UNROLLED
+            for (int r = 0; r < rows; r++)
+                a[r] = _mm512_fmadd_ps(_mm512_set1_ps(scores[r * width + t]), v, a[r]);
+        }
+        for (int r = 0; r < rows; r++) {
+            const int position = first + r / group, head = kv * group + r % group;
+            _mm512_storeu_ps(p->out + ((int64_t)(q_start + position) * p->num_heads + head)
+                             * head_dim + 16 * c, a[r]);
+        }
+    }
+}
+
+/* head_dim as a literal where it is a common size, rows as one when the item is full */
+static inline __attribute__((always_inline)) void prefill_rows(
+        const Prefill *p, int i, int seq, int kv, int first, int rows, const int head_dim,
+        float *scores) {
+    if (rows == MAX_ROWS)
+        prefill_item(p, i, seq, kv, first, MAX_ROWS, head_dim, scores);
+    else
+        prefill_item(p, i, seq, kv, first, rows, head_dim, scores);
+}
+
+/* query, out: [tokens, num_heads, head_dim]; seqs: the sequences whose chunks are done
+ * here (others are left alone). Returns 0; 1 for shapes it does not take (nothing is
+ * written), 2 when out of memory. */
+int paged_prefill_f32(const float *query, const float *k_cache, const float *v_cache,
+                      float *out, const int32_t *block_tables, const int32_t *context_lens,
+                      const int32_t *query_start, const int32_t *seqs, int num_seqs,
+                      int max_blocks, int num_heads, int num_kv_heads, int head_dim,
+                      int block_size, float scale, int num_threads) {
+    const int group = num_heads / num_kv_heads;
+    if (head_dim % 16 != 0 || head_dim > MAX_HEAD_DIM || group > MAX_ROWS) return 1;
+    const int positions = MAX_ROWS / group;  /* query positions per item */
+    int64_t *first_item = malloc(sizeof(int64_t) * 2 * (size_t)(num_seqs + 1));
+    if (first_item == NULL) return 2;
+    int64_t *keys_at = first_item + num_seqs + 1;
+    first_item[0] = keys_at[0] = 0;
+    for (int i = 0; i < num_seqs; i++) {
+        const int q_len = query_start[seqs[i] + 1] - query_start[seqs[i]];
+        first_item[i + 1] = first_item[i]
+                            + (int64_t)((q_len + positions - 1) / positions) * num_kv_heads;
+        keys_at[i + 1] = keys_at[i]
+                         + key_width(context_lens[seqs[i]]) * num_kv_heads * head_dim;
+    }
+    float *keys_t = aligned_alloc(64, sizeof(float) * (size_t)(keys_at[num_seqs] + 16));
+    if (keys_t == NULL) {
+        free(first_item);
+        return 2;
+    }
+    const Prefill p = {query, v_cache, out, keys_t, keys_at, block_tables, context_lens,
+                       query_start, max_blocks, num_heads, num_kv_heads, block_size, group,
+                       scale};
+    const int64_t items = first_item[num_seqs];
+    int64_t widest = 0;
+    for (int i = 0; i < num_seqs; i++)
+        if (key_width(context_lens[seqs[i]]) > widest) widest = key_width(context_lens[seqs[i]]);
+    int failed = 0;
+    #pragma omp parallel num_threads(num_threads)
+    {
+        float *scores = aligned_alloc(64, sizeof(float) * MAX_ROWS * (size_t)widest);
+        if (scores == NULL) failed = 1;
+        #pragma omp for schedule(dynamic, 1)
+        for (int i = 0; i < num_seqs; i++)
+            transpose_keys(k_cache, block_tables + (int64_t)seqs[i] * max_blocks, block_size,
+                           context_lens[seqs[i]], num_kv_heads, head_dim,
+                           keys_t + keys_at[i]);
+        /* the last tiles of a chunk see the most keys: hand them out first */
+        #pragma omp for schedule(dynamic, 1)
+        for (int64_t back = 0; back < items; back++) {
+            const int64_t item = items - 1 - back;
+            int i = 0;
+            while (first_item[i + 1] <= item) i++;
+            const int seq = seqs[i];
+            const int64_t local = item - first_item[i];
+            const int tile = (int)(local / num_kv_heads), kv = (int)(local % num_kv_heads);
+            const int q_len = query_start[seq + 1] - query_start[seq];
+            const int first = tile * positions;
+            const int count = q_len - first < positions ? q_len - first : positions;
+            if (scores == NULL) continue;
+            if (head_dim == 64)
+                prefill_rows(&p, i, seq, kv, first, count * group, 64, scores);
+            else if (head_dim == 128)
+                prefill_rows(&p, i, seq, kv, first, count * group, 128, scores);
+            else
+                prefill_rows(&p, i, seq, kv, first, count * group, head_dim, scores);
+        }
+        free(scores);
+    }
+    free(keys_t);
+    free(first_item);
+    return failed ? 2 : 0;
+}
+
+int paged_prefill_vectorised(void) { return 1; }
+
+#else
+
+int paged_prefill_f32(const float *query, const float *k_cache, const float *v_cache,
+                      float *out, const int32_t *block_tables, const int32_t *context_lens,
+                      const int32_t *query_start, const int32_t *seqs, int num_seqs,
+                      int max_blocks, int num_heads, int num_kv_heads, int head_dim,
+                      int block_size, float scale, int num_threads) {
+    return 1;
+}
+
+int paged_prefill_vectorised(void) { return 0; }
+
+#endif
