@@ -338,7 +338,8 @@ def memory(num_requests: NumRequests = 200, model: Model = None, max_tokens: Max
             shares[policy] = simulate_contiguous(requests, policy, capacity, max_len,
                                                  cfg.max_num_seqs, cfg.max_num_batched_tokens)
         report.emit_table("memory", [{"engine": name, **f} for name, f in shares.items()],
-                          ["engine", *PARTS, "mean_batch_size", "max_batch_size"])
+                          ["engine", *PARTS, "live_of_allocated", "mean_batch_size",
+                           "max_batch_size"])
         report.note(f"KV budget {capacity} token slots; pagedchat measured in the engine, the "
                     "reservation policies simulated on the same trace (see bench/memory.py); "
                     "shares averaged over steps with requests waiting")

@@ -34,6 +34,11 @@ def test_ceiling_is_measured():
     for dtype in ("float32", "bfloat16"):
         assert found[dtype]["gflop_per_s"] > 0
         assert found[dtype]["tokens_per_s"] > 0
+        # the ceiling is the fastest product measured, and names it
+        products = found[dtype]["products"]
+        assert set(products) == {"torch", "onednn_packed"}
+        assert found[dtype]["gflop_per_s"] == max(products.values())
+        assert products[found[dtype]["product"]] == found[dtype]["gflop_per_s"]
 
 
 def test_plain_lines_when_piped():

@@ -76,4 +76,5 @@ def test_paged_sample_only_while_requests_wait():
     assert figures["token_states"] == pytest.approx(21 / 40)
     assert figures["internal_fragmentation"] == pytest.approx(3 / 40)
     assert figures["free"] == pytest.approx(16 / 40)
+    assert figures["live_of_allocated"] == pytest.approx(21 / 24)
     assert figures["mean_batch_size"] == 3

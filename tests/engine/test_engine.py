@@ -224,3 +224,24 @@ def test_requests_admitted_in_one_step_share_their_common_prefix(tiny_llm):
     assert outputs["q"].num_cached_tokens == 64
     alone = tiny_llm.generate([system + [3, 4]], SamplingParams(temperature=0, max_tokens=4))
     assert alone[0].outputs[0].token_ids == outputs["q"].outputs[0].token_ids
+
+
+def test_linear_weights_are_packed_once_for_the_backend(tiny_model_dir):
+    """On the CPU backend every linear layer holds its weight in oneDNN's layout (where
+    torch has oneDNN), the tied head stays plain (the embedding reads it), and greedy
+    output still matches the reference backend's."""
+    from pagedchat.engine.models.llama import Linear
+    from pagedchat.kernels import cpu
+
+    llm = LLM(model=str(tiny_model_dir), num_kv_blocks=64, block_size=16)
+    model = llm.engine.runner.model
+    layers = [m for m in model.modules() if isinstance(m, Linear)]
+    assert layers and all(m.weight.is_mkldnn == cpu._onednn() for m in layers)
+    assert not model.embed_tokens.weight.is_mkldnn
+    reference = LLM(model=str(tiny_model_dir), num_kv_blocks=64, block_size=16,
+                    attention_backend="torch")
+    assert not any(m.weight.is_mkldnn for m in reference.engine.runner.model.modules()
+                   if isinstance(m, Linear))
+    prompts = _prompts(3, seed=5)
+    ours = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
+    assert ours == [o.outputs[0].token_ids for o in reference.generate(prompts, GREEDY)]

@@ -225,3 +225,41 @@ def test_linear_matches_reference(rows, k_dim, n_dim, with_bias, seed):
         x.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(),
         out.data_ptr(), rows, k_dim, n_dim, 2)
     assert torch.allclose(out, expected, rtol=1e-5, atol=1e-4)
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.sampled_from([0, 1, 2, 7, 16, 17, 33, 100, 257]),
+       k_dim=st.sampled_from([8, 100, 576]), n_dim=st.sampled_from([1, 7, 64, 961]),
+       with_bias=st.booleans(), dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+       seed=st.integers(0, 2**16))
+def test_linear_on_packed_weights_matches_reference(rows, k_dim, n_dim, with_bias, dtype,
+                                                     seed):
+    """A weight packed once (oneDNN's layout, where torch has it) gives F.linear's result at
+    any row count, rounded up for oneDNN or not."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k_dim, generator=gen).to(dtype)
+    weight = torch.randn(n_dim, k_dim, generator=gen).to(dtype)
+    bias = torch.randn(n_dim, generator=gen).to(dtype) if with_bias else None
+    expected = ref.linear(x, weight, bias)
+    out = cpu.linear(x, cpu.pack_linear(weight), bias)
+    assert out.shape == expected.shape and out.is_contiguous()
+    tol = {"rtol": 1e-5, "atol": 1e-4} if dtype == torch.float32 else {"rtol": 2e-2,
+                                                                         "atol": 5e-2}
+    assert torch.allclose(out.float(), expected.float(), **tol)
+
+
+def test_onednn_row_counts_are_few_and_close():
+    """Up to 16 rows go as they are; beyond, at most 12.5% padding and a few dozen distinct
+    counts up to 1,024 rows, 8 per doubling (oneDNN builds and keeps a product per count)."""
+    padded = [cpu.onednn_rows(rows) for rows in range(1, 1025)]
+    assert padded[:16] == list(range(1, 17))
+    for rows, count in enumerate(padded, start=1):
+        assert rows <= count <= rows * 1.125 + 1
+    assert len(set(padded[16:])) == 8 * 6  # 17-32, 33-64, ..., 513-1024
+
+
+def test_pack_linear_leaves_what_it_cannot_pack():
+    weight = torch.randn(4, 3, dtype=torch.float64)
+    assert cpu.pack_linear(weight) is weight
+    if cpu._onednn():
+        assert cpu.pack_linear(torch.randn(4, 3)).is_mkldnn
