@@ -44,7 +44,9 @@ def test_throughput_against_both_peers(tiny, tmp_path):
               for line in lines[2:]}
     best = max(speeds, key=speeds.get)
     assert engines["hf-continuous"]["max_requests"] == best
-    assert engines["hf-continuous"]["output_tokens_per_s"] == pytest.approx(speeds[best])
+    # the line prints 6 significant digits
+    assert engines["hf-continuous"]["output_tokens_per_s"] == pytest.approx(speeds[best],
+                                                                           rel=1e-5)
     assert "pagedchat_ratio=1 " in lines[0] + " "
 
 
