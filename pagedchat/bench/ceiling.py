@@ -7,9 +7,9 @@ the tokens/s no engine can beat (attention, sampling and everything else come on
 Shapes are those of a fused model (q|k|v and gate|up in one matrix each); the FLOPs are the
 same as unfused.
 
-Each product torch offers is timed, and the fastest is the ceiling: ``F.linear`` (MKL's
-sgemm in float32, what transformers runs) and oneDNN on weights packed into its own layout
-(what pagedchat's CPU kernels run; on AMD Zen 5 about 2.4x MKL in float32).
+Two products are timed and the faster is the ceiling: torch's ``F.linear`` (MKL's sgemm
+in float32, what transformers runs) and the CPU kernels' (oneDNN on weights packed into its
+own layout where torch has oneDNN; on AMD Zen 5 about 2.4x MKL in float32).
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ import torch.nn.functional as F
 
 from pagedchat.kernels import cpu
 
-# name -> (lay a weight out once, multiply by it)
+# name -> (lay a weight out once, multiply by it): torch's own, and the CPU kernels'
 PRODUCTS = {
     "torch": (lambda weight: weight, F.linear),
-    "onednn_packed": (cpu.pack_linear, cpu.linear),
+    "pagedchat": (cpu.pack_linear, cpu.linear),
 }
 
 

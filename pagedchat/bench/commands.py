@@ -240,8 +240,8 @@ def _ceiling(engine, ours: dict[str, object]) -> dict[str, object]:
     report.emit_table("ceiling", rows, ["dtype", "product", "gflop_per_s", "tokens_per_s",
                                         "output_share", "flop_share"])
     report.note(f"matmul ceiling: one step of batch {found['batch']} with every layer's own "
-                f"weights, the fastest of torch's products (F.linear, oneDNN on packed "
-                f"weights), {found['gflop_per_token']:.3f} GFLOP/token; pagedchat (in "
+                f"weights, the faster of torch's F.linear and the CPU kernels' product (oneDNN "
+                f"on packed weights), {found['gflop_per_token']:.3f} GFLOP/token; pagedchat (in "
                 f"{engine.config.dtype}) did {achieved:.1f} GFLOP/s of matrix work, prompts "
                 "included; output_share = its output tokens/s / the ceiling's tokens/s")
     return found
