@@ -259,13 +259,15 @@ def _serve(title: str, options: EngineOptions, make_requests, rates: list[float]
     rows = []
     for index, rate in enumerate(rates):
         arrivals = poisson_arrivals(len(requests), rate, seed)
-        if index:
-            engine = options.build()  # a fresh prefix cache for every rate
+        if index:  # a fresh prefix cache for every rate; the last engine's pool goes first
+            engine = None
+            engine = options.build()
         for runner in [PagedChat(engine), *peers]:
             figures = {"request_rate": rate, **measure(runner, requests, warmup, arrivals)[0]}
             alone = sum(peer.name == runner.name for peer in peers) <= 1
             engines.setdefault(runner.name if alone else runner.label, []).append(figures)
             rows.append({"engine": runner.label, **_flat(figures)})
+        del runner  # PagedChat's, when there are no peers, holds the engine
     report.emit_table(title, rows, [
         "engine", "request_rate", "requests_per_s", "ttft_ms_mean", "ttft_ms_p99",
         "tpot_ms_mean", "itl_ms_p99", "e2e_ms_mean", "normalized_latency_s_per_token"])

@@ -80,7 +80,7 @@ class BlockManager:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_ids = list(range(num_blocks - 1, -1, -1))
         # Free ids are handed out lowest first and reused last-freed first, so blocks at or
-        # above this mark were never written: their pages are not resident.
+        # above this mark were never used: how much of the pool a run needed.
         self.high_water = 0
         self.evictable: OrderedDict[int, None] = OrderedDict()
         self.hash_to_block: dict[int, int] = {}

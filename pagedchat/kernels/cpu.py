@@ -1,7 +1,7 @@
 """The CPU backend: a compiled paged-attention kernel for decode and short chunks, a
-compiled tiled kernel for longer prompt chunks (torch's SDPA in bfloat16 or
-without AVX-512), a compiled pass over the logits for sampling,
-compiled float32 RMSNorm, rotary-and-store and SiLU-and-multiply, linear layers through
+compiled tiled kernel for longer prompt chunks (torch's SDPA without AVX-512), a
+compiled pass over the logits for sampling, compiled RMSNorm,
+rotary-and-store and SiLU-and-multiply (float32 and bfloat16), linear layers through
 oneDNN on weights packed once into its layout, a compiled product for the head's few
 rows (its weight stays plain: the embedding reads it too), the reference for everything
 else.
@@ -64,12 +64,14 @@ _ATTENTION = (_INT, [_P] * 9 + [_INT] * 6 + [_FLOAT, _INT])
 _SIGNATURES = {
     "paged_attention_f32": _ATTENTION,
     "paged_attention_bf16": _ATTENTION,
-    "paged_prefill_f32": (_INT, [_P] * 8 + [_INT] * 6 + [_FLOAT, _INT]),
+    **{f"paged_prefill_{t}": (_INT, [_P] * 8 + [_INT] * 6 + [_FLOAT, _INT])
+       for t in ("f32", "bf16")},
     "paged_prefill_vectorised": (_INT, []),
     "max_logsumexp_f32": (None, [_P, _INT, _INT, _INT64, _P, _P, _P, _INT]),
-    "rms_norm_f32": (None, [_P] * 5 + [_INT, _INT, _FLOAT, _INT]),
-    "rotary_store_f32": (None, [_P, _INT64] + [_P] * 6 + [_INT] * 5),
-    "silu_mul_f32": (None, [_P, _P, _INT, _INT, _INT]),
+    **{f"rms_norm_{t}": (None, [_P] * 5 + [_INT, _INT, _FLOAT, _INT]) for t in ("f32", "bf16")},
+    **{f"rotary_store_{t}": (None, [_P, _INT64] + [_P] * 6 + [_INT] * 5)
+       for t in ("f32", "bf16")},
+    **{f"silu_mul_{t}": (None, [_P, _P, _INT, _INT, _INT]) for t in ("f32", "bf16")},
     "linear_f32": (None, [_P] * 4 + [_INT] * 4),
     "linear_f32_vectorised": (_INT, []),
 }
@@ -155,8 +157,10 @@ def paged_attention(
         if status != 0:
             raise MemoryError("paged attention: out of memory for the score buffer")
     long_chunks = plan.long_chunks
-    if long_chunks and query.dtype == torch.float32 and _prefill_vectorised():
-        status = library.paged_prefill_f32(
+    if long_chunks and _prefill_vectorised():
+        prefill = (library.paged_prefill_f32 if query.dtype == torch.float32
+                   else library.paged_prefill_bf16)
+        status = prefill(
             query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
             plan.tables.data_ptr(), plan.context_lens.data_ptr(),
             plan.query_start_loc.data_ptr(), plan.long_seqs.data_ptr(), len(long_chunks),
@@ -297,12 +301,27 @@ def _float32_library(*tensors: torch.Tensor | None) -> ctypes.CDLL | None:
     return kernel_library()
 
 
+_LAYER_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
+
+
+def _layer_function(name: str, *tensors: torch.Tensor | None):
+    """The C layer kernel ``name`` for these tensors' dtype (float32 or bfloat16, all the
+    same, on the CPU; None stands for an absent optional tensor), else None."""
+    present = [tensor for tensor in tensors if tensor is not None]
+    dtype = present[0].dtype
+    if dtype not in _LAYER_DTYPES or any(t.dtype != dtype or t.device.type != "cpu"
+                                         for t in present):
+        return None
+    library = kernel_library()
+    return None if library is None else getattr(library, f"{name}_{_LAYER_DTYPES[dtype]}")
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
              residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Same contract as :func:`pagedchat.kernels.reference.rms_norm`: the residual add
     and the norm in one pass over each row."""
-    library = _float32_library(x, weight, residual)
-    if library is None or x.dim() != 2 or not weight.is_contiguous():
+    function = _layer_function("rms_norm", x, weight, residual)
+    if function is None or x.dim() != 2 or not weight.is_contiguous():
         return reference.rms_norm(x, weight, eps, residual)
     x = x.contiguous()
     out = torch.empty_like(x)
@@ -312,8 +331,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
         residual = residual.contiguous()
         total = torch.empty_like(x)
         residual_ptr, total_ptr = residual.data_ptr(), total.data_ptr()
-    library.rms_norm_f32(x.data_ptr(), residual_ptr, weight.data_ptr(), out.data_ptr(),
-                         total_ptr, x.shape[0], x.shape[1], eps, torch.get_num_threads())
+    function(x.data_ptr(), residual_ptr, weight.data_ptr(), out.data_ptr(), total_ptr,
+             x.shape[0], x.shape[1], eps, torch.get_num_threads())
     return out, total
 
 
@@ -322,31 +341,29 @@ def rotary_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_he
                  slot_mapping: torch.Tensor) -> torch.Tensor:
     """Same contract as :func:`pagedchat.kernels.reference.rotary_store`, one pass over
     each token: keys and values go straight to their slots."""
-    library = _float32_library(qkv, cos, sin, k_cache, v_cache)
-    if (library is None or qkv.stride(1) != 1 or not k_cache.is_contiguous()
+    function = _layer_function("rotary_store", qkv, cos, sin, k_cache, v_cache)
+    if (function is None or qkv.stride(1) != 1 or not k_cache.is_contiguous()
             or not v_cache.is_contiguous()):
         return reference.rotary_store(qkv, cos, sin, num_heads, k_cache, v_cache, slot_mapping)
     tokens, (kv_heads, head_dim) = qkv.shape[0], k_cache.shape[2:]
     cos, sin = cos.contiguous(), sin.contiguous()
     slots = slot_mapping.to(torch.int64).contiguous()
-    q = torch.empty(tokens, num_heads, head_dim)
-    library.rotary_store_f32(
-        qkv.data_ptr(), qkv.stride(0), cos.data_ptr(), sin.data_ptr(), slots.data_ptr(),
-        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tokens, num_heads, kv_heads,
-        head_dim, torch.get_num_threads())
+    q = torch.empty(tokens, num_heads, head_dim, dtype=qkv.dtype)
+    function(qkv.data_ptr(), qkv.stride(0), cos.data_ptr(), sin.data_ptr(), slots.data_ptr(),
+             q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tokens, num_heads, kv_heads,
+             head_dim, torch.get_num_threads())
     return q
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """Same contract as :func:`pagedchat.kernels.reference.silu_mul`, one pass."""
-    library = _float32_library(gate_up)
-    if library is None or gate_up.dim() != 2:
+    function = _layer_function("silu_mul", gate_up)
+    if function is None or gate_up.dim() != 2:
         return reference.silu_mul(gate_up)
     gate_up = gate_up.contiguous()
     rows, width = gate_up.shape[0], gate_up.shape[1] // 2
-    out = torch.empty(rows, width)
-    library.silu_mul_f32(gate_up.data_ptr(), out.data_ptr(), rows, width,
-                         torch.get_num_threads())
+    out = torch.empty(rows, width, dtype=gate_up.dtype)
+    function(gate_up.data_ptr(), out.data_ptr(), rows, width, torch.get_num_threads())
     return out
 
 

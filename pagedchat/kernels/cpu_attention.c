@@ -20,20 +20,6 @@
 
 #include "cpu_vector.h"
 
-typedef uint16_t bf16_t;
-
-static inline float bf16_load(const bf16_t *p, int64_t i) {
-    union { uint32_t u; float f; } v;
-    v.u = ((uint32_t)p[i]) << 16;
-    return v.f;
-}
-
-static inline bf16_t bf16_round(float f) {
-    union { uint32_t u; float f; } v;
-    v.f = f;
-    return (bf16_t)((v.u + 0x7FFFu + ((v.u >> 16) & 1u)) >> 16);
-}
-
 #define TILE 16
 
 /* Where tokens [start, start + 16) of a sequence (fewer at its end) keep their rows,
@@ -78,10 +64,7 @@ static inline int prefetch_tile(int j, int tiles, const char *k_first, const cha
 
 static inline __m512 load16_f32(const float *p) { return _mm512_loadu_ps(p); }
 
-static inline __m512 load16_bf16(const bf16_t *p) {
-    __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
-}
+static inline __m512 load16_bf16_all(const bf16_t *p) { return load16_bf16(p, 0xFFFF); }
 
 /* 16 vectors of partial dot products -> one vector of their 16 horizontal sums. */
 static inline __m512 sum16(__m512 p[16]) {
@@ -117,7 +100,7 @@ static inline void NAME(const float *q, const char *const rows[TILE], int64_t he
     _mm512_mask_storeu_ps(scores, (__mmask16)((1u << count) - 1u), sums);                   \
 }
 DEFINE_SCORE_TILE(score_tile_f32, float, load16_f32)
-DEFINE_SCORE_TILE(score_tile_bf16, bf16_t, load16_bf16)
+DEFINE_SCORE_TILE(score_tile_bf16, bf16_t, load16_bf16_all)
 
 /* acc[0:head_dim] += sum over up to 16 tokens of p[t] * v[t], V rows rows[t] + head. Up
  * to four 16-lane accumulators stay in registers across the tokens, so their FMA chains
@@ -146,7 +129,7 @@ static inline void NAME(const float *p, const char *const rows[TILE], int64_t he
     }                                                                                       \
 }
 DEFINE_VALUE_TILE(value_tile_f32, float, load16_f32)
-DEFINE_VALUE_TILE(value_tile_bf16, bf16_t, load16_bf16)
+DEFINE_VALUE_TILE(value_tile_bf16, bf16_t, load16_bf16_all)
 
 /* s[0:n] <- softmax(s[0:n]), in place. */
 static inline void softmax_row(float *s, int n) {

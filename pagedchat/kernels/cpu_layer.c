@@ -5,6 +5,9 @@
  * and an add; SiLU-and-multiply: two), and at one decoding sequence those calls, not the
  * arithmetic, are the cost: about a third of a single-stream step on this model.
  * The rotary pass also writes the step's keys and values into their cache slots.
+ * Each comes in float32 and bfloat16 (the arithmetic in float32 either way; bfloat16
+ * results are rounded where torch's bfloat16 operations round: the residual sum, the
+ * normalised rows before the weight, each output).
  * The torch versions in reference.py are the definition; the tests compare the two.
  * Rows are split across threads only when there are enough of them to pay for it.
  */
@@ -22,114 +25,189 @@ static int threads_for(int64_t elements, int num_threads) {
     return elements >= PARALLEL_MIN_ELEMENTS ? num_threads : 1;
 }
 
-static float sum_of_squares(const float *x, int n) {
+/* Per element type: scalar load / store (rounding), and with AVX-512 a masked load of 16
+ * lanes as float32, a masked store, and the rounding a store would do. */
+#define F32_LOAD(p, i) ((p)[i])
+#define F32_STORE(x) (x)
+#define F32_ROUND(x) (x)
+#define BF16_LOAD(p, i) bf16_load((p), (i))
+#define BF16_STORE(x) bf16_round(x)
+#define BF16_ROUND(x) bf16_load((bf16_t[]){bf16_round(x)}, 0)
 #if defined(HAVE_AVX512)
-    __m512 acc = _mm512_setzero_ps();
-    for (int i = 0; i < n; i += 16) {
-        const __m512 v = _mm512_maskz_loadu_ps(tail_mask(n - i), x + i);
-        acc = _mm512_fmadd_ps(v, v, acc);
-    }
-    return _mm512_reduce_add_ps(acc);
-#else
-    float total = 0.0f;
-    for (int i = 0; i < n; i++) total += x[i] * x[i];
-    return total;
-#endif
-}
+#define F32_LOAD16(p, m) _mm512_maskz_loadu_ps((m), (p))
+#define F32_STORE16(p, m, v) _mm512_mask_storeu_ps((p), (m), (v))
+#define F32_ROUND16(v) (v)
+#define BF16_LOAD16(p, m) load16_bf16((p), (m))
+#define BF16_STORE16(p, m, v) store16_bf16((p), (m), (v))
+#define BF16_ROUND16(v) round16_bf16(v)
 
-/* out = weight * (h / sqrt(mean(h^2) + eps)) with h = x (+ residual, then also written to
- * sum_out). x, residual, out, sum_out: [rows, dim] contiguous; weight: [dim]. */
-void rms_norm_f32(const float *x, const float *residual, const float *weight, float *out,
-                  float *sum_out, int rows, int dim, float eps, int num_threads) {
-    #pragma omp parallel for schedule(static) num_threads(threads_for((int64_t)rows * dim, num_threads))
-    for (int r = 0; r < rows; r++) {
-        const int64_t base = (int64_t)r * dim;
-        const float *h = x + base;
-        if (residual != NULL) {
-            for (int i = 0; i < dim; i++) sum_out[base + i] = x[base + i] + residual[base + i];
-            h = sum_out + base;
-        }
-        const float inverse = 1.0f / sqrtf(sum_of_squares(h, dim) / (float)dim + eps);
-        for (int i = 0; i < dim; i++) out[base + i] = weight[i] * (h[i] * inverse);
+/* silu(g) * up for 16 lanes. e^-g kept finite: -ffast-math divides by way of a
+ * reciprocal, which turns g / (1 + inf) into NaN; silu(g) for g < -80 is then ~1e-33
+ * instead of -0. */
+static inline __m512 silu_mul16(__m512 g, __m512 up) {
+    const __m512 e = exp16(_mm512_min_ps(_mm512_sub_ps(_mm512_setzero_ps(), g),
+                                         _mm512_set1_ps(80.0f)));
+    return _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), up);
+}
+#endif
+
+/* out = weight * ROUND(h / sqrt(mean(h^2) + eps)) with h = x (or ROUND(x + residual), also
+ * written to sum_out). x, residual, out, sum_out: [rows, dim] contiguous; weight: [dim]. */
+#if defined(HAVE_AVX512)
+#define RMS_NORM_ROW(T, LOAD16, STORE16, ROUND16)                                          \
+    __m512 squares = _mm512_setzero_ps();                                                  \
+    for (int i = 0; i < dim; i += 16) {                                                    \
+        const __mmask16 m = tail_mask(dim - i);                                            \
+        __m512 v = LOAD16(xr + i, m);                                                      \
+        if (residual != NULL) {                                                            \
+            v = ROUND16(_mm512_add_ps(v, LOAD16(residual + base + i, m)));                 \
+            STORE16(sum_out + base + i, m, v);                                             \
+        }                                                                                  \
+        squares = _mm512_fmadd_ps(v, v, squares);                                          \
+    }                                                                                      \
+    const T *h = residual != NULL ? sum_out + base : xr;                                   \
+    const __m512 inverse = _mm512_set1_ps(                                                 \
+        1.0f / sqrtf(_mm512_reduce_add_ps(squares) / (float)dim + eps));                   \
+    for (int i = 0; i < dim; i += 16) {                                                    \
+        const __mmask16 m = tail_mask(dim - i);                                            \
+        const __m512 normed = ROUND16(_mm512_mul_ps(LOAD16(h + i, m), inverse));           \
+        STORE16(out + base + i, m, _mm512_mul_ps(LOAD16(weight + i, m), normed));          \
     }
+#else
+#define RMS_NORM_ROW(T, LOAD16, STORE16, ROUND16) RMS_NORM_ROW_SCALAR(T)
+#endif
+#define RMS_NORM_ROW_SCALAR(T)                                                             \
+    float squares = 0.0f;                                                                  \
+    for (int i = 0; i < dim; i++) {                                                        \
+        float v = LOAD(xr, i);                                                             \
+        if (residual != NULL) {                                                            \
+            v = ROUND(v + LOAD(residual + base, i));                                       \
+            sum_out[base + i] = STORE(v);                                                  \
+        }                                                                                  \
+        squares += v * v;                                                                  \
+    }                                                                                      \
+    const T *h = residual != NULL ? sum_out + base : xr;                                   \
+    const float inverse = 1.0f / sqrtf(squares / (float)dim + eps);                        \
+    for (int i = 0; i < dim; i++)                                                          \
+        out[base + i] = STORE(LOAD(weight, i) * ROUND(LOAD(h, i) * inverse));
+
+#define DEFINE_RMS_NORM(NAME, T, LOAD, STORE, ROUND, LOAD16, STORE16, ROUND16)             \
+void NAME(const T *x, const T *residual, const T *weight, T *out, T *sum_out, int rows,    \
+          int dim, float eps, int num_threads) {                                           \
+    _Pragma("omp parallel for schedule(static) num_threads(threads_for((int64_t)rows * dim, num_threads))") \
+    for (int r = 0; r < rows; r++) {                                                       \
+        const int64_t base = (int64_t)r * dim;                                             \
+        const T *xr = x + base;                                                            \
+        RMS_NORM_ROW(T, LOAD16, STORE16, ROUND16)                                          \
+    }                                                                                      \
 }
 
 /* Rotate-half rotary embedding of one head: out[i] = x[i] cos[i] - x[i + half] sin[i],
  * out[i + half] = x[i + half] cos[i + half] + x[i] sin[i + half]. */
-static void rotate(const float *restrict x, const float *restrict cos, const float *restrict sin,
-                   float *restrict out, int head_dim) {
-    const int half = head_dim / 2;
 #if defined(HAVE_AVX512)
-    for (int i = 0; i < half; i += 16) {
-        const __mmask16 m = tail_mask(half - i);
-        const __m512 lo = _mm512_maskz_loadu_ps(m, x + i);
-        const __m512 hi = _mm512_maskz_loadu_ps(m, x + half + i);
-        _mm512_mask_storeu_ps(out + i, m, _mm512_sub_ps(
-            _mm512_mul_ps(lo, _mm512_maskz_loadu_ps(m, cos + i)),
-            _mm512_mul_ps(hi, _mm512_maskz_loadu_ps(m, sin + i))));
-        _mm512_mask_storeu_ps(out + half + i, m, _mm512_add_ps(
-            _mm512_mul_ps(hi, _mm512_maskz_loadu_ps(m, cos + half + i)),
-            _mm512_mul_ps(lo, _mm512_maskz_loadu_ps(m, sin + half + i))));
+#define ROTATE_HEAD(LOAD16, STORE16)                                                       \
+    for (int i = 0; i < half; i += 16) {                                                   \
+        const __mmask16 m = tail_mask(half - i);                                           \
+        const __m512 lo = LOAD16(x + i, m), hi = LOAD16(x + half + i, m);                  \
+        STORE16(out + i, m, _mm512_sub_ps(_mm512_mul_ps(lo, LOAD16(cos + i, m)),           \
+                                          _mm512_mul_ps(hi, LOAD16(sin + i, m))));         \
+        STORE16(out + half + i, m,                                                         \
+                _mm512_add_ps(_mm512_mul_ps(hi, LOAD16(cos + half + i, m)),                \
+                              _mm512_mul_ps(lo, LOAD16(sin + half + i, m))));              \
     }
 #else
-    for (int i = 0; i < half; i++) {
-        out[i] = x[i] * cos[i] - x[i + half] * sin[i];
-        out[i + half] = x[i + half] * cos[i + half] + x[i] * sin[i + half];
+#define ROTATE_HEAD(LOAD16, STORE16)                                                       \
+    for (int i = 0; i < half; i++) {                                                       \
+        out[i] = STORE(LOAD(x, i) * LOAD(cos, i) - LOAD(x, i + half) * LOAD(sin, i));      \
+        out[i + half] = STORE(LOAD(x, i + half) * LOAD(cos, i + half)                      \
+                              + LOAD(x, i) * LOAD(sin, i + half));                         \
     }
 #endif
-}
 
 /* The step before attention, per token: rotate its query and key heads, write the rotated
  * keys and the values straight into the token's cache slot (slot -1: not stored), and the
  * rotated queries to q_out. qkv: [tokens, (heads + 2 kv_heads) head_dim], rows row_stride
- * floats apart; cos, sin: [tokens, head_dim]; q_out: [tokens, heads, head_dim];
+ * elements apart; cos, sin: [tokens, head_dim]; q_out: [tokens, heads, head_dim];
  * caches: [slots, kv_heads, head_dim]. */
-void rotary_store_f32(const float *qkv, int64_t row_stride, const float *cos, const float *sin,
-                      const int64_t *slots, float *q_out, float *k_cache, float *v_cache,
-                      int tokens, int heads, int kv_heads, int head_dim, int num_threads) {
-    const int64_t kv_row = (int64_t)kv_heads * head_dim;
-    #pragma omp parallel for schedule(static) num_threads(threads_for(row_stride * tokens, num_threads))
-    for (int t = 0; t < tokens; t++) {
-        const float *row = qkv + (int64_t)t * row_stride;
-        const float *c = cos + (int64_t)t * head_dim;
-        const float *s = sin + (int64_t)t * head_dim;
-        for (int h = 0; h < heads; h++)
-            rotate(row + (int64_t)h * head_dim, c, s,
-                   q_out + ((int64_t)t * heads + h) * head_dim, head_dim);
-        if (slots[t] < 0) continue;
-        const float *keys = row + (int64_t)heads * head_dim;
-        float *k_slot = k_cache + slots[t] * kv_row;
-        for (int h = 0; h < kv_heads; h++)
-            rotate(keys + (int64_t)h * head_dim, c, s, k_slot + (int64_t)h * head_dim, head_dim);
-        const float *values = keys + kv_row;
-        float *v_slot = v_cache + slots[t] * kv_row;
-        for (int64_t i = 0; i < kv_row; i++) v_slot[i] = values[i];
-    }
+#define DEFINE_ROTARY_STORE(NAME, T, LOAD, STORE, LOAD16, STORE16)                         \
+static void NAME##_head(const T *restrict x, const T *restrict cos, const T *restrict sin, \
+                        T *restrict out, int head_dim) {                                   \
+    const int half = head_dim / 2;                                                         \
+    ROTATE_HEAD(LOAD16, STORE16)                                                           \
+}                                                                                          \
+                                                                                           \
+void NAME(const T *qkv, int64_t row_stride, const T *cos, const T *sin,                    \
+          const int64_t *slots, T *q_out, T *k_cache, T *v_cache, int tokens, int heads,   \
+          int kv_heads, int head_dim, int num_threads) {                                   \
+    const int64_t kv_row = (int64_t)kv_heads * head_dim;                                   \
+    _Pragma("omp parallel for schedule(static) num_threads(threads_for(row_stride * tokens, num_threads))") \
+    for (int t = 0; t < tokens; t++) {                                                     \
+        const T *row = qkv + (int64_t)t * row_stride;                                      \
+        const T *c = cos + (int64_t)t * head_dim;                                          \
+        const T *s = sin + (int64_t)t * head_dim;                                          \
+        for (int h = 0; h < heads; h++)                                                    \
+            NAME##_head(row + (int64_t)h * head_dim, c, s,                                 \
+                        q_out + ((int64_t)t * heads + h) * head_dim, head_dim);            \
+        if (slots[t] < 0) continue;                                                        \
+        const T *keys = row + (int64_t)heads * head_dim;                                   \
+        T *k_slot = k_cache + slots[t] * kv_row;                                           \
+        for (int h = 0; h < kv_heads; h++)                                                 \
+            NAME##_head(keys + (int64_t)h * head_dim, c, s, k_slot + (int64_t)h * head_dim, \
+                        head_dim);                                                         \
+        const T *values = keys + kv_row;                                                   \
+        T *v_slot = v_cache + slots[t] * kv_row;                                           \
+        for (int64_t i = 0; i < kv_row; i++) v_slot[i] = values[i];                        \
+    }                                                                                      \
 }
 
 /* out = silu(gate) * up, gate and up the two halves of each row of gate_up
  * ([rows, 2 * width] contiguous); out: [rows, width]. */
-void silu_mul_f32(const float *gate_up, float *out, int rows, int width, int num_threads) {
-    #pragma omp parallel for schedule(static) num_threads(threads_for((int64_t)rows * width, num_threads))
-    for (int r = 0; r < rows; r++) {
-        const float *gate = gate_up + (int64_t)r * 2 * width;
-        const float *up = gate + width;
-        float *o = out + (int64_t)r * width;
 #if defined(HAVE_AVX512)
-        const __m512 one = _mm512_set1_ps(1.0f);
-        /* e^-g kept finite: -ffast-math divides by way of a reciprocal, which turns
-         * g / (1 + inf) into NaN; silu(g) for g < -80 is then ~1e-33 instead of -0. */
-        const __m512 most = _mm512_set1_ps(80.0f);
-        for (int i = 0; i < width; i += 16) {
-            const __mmask16 m = tail_mask(width - i);
-            const __m512 g = _mm512_maskz_loadu_ps(m, gate + i);
-            const __m512 e = exp16(_mm512_min_ps(_mm512_sub_ps(_mm512_setzero_ps(), g), most));
-            const __m512 silu = _mm512_div_ps(g, _mm512_add_ps(one, e));
-            _mm512_mask_storeu_ps(o + i, m, _mm512_mul_ps(silu, _mm512_maskz_loadu_ps(m, up + i)));
-        }
-#else
-        for (int i = 0; i < width; i++)
-            o[i] = gate[i] / (1.0f + expf(fminf(-gate[i], 80.0f))) * up[i];
-#endif
+#define SILU_MUL_ROW(LOAD16, STORE16, ROUND16)                                             \
+    for (int i = 0; i < width; i += 16) {                                                  \
+        const __mmask16 m = tail_mask(width - i);                                          \
+        const __m512 silu = silu_mul16(LOAD16(gate + i, m), _mm512_set1_ps(1.0f));         \
+        STORE16(o + i, m, _mm512_mul_ps(ROUND16(silu), LOAD16(up + i, m)));                \
     }
+#else
+#define SILU_MUL_ROW(LOAD16, STORE16, ROUND16)                                             \
+    for (int i = 0; i < width; i++) {                                                      \
+        const float g = LOAD(gate, i);                                                     \
+        o[i] = STORE(ROUND(g / (1.0f + expf(fminf(-g, 80.0f)))) * LOAD(up, i));            \
+    }
+#endif
+
+#define DEFINE_SILU_MUL(NAME, T, LOAD, STORE, ROUND, LOAD16, STORE16, ROUND16)             \
+void NAME(const T *gate_up, T *out, int rows, int width, int num_threads) {                \
+    _Pragma("omp parallel for schedule(static) num_threads(threads_for((int64_t)rows * width, num_threads))") \
+    for (int r = 0; r < rows; r++) {                                                       \
+        const T *gate = gate_up + (int64_t)r * 2 * width;                                  \
+        const T *up = gate + width;                                                        \
+        T *o = out + (int64_t)r * width;                                                   \
+        SILU_MUL_ROW(LOAD16, STORE16, ROUND16)                                             \
+    }                                                                                      \
 }
+
+#define LOAD F32_LOAD
+#define STORE F32_STORE
+#define ROUND F32_ROUND
+DEFINE_RMS_NORM(rms_norm_f32, float, F32_LOAD, F32_STORE, F32_ROUND, F32_LOAD16, F32_STORE16,
+                F32_ROUND16)
+DEFINE_ROTARY_STORE(rotary_store_f32, float, F32_LOAD, F32_STORE, F32_LOAD16, F32_STORE16)
+DEFINE_SILU_MUL(silu_mul_f32, float, F32_LOAD, F32_STORE, F32_ROUND, F32_LOAD16, F32_STORE16,
+                F32_ROUND16)
+#undef LOAD
+#undef STORE
+#undef ROUND
+#define LOAD BF16_LOAD
+#define STORE BF16_STORE
+#define ROUND BF16_ROUND
+DEFINE_RMS_NORM(rms_norm_bf16, bf16_t, BF16_LOAD, BF16_STORE, BF16_ROUND, BF16_LOAD16,
+                BF16_STORE16, BF16_ROUND16)
+DEFINE_ROTARY_STORE(rotary_store_bf16, bf16_t, BF16_LOAD, BF16_STORE, BF16_LOAD16,
+                    BF16_STORE16)
+DEFINE_SILU_MUL(silu_mul_bf16, bf16_t, BF16_LOAD, BF16_STORE, BF16_ROUND, BF16_LOAD16,
+                BF16_STORE16, BF16_ROUND16)
+#undef LOAD
+#undef STORE
+#undef ROUND

@@ -10,9 +10,9 @@
  * row's scores (the item's keys, 24 rows of a few KB, in L2) then get their softmax, and
  * the weighted sum of V is another small product. On this model's 1,000-token prompt it
  * ran at 2.8x torch's SDPA (AMD Zen 5, 238 against 84 GFLOP/s), and needs neither the
- * gathered context nor a mask. Float32, AVX-512 and head sizes that are multiples of 16
- * only; cpu.py sends the rest to SDPA. The torch reference kernel is the definition; the
- * tests compare the two.
+ * gathered context nor a mask. Float32 or bfloat16 (computed in float32), AVX-512 and head
+ * sizes that are multiples of 16 only; cpu.py sends the rest to SDPA. The torch reference
+ * kernel is the definition; the tests compare the two.
  * Layout (DESIGN.md): caches [num_blocks, block_size, num_kv_heads, head_dim].
  */
 #include <math.h>
@@ -31,11 +31,18 @@
  * (rolled, GCC kept them in memory: a load and a store around every multiply-add). */
 #define UNROLLED _Pragma("GCC unroll 24")
 
+/* The arguments of paged_prefill_f32 / _bf16 (query, caches and out of that type). */
+#define PREFILL_ARGS                                                                       \
+    const void *query, const void *k_cache, const void *v_cache, void *out,               \
+    const int32_t *block_tables, const int32_t *context_lens, const int32_t *query_start, \
+    const int32_t *seqs, int num_seqs, int max_blocks, int num_heads, int num_kv_heads,   \
+    int head_dim, int block_size, float scale, int num_threads
+
 #if defined(HAVE_AVX512)
 
 typedef struct {
-    const float *query, *v_cache;
-    float *out;
+    const void *query, *v_cache;  /* float or bf16_t: see the bf16 flag below */
+    void *out;
     const float *keys_t;  /* each listed sequence's K, transposed: see transpose_keys */
     const int64_t *keys_at;
     const int32_t *block_tables, *context_lens, *query_start;
@@ -58,18 +65,39 @@ static inline int64_t slot_of(const int32_t *table, int block_size, int token) {
     return (int64_t)table[token / block_size] * block_size + token % block_size;
 }
 
-/* keys_t[kv][d][t] = K of token t, head kv, dimension d, for t < context (then zeros up to
- * key_width), read once per call through the block table. */
-static void transpose_keys(const float *k_cache, const int32_t *table, int block_size,
-                           int context, int num_kv_heads, int head_dim, float *keys_t) {
+/* Element i of a float32 or (bf16 set) bfloat16 array, as float32; 16 of them; 16 stored.
+ * bf16 is a literal wherever these are inlined, so each build keeps one branch. */
+static inline __attribute__((always_inline)) float load_at(const void *p, int64_t i,
+                                                           const int bf16) {
+    return bf16 ? bf16_load((const bf16_t *)p, i) : ((const float *)p)[i];
+}
+
+static inline __attribute__((always_inline)) __m512 load16_at(const void *p, int64_t i,
+                                                              const int bf16) {
+    return bf16 ? load16_bf16((const bf16_t *)p + i, 0xFFFF) : _mm512_loadu_ps((const float *)p + i);
+}
+
+static inline __attribute__((always_inline)) void store16_at(void *p, int64_t i, __m512 v,
+                                                             const int bf16) {
+    if (bf16)
+        store16_bf16((bf16_t *)p + i, 0xFFFF, v);
+    else
+        _mm512_storeu_ps((float *)p + i, v);
+}
+
+/* keys_t[kv][d][t] = K of token t, head kv, dimension d (as float32), for t < context (then
+ * zeros up to key_width), read once per call through the block table. */
+static inline __attribute__((always_inline)) void transpose_keys(
+        const void *k_cache, const int32_t *table, int block_size, int context,
+        int num_kv_heads, int head_dim, float *keys_t, const int bf16) {
     const int64_t width = key_width(context);
     for (int t = 0; t < width; t++) {
-        const float *k = t < context
-            ? k_cache + slot_of(table, block_size, t) * num_kv_heads * head_dim : NULL;
+        const int64_t k = t < context
+            ? slot_of(table, block_size, t) * num_kv_heads * head_dim : -1;
         for (int kv = 0; kv < num_kv_heads; kv++)
             for (int d = 0; d < head_dim; d++)
                 keys_t[((int64_t)kv * head_dim + d) * width + t] =
-                    k ? k[(int64_t)kv * head_dim + d] : 0.0f;
+                    k >= 0 ? load_at(k_cache, k + (int64_t)kv * head_dim + d, bf16) : 0.0f;
     }
 }
 
@@ -79,7 +107,7 @@ static void transpose_keys(const float *k_cache, const int32_t *table, int block
  * literals, so that the per-row vectors live in registers. */
 static inline __attribute__((always_inline)) void prefill_item(
         const Prefill *p, int i, int seq, int kv, int first, const int rows,
-        const int head_dim, float *scores) {
+        const int head_dim, float *scores, const int bf16) {
     const int group = p->group, chunks = head_dim / 16;
     const int q_start = p->query_start[seq];
     const int q_len = p->query_start[seq + 1] - q_start;
@@ -93,9 +121,8 @@ static inline __attribute__((always_inline)) void prefill_item(
     float q[MAX_ROWS][MAX_HEAD_DIM] __attribute__((aligned(64)));
     for (int r = 0; r < rows; r++) {
         const int position = first + r / group, head = kv * group + r % group;
-        const float *src = p->query + ((int64_t)(q_start + position) * p->num_heads + head)
-                           * head_dim;
-        for (int d = 0; d < head_dim; d++) q[r][d] = src[d] * p->scale;
+        const int64_t src = ((int64_t)(q_start + position) * p->num_heads + head) * head_dim;
+        for (int d = 0; d < head_dim; d++) q[r][d] = load_at(p->query, src + d, bf16) * p->scale;
     }
     /* scores, 16 keys a vector for every row; keys past a row's position get -3e38 (finite:
      * -ffast-math assumes no infinities), so that their weight is 0 */
@@ -140,17 +167,16 @@ static inline __attribute__((always_inline)) void prefill_item(
         UNROLLED
         for (int r = 0; r < rows; r++) a[r] = _mm512_setzero_ps();
         for (int t = 0; t < keys; t++) {
-            const __m512 v = _mm512_loadu_ps(p->v_cache
-                + slot_of(table, p->block_size, t) * token_stride + (int64_t)kv * head_dim
-                + 16 * c);
+            const __m512 v = load16_at(p->v_cache, slot_of(table, p->block_size, t)
+                                       * token_stride + (int64_t)kv * head_dim + 16 * c, bf16);
             UNROLLED
             for (int r = 0; r < rows; r++)
                 a[r] = _mm512_fmadd_ps(_mm512_set1_ps(scores[r * width + t]), v, a[r]);
         }
         for (int r = 0; r < rows; r++) {
             const int position = first + r / group, head = kv * group + r % group;
-            _mm512_storeu_ps(p->out + ((int64_t)(q_start + position) * p->num_heads + head)
-                             * head_dim + 16 * c, a[r]);
+            store16_at(p->out, ((int64_t)(q_start + position) * p->num_heads + head)
+                       * head_dim + 16 * c, a[r], bf16);
         }
     }
 }
@@ -158,21 +184,21 @@ static inline __attribute__((always_inline)) void prefill_item(
 /* head_dim as a literal where it is a common size, rows as one when the item is full */
 static inline __attribute__((always_inline)) void prefill_rows(
         const Prefill *p, int i, int seq, int kv, int first, int rows, const int head_dim,
-        float *scores) {
+        float *scores, const int bf16) {
     if (rows == MAX_ROWS)
-        prefill_item(p, i, seq, kv, first, MAX_ROWS, head_dim, scores);
+        prefill_item(p, i, seq, kv, first, MAX_ROWS, head_dim, scores, bf16);
     else
-        prefill_item(p, i, seq, kv, first, rows, head_dim, scores);
+        prefill_item(p, i, seq, kv, first, rows, head_dim, scores, bf16);
 }
 
 /* query, out: [tokens, num_heads, head_dim]; seqs: the sequences whose chunks are done
  * here (others are left alone). Returns 0; 1 for shapes it does not take (nothing is
  * written), 2 when out of memory. */
-int paged_prefill_f32(const float *query, const float *k_cache, const float *v_cache,
-                      float *out, const int32_t *block_tables, const int32_t *context_lens,
-                      const int32_t *query_start, const int32_t *seqs, int num_seqs,
-                      int max_blocks, int num_heads, int num_kv_heads, int head_dim,
-                      int block_size, float scale, int num_threads) {
+static inline __attribute__((always_inline)) int paged_prefill(
+        const void *query, const void *k_cache, const void *v_cache, void *out,
+        const int32_t *block_tables, const int32_t *context_lens, const int32_t *query_start,
+        const int32_t *seqs, int num_seqs, int max_blocks, int num_heads, int num_kv_heads,
+        int head_dim, int block_size, float scale, int num_threads, const int bf16) {
     const int group = num_heads / num_kv_heads;
     if (head_dim % 16 != 0 || head_dim > MAX_HEAD_DIM || group > MAX_ROWS) return 1;
     const int positions = MAX_ROWS / group;  /* query positions per item */
@@ -208,7 +234,7 @@ int paged_prefill_f32(const float *query, const float *k_cache, const float *v_c
         for (int i = 0; i < num_seqs; i++)
             transpose_keys(k_cache, block_tables + (int64_t)seqs[i] * max_blocks, block_size,
                            context_lens[seqs[i]], num_kv_heads, head_dim,
-                           keys_t + keys_at[i]);
+                           keys_t + keys_at[i], bf16);
         /* the last tiles of a chunk see the most keys: hand them out first */
         #pragma omp for schedule(dynamic, 1)
         for (int64_t back = 0; back < items; back++) {
@@ -223,11 +249,11 @@ int paged_prefill_f32(const float *query, const float *k_cache, const float *v_c
             const int count = q_len - first < positions ? q_len - first : positions;
             if (scores == NULL) continue;
             if (head_dim == 64)
-                prefill_rows(&p, i, seq, kv, first, count * group, 64, scores);
+                prefill_rows(&p, i, seq, kv, first, count * group, 64, scores, bf16);
             else if (head_dim == 128)
-                prefill_rows(&p, i, seq, kv, first, count * group, 128, scores);
+                prefill_rows(&p, i, seq, kv, first, count * group, 128, scores, bf16);
             else
-                prefill_rows(&p, i, seq, kv, first, count * group, head_dim, scores);
+                prefill_rows(&p, i, seq, kv, first, count * group, head_dim, scores, bf16);
         }
         free(scores);
     }
@@ -236,18 +262,19 @@ int paged_prefill_f32(const float *query, const float *k_cache, const float *v_c
     return failed ? 2 : 0;
 }
 
+#define PREFILL_CALL(BF16)                                                                 \
+    paged_prefill(query, k_cache, v_cache, out, block_tables, context_lens, query_start,  \
+                  seqs, num_seqs, max_blocks, num_heads, num_kv_heads, head_dim,          \
+                  block_size, scale, num_threads, BF16)
+
+int paged_prefill_f32(PREFILL_ARGS) { return PREFILL_CALL(0); }
+int paged_prefill_bf16(PREFILL_ARGS) { return PREFILL_CALL(1); }
 int paged_prefill_vectorised(void) { return 1; }
 
 #else
 
-int paged_prefill_f32(const float *query, const float *k_cache, const float *v_cache,
-                      float *out, const int32_t *block_tables, const int32_t *context_lens,
-                      const int32_t *query_start, const int32_t *seqs, int num_seqs,
-                      int max_blocks, int num_heads, int num_kv_heads, int head_dim,
-                      int block_size, float scale, int num_threads) {
-    return 1;
-}
-
+int paged_prefill_f32(PREFILL_ARGS) { return 1; }
+int paged_prefill_bf16(PREFILL_ARGS) { return 1; }
 int paged_prefill_vectorised(void) { return 0; }
 
 #endif

@@ -1,6 +1,23 @@
-/* Vector helpers shared by the CPU kernels (cpu_attention.c, cpu_sampling.c). */
+/* Helpers shared by the CPU kernels: bfloat16 as 16-bit patterns, and AVX-512 vectors. */
 #ifndef PAGEDCHAT_CPU_VECTOR_H
 #define PAGEDCHAT_CPU_VECTOR_H
+
+#include <stdint.h>
+
+typedef uint16_t bf16_t;
+
+static inline float bf16_load(const bf16_t *p, int64_t i) {
+    union { uint32_t u; float f; } v;
+    v.u = ((uint32_t)p[i]) << 16;
+    return v.f;
+}
+
+/* Round to nearest even, as torch's float -> bfloat16 conversion (NaN aside). */
+static inline bf16_t bf16_round(float f) {
+    union { uint32_t u; float f; } v;
+    v.f = f;
+    return (bf16_t)((v.u + 0x7FFFu + ((v.u >> 16) & 1u)) >> 16);
+}
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -28,6 +45,28 @@ static inline __m512 exp16(__m512 x) {
     y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
     y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
     return _mm512_scalef_ps(y, n);
+}
+
+/* 16 bfloat16 values (lanes past the mask 0) widened to float32. */
+static inline __m512 load16_bf16(const bf16_t *p, __mmask16 m) {
+    const __m512i wide = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
+/* 16 float32 lanes rounded (to nearest even) to bfloat16, widened back. */
+static inline __m512i bf16_bits16(__m512 v) {
+    const __m512i bits = _mm512_castps_si512(v);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    return _mm512_srli_epi32(
+        _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), odd)), 16);
+}
+
+static inline __m512 round16_bf16(__m512 v) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(bf16_bits16(v), 16));
+}
+
+static inline void store16_bf16(bf16_t *p, __mmask16 m, __m512 v) {
+    _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(bf16_bits16(v)));
 }
 
 #endif

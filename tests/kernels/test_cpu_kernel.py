@@ -41,9 +41,11 @@ def test_mixed_batch_of_decodes_short_and_long_chunks(dtype):
     compare(paged_batch(ctx, q_lens, 16, 9, 3, 64, dtype, seed=4), dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("group", "head_dim"), [(1, 64), (3, 64), (8, 128), (4, 64)])
 @pytest.mark.parametrize("block_size", [1, 16, 32])
-def test_prompt_chunks_match_reference_without_sdpa(monkeypatch, block_size, group, head_dim):
+def test_prompt_chunks_match_reference_without_sdpa(monkeypatch, block_size, group, head_dim,
+                                                    dtype):
     """Long chunks go to the chunked-prefill kernel (never to SDPA) when it is built: a
     whole prompt, chunks after a cached prefix, one of 1,024 keys (the stride that once
     aliased in L1), item tiles cut short (q_len not a multiple of the positions per item,
@@ -53,17 +55,18 @@ def test_prompt_chunks_match_reference_without_sdpa(monkeypatch, block_size, gro
     monkeypatch.setattr(cpu, "_sdpa", lambda *args: pytest.fail("SDPA was used"))
     ctx = [300, 1024, 50, 77, 9]
     q_lens = [300, 61, 8, 1, 9]
-    compare(paged_batch(ctx, q_lens, block_size, 2 * group, 2, head_dim, torch.float32,
-                        seed=block_size + group), torch.float32)
+    compare(paged_batch(ctx, q_lens, block_size, 2 * group, 2, head_dim, dtype,
+                        seed=block_size + group), dtype)
 
 
 def test_prompt_chunks_take_sdpa_where_the_kernel_does_not_apply(monkeypatch):
-    """Head sizes that are not a multiple of 16, and bfloat16, go to SDPA."""
+    """Head sizes that are not a multiple of 16 go to SDPA."""
     calls = []
     sdpa = cpu._sdpa
     monkeypatch.setattr(cpu, "_sdpa", lambda *args: calls.append(1) or sdpa(*args))
-    for head_dim, dtype in ((72, torch.float32), (64, torch.bfloat16)):
+    for dtype in (torch.float32, torch.bfloat16):
         calls.clear()
+        head_dim = 72
         compare(paged_batch([60, 40], [60, 30], 16, 6, 2, head_dim, dtype, seed=3), dtype)
         assert len(calls) == 2
 
@@ -139,71 +142,85 @@ def test_max_logsumexp_takes_the_first_of_equal_maxima_and_strided_rows():
 
 
 def _close(out: torch.Tensor, expected: torch.Tensor) -> bool:
-    """Float32 kernels summing in another order than torch: a few ulps apart."""
+    """Float32 kernels summing in another order than torch: a few ulps apart. bfloat16
+    ones compute in float32 and round once where torch rounds after each operation: an ulp
+    or two (2^-8 each) apart."""
+    if out.dtype == torch.bfloat16:
+        return torch.allclose(out.float(), expected.float(), rtol=2e-2, atol=2e-2)
     return torch.allclose(out, expected, rtol=1e-5, atol=1e-6)
+
+
+DTYPES = st.sampled_from([torch.float32, torch.bfloat16])
 
 
 @settings(max_examples=40, deadline=None)
 @given(rows=st.sampled_from([1, 2, 7, 64, 300]), dim=st.sampled_from([8, 64, 100, 576, 2048]),
-       scale=st.floats(1e-3, 50.0), with_residual=st.booleans(), seed=st.integers(0, 2**16))
-def test_rms_norm_matches_reference(rows, dim, scale, with_residual, seed):
+       scale=st.floats(1e-3, 50.0), with_residual=st.booleans(), dtype=DTYPES,
+       seed=st.integers(0, 2**16))
+def test_rms_norm_matches_reference(rows, dim, scale, with_residual, dtype, seed):
     """Any width (vector tails), one row to enough rows for threads, with and without the
-    residual add."""
+    residual add, float32 and bfloat16."""
     gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(rows, dim, generator=gen) * scale
-    weight = torch.randn(dim, generator=gen)
-    residual = torch.randn(rows, dim, generator=gen) * scale if with_residual else None
+    x = (torch.randn(rows, dim, generator=gen) * scale).to(dtype)
+    weight = torch.randn(dim, generator=gen).to(dtype)
+    residual = (torch.randn(rows, dim, generator=gen) * scale).to(dtype) if with_residual \
+        else None
     out, total = cpu.rms_norm(x, weight, 1e-6, residual)
     ref_out, ref_total = ref.rms_norm(x, weight, 1e-6, residual)
-    assert _close(out, ref_out)
-    assert torch.equal(total, ref_total)  # an addition: exact
+    assert out.dtype == dtype and _close(out, ref_out)
+    assert torch.equal(total, ref_total)  # an addition, rounded once either way: exact
 
 
 @settings(max_examples=30, deadline=None)
 @given(tokens=st.sampled_from([1, 3, 40, 700]), kv_heads=st.integers(1, 4),
        group=st.sampled_from([1, 3]), head_dim=st.sampled_from([16, 64, 80, 128]),
-       skipped=st.booleans(), seed=st.integers(0, 2**16))
-def test_rotary_store_matches_reference(tokens, kv_heads, group, head_dim, skipped, seed):
+       skipped=st.booleans(), dtype=DTYPES, seed=st.integers(0, 2**16))
+def test_rotary_store_matches_reference(tokens, kv_heads, group, head_dim, skipped, dtype,
+                                        seed):
     """Queries returned, keys and values in their slots (a -1 slot left alone), from fused
-    QKV rows of any width; enough tokens for threads."""
+    QKV rows of any width; enough tokens for threads; float32 and bfloat16."""
     gen = torch.Generator().manual_seed(seed)
     heads = kv_heads * group
-    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=gen)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=gen).to(dtype)
     angles = torch.rand(tokens, head_dim // 2, generator=gen) * 100
-    cos, sin = torch.cat([angles.cos()] * 2, dim=1), torch.cat([angles.sin()] * 2, dim=1)
+    cos, sin = (torch.cat([f(angles)] * 2, dim=1).to(dtype) for f in (torch.cos, torch.sin))
     slots = torch.randperm(tokens + 5, generator=gen)[:tokens]
     if skipped:
         slots[::2] = -1
-    caches = [torch.zeros(tokens + 5, 1, kv_heads, head_dim) for _ in range(4)]
+    caches = [torch.zeros(tokens + 5, 1, kv_heads, head_dim, dtype=dtype) for _ in range(4)]
     q = cpu.rotary_store(qkv, cos, sin, heads, caches[0], caches[1], slots)
     ref_q = ref.rotary_store(qkv, cos, sin, heads, caches[2], caches[3], slots)
-    assert q.shape == (tokens, heads, head_dim) and _close(q, ref_q)
+    assert q.shape == (tokens, heads, head_dim) and q.dtype == dtype and _close(q, ref_q)
     assert _close(caches[0], caches[2])
     assert torch.equal(caches[1], caches[3])  # values: copied
 
 
 @settings(max_examples=30, deadline=None)
 @given(rows=st.sampled_from([1, 5, 64, 300]), width=st.sampled_from([8, 100, 1536]),
-       scale=st.floats(0.1, 60.0), seed=st.integers(0, 2**16))
-def test_silu_mul_matches_reference(rows, width, scale, seed):
+       scale=st.floats(0.1, 60.0), dtype=DTYPES, seed=st.integers(0, 2**16))
+def test_silu_mul_matches_reference(rows, width, scale, dtype, seed):
     """Large gates both ways: silu(-60) underflows to -0, silu(60) is the gate itself."""
     gen = torch.Generator().manual_seed(seed)
-    gate_up = torch.randn(rows, 2 * width, generator=gen) * scale
-    assert _close(cpu.silu_mul(gate_up), ref.silu_mul(gate_up))
+    gate_up = (torch.randn(rows, 2 * width, generator=gen) * scale).to(dtype)
+    out = cpu.silu_mul(gate_up)
+    assert out.dtype == dtype and _close(out, ref.silu_mul(gate_up))
 
 
 def test_layer_kernels_leave_other_dtypes_to_the_reference():
-    """bfloat16 rows (and anything the C code does not take) get the reference's bits."""
+    """float16 rows (and anything the C code does not take) get the reference's bits."""
     gen = torch.Generator().manual_seed(3)
-    x = torch.randn(4, 64, generator=gen).bfloat16()
-    weight = torch.randn(64, generator=gen).bfloat16()
+    x = torch.randn(4, 64, generator=gen).half()
+    weight = torch.randn(64, generator=gen).half()
     assert torch.equal(cpu.rms_norm(x, weight, 1e-5, x)[0], ref.rms_norm(x, weight, 1e-5, x)[0])
     assert torch.equal(cpu.silu_mul(x), ref.silu_mul(x))
-    cos = torch.randn(4, 16, generator=gen).bfloat16()
-    caches = [torch.zeros(8, 1, 1, 16, dtype=torch.bfloat16) for _ in range(4)]
+    cos = torch.randn(4, 16, generator=gen).half()
+    caches = [torch.zeros(8, 1, 1, 16, dtype=torch.float16) for _ in range(4)]
     q = cpu.rotary_store(x[:, :48], cos, cos, 1, caches[0], caches[1], torch.arange(4))
     ref_q = ref.rotary_store(x[:, :48], cos, cos, 1, caches[2], caches[3], torch.arange(4))
     assert torch.equal(q, ref_q) and torch.equal(caches[0], caches[2])
+    # mixed dtypes too
+    assert torch.equal(cpu.rms_norm(x.float(), weight.bfloat16(), 1e-5)[0],
+                       ref.rms_norm(x.float(), weight.bfloat16(), 1e-5)[0])
 
 
 @settings(max_examples=40, deadline=None)
