@@ -355,6 +355,8 @@ class ChatApp(App):
         return view.box_for(turn.reply) if view is not None else None
 
     def on_engine_event(self, message: EngineEvent) -> None:
+        if not self.is_running:  # shutting down: the widgets are being removed
+            return
         match message.event:
             case ReplyUpdate() as update:
                 self._take_reply(update)

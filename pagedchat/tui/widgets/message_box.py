@@ -30,11 +30,16 @@ class MessageBox(Vertical, can_focus=True):
         self.message = message
         self.note = ""  # e.g. "waiting for the model"
         self._timer = None
+        # Held here, not queried: engine events can arrive while Textual tears the app
+        # down children first, when a query would find the box but not its parts.
+        self._header_label = Label(self._header(), classes="header")
+        self._markdown = Markdown(message.content)
+        self._caption_static = Static(self._caption(), classes="caption", markup=False)
 
     def compose(self) -> ComposeResult:
-        yield Label(self._header(), classes="header")
-        yield Markdown(self.message.content)
-        yield Static(self._caption(), classes="caption", markup=False)
+        yield self._header_label
+        yield self._markdown
+        yield self._caption_static
 
     def on_mount(self) -> None:
         if self.message.status == "generating":
@@ -54,11 +59,11 @@ class MessageBox(Vertical, can_focus=True):
             self._timer = None
         self.note = ""
         if self.is_mounted:
-            self.query_one(Markdown).update(self.message.content)
+            self._markdown.update(self.message.content)
             self._show_info()
 
     def _flush(self) -> None:
-        markdown = self.query_one(Markdown)
+        markdown = self._markdown
         text, shown = self.message.content, markdown.source
         if text == shown:
             return
@@ -68,9 +73,9 @@ class MessageBox(Vertical, can_focus=True):
             markdown.update(text)
 
     def _show_info(self) -> None:
-        self.query_one(".header", Label).update(self._header())
+        self._header_label.update(self._header())
         caption = self._caption()
-        self.query_one(".caption", Static).update(caption)
+        self._caption_static.update(caption)
         self.set_class(not caption, "-no-caption")
         self.set_class(self.message.status == "error", "-error")
 

@@ -1,0 +1,182 @@
+"""The engine on a CUDA GPU (Triton backend) against transformers on the same GPU.
+
+Two checks on random-weight Llamas with the default model's tokenizer (the real weights
+need not travel to the GPU machine; the wide init keeps greedy steps far from ties):
+
+1. Exactness: greedy tokens of ``LLM.generate`` equal transformers ``generate`` run one
+   prompt at a time, for several block sizes, all prompts batched, and a KV pool small
+   enough to force preemption.
+2. Throughput: output tokens/s of the engine and of transformers ``generate`` with static
+   batching (left padding, best of the batch sizes given) on the same random prompts.
+
+    python benchmarks/gpu_engine.py --tokenizer DIR --json results.json
+
+``DIR`` is any folder with the SmolLM2 tokenizer files (the converted default model
+folder has them). Needs CUDA; elsewhere it says so and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+# SmolLM2-135M's shape; "tiny" is the unit tests' model.
+SHAPES = {
+    "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, head_dim=64),
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=16),
+}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tokenizer", type=Path, required=True)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--exact-prompts", type=int, default=24)
+    p.add_argument("--exact-tokens", type=int, default=48)
+    p.add_argument("--requests", type=int, default=256)
+    p.add_argument("--output-tokens", type=int, default=128)
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    p.add_argument("--hf-batch-sizes", default="32,64,128")
+    p.add_argument("--json", type=Path)
+    return p.parse_args(argv)
+
+
+def random_llama(folder: Path, tokenizer_dir: Path, shape: dict, init: float) -> Path:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder.mkdir(parents=True)
+    for name in TOKENIZER_FILES:
+        if (tokenizer_dir / name).is_file():
+            shutil.copy(tokenizer_dir / name, folder / name)
+    config = LlamaConfig(vocab_size=49152, max_position_embeddings=2048,
+                         tie_word_embeddings=True, initializer_range=init,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=2, **shape)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
+def random_prompts(count: int, low: int, high: int, seed: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(low, high + 1, (count,), generator=gen)
+    return [torch.randint(3, 49152, (int(n),), generator=gen).tolist() for n in lengths]
+
+
+def synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def hf_model(folder: Path, dtype: torch.dtype, device: str):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
+
+
+def hf_greedy(model, prompt: list[int], max_new: int, device: str) -> list[int]:
+    ids = torch.tensor([prompt], device=device)
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new,
+                         min_new_tokens=max_new, do_sample=False, pad_token_id=2)
+    return out[0, len(prompt):].tolist()
+
+
+def check_exactness(folder: Path, args: argparse.Namespace) -> list[dict]:
+    from pagedchat import LLM, SamplingParams
+
+    prompts = random_prompts(args.exact_prompts, 3, 200, seed=1)
+    model = hf_model(folder, torch.float32, args.device)
+    expected = [hf_greedy(model, p, args.exact_tokens, args.device) for p in prompts]
+    del model
+    params = SamplingParams(temperature=0.0, max_tokens=args.exact_tokens, ignore_eos=True)
+    longest = max(len(p) for p in prompts) + args.exact_tokens
+    cases = []
+    for block_size, kv_blocks in [(16, None), (8, None), (32, None),
+                                  (16, 2 * -(-longest // 16))]:  # 2 sequences' worth: preempts
+        llm = LLM(model=str(folder), device=args.device, block_size=block_size,
+                  num_kv_blocks=kv_blocks)
+        outs = llm.generate(prompts, params, use_progress=False)
+        stats = llm.engine.stats()
+        same = sum(o.outputs[0].token_ids == e for o, e in zip(outs, expected))
+        cases.append({"block_size": block_size, "kv_blocks": llm.engine.config.num_kv_blocks,
+                      "identical": same, "prompts": len(prompts),
+                      "preemptions": stats.preemptions})
+        print(f"exactness block {block_size}, {cases[-1]['kv_blocks']} blocks: "
+              f"{same}/{len(prompts)} identical, preemptions {cases[-1]['preemptions']}")
+        del llm
+    return cases
+
+
+def hf_throughput(model, prompts: list[list[int]], max_new: int, batch: int,
+                  device: str) -> float:
+    start, tokens = time.perf_counter(), 0
+    for i in range(0, len(prompts), batch):
+        chunk = prompts[i:i + batch]
+        width = max(len(p) for p in chunk)
+        ids = torch.tensor([[2] * (width - len(p)) + p for p in chunk], device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk],
+                            device=device)
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=max_new,
+                             min_new_tokens=max_new, do_sample=False, pad_token_id=2)
+        tokens += (out.shape[1] - width) * len(chunk)
+    synchronize(device)
+    return tokens / (time.perf_counter() - start)
+
+
+def compare_throughput(folder: Path, args: argparse.Namespace) -> dict:
+    from pagedchat import LLM, SamplingParams
+
+    prompts = random_prompts(args.requests, 16, 512, seed=2)
+    params = SamplingParams(temperature=0.0, max_tokens=args.output_tokens, ignore_eos=True)
+    llm = LLM(model=str(folder), device=args.device, dtype=args.dtype)
+    llm.generate(prompts[:8], params, use_progress=False)  # compile the kernels
+    synchronize(args.device)
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params, use_progress=False)
+    synchronize(args.device)
+    seconds = time.perf_counter() - start
+    ours = sum(len(o.outputs[0].token_ids) for o in outs) / seconds
+    print(f"pagedchat {args.dtype}: {ours:.0f} output tok/s ({seconds:.1f} s)")
+    del llm
+    model = hf_model(folder, getattr(torch, args.dtype), args.device)
+    hf_throughput(model, prompts[:4], 8, 4, args.device)  # warm up
+    theirs = {}
+    for batch in (int(b) for b in args.hf_batch_sizes.split(",")):
+        theirs[batch] = hf_throughput(model, prompts, args.output_tokens, batch, args.device)
+        print(f"transformers generate, batch {batch}: {theirs[batch]:.0f} output tok/s")
+    best = max(theirs.values())
+    print(f"ratio to the best static batch: {ours / best:.2f}x")
+    return {"pagedchat_tok_s": ours, "hf_generate_tok_s": theirs, "ratio": ours / best,
+            "requests": len(prompts), "output_tokens": args.output_tokens,
+            "dtype": args.dtype}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("no CUDA device here: nothing to measure")
+        return 0
+    result = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda")
+              else args.device, "torch": torch.__version__}
+    with tempfile.TemporaryDirectory() as tmp:
+        tiny = random_llama(Path(tmp) / "tiny", args.tokenizer, SHAPES["tiny"], 0.5)
+        result["exactness_tiny"] = check_exactness(tiny, args)
+        full = random_llama(Path(tmp) / "full", args.tokenizer, SHAPES["smollm2-135m"], 0.05)
+        result["exactness_135m"] = check_exactness(full, args)
+        result["throughput_135m"] = compare_throughput(full, args)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
