@@ -8,6 +8,8 @@ need not travel to the GPU machine; the wide init keeps greedy steps far from ti
    enough to force preemption.
 2. Throughput: output tokens/s of the engine and of transformers ``generate`` with static
    batching (left padding, best of the batch sizes given) on the same random prompts.
+3. One decode step at batch 256 under ``torch.profiler``: wall time against the time the
+   GPU spent in kernels, and the number of kernels launched.
 
     python benchmarks/gpu_engine.py --tokenizer DIR --json results.json
 
@@ -160,6 +162,38 @@ def compare_throughput(folder: Path, args: argparse.Namespace) -> dict:
             "dtype": args.dtype}
 
 
+def profile_decode_step(folder: Path, args: argparse.Namespace, batch: int = 256) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    from pagedchat import LLM, SamplingParams
+
+    llm = LLM(model=str(folder), device=args.device, dtype=args.dtype)
+    engine = llm.engine
+    params = SamplingParams(temperature=0.0, max_tokens=400, ignore_eos=True)
+    for i, prompt in enumerate(random_prompts(batch, 100, 300, seed=3)):
+        engine.add_request(str(i), prompt, params)
+    while engine.stats().num_waiting > 0:  # every prompt in, then a few decode steps
+        engine.step()
+    for _ in range(5):
+        engine.step()
+    steps = 5
+    synchronize(args.device)
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            engine.step()
+        synchronize(args.device)
+    wall = (time.perf_counter() - start) / steps * 1e3
+    kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+    result = {"batch": batch, "wall_ms": wall,
+              "gpu_ms": sum(e.self_device_time_total for e in kernels) / steps / 1e3,
+              "kernels_per_step": sum(e.count for e in kernels) / steps}
+    print(f"decode step at batch {batch}, {args.dtype}: {wall:.1f} ms (profiled), GPU busy "
+          f"{result['gpu_ms']:.1f} ms, {result['kernels_per_step']:.0f} kernels")
+    print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=8))
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -173,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
         full = random_llama(Path(tmp) / "full", args.tokenizer, SHAPES["smollm2-135m"], 0.05)
         result["exactness_135m"] = check_exactness(full, args)
         result["throughput_135m"] = compare_throughput(full, args)
+        if args.device.startswith("cuda"):
+            result["decode_step_135m"] = profile_decode_step(full, args)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return 0
