@@ -56,22 +56,23 @@ SDPA_MIN_QUERY_LEN = 25
 # 1.23x; one row: 2.9x on AMD Zen 5, where MKL's matrix-vector product reads 15 GB/s of
 # 45) and oneDNN on plain weights (16 rows: 1.5x); past 16 oneDNN's blocked product pays.
 LINEAR_ROWS = range(1, 17)
-_FUNCTIONS = {torch.float32: "paged_attention_f32", torch.bfloat16: "paged_attention_bf16"}
+# The C kernels come per element type, named with these suffixes.
+_SUFFIXES = {torch.float32: "f32", torch.bfloat16: "bf16"}
 _P, _INT, _INT64, _FLOAT = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
 # Declared once, so calls pass plain ints (tensor.data_ptr(), sizes) with no conversions
 # written out: at one decoding sequence each call's Python time counts.
-_ATTENTION = (_INT, [_P] * 9 + [_INT] * 6 + [_FLOAT, _INT])
+_PER_TYPE_SIGNATURES = {
+    "paged_attention": (_INT, [_P] * 9 + [_INT] * 6 + [_FLOAT, _INT]),
+    "paged_prefill": (_INT, [_P] * 8 + [_INT] * 6 + [_FLOAT, _INT]),
+    "rms_norm": (None, [_P] * 5 + [_INT, _INT, _FLOAT, _INT]),
+    "rotary_store": (None, [_P, _INT64] + [_P] * 6 + [_INT] * 5),
+    "silu_mul": (None, [_P, _P, _INT, _INT, _INT]),
+}
 _SIGNATURES = {
-    "paged_attention_f32": _ATTENTION,
-    "paged_attention_bf16": _ATTENTION,
-    **{f"paged_prefill_{t}": (_INT, [_P] * 8 + [_INT] * 6 + [_FLOAT, _INT])
-       for t in ("f32", "bf16")},
+    **{f"{name}_{suffix}": signature for name, signature in _PER_TYPE_SIGNATURES.items()
+       for suffix in _SUFFIXES.values()},
     "paged_prefill_vectorised": (_INT, []),
     "max_logsumexp_f32": (None, [_P, _INT, _INT, _INT64, _P, _P, _P, _INT]),
-    **{f"rms_norm_{t}": (None, [_P] * 5 + [_INT, _INT, _FLOAT, _INT]) for t in ("f32", "bf16")},
-    **{f"rotary_store_{t}": (None, [_P, _INT64] + [_P] * 6 + [_INT] * 5)
-       for t in ("f32", "bf16")},
-    **{f"silu_mul_{t}": (None, [_P, _P, _INT, _INT, _INT]) for t in ("f32", "bf16")},
     "linear_f32": (None, [_P] * 4 + [_INT] * 4),
     "linear_f32_vectorised": (_INT, []),
 }
@@ -139,16 +140,15 @@ def paged_attention(
     scale: float,
 ) -> torch.Tensor:
     """Same contract as :func:`pagedchat.kernels.reference.paged_attention`."""
-    library = kernel_library()
-    if (library is None or query.dtype not in _FUNCTIONS or query.device.type != "cpu"
-            or k_cache.dtype != query.dtype):
+    attention = _kernel("paged_attention", query, k_cache, v_cache)
+    if attention is None:
         return reference.paged_attention(
             query, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale)
     query = query.contiguous()
     out = torch.empty_like(query)
     plan = _plan(block_tables, context_lens, query_start_loc)
     if len(plan.rows):
-        status = getattr(library, _FUNCTIONS[query.dtype])(
+        status = attention(
             query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
             plan.tables.data_ptr(), plan.context_lens.data_ptr(),
             plan.query_start_loc.data_ptr(), plan.rows.data_ptr(), plan.row_seqs.data_ptr(),
@@ -158,9 +158,7 @@ def paged_attention(
             raise MemoryError("paged attention: out of memory for the score buffer")
     long_chunks = plan.long_chunks
     if long_chunks and _prefill_vectorised():
-        prefill = (library.paged_prefill_f32 if query.dtype == torch.float32
-                   else library.paged_prefill_bf16)
-        status = prefill(
+        status = _kernel("paged_prefill", query)(
             query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
             plan.tables.data_ptr(), plan.context_lens.data_ptr(),
             plan.query_start_loc.data_ptr(), plan.long_seqs.data_ptr(), len(long_chunks),
@@ -292,35 +290,25 @@ def max_logsumexp(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tor
     return top, index, lse
 
 
-def _float32_library(*tensors: torch.Tensor | None) -> ctypes.CDLL | None:
-    """The library when the C float32 kernels apply to these tensors (None: an absent
-    optional one), else None."""
-    for tensor in tensors:
-        if tensor is not None and (tensor.dtype != torch.float32 or tensor.device.type != "cpu"):
-            return None
-    return kernel_library()
-
-
-_LAYER_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
-
-
-def _layer_function(name: str, *tensors: torch.Tensor | None):
-    """The C layer kernel ``name`` for these tensors' dtype (float32 or bfloat16, all the
-    same, on the CPU; None stands for an absent optional tensor), else None."""
+def _kernel(name: str, *tensors: torch.Tensor | None):
+    """The C kernel ``name`` for these tensors' element type (float32 or bfloat16, the same
+    for all, on the CPU; None stands for an absent optional tensor), else None (also where
+    the kernel has no version for that type)."""
     present = [tensor for tensor in tensors if tensor is not None]
-    dtype = present[0].dtype
-    if dtype not in _LAYER_DTYPES or any(t.dtype != dtype or t.device.type != "cpu"
-                                         for t in present):
+    suffix = _SUFFIXES.get(present[0].dtype)
+    if suffix is None or any(t.dtype != present[0].dtype or t.device.type != "cpu"
+                             for t in present):
         return None
-    library = kernel_library()
-    return None if library is None else getattr(library, f"{name}_{_LAYER_DTYPES[dtype]}")
+    function = f"{name}_{suffix}"
+    library = kernel_library() if function in _SIGNATURES else None
+    return None if library is None else getattr(library, function)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
              residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Same contract as :func:`pagedchat.kernels.reference.rms_norm`: the residual add
     and the norm in one pass over each row."""
-    function = _layer_function("rms_norm", x, weight, residual)
+    function = _kernel("rms_norm", x, weight, residual)
     if function is None or x.dim() != 2 or not weight.is_contiguous():
         return reference.rms_norm(x, weight, eps, residual)
     x = x.contiguous()
@@ -341,7 +329,7 @@ def rotary_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_he
                  slot_mapping: torch.Tensor) -> torch.Tensor:
     """Same contract as :func:`pagedchat.kernels.reference.rotary_store`, one pass over
     each token: keys and values go straight to their slots."""
-    function = _layer_function("rotary_store", qkv, cos, sin, k_cache, v_cache)
+    function = _kernel("rotary_store", qkv, cos, sin, k_cache, v_cache)
     if (function is None or qkv.stride(1) != 1 or not k_cache.is_contiguous()
             or not v_cache.is_contiguous()):
         return reference.rotary_store(qkv, cos, sin, num_heads, k_cache, v_cache, slot_mapping)
@@ -357,7 +345,7 @@ def rotary_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_he
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """Same contract as :func:`pagedchat.kernels.reference.silu_mul`, one pass."""
-    function = _layer_function("silu_mul", gate_up)
+    function = _kernel("silu_mul", gate_up)
     if function is None or gate_up.dim() != 2:
         return reference.silu_mul(gate_up)
     gate_up = gate_up.contiguous()
@@ -436,13 +424,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor,
     the C product for ``LINEAR_ROWS`` rows, to oneDNN for more; anything else to torch."""
     if weight.is_mkldnn:
         return _onednn_product(x, weight, bias)
-    library = _float32_library(x, weight, bias)
-    if library is None or x.dim() != 2 or not weight.is_contiguous():
+    product = _kernel("linear", x, weight, bias)  # there is no linear_bf16
+    if product is None or x.dim() != 2 or not weight.is_contiguous():
         return reference.linear(x, weight, bias)
     if x.shape[0] in LINEAR_ROWS and _linear_vectorised():
         x = x.contiguous()
         out = torch.empty(x.shape[0], weight.shape[0])
-        library.linear_f32(x.data_ptr(), weight.data_ptr(),
+        product(x.data_ptr(), weight.data_ptr(),
                            None if bias is None else bias.data_ptr(), out.data_ptr(),
                            x.shape[0], x.shape[1], weight.shape[0], torch.get_num_threads())
         return out

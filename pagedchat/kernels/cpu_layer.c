@@ -25,8 +25,9 @@ static int threads_for(int64_t elements, int num_threads) {
     return elements >= PARALLEL_MIN_ELEMENTS ? num_threads : 1;
 }
 
-/* Per element type: scalar load / store (rounding), and with AVX-512 a masked load of 16
- * lanes as float32, a masked store, and the rounding a store would do. */
+/* Per element type P (F32, BF16; the kernels below take P and paste these names): scalar
+ * load / store (rounding), and with AVX-512 a masked load of 16 lanes as float32, a masked
+ * store, and the rounding a store would do. */
 #define F32_LOAD(p, i) ((p)[i])
 #define F32_STORE(x) (x)
 #define F32_ROUND(x) (x)
@@ -54,14 +55,14 @@ static inline __m512 silu_mul16(__m512 g, __m512 up) {
 /* out = weight * ROUND(h / sqrt(mean(h^2) + eps)) with h = x (or ROUND(x + residual), also
  * written to sum_out). x, residual, out, sum_out: [rows, dim] contiguous; weight: [dim]. */
 #if defined(HAVE_AVX512)
-#define RMS_NORM_ROW(T, LOAD16, STORE16, ROUND16)                                          \
+#define RMS_NORM_ROW(T, P)                                                                 \
     __m512 squares = _mm512_setzero_ps();                                                  \
     for (int i = 0; i < dim; i += 16) {                                                    \
         const __mmask16 m = tail_mask(dim - i);                                            \
-        __m512 v = LOAD16(xr + i, m);                                                      \
+        __m512 v = P##_LOAD16(xr + i, m);                                                  \
         if (residual != NULL) {                                                            \
-            v = ROUND16(_mm512_add_ps(v, LOAD16(residual + base + i, m)));                 \
-            STORE16(sum_out + base + i, m, v);                                             \
+            v = P##_ROUND16(_mm512_add_ps(v, P##_LOAD16(residual + base + i, m)));         \
+            P##_STORE16(sum_out + base + i, m, v);                                         \
         }                                                                                  \
         squares = _mm512_fmadd_ps(v, v, squares);                                          \
     }                                                                                      \
@@ -70,57 +71,58 @@ static inline __m512 silu_mul16(__m512 g, __m512 up) {
         1.0f / sqrtf(_mm512_reduce_add_ps(squares) / (float)dim + eps));                   \
     for (int i = 0; i < dim; i += 16) {                                                    \
         const __mmask16 m = tail_mask(dim - i);                                            \
-        const __m512 normed = ROUND16(_mm512_mul_ps(LOAD16(h + i, m), inverse));           \
-        STORE16(out + base + i, m, _mm512_mul_ps(LOAD16(weight + i, m), normed));          \
+        const __m512 normed = P##_ROUND16(_mm512_mul_ps(P##_LOAD16(h + i, m), inverse));   \
+        P##_STORE16(out + base + i, m, _mm512_mul_ps(P##_LOAD16(weight + i, m), normed));  \
     }
 #else
-#define RMS_NORM_ROW(T, LOAD16, STORE16, ROUND16) RMS_NORM_ROW_SCALAR(T)
+#define RMS_NORM_ROW(T, P) RMS_NORM_ROW_SCALAR(T, P)
 #endif
-#define RMS_NORM_ROW_SCALAR(T)                                                             \
+#define RMS_NORM_ROW_SCALAR(T, P)                                                          \
     float squares = 0.0f;                                                                  \
     for (int i = 0; i < dim; i++) {                                                        \
-        float v = LOAD(xr, i);                                                             \
+        float v = P##_LOAD(xr, i);                                                         \
         if (residual != NULL) {                                                            \
-            v = ROUND(v + LOAD(residual + base, i));                                       \
-            sum_out[base + i] = STORE(v);                                                  \
+            v = P##_ROUND(v + P##_LOAD(residual + base, i));                               \
+            sum_out[base + i] = P##_STORE(v);                                              \
         }                                                                                  \
         squares += v * v;                                                                  \
     }                                                                                      \
     const T *h = residual != NULL ? sum_out + base : xr;                                   \
     const float inverse = 1.0f / sqrtf(squares / (float)dim + eps);                        \
     for (int i = 0; i < dim; i++)                                                          \
-        out[base + i] = STORE(LOAD(weight, i) * ROUND(LOAD(h, i) * inverse));
+        out[base + i] = P##_STORE(P##_LOAD(weight, i) * P##_ROUND(P##_LOAD(h, i) * inverse));
 
-#define DEFINE_RMS_NORM(NAME, T, LOAD, STORE, ROUND, LOAD16, STORE16, ROUND16)             \
+#define DEFINE_RMS_NORM(NAME, T, P)                                                        \
 void NAME(const T *x, const T *residual, const T *weight, T *out, T *sum_out, int rows,    \
           int dim, float eps, int num_threads) {                                           \
     _Pragma("omp parallel for schedule(static) num_threads(threads_for((int64_t)rows * dim, num_threads))") \
     for (int r = 0; r < rows; r++) {                                                       \
         const int64_t base = (int64_t)r * dim;                                             \
         const T *xr = x + base;                                                            \
-        RMS_NORM_ROW(T, LOAD16, STORE16, ROUND16)                                          \
+        RMS_NORM_ROW(T, P)                                                                 \
     }                                                                                      \
 }
 
 /* Rotate-half rotary embedding of one head: out[i] = x[i] cos[i] - x[i + half] sin[i],
  * out[i + half] = x[i + half] cos[i + half] + x[i] sin[i + half]. */
 #if defined(HAVE_AVX512)
-#define ROTATE_HEAD(LOAD16, STORE16)                                                       \
+#define ROTATE_HEAD(P)                                                                     \
     for (int i = 0; i < half; i += 16) {                                                   \
         const __mmask16 m = tail_mask(half - i);                                           \
-        const __m512 lo = LOAD16(x + i, m), hi = LOAD16(x + half + i, m);                  \
-        STORE16(out + i, m, _mm512_sub_ps(_mm512_mul_ps(lo, LOAD16(cos + i, m)),           \
-                                          _mm512_mul_ps(hi, LOAD16(sin + i, m))));         \
-        STORE16(out + half + i, m,                                                         \
-                _mm512_add_ps(_mm512_mul_ps(hi, LOAD16(cos + half + i, m)),                \
-                              _mm512_mul_ps(lo, LOAD16(sin + half + i, m))));              \
+        const __m512 lo = P##_LOAD16(x + i, m), hi = P##_LOAD16(x + half + i, m);          \
+        P##_STORE16(out + i, m, _mm512_sub_ps(_mm512_mul_ps(lo, P##_LOAD16(cos + i, m)),   \
+                                          _mm512_mul_ps(hi, P##_LOAD16(sin + i, m))));     \
+        P##_STORE16(out + half + i, m,                                                     \
+                _mm512_add_ps(_mm512_mul_ps(hi, P##_LOAD16(cos + half + i, m)),            \
+                              _mm512_mul_ps(lo, P##_LOAD16(sin + half + i, m))));          \
     }
 #else
-#define ROTATE_HEAD(LOAD16, STORE16)                                                       \
+#define ROTATE_HEAD(P)                                                                     \
     for (int i = 0; i < half; i++) {                                                       \
-        out[i] = STORE(LOAD(x, i) * LOAD(cos, i) - LOAD(x, i + half) * LOAD(sin, i));      \
-        out[i + half] = STORE(LOAD(x, i + half) * LOAD(cos, i + half)                      \
-                              + LOAD(x, i) * LOAD(sin, i + half));                         \
+        out[i] = P##_STORE(P##_LOAD(x, i) * P##_LOAD(cos, i)                               \
+                           - P##_LOAD(x, i + half) * P##_LOAD(sin, i));                    \
+        out[i + half] = P##_STORE(P##_LOAD(x, i + half) * P##_LOAD(cos, i + half)          \
+                              + P##_LOAD(x, i) * P##_LOAD(sin, i + half));                 \
     }
 #endif
 
@@ -129,11 +131,11 @@ void NAME(const T *x, const T *residual, const T *weight, T *out, T *sum_out, in
  * rotated queries to q_out. qkv: [tokens, (heads + 2 kv_heads) head_dim], rows row_stride
  * elements apart; cos, sin: [tokens, head_dim]; q_out: [tokens, heads, head_dim];
  * caches: [slots, kv_heads, head_dim]. */
-#define DEFINE_ROTARY_STORE(NAME, T, LOAD, STORE, LOAD16, STORE16)                         \
+#define DEFINE_ROTARY_STORE(NAME, T, P)                                                    \
 static void NAME##_head(const T *restrict x, const T *restrict cos, const T *restrict sin, \
                         T *restrict out, int head_dim) {                                   \
     const int half = head_dim / 2;                                                         \
-    ROTATE_HEAD(LOAD16, STORE16)                                                           \
+    ROTATE_HEAD(P)                                                                         \
 }                                                                                          \
                                                                                            \
 void NAME(const T *qkv, int64_t row_stride, const T *cos, const T *sin,                    \
@@ -163,51 +165,34 @@ void NAME(const T *qkv, int64_t row_stride, const T *cos, const T *sin,         
 /* out = silu(gate) * up, gate and up the two halves of each row of gate_up
  * ([rows, 2 * width] contiguous); out: [rows, width]. */
 #if defined(HAVE_AVX512)
-#define SILU_MUL_ROW(LOAD16, STORE16, ROUND16)                                             \
+#define SILU_MUL_ROW(P)                                                                    \
     for (int i = 0; i < width; i += 16) {                                                  \
         const __mmask16 m = tail_mask(width - i);                                          \
-        const __m512 silu = silu_mul16(LOAD16(gate + i, m), _mm512_set1_ps(1.0f));         \
-        STORE16(o + i, m, _mm512_mul_ps(ROUND16(silu), LOAD16(up + i, m)));                \
+        const __m512 silu = silu_mul16(P##_LOAD16(gate + i, m), _mm512_set1_ps(1.0f));     \
+        P##_STORE16(o + i, m, _mm512_mul_ps(P##_ROUND16(silu), P##_LOAD16(up + i, m)));    \
     }
 #else
-#define SILU_MUL_ROW(LOAD16, STORE16, ROUND16)                                             \
+#define SILU_MUL_ROW(P)                                                                    \
     for (int i = 0; i < width; i++) {                                                      \
-        const float g = LOAD(gate, i);                                                     \
-        o[i] = STORE(ROUND(g / (1.0f + expf(fminf(-g, 80.0f)))) * LOAD(up, i));            \
+        const float g = P##_LOAD(gate, i);                                                 \
+        o[i] = P##_STORE(P##_ROUND(g / (1.0f + expf(fminf(-g, 80.0f)))) * P##_LOAD(up, i)); \
     }
 #endif
 
-#define DEFINE_SILU_MUL(NAME, T, LOAD, STORE, ROUND, LOAD16, STORE16, ROUND16)             \
+#define DEFINE_SILU_MUL(NAME, T, P)                                                        \
 void NAME(const T *gate_up, T *out, int rows, int width, int num_threads) {                \
     _Pragma("omp parallel for schedule(static) num_threads(threads_for((int64_t)rows * width, num_threads))") \
     for (int r = 0; r < rows; r++) {                                                       \
         const T *gate = gate_up + (int64_t)r * 2 * width;                                  \
         const T *up = gate + width;                                                        \
         T *o = out + (int64_t)r * width;                                                   \
-        SILU_MUL_ROW(LOAD16, STORE16, ROUND16)                                             \
+        SILU_MUL_ROW(P)                                                                    \
     }                                                                                      \
 }
 
-#define LOAD F32_LOAD
-#define STORE F32_STORE
-#define ROUND F32_ROUND
-DEFINE_RMS_NORM(rms_norm_f32, float, F32_LOAD, F32_STORE, F32_ROUND, F32_LOAD16, F32_STORE16,
-                F32_ROUND16)
-DEFINE_ROTARY_STORE(rotary_store_f32, float, F32_LOAD, F32_STORE, F32_LOAD16, F32_STORE16)
-DEFINE_SILU_MUL(silu_mul_f32, float, F32_LOAD, F32_STORE, F32_ROUND, F32_LOAD16, F32_STORE16,
-                F32_ROUND16)
-#undef LOAD
-#undef STORE
-#undef ROUND
-#define LOAD BF16_LOAD
-#define STORE BF16_STORE
-#define ROUND BF16_ROUND
-DEFINE_RMS_NORM(rms_norm_bf16, bf16_t, BF16_LOAD, BF16_STORE, BF16_ROUND, BF16_LOAD16,
-                BF16_STORE16, BF16_ROUND16)
-DEFINE_ROTARY_STORE(rotary_store_bf16, bf16_t, BF16_LOAD, BF16_STORE, BF16_LOAD16,
-                    BF16_STORE16)
-DEFINE_SILU_MUL(silu_mul_bf16, bf16_t, BF16_LOAD, BF16_STORE, BF16_ROUND, BF16_LOAD16,
-                BF16_STORE16, BF16_ROUND16)
-#undef LOAD
-#undef STORE
-#undef ROUND
+DEFINE_RMS_NORM(rms_norm_f32, float, F32)
+DEFINE_ROTARY_STORE(rotary_store_f32, float, F32)
+DEFINE_SILU_MUL(silu_mul_f32, float, F32)
+DEFINE_RMS_NORM(rms_norm_bf16, bf16_t, BF16)
+DEFINE_ROTARY_STORE(rotary_store_bf16, bf16_t, BF16)
+DEFINE_SILU_MUL(silu_mul_bf16, bf16_t, BF16)
