@@ -82,50 +82,123 @@ static inline __m512 sum16(__m512 p[16]) {
                          _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
 }
 
-/* Scores of one head against up to 16 tokens: K rows rows[t] + head (in elements). */
+/* A KV head's query heads (its group, in chunks of up to SHARED_HEADS) take each tile
+ * together: every K and V vector is loaded, and widened from bfloat16, once for all of
+ * them, and their accumulators are independent chains. One head at a time, the loads and
+ * the FMA chain of a lone accumulator set the pace, not memory. Each head's arithmetic is
+ * the same, in the same order, as on its own. */
+#define SHARED_HEADS 4
+
+/* EXPR evaluated with S, a literal from 1 to SHARED_HEADS, equal to `shared`: the tile
+ * functions inline with their loops over heads unrolled and their accumulators in
+ * registers. */
+#define SHARED_CALL(EXPR)                                                                   \
+    switch (shared) {                                                                       \
+        case 1: { enum { S = 1 }; EXPR; break; }                                            \
+        case 2: { enum { S = 2 }; EXPR; break; }                                            \
+        case 3: { enum { S = 3 }; EXPR; break; }                                            \
+        default: { enum { S = 4 }; EXPR; break; }                                           \
+    }
+
+/* Scores of `shared` heads against up to 16 tokens: K rows rows[t] + head (in elements);
+ * head g's query (scaled, float32) at q + g * head_dim, its scores at scores + g * n. */
 #define DEFINE_SCORE_TILE(NAME, T, LOAD16)                                                  \
-static inline void NAME(const float *q, const char *const rows[TILE], int64_t head,        \
-                        int count, int head_dim, float *scores) {                           \
-    __m512 partial[16];                                                                     \
+static inline __attribute__((always_inline)) void NAME(                                     \
+        const float *q, const char *const rows[TILE], int64_t head, int count,              \
+        int head_dim, float *scores, int64_t n, const int shared) {                         \
+    __m512 partial[SHARED_HEADS][16];                                                       \
     for (int t = 0; t < 16; t++) {                                                          \
-        __m512 dot = _mm512_setzero_ps();                                                   \
+        __m512 dot[SHARED_HEADS];                                                           \
+        for (int g = 0; g < shared; g++) dot[g] = _mm512_setzero_ps();                      \
         if (t < count) {                                                                    \
             const T *k = (const T *)rows[t] + head;                                         \
-            for (int d = 0; d < head_dim; d += 16)                                          \
-                dot = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), LOAD16(k + d), dot);          \
+            for (int d = 0; d < head_dim; d += 16) {                                        \
+                const __m512 key = LOAD16(k + d);                                           \
+                for (int g = 0; g < shared; g++)                                            \
+                    dot[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * head_dim + d), key,    \
+                                             dot[g]);                                       \
+            }                                                                               \
         }                                                                                   \
-        partial[t] = dot;                                                                   \
+        for (int g = 0; g < shared; g++) partial[g][t] = dot[g];                            \
     }                                                                                       \
-    __m512 sums = sum16(partial);                                                           \
-    _mm512_mask_storeu_ps(scores, (__mmask16)((1u << count) - 1u), sums);                   \
+    const __mmask16 mask = (__mmask16)((1u << count) - 1u);                                 \
+    for (int g = 0; g < shared; g++)                                                        \
+        _mm512_mask_storeu_ps(scores + g * n, mask, sum16(partial[g]));                     \
 }
-DEFINE_SCORE_TILE(score_tile_f32, float, load16_f32)
-DEFINE_SCORE_TILE(score_tile_bf16, bf16_t, load16_bf16_all)
+DEFINE_SCORE_TILE(score_tile_f32_widened, float, load16_f32)
+DEFINE_SCORE_TILE(score_tile_bf16_widened, bf16_t, load16_bf16_all)
 
-/* acc[0:head_dim] += sum over up to 16 tokens of p[t] * v[t], V rows rows[t] + head. Up
- * to four 16-lane accumulators stay in registers across the tokens, so their FMA chains
- * overlap. */
+/* The score tile as the attention item calls it: also given the query unscaled in the
+ * cache's type (raw) and the scale. */
+static inline __attribute__((always_inline)) void score_tile_f32(
+        const float *q, const float *raw, float scale, const char *const rows[TILE],
+        int64_t head, int count, int head_dim, float *scores, int64_t n, const int shared) {
+    (void)raw, (void)scale;
+    score_tile_f32_widened(q, rows, head, count, head_dim, scores, n, shared);
+}
+
+/* bfloat16 with AVX512-BF16: vdpbf16ps multiplies the raw query by each key 32 lanes at a
+ * time (exact products, float32 sums), with no widening of the keys; the scale goes on the
+ * sums, as in the reference, (q . k) * scale. */
+static inline __attribute__((always_inline)) void score_tile_bf16(
+        const float *q, const bf16_t *raw, float scale, const char *const rows[TILE],
+        int64_t head, int count, int head_dim, float *scores, int64_t n, const int shared) {
+#if defined(__AVX512BF16__)
+    if (head_dim % 32 == 0) {
+        __m512 partial[SHARED_HEADS][16];
+        for (int t = 0; t < 16; t++) {
+            __m512 dot[SHARED_HEADS];
+            for (int g = 0; g < shared; g++) dot[g] = _mm512_setzero_ps();
+            if (t < count) {
+                const bf16_t *k = (const bf16_t *)rows[t] + head;
+                for (int d = 0; d < head_dim; d += 32) {
+                    const __m512bh key = (__m512bh)_mm512_loadu_si512(k + d);
+                    for (int g = 0; g < shared; g++)
+                        dot[g] = _mm512_dpbf16_ps(
+                            dot[g], (__m512bh)_mm512_loadu_si512(raw + g * head_dim + d), key);
+                }
+            }
+            for (int g = 0; g < shared; g++) partial[g][t] = dot[g];
+        }
+        const __mmask16 mask = (__mmask16)((1u << count) - 1u);
+        const __m512 scaled = _mm512_set1_ps(scale);
+        for (int g = 0; g < shared; g++)
+            _mm512_mask_storeu_ps(scores + g * n, mask, _mm512_mul_ps(sum16(partial[g]), scaled));
+        return;
+    }
+#endif
+    (void)raw, (void)scale;
+    score_tile_bf16_widened(q, rows, head, count, head_dim, scores, n, shared);
+}
+
+/* acc_g[0:head_dim] += sum over up to 16 tokens of p_g[t] * v[t] for `shared` heads: V
+ * rows rows[t] + head, head g's weights at p + g * n and sums at acc + g * head_dim. Up
+ * to four 16-lane accumulators a head stay in registers across the tokens. */
 #define DEFINE_VALUE_TILE(NAME, T, LOAD16)                                                  \
-static inline void NAME(const float *p, const char *const rows[TILE], int64_t head,        \
-                        int count, int head_dim, float *acc) {                              \
+static inline __attribute__((always_inline)) void NAME(                                     \
+        const float *p, const char *const rows[TILE], int64_t head, int count,              \
+        int head_dim, float *acc, int64_t n, const int shared) {                            \
     for (int d = 0; d < head_dim; d += 64) {                                                \
         const int chunks = head_dim - d >= 64 ? 4 : (head_dim - d) / 16;                    \
-        __m512 a0 = _mm512_loadu_ps(acc + d);                                               \
-        __m512 a1 = chunks > 1 ? _mm512_loadu_ps(acc + d + 16) : _mm512_setzero_ps();       \
-        __m512 a2 = chunks > 2 ? _mm512_loadu_ps(acc + d + 32) : _mm512_setzero_ps();       \
-        __m512 a3 = chunks > 3 ? _mm512_loadu_ps(acc + d + 48) : _mm512_setzero_ps();       \
+        __m512 a[SHARED_HEADS][4];                                                          \
+        for (int g = 0; g < shared; g++)                                                    \
+            for (int c = 0; c < 4; c++)                                                     \
+                a[g][c] = c < chunks ? _mm512_loadu_ps(acc + g * head_dim + d + 16 * c)     \
+                                     : _mm512_setzero_ps();                                 \
         for (int t = 0; t < count; t++) {                                                   \
-            const __m512 weight = _mm512_set1_ps(p[t]);                                     \
             const T *row = (const T *)rows[t] + head + d;                                   \
-            a0 = _mm512_fmadd_ps(weight, LOAD16(row), a0);                                  \
-            if (chunks > 1) a1 = _mm512_fmadd_ps(weight, LOAD16(row + 16), a1);             \
-            if (chunks > 2) a2 = _mm512_fmadd_ps(weight, LOAD16(row + 32), a2);             \
-            if (chunks > 3) a3 = _mm512_fmadd_ps(weight, LOAD16(row + 48), a3);             \
+            __m512 value[4];                                                                \
+            for (int c = 0; c < 4; c++)                                                     \
+                value[c] = c < chunks ? LOAD16(row + 16 * c) : _mm512_setzero_ps();         \
+            for (int g = 0; g < shared; g++) {                                              \
+                const __m512 weight = _mm512_set1_ps(p[g * n + t]);                         \
+                for (int c = 0; c < 4; c++)                                                 \
+                    if (c < chunks) a[g][c] = _mm512_fmadd_ps(weight, value[c], a[g][c]);   \
+            }                                                                               \
         }                                                                                   \
-        _mm512_storeu_ps(acc + d, a0);                                                      \
-        if (chunks > 1) _mm512_storeu_ps(acc + d + 16, a1);                                 \
-        if (chunks > 2) _mm512_storeu_ps(acc + d + 32, a2);                                 \
-        if (chunks > 3) _mm512_storeu_ps(acc + d + 48, a3);                                 \
+        for (int g = 0; g < shared; g++)                                                    \
+            for (int c = 0; c < chunks; c++)                                                \
+                _mm512_storeu_ps(acc + g * head_dim + d + 16 * c, a[g][c]);                 \
     }                                                                                       \
 }
 DEFINE_VALUE_TILE(value_tile_f32, float, load16_f32)
@@ -226,15 +299,31 @@ static inline __attribute__((always_inline)) int NAME##_item(                   
         const int start = (j % tiles) * TILE;                                               \
         if (j == tiles)                                                                     \
             for (int h = 0; h < heads; h++) softmax_row(scores + (int64_t)h * n, n);        \
+        if (vector_path) {                                                                  \
+            /* each KV head's group, SHARED_HEADS query heads at a time */                  \
+            int shared = SHARED_HEADS;                                                      \
+            for (int h = 0; h < heads; h += shared) {                                       \
+                const int64_t head = (int64_t)(h / group) * head_dim;                       \
+                const int left = group - h % group;                                         \
+                shared = left < SHARED_HEADS ? left : SHARED_HEADS;                         \
+                float *sh = scores + (int64_t)h * n + start;                                \
+                if (j < tiles) {                                                            \
+                    const float *qh = q + (int64_t)h * head_dim;                            \
+                    const T *raw = q_row + (int64_t)h * head_dim;                           \
+                    SHARED_CALL(SCORE_TILE(qh, raw, scale, rows, head, count, head_dim, sh, \
+                                           n, S));                                          \
+                } else {                                                                    \
+                    float *ah = acc + (int64_t)h * head_dim;                                \
+                    SHARED_CALL(VALUE_TILE(sh, rows, head, count, head_dim, ah, n, S));     \
+                }                                                                           \
+            }                                                                               \
+            continue;                                                                       \
+        }                                                                                   \
         for (int h = 0; h < heads; h++) {                                                   \
             const int64_t head = (int64_t)(h / group) * head_dim;                           \
             float *sh = scores + (int64_t)h * n + start;                                    \
             if (j < tiles) {                                                                \
                 const float *qh = q + (int64_t)h * head_dim;                                \
-                if (vector_path) {                                                          \
-                    SCORE_TILE(qh, rows, head, count, head_dim, sh);                        \
-                    continue;                                                               \
-                }                                                                           \
                 for (int t = 0; t < count; t++) {                                           \
                     const T *kh = (const T *)rows[t] + head;                                \
                     float dot = 0.0f;                                                       \
@@ -245,10 +334,6 @@ static inline __attribute__((always_inline)) int NAME##_item(                   
                 continue;                                                                   \
             }                                                                               \
             float *ah = acc + (int64_t)h * head_dim;                                        \
-            if (vector_path) {                                                              \
-                VALUE_TILE(sh, rows, head, count, head_dim, ah);                            \
-                continue;                                                                   \
-            }                                                                               \
             for (int t = 0; t < count; t++) {                                               \
                 const T *vh = (const T *)rows[t] + head;                                    \
                 _Pragma("omp simd")                                                         \
