@@ -53,20 +53,27 @@ static inline __m512 load16_bf16(const bf16_t *p, __mmask16 m) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
 }
 
-/* 16 float32 lanes rounded (to nearest even) to bfloat16, widened back. */
-static inline __m512i bf16_bits16(__m512 v) {
+/* 16 float32 lanes rounded to nearest even, as torch rounds to bfloat16: one instruction
+ * with AVX512-BF16 (vcvtneps2bf16, the same bits for every finite float32 but the
+ * subnormals below 2^-126, which it reads as zero), else integer arithmetic on the bits. */
+static inline __m256i bf16_bits16(__m512 v) {
+#if defined(__AVX512BF16__)
+    return (__m256i)_mm512_cvtneps_pbh(v);
+#else
     const __m512i bits = _mm512_castps_si512(v);
     const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-    return _mm512_srli_epi32(
-        _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), odd)), 16);
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(
+        _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), odd)), 16));
+#endif
 }
 
+/* 16 float32 lanes rounded to bfloat16, widened back. */
 static inline __m512 round16_bf16(__m512 v) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(bf16_bits16(v), 16));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16_bits16(v)), 16));
 }
 
 static inline void store16_bf16(bf16_t *p, __mmask16 m, __m512 v) {
-    _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(bf16_bits16(v)));
+    _mm256_mask_storeu_epi16(p, m, bf16_bits16(v));
 }
 
 #endif
