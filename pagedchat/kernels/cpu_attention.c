@@ -106,75 +106,77 @@ static inline __m512 sum16(__m512 p[16]) {
                          _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
 }
 
-/* Scores of `shared` heads against up to 16 tokens: K rows rows[t] + head (in elements);
- * head g's query (scaled, float32) at q + g * head_dim, its scores at scores + g * n. */
-#define DEFINE_SCORE_TILE(NAME, T, LOAD16)                                                  \
-static inline __attribute__((always_inline)) void NAME(                                     \
-        const float *q, const char *const rows[TILE], int64_t head, int count,              \
-        int head_dim, float *scores, int64_t n, const int shared) {                         \
-    __m512 partial[SHARED_HEADS][16];                                                       \
-    for (int t = 0; t < 16; t++) {                                                          \
-        __m512 dot[SHARED_HEADS];                                                           \
-        for (int g = 0; g < shared; g++) dot[g] = _mm512_setzero_ps();                      \
-        if (t < count) {                                                                    \
-            const T *k = (const T *)rows[t] + head;                                         \
-            for (int d = 0; d < head_dim; d += 16) {                                        \
-                const __m512 key = LOAD16(k + d);                                           \
-                for (int g = 0; g < shared; g++)                                            \
-                    dot[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * head_dim + d), key,    \
-                                             dot[g]);                                       \
-            }                                                                               \
-        }                                                                                   \
-        for (int g = 0; g < shared; g++) partial[g][t] = dot[g];                            \
-    }                                                                                       \
-    const __mmask16 mask = (__mmask16)((1u << count) - 1u);                                 \
-    for (int g = 0; g < shared; g++)                                                        \
-        _mm512_mask_storeu_ps(scores + g * n, mask, sum16(partial[g]));                     \
-}
-DEFINE_SCORE_TILE(score_tile_f32_widened, float, load16_f32)
-DEFINE_SCORE_TILE(score_tile_bf16_widened, bf16_t, load16_bf16_all)
+/* How a score tile reads K: float32 rows, bfloat16 rows widened to float32, or bfloat16
+ * rows multiplied by vdpbf16ps (AVX512-BF16) with the raw query, 32 lanes at a time (exact
+ * products, float32 sums, no widening), the scale then going on the sums as the reference
+ * computes them, (q . k) * scale. */
+enum { KEYS_F32, KEYS_BF16, KEYS_BF16_DOT };
 
-/* The score tile as the attention item calls it: also given the query unscaled in the
- * cache's type (raw) and the scale. */
+/* Scores of `shared` heads against up to 16 tokens: K rows rows[t] + head (in elements);
+ * head g's query at q + g * head_dim (scaled, float32) and raw + g * head_dim (unscaled,
+ * the cache's type), its scores at scores + g * n. Inlined where keys and shared are
+ * literals, so each instance keeps one branch. */
+static inline __attribute__((always_inline)) void score_tile(
+        const float *q, const void *raw, float scale, const char *const rows[TILE],
+        int64_t head, int count, int head_dim, float *scores, int64_t n, const int shared,
+        const int keys) {
+    __m512 partial[SHARED_HEADS][16];
+    for (int t = 0; t < 16; t++) {
+        __m512 dot[SHARED_HEADS];
+        for (int g = 0; g < shared; g++) dot[g] = _mm512_setzero_ps();
+        if (t < count && keys == KEYS_F32) {
+            const float *k = (const float *)rows[t] + head;
+            for (int d = 0; d < head_dim; d += 16)
+                for (int g = 0; g < shared; g++)
+                    dot[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * head_dim + d),
+                                             _mm512_loadu_ps(k + d), dot[g]);
+        } else if (t < count && keys == KEYS_BF16) {
+            const bf16_t *k = (const bf16_t *)rows[t] + head;
+            for (int d = 0; d < head_dim; d += 16) {
+                const __m512 key = load16_bf16(k + d, 0xFFFF);
+                for (int g = 0; g < shared; g++)
+                    dot[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * head_dim + d), key,
+                                             dot[g]);
+            }
+        }
+#if defined(__AVX512BF16__)
+        else if (t < count && keys == KEYS_BF16_DOT) {
+            const bf16_t *k = (const bf16_t *)rows[t] + head;
+            for (int d = 0; d < head_dim; d += 32) {
+                const __m512bh key = (__m512bh)_mm512_loadu_si512(k + d);
+                for (int g = 0; g < shared; g++)
+                    dot[g] = _mm512_dpbf16_ps(dot[g], (__m512bh)_mm512_loadu_si512(
+                                                  (const bf16_t *)raw + g * head_dim + d), key);
+            }
+        }
+#endif
+        for (int g = 0; g < shared; g++) partial[g][t] = dot[g];
+    }
+    const __mmask16 mask = (__mmask16)((1u << count) - 1u);
+    for (int g = 0; g < shared; g++) {
+        const __m512 sums = sum16(partial[g]);
+        _mm512_mask_storeu_ps(scores + g * n, mask, keys == KEYS_BF16_DOT
+                              ? _mm512_mul_ps(sums, _mm512_set1_ps(scale)) : sums);
+    }
+}
+
 static inline __attribute__((always_inline)) void score_tile_f32(
         const float *q, const float *raw, float scale, const char *const rows[TILE],
         int64_t head, int count, int head_dim, float *scores, int64_t n, const int shared) {
-    (void)raw, (void)scale;
-    score_tile_f32_widened(q, rows, head, count, head_dim, scores, n, shared);
+    score_tile(q, raw, scale, rows, head, count, head_dim, scores, n, shared, KEYS_F32);
 }
 
-/* bfloat16 with AVX512-BF16: vdpbf16ps multiplies the raw query by each key 32 lanes at a
- * time (exact products, float32 sums), with no widening of the keys; the scale goes on the
- * sums, as in the reference, (q . k) * scale. */
 static inline __attribute__((always_inline)) void score_tile_bf16(
         const float *q, const bf16_t *raw, float scale, const char *const rows[TILE],
         int64_t head, int count, int head_dim, float *scores, int64_t n, const int shared) {
 #if defined(__AVX512BF16__)
     if (head_dim % 32 == 0) {
-        __m512 partial[SHARED_HEADS][16];
-        for (int t = 0; t < 16; t++) {
-            __m512 dot[SHARED_HEADS];
-            for (int g = 0; g < shared; g++) dot[g] = _mm512_setzero_ps();
-            if (t < count) {
-                const bf16_t *k = (const bf16_t *)rows[t] + head;
-                for (int d = 0; d < head_dim; d += 32) {
-                    const __m512bh key = (__m512bh)_mm512_loadu_si512(k + d);
-                    for (int g = 0; g < shared; g++)
-                        dot[g] = _mm512_dpbf16_ps(
-                            dot[g], (__m512bh)_mm512_loadu_si512(raw + g * head_dim + d), key);
-                }
-            }
-            for (int g = 0; g < shared; g++) partial[g][t] = dot[g];
-        }
-        const __mmask16 mask = (__mmask16)((1u << count) - 1u);
-        const __m512 scaled = _mm512_set1_ps(scale);
-        for (int g = 0; g < shared; g++)
-            _mm512_mask_storeu_ps(scores + g * n, mask, _mm512_mul_ps(sum16(partial[g]), scaled));
+        score_tile(q, raw, scale, rows, head, count, head_dim, scores, n, shared,
+                   KEYS_BF16_DOT);
         return;
     }
 #endif
-    (void)raw, (void)scale;
-    score_tile_bf16_widened(q, rows, head, count, head_dim, scores, n, shared);
+    score_tile(q, raw, scale, rows, head, count, head_dim, scores, n, shared, KEYS_BF16);
 }
 
 /* acc_g[0:head_dim] += sum over up to 16 tokens of p_g[t] * v[t] for `shared` heads: V
