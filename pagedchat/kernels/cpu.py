@@ -1,10 +1,10 @@
 """The CPU backend: a compiled paged-attention kernel for decode and short chunks, a
 compiled tiled kernel for longer prompt chunks (torch's SDPA without AVX-512), a
 compiled pass over the logits for sampling, compiled RMSNorm,
-rotary-and-store and SiLU-and-multiply (float32 and bfloat16), linear layers through
-oneDNN on weights packed once into its layout, a compiled product for the head's few
-rows (its weight stays plain: the embedding reads it too), the reference for everything
-else.
+rotary-and-store and SiLU-and-multiply (float32 and bfloat16), linear layers on weights
+packed once into oneDNN's layout (a compiled product reads that layout for up to 64 rows of
+float32, oneDNN's own product takes the rest), a compiled product for the head's few rows
+(its weight stays plain: the embedding reads it too), the reference for everything else.
 
 The C kernels (``cpu_*.c``) are built once per machine with the system C compiler into
 the cache folder and loaded with ctypes (which releases the GIL). Without a compiler the
@@ -33,15 +33,16 @@ from pagedchat.kernels import reference
 from pagedchat.kernels.reference import copy_blocks, gather_kv, swap_blocks, write_slots
 from pagedchat.paths import cache_root
 
-__all__ = ["copy_blocks", "kernel_library", "linear", "max_logsumexp", "pack_linear",
-           "paged_attention", "rms_norm", "rotary_store", "silu_mul", "store_kv", "swap_blocks"]
+__all__ = ["DecoderStack", "LayerTensors", "copy_blocks", "decoder_stack", "kernel_library",
+           "linear", "max_logsumexp", "pack_linear", "paged_attention", "rms_norm",
+           "rotary_store", "silu_mul", "store_kv", "swap_blocks"]
 
 log = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).with_name(name)
            for name in ("cpu_attention.c", "cpu_prefill.c", "cpu_sampling.c", "cpu_layer.c",
-                        "cpu_linear.c")]
-HEADERS = [Path(__file__).with_name("cpu_vector.h")]
+                        "cpu_linear.c", "cpu_decoder.c")]
+HEADERS = [Path(__file__).with_name(name) for name in ("cpu_vector.h", "cpu_kernels.h")]
 COMPILE_FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp",
                  "-fPIC", "-std=c11"]
 # Chunks of at least this many queries go to the chunked-prefill kernel, which reads each
@@ -56,6 +57,10 @@ SDPA_MIN_QUERY_LEN = 25
 # 1.23x; one row: 2.9x on AMD Zen 5, where MKL's matrix-vector product reads 15 GB/s of
 # 45) and oneDNN on plain weights (16 rows: 1.5x); past 16 oneDNN's blocked product pays.
 LINEAR_ROWS = range(1, 17)
+# On a packed float32 weight, up to 64 rows the C product on oneDNN's blocked layout
+# beats oneDNN's own (1.14-1.21x from 1 to 64 rows on this model's layer weights, AMD Zen
+# 5; from 128 rows on, even or behind).
+BLOCKED_ROWS = range(1, 65)
 # The C kernels come per element type, named with these suffixes.
 _SUFFIXES = {torch.float32: "f32", torch.bfloat16: "bf16"}
 _P, _INT, _INT64, _FLOAT = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
@@ -74,7 +79,9 @@ _SIGNATURES = {
     "paged_prefill_vectorised": (_INT, []),
     "max_logsumexp_f32": (None, [_P, _INT, _INT, _INT64, _P, _P, _P, _INT]),
     "linear_f32": (None, [_P] * 4 + [_INT] * 4),
+    "linear_blocked_f32": (None, [_P] * 4 + [_INT] * 5),
     "linear_f32_vectorised": (_INT, []),
+    "decoder_layers_f32": (_INT, [_P, _INT, _P, _P, _P]),
 }
 
 
@@ -414,15 +421,53 @@ def pack_linear(weight: torch.Tensor) -> torch.Tensor:
     if (weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16)
             or weight.dim() != 2 or not _onednn()):
         return weight
+    if weight.dtype == torch.float32:
+        _blocked_width(*weight.shape)  # checked now, not during the first step
     return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), None)
+
+
+@functools.cache
+def _blocked_width(n_dim: int, k_dim: int) -> int | None:
+    """The padded input width of oneDNN's float32 ``[n_dim, k_dim]`` packing where it is
+    the blocked layout the C product reads (``cpu_linear.c``), else None.
+
+    oneDNN picks its layout per shape and CPU, so it is checked once per shape: a random
+    weight packed, multiplied by the C product, compared with F.linear."""
+    if not (_linear_vectorised() and _onednn()):
+        return None
+    gen = torch.Generator().manual_seed(n_dim * 7919 + k_dim)
+    weight = torch.randn(n_dim, k_dim, generator=gen)
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+    k_padded, rest = divmod(torch.ops.mkldnn._nbytes(packed), -(-n_dim // 64) * 64 * 4)
+    if rest or k_padded < k_dim:
+        return None
+    x = torch.randn(3, k_dim, generator=gen)
+    out = torch.empty(3, n_dim)
+    kernel_library().linear_blocked_f32(
+        x.data_ptr(), torch.ops.mkldnn.data_ptr(packed), None, out.data_ptr(), 3, k_dim,
+        k_padded, n_dim, 1)
+    return k_padded if torch.allclose(out, F.linear(x, weight), rtol=1e-4, atol=1e-4) else None
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor,
            bias: torch.Tensor | None = None) -> torch.Tensor:
     """Same contract as :func:`pagedchat.kernels.reference.linear`. A packed weight goes to
-    oneDNN. A plain float32 one (the tied head, which the embedding also reads) goes to
-    the C product for ``LINEAR_ROWS`` rows, to oneDNN for more; anything else to torch."""
+    the C product for ``BLOCKED_ROWS`` rows of float32 where oneDNN's layout is the one it
+    reads, else to oneDNN. A plain float32 one (the tied head, which the embedding also
+    reads) goes to the C product for ``LINEAR_ROWS`` rows, to oneDNN for more; anything
+    else to torch."""
     if weight.is_mkldnn:
+        rows, (n_dim, k_dim) = x.shape[0], weight.shape
+        if (rows in BLOCKED_ROWS and weight.dtype == torch.float32 and x.dtype == torch.float32
+                and (bias is None or bias.dtype == torch.float32)
+                and (k_padded := _blocked_width(n_dim, k_dim)) is not None):
+            x = x.contiguous()
+            out = torch.empty(rows, n_dim)
+            kernel_library().linear_blocked_f32(
+                x.data_ptr(), torch.ops.mkldnn.data_ptr(weight),
+                None if bias is None else bias.contiguous().data_ptr(), out.data_ptr(), rows,
+                k_dim, k_padded, n_dim, torch.get_num_threads())
+            return out
         return _onednn_product(x, weight, bias)
     product = _kernel("linear", x, weight, bias)  # there is no linear_bf16
     if product is None or x.dim() != 2 or not weight.is_contiguous():
@@ -437,3 +482,123 @@ def linear(x: torch.Tensor, weight: torch.Tensor,
     if x.shape[0] == 0 or not _onednn():
         return reference.linear(x, weight, bias)
     return _onednn_product(x, weight, bias)
+
+
+class LayerTensors(NamedTuple):
+    """One decoder layer's weights (as the model holds them: products packed) and caches."""
+
+    input_norm: torch.Tensor
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+
+
+class _DecoderLayer(ctypes.Structure):
+    """``DecoderLayer`` in ``cpu_decoder.c``."""
+
+    _fields_ = [(name, _P) for name in ("input_norm", "post_norm", "qkv", "qkv_bias", "o",
+                                        "gate_up", "down")] + \
+               [(name, _INT) for name in ("qkv_padded", "o_padded", "gate_up_padded",
+                                          "down_padded")] + \
+               [("k_cache", _P), ("v_cache", _P)]
+
+
+class _DecoderStep(ctypes.Structure):
+    """``DecoderStep`` in ``cpu_decoder.c``."""
+
+    _fields_ = [(name, _INT) for name in ("rows", "hidden", "heads", "kv_heads", "head_dim",
+                                          "intermediate", "block_size", "max_blocks",
+                                          "attention_rows", "num_threads")] + \
+               [("eps", _FLOAT), ("scale", _FLOAT)] + \
+               [(name, _P) for name in ("cos", "sin", "slots", "block_tables", "context_lens",
+                                        "query_start", "row_ids", "row_seqs", "h", "qkv", "q",
+                                        "attention", "gate_up", "act")]
+
+
+class DecoderStack:
+    """Every decoder layer of a float32 model in one C call, for steps of up to
+    ``BLOCKED_ROWS`` query rows that are all decodes or short chunks: the same kernels as
+    the per-layer calls, in the same order (so the same result, bit for bit), without
+    their Python dispatch. Built by :func:`decoder_stack`, which checks the weights."""
+
+    def __init__(self, layers: list[LayerTensors], num_heads: int, eps: float,
+                 scale: float) -> None:
+        first = layers[0]
+        self.k_cache = first.k_cache  # the model rebuilds the stack when its caches change
+        self.hidden = first.input_norm.shape[0]
+        self.heads = num_heads
+        _, self.block_size, self.kv_heads, self.head_dim = first.k_cache.shape
+        self.qkv_width = first.qkv.shape[0]
+        self.intermediate = first.gate_up.shape[0] // 2
+        self.eps, self.scale = eps, scale
+        self._tensors = layers  # keeps what the pointers point at alive
+        self._layers = (_DecoderLayer * len(layers))(*(
+            _DecoderLayer(
+                layer.input_norm.data_ptr(), layer.post_norm.data_ptr(),
+                torch.ops.mkldnn.data_ptr(layer.qkv),
+                None if layer.qkv_bias is None else layer.qkv_bias.data_ptr(),
+                *(torch.ops.mkldnn.data_ptr(weight)
+                  for weight in (layer.o, layer.gate_up, layer.down)),
+                *(_blocked_width(*weight.shape)
+                  for weight in (layer.qkv, layer.o, layer.gate_up, layer.down)),
+                layer.k_cache.data_ptr(), layer.v_cache.data_ptr())
+            for layer in layers))
+
+    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 slot_mapping: torch.Tensor, block_tables: torch.Tensor,
+                 context_lens: torch.Tensor,
+                 query_start_loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The last layer's output and the residual stream still to be added to it (as the
+        layers return them), or None where this step is not one for the stack."""
+        rows = x.shape[0]
+        if rows not in BLOCKED_ROWS or x.dtype != torch.float32 or cos.dtype != torch.float32:
+            return None
+        plan = _plan(block_tables, context_lens, query_start_loc)
+        if plan.long_chunks:
+            return None
+        x, cos, sin = x.contiguous(), cos.contiguous(), sin.contiguous()
+        slots = slot_mapping.to(torch.int64).contiguous()
+        residual = torch.empty_like(x)
+        q_size = self.heads * self.head_dim
+        scratch = [torch.empty(rows, width) for width in (
+            self.hidden, self.qkv_width, q_size, q_size, 2 * self.intermediate,
+            self.intermediate)]
+        step = _DecoderStep(
+            rows, self.hidden, self.heads, self.kv_heads, self.head_dim, self.intermediate,
+            self.block_size, plan.tables.shape[1], len(plan.rows), torch.get_num_threads(),
+            self.eps, self.scale, cos.data_ptr(), sin.data_ptr(), slots.data_ptr(),
+            plan.tables.data_ptr(), plan.context_lens.data_ptr(),
+            plan.query_start_loc.data_ptr(), plan.rows.data_ptr(), plan.row_seqs.data_ptr(),
+            *(buffer.data_ptr() for buffer in scratch))
+        status = kernel_library().decoder_layers_f32(
+            self._layers, len(self._tensors), ctypes.byref(step), x.data_ptr(),
+            residual.data_ptr())
+        if status != 0:
+            raise MemoryError("paged attention: out of memory for the score buffer")
+        return x, residual
+
+
+def decoder_stack(layers: list[LayerTensors], num_heads: int, eps: float,
+                  scale: float) -> DecoderStack | None:
+    """The layers as one C call where they can be: float32 on the CPU, every product's
+    weight packed in the blocked layout the C product reads, caches contiguous; else None
+    (the model then calls its layers one by one)."""
+    if not layers or kernel_library() is None or not _linear_vectorised():
+        return None
+    for layer in layers:
+        products = (layer.qkv, layer.o, layer.gate_up, layer.down)
+        plain = [layer.input_norm, layer.post_norm, layer.k_cache, layer.v_cache]
+        if layer.qkv_bias is not None:
+            plain.append(layer.qkv_bias)
+        if not all(weight.is_mkldnn and weight.dtype == torch.float32
+                   and _blocked_width(*weight.shape) is not None for weight in products):
+            return None
+        if not all(tensor.dtype == torch.float32 and tensor.is_cpu and tensor.is_contiguous()
+                   for tensor in plain):
+            return None
+    return DecoderStack(layers, num_heads, eps, scale)

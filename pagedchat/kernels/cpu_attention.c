@@ -24,6 +24,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "cpu_kernels.h"
 #include "cpu_vector.h"
 
 #define TILE 16

@@ -16,6 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cpu_kernels.h"
 #include "cpu_vector.h"
 
 /* Below this many elements a call stays on the calling thread. */

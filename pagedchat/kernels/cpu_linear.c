@@ -1,4 +1,5 @@
-/* y = x W^T (+ b) for a few rows of x: the linear layers of a small decode batch.
+/* y = x W^T (+ b) for a few rows of x: the linear layers of a small decode batch, on a
+ * plain weight (the tied head) or on one packed by oneDNN (the layers; further down).
  *
  * With a few rows (2 to 16 are sent here) a step is bound by reading W once from memory,
  * as with one row; but the BLAS torch uses packs W for a general matrix product and, at
@@ -11,6 +12,7 @@
 #include <omp.h>
 #include <stdint.h>
 
+#include "cpu_kernels.h"
 #include "cpu_vector.h"
 
 #define MAX_ROWS 8        /* rows of x per pass over a pair of W's rows (registers) */
@@ -87,6 +89,111 @@ void linear_f32(const float *x, const float *w, const float *bias, float *out, i
             }
         }
     }
+}
+
+/* The same product on a weight packed by oneDNN (pack_linear): float32 in blocks of 64
+ * output columns, each block [k_padded][64], the 64 columns of one input index side by
+ * side. The layout is oneDNN's choice, not ours: cpu.py checks it for each shape, by a
+ * product against F.linear, before sending a weight here.
+ *
+ * Read that way a matrix-vector product is a plain stream: each input index broadcast
+ * times 256 contiguous bytes, no horizontal sums. At one row it reads this model's layer
+ * weights at the machine's read bandwidth (AMD Zen 5: 39 GB/s where a read-only loop
+ * gave 40 and oneDNN's own product on the same packed weights 32), and the call skips
+ * oneDNN's dispatch (about 10 us of a decode step's 120 products). Threads take equal
+ * runs of 16-column vectors, so a 576-wide output splits 18 / 18 rather than 5 blocks
+ * against 4. */
+#define BLOCK_COLUMNS 64
+#define BLOCK_VECTORS (BLOCK_COLUMNS / 16)
+#define ROW_GROUP 6       /* rows of x per pass over a block: 6 x 4 accumulators */
+#define BLOCK_PREFETCH 16 /* input indices ahead */
+/* Each column sums runs of this many products, then the runs: a chain of k_dim roundings
+ * (1,536 for this model's down projection) erred 2e-4 against F.linear on unit normals. */
+#define BLOCK_RUN 64
+
+#if defined(HAVE_AVX512)
+/* out[m][0, 16 * vecs) = x[m] . columns of w for `rows` rows of x, w pointing at the first
+ * of these columns in a block. Inlined with literal rows and vecs. */
+static inline __attribute__((always_inline)) void
+block_columns(const float *x, const float *w, const float *bias, float *out, int rows,
+              int vecs, int k_dim, int n_dim, int n_left) {
+    __m512 acc[ROW_GROUP][BLOCK_VECTORS], part[ROW_GROUP][BLOCK_VECTORS];
+    for (int m = 0; m < rows; m++)
+        for (int v = 0; v < vecs; v++) acc[m][v] = _mm512_setzero_ps();
+    for (int k0 = 0; k0 < k_dim; k0 += BLOCK_RUN) {
+        const int k_end = k0 + BLOCK_RUN < k_dim ? k0 + BLOCK_RUN : k_dim;
+        for (int m = 0; m < rows; m++)
+            for (int v = 0; v < vecs; v++) part[m][v] = _mm512_setzero_ps();
+        for (int k = k0; k < k_end; k++) {
+            const float *row = w + (int64_t)k * BLOCK_COLUMNS;
+            __m512 wv[BLOCK_VECTORS];
+            for (int v = 0; v < vecs; v++) {
+                _mm_prefetch((const char *)(row + BLOCK_PREFETCH * BLOCK_COLUMNS + 16 * v),
+                             _MM_HINT_T0);
+                wv[v] = _mm512_loadu_ps(row + 16 * v);
+            }
+            for (int m = 0; m < rows; m++) {
+                const __m512 xv = _mm512_set1_ps(x[(int64_t)m * k_dim + k]);
+                for (int v = 0; v < vecs; v++)
+                    part[m][v] = _mm512_fmadd_ps(xv, wv[v], part[m][v]);
+            }
+        }
+        for (int m = 0; m < rows; m++)
+            for (int v = 0; v < vecs; v++) acc[m][v] = _mm512_add_ps(acc[m][v], part[m][v]);
+    }
+    for (int v = 0; v < vecs; v++) {
+        const __mmask16 mask = tail_mask(n_left - 16 * v);
+        const __m512 b = bias != NULL ? _mm512_maskz_loadu_ps(mask, bias + 16 * v)
+                                      : _mm512_setzero_ps();
+        for (int m = 0; m < rows; m++)
+            _mm512_mask_storeu_ps(out + (int64_t)m * n_dim + 16 * v, mask,
+                                  _mm512_add_ps(acc[m][v], b));
+    }
+}
+
+#define BLOCK_CASE(ROWS)                                                                   \
+    case ROWS:                                                                             \
+        switch (vecs) {                                                                    \
+            case 1: block_columns(xs, ws, bs, ys, ROWS, 1, k_dim, n_dim, n_left); break;  \
+            case 2: block_columns(xs, ws, bs, ys, ROWS, 2, k_dim, n_dim, n_left); break;  \
+            case 3: block_columns(xs, ws, bs, ys, ROWS, 3, k_dim, n_dim, n_left); break;  \
+            default: block_columns(xs, ws, bs, ys, ROWS, 4, k_dim, n_dim, n_left); break; \
+        }                                                                                  \
+        break;
+#endif
+
+/* x: [rows, k_dim], bias: [n_dim] or NULL, out: [rows, n_dim], contiguous; w: blocked as
+ * above, [ceil(n_dim / 64)][k_padded][64] with k_padded >= k_dim. */
+void linear_blocked_f32(const float *x, const float *w, const float *bias, float *out,
+                        int rows, int k_dim, int k_padded, int n_dim, int num_threads) {
+#if defined(HAVE_AVX512)
+    const int vectors = (n_dim + 15) / 16;
+    #pragma omp parallel num_threads(num_threads)
+    {
+        const int threads = omp_get_num_threads(), t = omp_get_thread_num();
+        const int end = (int)((int64_t)vectors * (t + 1) / threads);
+        for (int first = (int)((int64_t)vectors * t / threads); first < end;) {
+            const int block = first / BLOCK_VECTORS, offset = first % BLOCK_VECTORS;
+            const int vecs = BLOCK_VECTORS - offset < end - first ? BLOCK_VECTORS - offset
+                                                                  : end - first;
+            const int column = 16 * first, n_left = n_dim - column;
+            const float *ws = w + (int64_t)block * k_padded * BLOCK_COLUMNS + 16 * offset;
+            const float *bs = bias != NULL ? bias + column : NULL;
+            for (int m = 0; m < rows; m += ROW_GROUP) {
+                const float *xs = x + (int64_t)m * k_dim;
+                float *ys = out + (int64_t)m * n_dim + column;
+                switch (rows - m < ROW_GROUP ? rows - m : ROW_GROUP) {
+                    BLOCK_CASE(1) BLOCK_CASE(2) BLOCK_CASE(3)
+                    BLOCK_CASE(4) BLOCK_CASE(5) BLOCK_CASE(6)
+                }
+            }
+            first += vecs;
+        }
+    }
+#else
+    (void)x; (void)w; (void)bias; (void)out; (void)rows; (void)k_dim; (void)k_padded;
+    (void)n_dim; (void)num_threads;
+#endif
 }
 
 /* Whether linear_f32 was built with its vector path: without it torch's BLAS is faster. */

@@ -245,7 +245,7 @@ def test_linear_matches_reference(rows, k_dim, n_dim, with_bias, seed):
 
 
 @settings(max_examples=40, deadline=None)
-@given(rows=st.sampled_from([0, 1, 2, 7, 16, 17, 33, 100, 257]),
+@given(rows=st.sampled_from([0, 1, 2, 7, 16, 17, 33, 64, 65, 100, 257]),
        k_dim=st.sampled_from([8, 100, 576]), n_dim=st.sampled_from([1, 7, 64, 961]),
        with_bias=st.booleans(), dtype=st.sampled_from([torch.float32, torch.bfloat16]),
        seed=st.integers(0, 2**16))
@@ -263,6 +263,42 @@ def test_linear_on_packed_weights_matches_reference(rows, k_dim, n_dim, with_bia
     tol = {"rtol": 1e-5, "atol": 1e-4} if dtype == torch.float32 else {"rtol": 2e-2,
                                                                          "atol": 5e-2}
     assert torch.allclose(out.float(), expected.float(), **tol)
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, cpu.BLOCKED_ROWS.stop + 2),
+       shape=st.sampled_from([(961, 576), (576, 1536), (64, 100), (7, 8), (130, 33)]),
+       with_bias=st.booleans(), threads=st.sampled_from([1, 2, 3]),
+       seed=st.integers(0, 2**16))
+def test_product_on_onednn_blocked_layout_matches_reference(rows, shape, with_bias, threads,
+                                                             seed):
+    """The C product reading oneDNN's packed float32 layout, called directly: row groups
+    and their remainder, partial 64-column blocks, column runs split between threads at
+    any vector, input widths past one summation run (64) and padded ones."""
+    n_dim, k_dim = shape
+    k_padded = cpu._blocked_width(n_dim, k_dim)
+    if k_padded is None:
+        pytest.skip("oneDNN's layout for this shape is not the blocked one (or no AVX-512)")
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k_dim, generator=gen)
+    weight = torch.randn(n_dim, k_dim, generator=gen)
+    bias = torch.randn(n_dim, generator=gen) if with_bias else None
+    out = torch.full((rows, n_dim), float("nan"))
+    packed = cpu.pack_linear(weight)
+    cpu.kernel_library().linear_blocked_f32(
+        x.data_ptr(), torch.ops.mkldnn.data_ptr(packed),
+        None if bias is None else bias.data_ptr(), out.data_ptr(), rows, k_dim, k_padded,
+        n_dim, threads)
+    assert torch.allclose(out, ref.linear(x, weight, bias), rtol=1e-5, atol=1e-4)
+
+
+def test_this_models_layer_shapes_take_the_blocked_product():
+    """Where the C product is built and torch has oneDNN, the model's layer weights are
+    read by the C product (a layout check that failed would send them to oneDNN quietly)."""
+    if not (cpu._linear_vectorised() and cpu._onednn()):
+        pytest.skip("needs the AVX-512 C product and oneDNN")
+    for n_dim, k_dim in [(960, 576), (576, 576), (3072, 576), (576, 1536)]:
+        assert cpu._blocked_width(n_dim, k_dim) == k_dim
 
 
 def test_onednn_row_counts_are_few_and_close():

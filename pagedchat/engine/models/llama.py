@@ -173,6 +173,7 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = None if self.tied else Linear(config.hidden_size, rows, False, kernels)
         self.kernels = kernels
         self.rotary: RotaryEmbedding | None = None  # see build_rotary
+        self._stack = self._stack_caches = None  # see decoder_stack
 
     def build_rotary(self, max_positions: int) -> None:
         """Compute the cos/sin tables, on the current device. A separate step because the
@@ -185,10 +186,37 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         x = self.embed(input_ids)
         rope = self.rotary.lookup(positions, x.dtype)
-        residual = None
-        for layer in self.layers:
-            x, residual = layer(x, residual, rope, meta)
+        stack = self.decoder_stack()
+        done = stack and stack(x, *rope, meta.slot_mapping, meta.block_tables, meta.context_lens,
+                               meta.query_start_loc)
+        if done:
+            x, residual = done
+        else:
+            residual = None
+            for layer in self.layers:
+                x, residual = layer(x, residual, rope, meta)
         return x + residual
+
+    def decoder_stack(self):
+        """The backend's call through every layer at once (the CPU's, for small decode
+        batches), where it has one and the model is whole on this worker; else None.
+        Built on first use, after the caches are in place, and again if they change."""
+        build = getattr(self.kernels, "decoder_stack", None)
+        if build is None or self.tp.size > 1:
+            return None
+        caches = self.layers[0].self_attn.k_cache
+        if self._stack_caches is not caches:
+            self._stack_caches = caches
+            self._stack = build([
+                self.kernels.LayerTensors(
+                    layer.input_layernorm.weight, layer.self_attn.qkv_proj.weight,
+                    layer.self_attn.qkv_proj.bias, layer.self_attn.o_proj.weight,
+                    layer.post_attention_layernorm.weight, layer.mlp.gate_up_proj.weight,
+                    layer.mlp.down_proj.weight, layer.self_attn.k_cache,
+                    layer.self_attn.v_cache)
+                for layer in self.layers], self.layers[0].self_attn.num_heads,
+                self.config.rms_norm_eps, self.layers[0].self_attn.scale)
+        return self._stack
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Vocabulary-parallel lookup: ids outside this worker's rows give zeros, and the
