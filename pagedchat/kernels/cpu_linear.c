@@ -190,7 +190,7 @@ void linear_blocked_f32(const float *x, const float *w, const float *bias, float
             first += vecs;
         }
     }
-#else
+#else  /* without AVX-512 cpu.py never calls it: oneDNN's product beats plain loops */
     (void)x; (void)w; (void)bias; (void)out; (void)rows; (void)k_dim; (void)k_padded;
     (void)n_dim; (void)num_threads;
 #endif
