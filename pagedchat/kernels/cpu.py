@@ -2,8 +2,9 @@
 compiled tiled kernel for longer prompt chunks (torch's SDPA without AVX-512), a
 compiled pass over the logits for sampling, compiled RMSNorm,
 rotary-and-store and SiLU-and-multiply (float32 and bfloat16), linear layers on weights
-packed once into oneDNN's layout (a compiled product reads that layout for up to 64 rows of
-float32, oneDNN's own product takes the rest), a compiled product for the head's few rows
+packed once into oneDNN's layout (a compiled product reads that layout for up to 64 rows,
+oneDNN's own product takes the rest), a small decode batch through all the layers in one
+compiled call, a compiled product for the head's few rows
 (its weight stays plain: the embedding reads it too), the reference for everything else.
 
 The C kernels (``cpu_*.c``) are built once per machine with the system C compiler into
@@ -57,9 +58,9 @@ SDPA_MIN_QUERY_LEN = 25
 # 1.23x; one row: 2.9x on AMD Zen 5, where MKL's matrix-vector product reads 15 GB/s of
 # 45) and oneDNN on plain weights (16 rows: 1.5x); past 16 oneDNN's blocked product pays.
 LINEAR_ROWS = range(1, 17)
-# On a packed float32 weight, up to 64 rows the C product on oneDNN's blocked layout
-# beats oneDNN's own (1.14-1.21x from 1 to 64 rows on this model's layer weights, AMD Zen
-# 5; from 128 rows on, even or behind).
+# On a packed weight, up to 64 rows the C product on oneDNN's blocked layout beats
+# oneDNN's own (float32: 1.14-1.21x from 1 to 64 rows on this model's layer weights, AMD
+# Zen 5; from 128 rows on, even or behind).
 BLOCKED_ROWS = range(1, 65)
 # The C kernels come per element type, named with these suffixes.
 _SUFFIXES = {torch.float32: "f32", torch.bfloat16: "bf16"}
@@ -72,6 +73,8 @@ _PER_TYPE_SIGNATURES = {
     "rms_norm": (None, [_P] * 5 + [_INT, _INT, _FLOAT, _INT]),
     "rotary_store": (None, [_P, _INT64] + [_P] * 6 + [_INT] * 5),
     "silu_mul": (None, [_P, _P, _INT, _INT, _INT]),
+    "linear_blocked": (None, [_P] * 4 + [_INT] * 5),
+    "decoder_layers": (_INT, [_P, _INT, _P, _P, _P]),
 }
 _SIGNATURES = {
     **{f"{name}_{suffix}": signature for name, signature in _PER_TYPE_SIGNATURES.items()
@@ -79,9 +82,7 @@ _SIGNATURES = {
     "paged_prefill_vectorised": (_INT, []),
     "max_logsumexp_f32": (None, [_P, _INT, _INT, _INT64, _P, _P, _P, _INT]),
     "linear_f32": (None, [_P] * 4 + [_INT] * 4),
-    "linear_blocked_f32": (None, [_P] * 4 + [_INT] * 5),
     "linear_f32_vectorised": (_INT, []),
-    "decoder_layers_f32": (_INT, [_P, _INT, _P, _P, _P]),
 }
 
 
@@ -299,15 +300,20 @@ def max_logsumexp(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tor
 
 def _kernel(name: str, *tensors: torch.Tensor | None):
     """The C kernel ``name`` for these tensors' element type (float32 or bfloat16, the same
-    for all, on the CPU; None stands for an absent optional tensor), else None (also where
-    the kernel has no version for that type)."""
-    present = [tensor for tensor in tensors if tensor is not None]
-    suffix = _SUFFIXES.get(present[0].dtype)
-    if suffix is None or any(t.dtype != present[0].dtype or t.device.type != "cpu"
-                             for t in present):
-        return None
+    for all, on the CPU; None stands for an absent optional tensor, never the first), else
+    None (also where the kernel has no version for that type)."""
+    dtype = tensors[0].dtype
+    for tensor in tensors:
+        if tensor is not None and (tensor.dtype != dtype or not tensor.is_cpu):
+            return None
+    return _typed_kernel(name, dtype)
+
+
+@functools.cache
+def _typed_kernel(name: str, dtype: torch.dtype):
+    suffix = _SUFFIXES.get(dtype)
     function = f"{name}_{suffix}"
-    library = kernel_library() if function in _SIGNATURES else None
+    library = kernel_library() if suffix is not None and function in _SIGNATURES else None
     return None if library is None else getattr(library, function)
 
 
@@ -421,49 +427,50 @@ def pack_linear(weight: torch.Tensor) -> torch.Tensor:
     if (weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16)
             or weight.dim() != 2 or not _onednn()):
         return weight
-    if weight.dtype == torch.float32:
-        _blocked_width(*weight.shape)  # checked now, not during the first step
+    _blocked_width(*weight.shape, weight.dtype)  # checked now, not during the first step
     return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), None)
 
 
 @functools.cache
-def _blocked_width(n_dim: int, k_dim: int) -> int | None:
-    """The padded input width of oneDNN's float32 ``[n_dim, k_dim]`` packing where it is
-    the blocked layout the C product reads (``cpu_linear.c``), else None.
+def _blocked_width(n_dim: int, k_dim: int, dtype: torch.dtype) -> int | None:
+    """The padded input width of oneDNN's packing of a ``[n_dim, k_dim]`` weight of this
+    type where it is the blocked layout the C product reads (``cpu_linear.c``), else None.
 
-    oneDNN picks its layout per shape and CPU, so it is checked once per shape: a random
-    weight packed, multiplied by the C product, compared with F.linear."""
-    if not (_linear_vectorised() and _onednn()):
+    oneDNN picks its layout per shape, type and CPU, so it is checked once for each: a
+    random weight packed, multiplied by the C product, compared with F.linear."""
+    product = _kernel("linear_blocked", torch.empty(0, dtype=dtype))
+    if product is None or not (_linear_vectorised() and _onednn()):
         return None
     gen = torch.Generator().manual_seed(n_dim * 7919 + k_dim)
-    weight = torch.randn(n_dim, k_dim, generator=gen)
+    weight = torch.randn(n_dim, k_dim, generator=gen).to(dtype)
     packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
-    k_padded, rest = divmod(torch.ops.mkldnn._nbytes(packed), -(-n_dim // 64) * 64 * 4)
+    k_padded, rest = divmod(torch.ops.mkldnn._nbytes(packed),
+                            -(-n_dim // 64) * 64 * weight.element_size())
     if rest or k_padded < k_dim:
         return None
-    x = torch.randn(3, k_dim, generator=gen)
-    out = torch.empty(3, n_dim)
-    kernel_library().linear_blocked_f32(
-        x.data_ptr(), torch.ops.mkldnn.data_ptr(packed), None, out.data_ptr(), 3, k_dim,
-        k_padded, n_dim, 1)
-    return k_padded if torch.allclose(out, F.linear(x, weight), rtol=1e-4, atol=1e-4) else None
+    x = torch.randn(3, k_dim, generator=gen).to(dtype)
+    out = torch.empty(3, n_dim, dtype=dtype)
+    product(x.data_ptr(), torch.ops.mkldnn.data_ptr(packed), None, out.data_ptr(), 3, k_dim,
+            k_padded, n_dim, 1)
+    expected = F.linear(x.float(), weight.float())
+    error = (out.float() - expected).norm() / expected.norm()
+    return k_padded if error < (1e-5 if dtype == torch.float32 else 1e-2) else None
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor,
            bias: torch.Tensor | None = None) -> torch.Tensor:
     """Same contract as :func:`pagedchat.kernels.reference.linear`. A packed weight goes to
-    the C product for ``BLOCKED_ROWS`` rows of float32 where oneDNN's layout is the one it
-    reads, else to oneDNN. A plain float32 one (the tied head, which the embedding also
-    reads) goes to the C product for ``LINEAR_ROWS`` rows, to oneDNN for more; anything
-    else to torch."""
+    the C product for ``BLOCKED_ROWS`` rows where oneDNN's layout is the one it reads, else
+    to oneDNN. A plain float32 one (the tied head, which the embedding also reads) goes to
+    the C product for ``LINEAR_ROWS`` rows, to oneDNN for more; anything else to torch."""
     if weight.is_mkldnn:
         rows, (n_dim, k_dim) = x.shape[0], weight.shape
-        if (rows in BLOCKED_ROWS and weight.dtype == torch.float32 and x.dtype == torch.float32
-                and (bias is None or bias.dtype == torch.float32)
-                and (k_padded := _blocked_width(n_dim, k_dim)) is not None):
+        if (rows in BLOCKED_ROWS and x.dtype == weight.dtype
+                and (bias is None or bias.dtype == weight.dtype)
+                and (k_padded := _blocked_width(n_dim, k_dim, weight.dtype)) is not None):
             x = x.contiguous()
-            out = torch.empty(rows, n_dim)
-            kernel_library().linear_blocked_f32(
+            out = torch.empty(rows, n_dim, dtype=x.dtype)
+            _kernel("linear_blocked", x)(
                 x.data_ptr(), torch.ops.mkldnn.data_ptr(weight),
                 None if bias is None else bias.contiguous().data_ptr(), out.data_ptr(), rows,
                 k_dim, k_padded, n_dim, torch.get_num_threads())
@@ -521,7 +528,7 @@ class _DecoderStep(ctypes.Structure):
 
 
 class DecoderStack:
-    """Every decoder layer of a float32 model in one C call, for steps of up to
+    """Every decoder layer of a model in one C call, for steps of up to
     ``BLOCKED_ROWS`` query rows that are all decodes or short chunks: the same kernels as
     the per-layer calls, in the same order (so the same result, bit for bit), without
     their Python dispatch. Built by :func:`decoder_stack`, which checks the weights."""
@@ -536,6 +543,8 @@ class DecoderStack:
         self.qkv_width = first.qkv.shape[0]
         self.intermediate = first.gate_up.shape[0] // 2
         self.eps, self.scale = eps, scale
+        self.dtype = first.input_norm.dtype
+        self._decoder = _kernel("decoder_layers", first.input_norm)
         self._tensors = layers  # keeps what the pointers point at alive
         self._layers = (_DecoderLayer * len(layers))(*(
             _DecoderLayer(
@@ -544,7 +553,7 @@ class DecoderStack:
                 None if layer.qkv_bias is None else layer.qkv_bias.data_ptr(),
                 *(torch.ops.mkldnn.data_ptr(weight)
                   for weight in (layer.o, layer.gate_up, layer.down)),
-                *(_blocked_width(*weight.shape)
+                *(_blocked_width(*weight.shape, weight.dtype)
                   for weight in (layer.qkv, layer.o, layer.gate_up, layer.down)),
                 layer.k_cache.data_ptr(), layer.v_cache.data_ptr())
             for layer in layers))
@@ -556,7 +565,7 @@ class DecoderStack:
         """The last layer's output and the residual stream still to be added to it (as the
         layers return them), or None where this step is not one for the stack."""
         rows = x.shape[0]
-        if rows not in BLOCKED_ROWS or x.dtype != torch.float32 or cos.dtype != torch.float32:
+        if rows not in BLOCKED_ROWS or x.dtype != self.dtype or cos.dtype != self.dtype:
             return None
         plan = _plan(block_tables, context_lens, query_start_loc)
         if plan.long_chunks:
@@ -565,7 +574,7 @@ class DecoderStack:
         slots = slot_mapping.to(torch.int64).contiguous()
         residual = torch.empty_like(x)
         q_size = self.heads * self.head_dim
-        scratch = [torch.empty(rows, width) for width in (
+        scratch = [torch.empty(rows, width, dtype=self.dtype) for width in (
             self.hidden, self.qkv_width, q_size, q_size, 2 * self.intermediate,
             self.intermediate)]
         step = _DecoderStep(
@@ -575,7 +584,7 @@ class DecoderStack:
             plan.tables.data_ptr(), plan.context_lens.data_ptr(),
             plan.query_start_loc.data_ptr(), plan.rows.data_ptr(), plan.row_seqs.data_ptr(),
             *(buffer.data_ptr() for buffer in scratch))
-        status = kernel_library().decoder_layers_f32(
+        status = self._decoder(
             self._layers, len(self._tensors), ctypes.byref(step), x.data_ptr(),
             residual.data_ptr())
         if status != 0:
@@ -585,20 +594,21 @@ class DecoderStack:
 
 def decoder_stack(layers: list[LayerTensors], num_heads: int, eps: float,
                   scale: float) -> DecoderStack | None:
-    """The layers as one C call where they can be: float32 on the CPU, every product's
-    weight packed in the blocked layout the C product reads, caches contiguous; else None
-    (the model then calls its layers one by one)."""
-    if not layers or kernel_library() is None or not _linear_vectorised():
+    """The layers as one C call where they can be: float32 or bfloat16 on the CPU, every
+    product's weight packed in the blocked layout the C product reads, caches contiguous;
+    else None (the model then calls its layers one by one)."""
+    if not layers or _kernel("decoder_layers", layers[0].input_norm) is None:
         return None
+    dtype = layers[0].input_norm.dtype
     for layer in layers:
         products = (layer.qkv, layer.o, layer.gate_up, layer.down)
         plain = [layer.input_norm, layer.post_norm, layer.k_cache, layer.v_cache]
         if layer.qkv_bias is not None:
             plain.append(layer.qkv_bias)
-        if not all(weight.is_mkldnn and weight.dtype == torch.float32
-                   and _blocked_width(*weight.shape) is not None for weight in products):
+        if not all(weight.is_mkldnn and weight.dtype == dtype
+                   and _blocked_width(*weight.shape, dtype) is not None for weight in products):
             return None
-        if not all(tensor.dtype == torch.float32 and tensor.is_cpu and tensor.is_contiguous()
+        if not all(tensor.dtype == dtype and tensor.is_cpu and tensor.is_contiguous()
                    for tensor in plain):
             return None
     return DecoderStack(layers, num_heads, eps, scale)

@@ -1,4 +1,4 @@
-/* A small decode batch through every decoder layer in one call (float32).
+/* A small decode batch through every decoder layer in one call (float32 or bfloat16).
  *
  * A layer is nine kernels: the two norms, four products, rotary-and-store, attention and
  * SiLU-and-multiply. Called one by one from Python, each call costs 5 to 15 us of
@@ -14,61 +14,67 @@
 #include "cpu_kernels.h"
 
 /* One layer's weights (products in oneDNN's blocked layout, with their padded input
- * widths) and KV caches. Mirrors DecoderLayer in cpu.py. */
+ * widths) and KV caches, all of the step's element type. Mirrors _DecoderLayer in cpu.py. */
 typedef struct {
-    const float *input_norm, *post_norm;
-    const float *qkv, *qkv_bias, *o, *gate_up, *down;
+    const void *input_norm, *post_norm;
+    const void *qkv, *qkv_bias, *o, *gate_up, *down;
     int qkv_padded, o_padded, gate_up_padded, down_padded;
-    float *k_cache, *v_cache;
+    void *k_cache, *v_cache;
 } DecoderLayer;
 
 /* The step: shapes, the attention metadata shared by every layer, scratch buffers sized
- * for its rows. Mirrors DecoderStep in cpu.py. */
+ * for its rows (of the element type). Mirrors _DecoderStep in cpu.py. */
 typedef struct {
     int rows, hidden, heads, kv_heads, head_dim, intermediate, block_size, max_blocks;
     int attention_rows, num_threads;
     float eps, scale;
-    const float *cos, *sin;
+    const void *cos, *sin;
     const int64_t *slots;
     const int32_t *block_tables, *context_lens, *query_start, *row_ids, *row_seqs;
-    float *h, *qkv, *q, *attention, *gate_up, *act;
+    void *h, *qkv, *q, *attention, *gate_up, *act;
 } DecoderStep;
 
 /* x: [rows, hidden], the embeddings in, the last layer's MLP output out; residual:
  * [rows, hidden], the residual stream still to be added to x. Returns 0, or 2 where the
  * attention could not allocate its buffer. */
-int decoder_layers_f32(const DecoderLayer *layers, int count, const DecoderStep *s,
-                       float *x, float *residual) {
-    const int rows = s->rows, hidden = s->hidden, threads = s->num_threads;
-    const int q_size = s->heads * s->head_dim;
-    const int qkv_width = q_size + 2 * s->kv_heads * s->head_dim;
-    for (int i = 0; i < count; i++) {
-        const DecoderLayer *l = &layers[i];
-        if (i == 0) {  /* no residual yet: the stream starts as the embeddings */
-            rms_norm_f32(x, NULL, l->input_norm, s->h, NULL, rows, hidden, s->eps, threads);
-            memcpy(residual, x, sizeof(float) * (size_t)rows * hidden);
-        } else {
-            rms_norm_f32(x, residual, l->input_norm, s->h, residual, rows, hidden, s->eps,
-                         threads);
-        }
-        linear_blocked_f32(s->h, l->qkv, l->qkv_bias, s->qkv, rows, hidden, l->qkv_padded,
-                           qkv_width, threads);
-        rotary_store_f32(s->qkv, qkv_width, s->cos, s->sin, s->slots, s->q, l->k_cache,
-                         l->v_cache, rows, s->heads, s->kv_heads, s->head_dim, threads);
-        const int status = paged_attention_f32(
-            s->q, l->k_cache, l->v_cache, s->attention, s->block_tables, s->context_lens,
-            s->query_start, s->row_ids, s->row_seqs, s->attention_rows, s->max_blocks,
-            s->heads, s->kv_heads, s->head_dim, s->block_size, s->scale, threads);
-        if (status != 0) return status;
-        linear_blocked_f32(s->attention, l->o, NULL, x, rows, q_size, l->o_padded, hidden,
-                           threads);
-        rms_norm_f32(x, residual, l->post_norm, s->h, residual, rows, hidden, s->eps,
-                     threads);
-        linear_blocked_f32(s->h, l->gate_up, NULL, s->gate_up, rows, hidden,
-                           l->gate_up_padded, 2 * s->intermediate, threads);
-        silu_mul_f32(s->gate_up, s->act, rows, s->intermediate, threads);
-        linear_blocked_f32(s->act, l->down, NULL, x, rows, s->intermediate, l->down_padded,
-                           hidden, threads);
-    }
-    return 0;
+#define DEFINE_DECODER(NAME, T, S)                                                         \
+int NAME(const DecoderLayer *layers, int count, const DecoderStep *s, T *x, T *residual) { \
+    const int rows = s->rows, hidden = s->hidden, threads = s->num_threads;                \
+    const int q_size = s->heads * s->head_dim;                                             \
+    const int qkv_width = q_size + 2 * s->kv_heads * s->head_dim;                          \
+    T *h = s->h, *qkv = s->qkv, *q = s->q, *attention = s->attention;                      \
+    T *gate_up = s->gate_up, *act = s->act;                                                \
+    for (int i = 0; i < count; i++) {                                                      \
+        const DecoderLayer *l = &layers[i];                                                \
+        T *k_cache = l->k_cache, *v_cache = l->v_cache;                                    \
+        if (i == 0) {  /* no residual yet: the stream starts as the embeddings */          \
+            rms_norm_##S(x, NULL, l->input_norm, h, NULL, rows, hidden, s->eps, threads);  \
+            memcpy(residual, x, sizeof(T) * (size_t)rows * hidden);                        \
+        } else {                                                                           \
+            rms_norm_##S(x, residual, l->input_norm, h, residual, rows, hidden, s->eps,    \
+                         threads);                                                         \
+        }                                                                                  \
+        linear_blocked_##S(h, l->qkv, l->qkv_bias, qkv, rows, hidden, l->qkv_padded,       \
+                           qkv_width, threads);                                            \
+        rotary_store_##S(qkv, qkv_width, s->cos, s->sin, s->slots, q, k_cache, v_cache,    \
+                         rows, s->heads, s->kv_heads, s->head_dim, threads);               \
+        const int status = paged_attention_##S(                                            \
+            q, k_cache, v_cache, attention, s->block_tables, s->context_lens,              \
+            s->query_start, s->row_ids, s->row_seqs, s->attention_rows, s->max_blocks,     \
+            s->heads, s->kv_heads, s->head_dim, s->block_size, s->scale, threads);         \
+        if (status != 0) return status;                                                    \
+        linear_blocked_##S(attention, l->o, NULL, x, rows, q_size, l->o_padded, hidden,    \
+                           threads);                                                       \
+        rms_norm_##S(x, residual, l->post_norm, h, residual, rows, hidden, s->eps,         \
+                     threads);                                                             \
+        linear_blocked_##S(h, l->gate_up, NULL, gate_up, rows, hidden, l->gate_up_padded,  \
+                           2 * s->intermediate, threads);                                  \
+        silu_mul_##S(gate_up, act, rows, s->intermediate, threads);                        \
+        linear_blocked_##S(act, l->down, NULL, x, rows, s->intermediate, l->down_padded,   \
+                           hidden, threads);                                               \
+    }                                                                                      \
+    return 0;                                                                              \
 }
+
+DEFINE_DECODER(decoder_layers_f32, float, f32)
+DEFINE_DECODER(decoder_layers_bf16, bf16_t, bf16)

@@ -91,10 +91,12 @@ void linear_f32(const float *x, const float *w, const float *bias, float *out, i
     }
 }
 
-/* The same product on a weight packed by oneDNN (pack_linear): float32 in blocks of 64
- * output columns, each block [k_padded][64], the 64 columns of one input index side by
- * side. The layout is oneDNN's choice, not ours: cpu.py checks it for each shape, by a
- * product against F.linear, before sending a weight here.
+/* The same product on a weight packed by oneDNN (pack_linear), in blocks of 64 output
+ * columns: float32 as [k_padded][64] per block, the 64 columns of one input index side
+ * by side; bfloat16 as [k_padded / 2][64][2], each column's pair of input indices side by
+ * side (the operand order of vdpbf16ps). The layout is oneDNN's choice, not ours: cpu.py
+ * checks it for each shape and type, by a product against F.linear, before sending a
+ * weight here.
  *
  * Read that way a matrix-vector product is a plain stream: each input index broadcast
  * times 256 contiguous bytes, no horizontal sums. At one row it reads this model's layer
@@ -108,15 +110,32 @@ void linear_f32(const float *x, const float *w, const float *bias, float *out, i
 #define ROW_GROUP 6       /* rows of x per pass over a block: 6 x 4 accumulators */
 #define BLOCK_PREFETCH 16 /* input indices ahead */
 /* Each column sums runs of this many products, then the runs: a chain of k_dim roundings
- * (1,536 for this model's down projection) erred 2e-4 against F.linear on unit normals. */
+ * (1,536 for this model's down projection) erred 2e-4 against F.linear on unit normals.
+ * Even, so that a run holds whole bfloat16 pairs. */
 #define BLOCK_RUN 64
 
 #if defined(HAVE_AVX512)
+/* part += x[k] w[k] + x[k + 1] w[k + 1] for the 16 columns of a bfloat16 pair vector, in
+ * vdpbf16ps's order (the odd index first); x0, x1 widened, x_pair the two as bits. */
+static inline __m512 pair_product(__m512 part, __m512i w, __m512 x0, __m512 x1,
+                                  __m512i x_pair) {
+#if defined(__AVX512BF16__)
+    (void)x0; (void)x1;
+    return _mm512_dpbf16_ps(part, (__m512bh)x_pair, (__m512bh)w);
+#else
+    (void)x_pair;
+    const __m512 odd = _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32(-65536)));
+    part = _mm512_fmadd_ps(x1, odd, part);
+    return _mm512_fmadd_ps(x0, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)), part);
+#endif
+}
+
 /* out[m][0, 16 * vecs) = x[m] . columns of w for `rows` rows of x, w pointing at the first
- * of these columns in a block. Inlined with literal rows and vecs. */
+ * of these columns in a block; float32 or (bf16 = 1) bfloat16 x, w, bias and out.
+ * Inlined with literal rows, vecs and bf16. */
 static inline __attribute__((always_inline)) void
-block_columns(const float *x, const float *w, const float *bias, float *out, int rows,
-              int vecs, int k_dim, int n_dim, int n_left) {
+block_columns(const void *x, const void *w, const void *bias, void *out, int rows, int vecs,
+              int bf16, int k_dim, int n_dim, int n_left) {
     __m512 acc[ROW_GROUP][BLOCK_VECTORS], part[ROW_GROUP][BLOCK_VECTORS];
     for (int m = 0; m < rows; m++)
         for (int v = 0; v < vecs; v++) acc[m][v] = _mm512_setzero_ps();
@@ -124,18 +143,39 @@ block_columns(const float *x, const float *w, const float *bias, float *out, int
         const int k_end = k0 + BLOCK_RUN < k_dim ? k0 + BLOCK_RUN : k_dim;
         for (int m = 0; m < rows; m++)
             for (int v = 0; v < vecs; v++) part[m][v] = _mm512_setzero_ps();
-        for (int k = k0; k < k_end; k++) {
-            const float *row = w + (int64_t)k * BLOCK_COLUMNS;
-            __m512 wv[BLOCK_VECTORS];
-            for (int v = 0; v < vecs; v++) {
-                _mm_prefetch((const char *)(row + BLOCK_PREFETCH * BLOCK_COLUMNS + 16 * v),
-                             _MM_HINT_T0);
-                wv[v] = _mm512_loadu_ps(row + 16 * v);
-            }
-            for (int m = 0; m < rows; m++) {
-                const __m512 xv = _mm512_set1_ps(x[(int64_t)m * k_dim + k]);
-                for (int v = 0; v < vecs; v++)
-                    part[m][v] = _mm512_fmadd_ps(xv, wv[v], part[m][v]);
+        for (int k = k0; k < k_end; k += bf16 ? 2 : 1) {
+            if (bf16) {
+                /* the pair (k, k + 1) of 64 columns: 256 bytes, as float32's one index */
+                const bf16_t *pair = (const bf16_t *)w + (int64_t)k * BLOCK_COLUMNS;
+                const int second = k + 1 < k_dim;
+                __m512i wv[BLOCK_VECTORS];
+                for (int v = 0; v < vecs; v++) {
+                    _mm_prefetch((const char *)(pair + BLOCK_PREFETCH * BLOCK_COLUMNS + 32 * v),
+                                 _MM_HINT_T0);
+                    wv[v] = _mm512_loadu_si512(pair + 32 * v);
+                }
+                for (int m = 0; m < rows; m++) {
+                    const bf16_t *xm = (const bf16_t *)x + (int64_t)m * k_dim + k;
+                    const bf16_t x1 = second ? xm[1] : 0;
+                    const __m512 x0v = _mm512_set1_ps(bf16_load(xm, 0));
+                    const __m512 x1v = _mm512_set1_ps(bf16_load(&x1, 0));
+                    const __m512i xp = _mm512_set1_epi32((int)(xm[0] | (uint32_t)x1 << 16));
+                    for (int v = 0; v < vecs; v++)
+                        part[m][v] = pair_product(part[m][v], wv[v], x0v, x1v, xp);
+                }
+            } else {
+                const float *row = (const float *)w + (int64_t)k * BLOCK_COLUMNS;
+                __m512 wv[BLOCK_VECTORS];
+                for (int v = 0; v < vecs; v++) {
+                    _mm_prefetch((const char *)(row + BLOCK_PREFETCH * BLOCK_COLUMNS + 16 * v),
+                                 _MM_HINT_T0);
+                    wv[v] = _mm512_loadu_ps(row + 16 * v);
+                }
+                for (int m = 0; m < rows; m++) {
+                    const __m512 xv = _mm512_set1_ps(((const float *)x)[(int64_t)m * k_dim + k]);
+                    for (int v = 0; v < vecs; v++)
+                        part[m][v] = _mm512_fmadd_ps(xv, wv[v], part[m][v]);
+                }
             }
         }
         for (int m = 0; m < rows; m++)
@@ -143,58 +183,72 @@ block_columns(const float *x, const float *w, const float *bias, float *out, int
     }
     for (int v = 0; v < vecs; v++) {
         const __mmask16 mask = tail_mask(n_left - 16 * v);
-        const __m512 b = bias != NULL ? _mm512_maskz_loadu_ps(mask, bias + 16 * v)
-                                      : _mm512_setzero_ps();
-        for (int m = 0; m < rows; m++)
-            _mm512_mask_storeu_ps(out + (int64_t)m * n_dim + 16 * v, mask,
-                                  _mm512_add_ps(acc[m][v], b));
-    }
-}
-
-#define BLOCK_CASE(ROWS)                                                                   \
-    case ROWS:                                                                             \
-        switch (vecs) {                                                                    \
-            case 1: block_columns(xs, ws, bs, ys, ROWS, 1, k_dim, n_dim, n_left); break;  \
-            case 2: block_columns(xs, ws, bs, ys, ROWS, 2, k_dim, n_dim, n_left); break;  \
-            case 3: block_columns(xs, ws, bs, ys, ROWS, 3, k_dim, n_dim, n_left); break;  \
-            default: block_columns(xs, ws, bs, ys, ROWS, 4, k_dim, n_dim, n_left); break; \
-        }                                                                                  \
-        break;
-#endif
-
-/* x: [rows, k_dim], bias: [n_dim] or NULL, out: [rows, n_dim], contiguous; w: blocked as
- * above, [ceil(n_dim / 64)][k_padded][64] with k_padded >= k_dim. */
-void linear_blocked_f32(const float *x, const float *w, const float *bias, float *out,
-                        int rows, int k_dim, int k_padded, int n_dim, int num_threads) {
-#if defined(HAVE_AVX512)
-    const int vectors = (n_dim + 15) / 16;
-    #pragma omp parallel num_threads(num_threads)
-    {
-        const int threads = omp_get_num_threads(), t = omp_get_thread_num();
-        const int end = (int)((int64_t)vectors * (t + 1) / threads);
-        for (int first = (int)((int64_t)vectors * t / threads); first < end;) {
-            const int block = first / BLOCK_VECTORS, offset = first % BLOCK_VECTORS;
-            const int vecs = BLOCK_VECTORS - offset < end - first ? BLOCK_VECTORS - offset
-                                                                  : end - first;
-            const int column = 16 * first, n_left = n_dim - column;
-            const float *ws = w + (int64_t)block * k_padded * BLOCK_COLUMNS + 16 * offset;
-            const float *bs = bias != NULL ? bias + column : NULL;
-            for (int m = 0; m < rows; m += ROW_GROUP) {
-                const float *xs = x + (int64_t)m * k_dim;
-                float *ys = out + (int64_t)m * n_dim + column;
-                switch (rows - m < ROW_GROUP ? rows - m : ROW_GROUP) {
-                    BLOCK_CASE(1) BLOCK_CASE(2) BLOCK_CASE(3)
-                    BLOCK_CASE(4) BLOCK_CASE(5) BLOCK_CASE(6)
-                }
-            }
-            first += vecs;
+        __m512 b = _mm512_setzero_ps();
+        if (bias != NULL)
+            b = bf16 ? load16_bf16((const bf16_t *)bias + 16 * v, mask)
+                     : _mm512_maskz_loadu_ps(mask, (const float *)bias + 16 * v);
+        for (int m = 0; m < rows; m++) {
+            const __m512 y = _mm512_add_ps(acc[m][v], b);
+            const int64_t at = (int64_t)m * n_dim + 16 * v;
+            if (bf16)
+                store16_bf16((bf16_t *)out + at, mask, y);
+            else
+                _mm512_mask_storeu_ps((float *)out + at, mask, y);
         }
     }
-#else  /* without AVX-512 cpu.py never calls it: oneDNN's product beats plain loops */
-    (void)x; (void)w; (void)bias; (void)out; (void)rows; (void)k_dim; (void)k_padded;
-    (void)n_dim; (void)num_threads;
-#endif
 }
+
+#define BLOCK_CASE(ROWS, BF16)                                                             \
+    case ROWS:                                                                             \
+        switch (vecs) {                                                                    \
+            case 1: block_columns(xs, ws, bs, ys, ROWS, 1, BF16, k_dim, n_dim, n_left); break; \
+            case 2: block_columns(xs, ws, bs, ys, ROWS, 2, BF16, k_dim, n_dim, n_left); break; \
+            case 3: block_columns(xs, ws, bs, ys, ROWS, 3, BF16, k_dim, n_dim, n_left); break; \
+            default: block_columns(xs, ws, bs, ys, ROWS, 4, BF16, k_dim, n_dim, n_left); break; \
+        }                                                                                  \
+        break;
+
+/* x: [rows, k_dim], bias: [n_dim] or NULL, out: [rows, n_dim], contiguous, of type T; w:
+ * blocked as above with k_padded >= k_dim. */
+#define DEFINE_LINEAR_BLOCKED(NAME, T, BF16)                                               \
+void NAME(const T *x, const T *w, const T *bias, T *out, int rows, int k_dim,             \
+          int k_padded, int n_dim, int num_threads) {                                      \
+    const int vectors = (n_dim + 15) / 16;                                                 \
+    _Pragma("omp parallel num_threads(num_threads)")                                       \
+    {                                                                                      \
+        const int threads = omp_get_num_threads(), t = omp_get_thread_num();               \
+        const int end = (int)((int64_t)vectors * (t + 1) / threads);                       \
+        for (int first = (int)((int64_t)vectors * t / threads); first < end;) {            \
+            const int block = first / BLOCK_VECTORS, offset = first % BLOCK_VECTORS;      \
+            const int vecs = BLOCK_VECTORS - offset < end - first ? BLOCK_VECTORS - offset \
+                                                                  : end - first;           \
+            const int column = 16 * first, n_left = n_dim - column;                        \
+            const T *ws = w + (int64_t)block * k_padded * BLOCK_COLUMNS                    \
+                          + (BF16 ? 32 : 16) * offset;                                     \
+            const T *bs = bias != NULL ? bias + column : NULL;                             \
+            for (int m = 0; m < rows; m += ROW_GROUP) {                                    \
+                const T *xs = x + (int64_t)m * k_dim;                                      \
+                T *ys = out + (int64_t)m * n_dim + column;                                 \
+                switch (rows - m < ROW_GROUP ? rows - m : ROW_GROUP) {                     \
+                    BLOCK_CASE(1, BF16) BLOCK_CASE(2, BF16) BLOCK_CASE(3, BF16)            \
+                    BLOCK_CASE(4, BF16) BLOCK_CASE(5, BF16) BLOCK_CASE(6, BF16)            \
+                }                                                                          \
+            }                                                                              \
+            first += vecs;                                                                 \
+        }                                                                                  \
+    }                                                                                      \
+}
+#else  /* without AVX-512 cpu.py never calls these: oneDNN's product beats plain loops */
+#define DEFINE_LINEAR_BLOCKED(NAME, T, BF16)                                               \
+void NAME(const T *x, const T *w, const T *bias, T *out, int rows, int k_dim,             \
+          int k_padded, int n_dim, int num_threads) {                                      \
+    (void)x; (void)w; (void)bias; (void)out; (void)rows; (void)k_dim; (void)k_padded;      \
+    (void)n_dim; (void)num_threads;                                                        \
+}
+#endif
+
+DEFINE_LINEAR_BLOCKED(linear_blocked_f32, float, 0)
+DEFINE_LINEAR_BLOCKED(linear_blocked_bf16, bf16_t, 1)
 
 /* Whether linear_f32 was built with its vector path: without it torch's BLAS is faster. */
 int linear_f32_vectorised(void) {

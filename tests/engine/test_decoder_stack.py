@@ -14,12 +14,13 @@ needs_stack = pytest.mark.skipif(
 
 
 @needs_stack
-def test_stack_gives_the_layers_result_bit_for_bit(tiny_model_dir, monkeypatch):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_stack_gives_the_layers_result_bit_for_bit(tiny_model_dir, monkeypatch, dtype):
     """Every step runs both ways: decode steps (one to six rows, one with a short prompt
     chunk beside them) through the stack must equal the layers exactly, K/V writes
     included; steps with a long prompt chunk are left to the layers."""
     llm = LLM(model=str(tiny_model_dir), num_kv_blocks=128, block_size=16,
-              max_num_batched_tokens=64)
+              max_num_batched_tokens=64, dtype=dtype)
     model = llm.engine.runner.model
     stack = model.decoder_stack()
     assert stack is not None
@@ -73,6 +74,8 @@ def test_stack_gives_the_layers_result_bit_for_bit(tiny_model_dir, monkeypatch):
 
 @needs_stack
 def test_stack_leaves_large_steps_and_other_dtypes_to_the_layers(tiny_model_dir):
+    """More rows than the blocked product takes go to the layers, and so does a type with no
+    C kernels (float16)."""
     llm = LLM(model=str(tiny_model_dir), num_kv_blocks=64, block_size=16)
     model = llm.engine.runner.model
     rows = cpu.BLOCKED_ROWS.stop
@@ -81,6 +84,6 @@ def test_stack_leaves_large_steps_and_other_dtypes_to_the_layers(tiny_model_dir)
     ids = torch.arange(rows, dtype=torch.int32)
     assert model.decoder_stack()(x, cos, sin, ids, ids[:, None], ids + 1,
                                  torch.arange(rows + 1, dtype=torch.int32)) is None
-    half = LLM(model=str(tiny_model_dir), num_kv_blocks=64, block_size=16, dtype="bfloat16")
+    half = LLM(model=str(tiny_model_dir), num_kv_blocks=64, block_size=16, dtype="float16")
     assert half.engine.runner.model.decoder_stack() is None
     assert half.generate([[5, 6, 7]], SamplingParams(max_tokens=3))[0].outputs[0].token_ids

@@ -265,40 +265,46 @@ def test_linear_on_packed_weights_matches_reference(rows, k_dim, n_dim, with_bia
     assert torch.allclose(out.float(), expected.float(), **tol)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(rows=st.integers(1, cpu.BLOCKED_ROWS.stop + 2),
        shape=st.sampled_from([(961, 576), (576, 1536), (64, 100), (7, 8), (130, 33)]),
        with_bias=st.booleans(), threads=st.sampled_from([1, 2, 3]),
-       seed=st.integers(0, 2**16))
+       dtype=st.sampled_from([torch.float32, torch.bfloat16]), seed=st.integers(0, 2**16))
 def test_product_on_onednn_blocked_layout_matches_reference(rows, shape, with_bias, threads,
-                                                             seed):
-    """The C product reading oneDNN's packed float32 layout, called directly: row groups
-    and their remainder, partial 64-column blocks, column runs split between threads at
-    any vector, input widths past one summation run (64) and padded ones."""
+                                                             dtype, seed):
+    """The C product reading oneDNN's packed layout, called directly: row groups and their
+    remainder, partial 64-column blocks, column runs split between threads at any vector,
+    input widths past one summation run (64), padded ones, odd ones (a bfloat16 pair
+    half past the end)."""
     n_dim, k_dim = shape
-    k_padded = cpu._blocked_width(n_dim, k_dim)
+    k_padded = cpu._blocked_width(n_dim, k_dim, dtype)
     if k_padded is None:
         pytest.skip("oneDNN's layout for this shape is not the blocked one (or no AVX-512)")
     gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(rows, k_dim, generator=gen)
-    weight = torch.randn(n_dim, k_dim, generator=gen)
-    bias = torch.randn(n_dim, generator=gen) if with_bias else None
-    out = torch.full((rows, n_dim), float("nan"))
+    x = torch.randn(rows, k_dim, generator=gen).to(dtype)
+    weight = torch.randn(n_dim, k_dim, generator=gen).to(dtype)
+    bias = torch.randn(n_dim, generator=gen).to(dtype) if with_bias else None
+    out = torch.full((rows, n_dim), float("nan"), dtype=dtype)
     packed = cpu.pack_linear(weight)
-    cpu.kernel_library().linear_blocked_f32(
+    cpu._kernel("linear_blocked", x)(
         x.data_ptr(), torch.ops.mkldnn.data_ptr(packed),
         None if bias is None else bias.data_ptr(), out.data_ptr(), rows, k_dim, k_padded,
         n_dim, threads)
-    assert torch.allclose(out, ref.linear(x, weight, bias), rtol=1e-5, atol=1e-4)
+    if dtype == torch.float32:
+        assert torch.allclose(out, ref.linear(x, weight, bias), rtol=1e-5, atol=1e-4)
+    else:  # float32 sums of the bfloat16 products, rounded once: as F.linear, but its order
+        exact = ref.linear(x.double(), weight.double(), None if bias is None else bias.double())
+        assert torch.allclose(out.double(), exact, rtol=8e-3, atol=1e-2)
 
 
-def test_this_models_layer_shapes_take_the_blocked_product():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_this_models_layer_shapes_take_the_blocked_product(dtype):
     """Where the C product is built and torch has oneDNN, the model's layer weights are
     read by the C product (a layout check that failed would send them to oneDNN quietly)."""
     if not (cpu._linear_vectorised() and cpu._onednn()):
         pytest.skip("needs the AVX-512 C product and oneDNN")
     for n_dim, k_dim in [(960, 576), (576, 576), (3072, 576), (576, 1536)]:
-        assert cpu._blocked_width(n_dim, k_dim) == k_dim
+        assert cpu._blocked_width(n_dim, k_dim, dtype) == k_dim
 
 
 def test_onednn_row_counts_are_few_and_close():
