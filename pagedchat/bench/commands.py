@@ -8,6 +8,7 @@ and, with ``--json``, writes the figures with the run's metadata.
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -97,7 +98,9 @@ MAX_SEQS = EngineConfig.max_num_seqs
 MaxSeqs = Annotated[int, typer.Option("--max-num-seqs", min=1, help="Most sequences per step.")]
 Dtype = Annotated[DType, typer.Option("--dtype", help="Weights and KV cache dtype.")]
 Compare = Annotated[str, typer.Option(
-    "--compare", callback=_check_peers, help="Peers to run too: hf-generate,hf-continuous.")]
+    "--compare", callback=_check_peers,
+    help="Peers to run too: hf-generate,hf-continuous, or pagedchat-DTYPE (pagedchat in "
+         "another dtype, e.g. pagedchat-float32).")]
 HfBatch = Annotated[str, typer.Option(
     "--hf-batch-size", callback=_check_sizes,
     help="Static batch sizes for hf-generate (the best is kept).")]
@@ -159,7 +162,13 @@ def throughput(num_requests: NumRequests = 200, model: Model = None,
                profile: Annotated[bool, typer.Option(
                    help="Print where pagedchat's steps spent their time.")] = False,
                json_path: JsonPath = None,
-               tp: TensorParallelSize = 1) -> None:
+               tp: TensorParallelSize = 1,
+               rounds: Annotated[int, typer.Option(
+                   "--rounds", min=1,
+                   help="Run pagedchat and its peers this many times, in turn; each "
+                        "engine's median run is shown, each ratio is the median of the "
+                        "rounds' ratios (slow drift of the machine's speed cancels).")] = 1,
+               ) -> None:
     """Offline throughput on ShareGPT (ignore_eos, output = reference length)."""
     with _user_errors():
         batch_sizes = parse_list(hf_batch_size, int)
@@ -168,45 +177,74 @@ def throughput(num_requests: NumRequests = 200, model: Model = None,
         requests = sample_trace(engine, num_requests, seed, max_tokens)
         warmup = warmup_prompt(engine.tokenizer)
         engine.runner.timer.reset()
-        figures = {"pagedchat": measure(PagedChat(engine), requests, warmup)[0]}
-        figures["pagedchat"]["memory"] = resident = resident_figures(engine)
+        ours = PagedChat(engine)
+        runs = {ours.label: [measure(ours, requests, warmup)[0]]}
+        resident = resident_figures(engine)
         report.note(f"pagedchat resident memory {resident['rss_mb']:.0f} MB: weights "
                     f"{resident['weights_mb']:.0f} + KV pool {resident['kv_pool_mb']:.0f} (of "
                     f"which {resident['kv_written_mb']:.0f} ever used) + "
                     f"{resident['beyond_weights_and_kv_mb']:.0f} MB beyond them")
-        if profile:
-            figures["pagedchat"]["step_profile"] = _step_profile(engine)
+        step_profile = _step_profile(engine) if profile else None
         if tp > 1:
             from pagedchat.bench.parallel import communication_figures
 
-            figures["pagedchat"]["communication"] = comm = communication_figures(engine)
+            comm = communication_figures(engine)
             report.note(f"tensor parallel x{tp}: {comm['all_reduce_bytes_per_token']:.0f} bytes "
                         f"all-reduced per token, {comm['broadcast_bytes_per_step']:.0f} bytes "
                         f"broadcast per step; {comm['weights_per_worker_mb']:.0f} MB of weights "
                         "per worker")
-        rows = [{"engine": "pagedchat", **figures["pagedchat"]}]
-        for peer in make_peers(parse_peers(compare), engine, batch_sizes, hf_page_size,
-                               parse_list(hf_max_requests, int)):
-            result = measure(peer, requests, warmup)[0]
-            rows.append({"engine": peer.label, **result})
+        peers = make_peers(parse_peers(compare), engine, batch_sizes, hf_page_size,
+                           parse_list(hf_max_requests, int))
+        for round_index in range(rounds):
+            for runner in ([ours] if round_index else []) + peers:
+                if isinstance(runner, PagedChat):
+                    runner.reset()
+                runs.setdefault(runner.label, []).append(
+                    measure(runner, requests, warmup)[0])
+        figures = {"pagedchat": _median_run(runs[ours.label])}
+        figures["pagedchat"]["memory"] = resident
+        if step_profile is not None:
+            figures["pagedchat"]["step_profile"] = step_profile
+        if tp > 1:
+            figures["pagedchat"]["communication"] = comm
+        rows = [{"engine": ours.label, **figures["pagedchat"], "pagedchat_ratio": 1.0}]
+        for peer in peers:
+            result = _median_run(runs[peer.label])
+            rows.append({"engine": peer.label, **result,
+                         "pagedchat_ratio": statistics.median(
+                             mine["output_tokens_per_s"] / theirs["output_tokens_per_s"]
+                             for mine, theirs in zip(runs[ours.label], runs[peer.label],
+                                                     strict=True))})
             best = figures.get(peer.name)
             if best is None or result["output_tokens_per_s"] > best["output_tokens_per_s"]:
-                setting = ({"batch_size": peer.batch_size} if peer.name == "hf-generate"
-                           else {"max_requests": peer.max_num_seqs})
-                figures[peer.name] = {**result, **setting}
-        ours = figures["pagedchat"]["output_tokens_per_s"]
-        for row in rows:
-            row["pagedchat_ratio"] = ours / row["output_tokens_per_s"]
+                setting = {}
+                if peer.name == "hf-generate":
+                    setting = {"batch_size": peer.batch_size}
+                elif peer.name == "hf-continuous":
+                    setting = {"max_requests": peer.max_num_seqs}
+                figures[peer.name] = {**result, **setting,
+                                      "pagedchat_ratio": rows[-1]["pagedchat_ratio"]}
         report.emit_table("throughput", rows, ["engine", "requests_per_s", "output_tokens_per_s",
                                                "total_tokens_per_s", "pagedchat_ratio"])
         report.note(f"{len(requests)} ShareGPT requests, {rows[0]['prompt_tokens']} prompt + "
                     f"{rows[0]['output_tokens']} output tokens; pagedchat_ratio = pagedchat "
-                    "output tokens/s / the engine's")
+                    "output tokens/s / the engine's"
+                    + (f" (median of {rounds} rounds, engines in turn)" if rounds > 1 else ""))
         extra: dict[str, object] = {"runs": rows}
         if ceiling:
             extra["ceiling"] = _ceiling(engine, figures["pagedchat"])
         if json_path:
             report.write_json(json_path, _meta(engine), figures, **extra)
+
+
+def _median_run(results: list[dict[str, object]]) -> dict[str, object]:
+    """The run of median output tokens/s (the lower middle one of an even count), with
+    every run's figure beside it."""
+    ranked = sorted(results, key=lambda result: result["output_tokens_per_s"])
+    median = dict(ranked[(len(ranked) - 1) // 2])
+    if len(results) > 1:
+        median["rounds_output_tokens_per_s"] = [r["output_tokens_per_s"] for r in results]
+    return median
 
 
 def _step_profile(engine) -> dict[str, float]:
@@ -263,6 +301,8 @@ def _serve(title: str, options: EngineOptions, make_requests, rates: list[float]
             engine = None
             engine = options.build()
         for runner in [PagedChat(engine), *peers]:
+            if isinstance(runner, PagedChat):  # pagedchat in another dtype starts cold too
+                runner.reset()
             figures = {"request_rate": rate, **measure(runner, requests, warmup, arrivals)[0]}
             alone = sum(peer.name == runner.name for peer in peers) <= 1
             engines.setdefault(runner.name if alone else runner.label, []).append(figures)

@@ -19,11 +19,15 @@ class PagedChat:
     """One engine, fed in arrival order, greedy with ``ignore_eos`` so every request makes
     exactly its trace's output length. The engine keeps time with ``time.time``."""
 
-    name = label = "pagedchat"
-
-    def __init__(self, engine: LLMEngine, on_step: OnStep | None = None) -> None:
+    def __init__(self, engine: LLMEngine, on_step: OnStep | None = None,
+                 name: str = "pagedchat") -> None:
         self.engine = engine
         self.on_step = on_step  # called with a stats snapshot after every step
+        self.name = self.label = name  # "pagedchat-float32": pagedchat as a peer of itself
+
+    def reset(self) -> None:
+        """Start the next run cold: no prefix cached from this one."""
+        self.engine.reset_prefix_cache()
 
     def run(self, requests: list[Request], arrivals: list[float],
             advance: Advance) -> list[RequestResult]:

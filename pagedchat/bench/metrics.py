@@ -82,6 +82,7 @@ def throughput_figures(results: list[RequestResult], duration_s: float) -> dict[
         "requests_per_s": len(results) / duration_s,
         "output_tokens_per_s": output / duration_s,
         "total_tokens_per_s": (prompt + output) / duration_s,
+        "cached_tokens": sum(r.cached_tokens for r in results),  # prompt tokens not computed
     }
 
 

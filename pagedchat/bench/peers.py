@@ -27,6 +27,8 @@ from pagedchat.bench.metrics import RequestResult
 from pagedchat.bench.sharegpt import Request
 
 PEERS = ("hf-generate", "hf-continuous")
+# pagedchat in another dtype, as a peer of the run's own: "pagedchat-float32", ...
+OWN_PEER_PREFIX = "pagedchat-"
 Advance = Callable[[int], None]
 
 

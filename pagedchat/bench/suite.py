@@ -8,11 +8,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from pagedchat.bench import report, sharegpt
+from pagedchat.bench.engines import PagedChat
 from pagedchat.bench.metrics import RequestResult, latency_figures, throughput_figures
-from pagedchat.bench.peers import PEERS, HFContinuous, HFGenerate, load_hf_model
+from pagedchat.bench.peers import (
+    OWN_PEER_PREFIX,
+    PEERS,
+    HFContinuous,
+    HFGenerate,
+    load_hf_model,
+)
 from pagedchat.bench.sharegpt import Request
 from pagedchat.engine.config import EngineConfig
 from pagedchat.engine.llm_engine import LLMEngine
+from pagedchat.engine.model_runner import DTYPES
 
 WARMUP_TEXT = "Warm-up: say something short about paging, memory and the weather. " * 4
 
@@ -70,9 +78,11 @@ def parse_list(text: str, convert=str) -> list:
 
 def parse_peers(text: str) -> list[str]:
     names = parse_list(text)
-    unknown = [name for name in names if name not in PEERS]
+    own = [OWN_PEER_PREFIX + dtype for dtype in DTYPES]
+    unknown = [name for name in names if name not in (*PEERS, *own)]
     if unknown:
-        raise ValueError(f"unknown engine {unknown[0]!r} (choose from {', '.join(PEERS)})")
+        raise ValueError(f"unknown engine {unknown[0]!r} (choose from "
+                         f"{', '.join((*PEERS, *own))})")
     return names
 
 
@@ -119,14 +129,18 @@ def make_peers(names: list[str], engine: LLMEngine, hf_batch_sizes: list[int],
                hf_page_size: int, hf_max_requests: Sequence[int] = HF_MAX_REQUESTS) -> list:
     """The peers asked for, on the weights the engine loaded, with pagedchat's KV memory;
     each static batch size and continuous request limit is a peer of its own."""
-    if not names:
-        return []
-    model = load_hf_model(engine.model_files.folder, engine.config.dtype)
-    pad = engine.tokenizer.pad_token_id
-    pad = engine.tokenizer.eos_token_id if pad is None else pad
+    hf_names = [name for name in names if name in PEERS]
+    if hf_names:
+        model = load_hf_model(engine.model_files.folder, engine.config.dtype)
+        pad = engine.tokenizer.pad_token_id
+        pad = engine.tokenizer.eos_token_id if pad is None else pad
     peers = []
     for name in names:
-        if name == "hf-generate":
+        if name.startswith(OWN_PEER_PREFIX):
+            # the same engine settings, KV pool included (in blocks), in another dtype
+            dtype = name.removeprefix(OWN_PEER_PREFIX)
+            peers.append(PagedChat(LLMEngine(replace(engine.config, dtype=dtype)), name=name))
+        elif name == "hf-generate":
             peers += [HFGenerate(model, pad, size) for size in hf_batch_sizes]
         else:
             cfg = engine.config

@@ -117,6 +117,10 @@ class LLMEngine:
         self.scheduler.finish(group)
         group.metrics.finished_time = time.time()
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix (a benchmark's next round starts cold)."""
+        self.block_manager.reset_prefix_cache()
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 

@@ -50,10 +50,35 @@ def test_throughput_against_both_peers(tiny, tmp_path):
     assert "pagedchat_ratio=1 " in lines[0] + " "
 
 
+def test_throughput_against_itself_in_another_dtype_in_rounds(tiny, tmp_path):
+    """pagedchat in float32 as the peer of a bfloat16 run, both run twice in turn: the
+    ratio is the median of the two rounds' ratios, each engine shows its median run, and
+    a later round starts cold (no prefix cached by the one before)."""
+    out = tmp_path / "t.json"
+    result = bench("throughput", *tiny, "-n", "4", "--max-tokens", "3", "--kv-blocks", "64",
+                   "--dtype", "bfloat16", "--compare", "pagedchat-float32", "--rounds", "2",
+                   "--no-ceiling", "--json", str(out))
+    assert result.exit_code == 0, result.output
+    engines = json.loads(out.read_text())["engines"]
+    assert set(engines) == {"pagedchat", "pagedchat-float32"}
+    ours, theirs = engines["pagedchat"], engines["pagedchat-float32"]
+    assert len(ours["rounds_output_tokens_per_s"]) == len(theirs["rounds_output_tokens_per_s"]) == 2
+    assert ours["output_tokens_per_s"] == min(ours["rounds_output_tokens_per_s"])
+    ratios = [a / b for a, b in zip(ours["rounds_output_tokens_per_s"],
+                                    theirs["rounds_output_tokens_per_s"], strict=True)]
+    assert theirs["pagedchat_ratio"] == pytest.approx(sum(ratios) / 2)
+    assert ours["cached_tokens"] == theirs["cached_tokens"] == 0
+    lines = [line for line in result.stdout.splitlines() if line.startswith("throughput ")]
+    assert [line.split()[1] for line in lines] == ["engine=pagedchat",
+                                                   "engine=pagedchat-float32"]
+    assert "median of 2 rounds" in result.output
+
+
 def test_unknown_peer_is_a_usage_error(tiny):
     result = bench("throughput", *tiny, "--compare", "vllm")
     assert result.exit_code == 2
     assert "unknown engine 'vllm'" in result.output
+    assert "pagedchat-float32" in result.output  # the choices are listed
 
 
 def test_bad_sizes_are_usage_errors(tiny):
