@@ -165,9 +165,10 @@ def throughput(num_requests: NumRequests = 200, model: Model = None,
                tp: TensorParallelSize = 1,
                rounds: Annotated[int, typer.Option(
                    "--rounds", min=1,
-                   help="Run pagedchat and its peers this many times, in turn; each "
-                        "engine's median run is shown, each ratio is the median of the "
-                        "rounds' ratios (slow drift of the machine's speed cancels).")] = 1,
+                   help="Run pagedchat and its peers this many times, in turn, pagedchat "
+                        "first in even rounds and last in odd ones; each engine's median run "
+                        "is shown, each ratio is the median of the rounds' ratios (a steady "
+                        "drift of the machine's speed cancels).")] = 1,
                ) -> None:
     """Offline throughput on ShareGPT (ignore_eos, output = reference length)."""
     with _user_errors():
@@ -196,7 +197,13 @@ def throughput(num_requests: NumRequests = 200, model: Model = None,
         peers = make_peers(parse_peers(compare), engine, batch_sizes, hf_page_size,
                            parse_list(hf_max_requests, int))
         for round_index in range(rounds):
-            for runner in ([ours] if round_index else []) + peers:
+            if round_index == 0:  # ours ran first, before any peer was loaded
+                order = peers
+            elif round_index % 2:
+                order = [*peers, ours]
+            else:
+                order = [ours, *peers]
+            for runner in order:
                 if isinstance(runner, PagedChat):
                     runner.reset()
                 runs.setdefault(runner.label, []).append(
@@ -229,7 +236,8 @@ def throughput(num_requests: NumRequests = 200, model: Model = None,
         report.note(f"{len(requests)} ShareGPT requests, {rows[0]['prompt_tokens']} prompt + "
                     f"{rows[0]['output_tokens']} output tokens; pagedchat_ratio = pagedchat "
                     "output tokens/s / the engine's"
-                    + (f" (median of {rounds} rounds, engines in turn)" if rounds > 1 else ""))
+                    + (f" (median of {rounds} rounds, engines in turn, pagedchat first "
+                       "in even rounds and last in odd ones)" if rounds > 1 else ""))
         extra: dict[str, object] = {"runs": rows}
         if ceiling:
             extra["ceiling"] = _ceiling(engine, figures["pagedchat"])
