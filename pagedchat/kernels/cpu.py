@@ -427,34 +427,47 @@ def pack_linear(weight: torch.Tensor) -> torch.Tensor:
     if (weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16)
             or weight.dim() != 2 or not _onednn()):
         return weight
-    _blocked_width(*weight.shape, weight.dtype)  # checked now, not during the first step
-    return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), None)
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), None)
+    _check_blocked(weight, packed)
+    return packed
 
 
-@functools.cache
-def _blocked_width(n_dim: int, k_dim: int, dtype: torch.dtype) -> int | None:
-    """The padded input width of oneDNN's packing of a ``[n_dim, k_dim]`` weight of this
-    type where it is the blocked layout the C product reads (``cpu_linear.c``), else None.
+# (out, in, dtype) -> the padded input width where oneDNN packs weights of that shape and
+# type in the blocked layout the C product reads (cpu_linear.c), else None
+_BLOCKED_WIDTHS: dict[tuple[int, int, torch.dtype], int | None] = {}
 
-    oneDNN picks its layout per shape, type and CPU, so it is checked once for each: a
-    random weight packed, multiplied by the C product, compared with F.linear."""
-    product = _kernel("linear_blocked", torch.empty(0, dtype=dtype))
-    if product is None or not (_linear_vectorised() and _onednn()):
-        return None
-    gen = torch.Generator().manual_seed(n_dim * 7919 + k_dim)
-    weight = torch.randn(n_dim, k_dim, generator=gen).to(dtype)
-    packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+
+def _check_blocked(weight: torch.Tensor, packed: torch.Tensor) -> None:
+    """Note whether ``packed`` (oneDNN's packing of ``weight``) is in the blocked layout
+    the C product reads. oneDNN picks its layout per shape, type and CPU, so it is checked
+    once for each: the C product of a few random rows against F.linear on ``weight`` (a
+    weight of zeros cannot tell layouts apart: the next one of its shape decides)."""
+    key = (*weight.shape, weight.dtype)
+    product = _kernel("linear_blocked", weight)
+    if key in _BLOCKED_WIDTHS or product is None or not _linear_vectorised():
+        return
+    n_dim, k_dim = weight.shape
     k_padded, rest = divmod(torch.ops.mkldnn._nbytes(packed),
                             -(-n_dim // 64) * 64 * weight.element_size())
     if rest or k_padded < k_dim:
-        return None
-    x = torch.randn(3, k_dim, generator=gen).to(dtype)
-    out = torch.empty(3, n_dim, dtype=dtype)
+        _BLOCKED_WIDTHS[key] = None
+        return
+    x = torch.randn(3, k_dim, generator=torch.Generator().manual_seed(0)).to(weight.dtype)
+    out = torch.empty(3, n_dim, dtype=weight.dtype)
     product(x.data_ptr(), torch.ops.mkldnn.data_ptr(packed), None, out.data_ptr(), 3, k_dim,
             k_padded, n_dim, 1)
     expected = F.linear(x.float(), weight.float())
-    error = (out.float() - expected).norm() / expected.norm()
-    return k_padded if error < (1e-5 if dtype == torch.float32 else 1e-2) else None
+    if expected.norm() == 0:
+        return
+    tolerance = 1e-5 if weight.dtype == torch.float32 else 1e-2
+    fits = (out.float() - expected).norm() <= tolerance * expected.norm()
+    _BLOCKED_WIDTHS[key] = k_padded if fits else None
+
+
+def blocked_width(packed: torch.Tensor) -> int | None:
+    """The padded input width the C product reads ``packed`` with (a weight from
+    :func:`pack_linear`), or None where oneDNN's own product must take it."""
+    return _BLOCKED_WIDTHS.get((*packed.shape, packed.dtype))
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor,
@@ -465,9 +478,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor,
     the C product for ``LINEAR_ROWS`` rows, to oneDNN for more; anything else to torch."""
     if weight.is_mkldnn:
         rows, (n_dim, k_dim) = x.shape[0], weight.shape
-        if (rows in BLOCKED_ROWS and x.dtype == weight.dtype
+        if (rows in BLOCKED_ROWS and x.dim() == 2 and x.dtype == weight.dtype
                 and (bias is None or bias.dtype == weight.dtype)
-                and (k_padded := _blocked_width(n_dim, k_dim, weight.dtype)) is not None):
+                and (k_padded := blocked_width(weight)) is not None):
             x = x.contiguous()
             out = torch.empty(rows, n_dim, dtype=x.dtype)
             _kernel("linear_blocked", x)(
@@ -553,7 +566,7 @@ class DecoderStack:
                 None if layer.qkv_bias is None else layer.qkv_bias.data_ptr(),
                 *(torch.ops.mkldnn.data_ptr(weight)
                   for weight in (layer.o, layer.gate_up, layer.down)),
-                *(_blocked_width(*weight.shape, weight.dtype)
+                *(blocked_width(weight)
                   for weight in (layer.qkv, layer.o, layer.gate_up, layer.down)),
                 layer.k_cache.data_ptr(), layer.v_cache.data_ptr())
             for layer in layers))
@@ -606,7 +619,7 @@ def decoder_stack(layers: list[LayerTensors], num_heads: int, eps: float,
         if layer.qkv_bias is not None:
             plain.append(layer.qkv_bias)
         if not all(weight.is_mkldnn and weight.dtype == dtype
-                   and _blocked_width(*weight.shape, dtype) is not None for weight in products):
+                   and blocked_width(weight) is not None for weight in products):
             return None
         if not all(tensor.dtype == dtype and tensor.is_cpu and tensor.is_contiguous()
                    for tensor in plain):

@@ -277,15 +277,15 @@ def test_product_on_onednn_blocked_layout_matches_reference(rows, shape, with_bi
     input widths past one summation run (64), padded ones, odd ones (a bfloat16 pair
     half past the end)."""
     n_dim, k_dim = shape
-    k_padded = cpu._blocked_width(n_dim, k_dim, dtype)
-    if k_padded is None:
-        pytest.skip("oneDNN's layout for this shape is not the blocked one (or no AVX-512)")
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, k_dim, generator=gen).to(dtype)
     weight = torch.randn(n_dim, k_dim, generator=gen).to(dtype)
     bias = torch.randn(n_dim, generator=gen).to(dtype) if with_bias else None
     out = torch.full((rows, n_dim), float("nan"), dtype=dtype)
     packed = cpu.pack_linear(weight)
+    k_padded = cpu.blocked_width(packed) if packed.is_mkldnn else None
+    if k_padded is None:
+        pytest.skip("oneDNN's layout for this shape is not the blocked one (or no AVX-512)")
     cpu._kernel("linear_blocked", x)(
         x.data_ptr(), torch.ops.mkldnn.data_ptr(packed),
         None if bias is None else bias.data_ptr(), out.data_ptr(), rows, k_dim, k_padded,
@@ -304,7 +304,21 @@ def test_this_models_layer_shapes_take_the_blocked_product(dtype):
     if not (cpu._linear_vectorised() and cpu._onednn()):
         pytest.skip("needs the AVX-512 C product and oneDNN")
     for n_dim, k_dim in [(960, 576), (576, 576), (3072, 576), (576, 1536)]:
-        assert cpu._blocked_width(n_dim, k_dim, dtype) == k_dim
+        packed = cpu.pack_linear(torch.randn(n_dim, k_dim).to(dtype))
+        assert cpu.blocked_width(packed) == k_dim
+
+
+def test_a_weight_of_zeros_leaves_the_layout_check_to_the_next_of_its_shape():
+    """Zeros multiply the same in any layout: such a weight goes to oneDNN, and the first
+    real weight of its shape decides (a wrong layout must never pass for zeros)."""
+    if not (cpu._linear_vectorised() and cpu._onednn()):
+        pytest.skip("needs the AVX-512 C product and oneDNN")
+    zeros = cpu.pack_linear(torch.zeros(208, 48))
+    assert cpu.blocked_width(zeros) is None
+    x = torch.randn(2, 48)
+    assert torch.equal(cpu.linear(x, zeros), torch.zeros(2, 208))
+    assert cpu.blocked_width(cpu.pack_linear(torch.randn(208, 48))) == 48
+    assert cpu.blocked_width(zeros) == 48
 
 
 def test_onednn_row_counts_are_few_and_close():

@@ -14,6 +14,7 @@ collectives are no-ops.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -187,17 +188,18 @@ class LlamaForCausalLM(nn.Module):
         x = self.embed(input_ids)
         rope = self.rotary.lookup(positions, x.dtype)
         stack = self.decoder_stack()
-        done = stack and stack(x, *rope, meta.slot_mapping, meta.block_tables, meta.context_lens,
-                               meta.query_start_loc)
-        if done:
-            x, residual = done
+        stacked = None if stack is None else stack(
+            x, *rope, meta.slot_mapping, meta.block_tables, meta.context_lens,
+            meta.query_start_loc)
+        if stacked is not None:
+            x, residual = stacked
         else:
             residual = None
             for layer in self.layers:
                 x, residual = layer(x, residual, rope, meta)
         return x + residual
 
-    def decoder_stack(self):
+    def decoder_stack(self) -> Callable[..., tuple[torch.Tensor, torch.Tensor] | None] | None:
         """The backend's call through every layer at once (the CPU's, for small decode
         batches), where it has one and the model is whole on this worker; else None.
         Built on first use, after the caches are in place, and again if they change."""
