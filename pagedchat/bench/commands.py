@@ -180,16 +180,18 @@ def throughput(num_requests: NumRequests = 200, model: Model = None,
         engine.runner.timer.reset()
         ours = PagedChat(engine)
         runs = {ours.label: [measure(ours, requests, warmup)[0]]}
-        resident = resident_figures(engine)
+        # what only pagedchat's first run gives, kept beside its median run
+        extras = {"memory": (resident := resident_figures(engine))}
         report.note(f"pagedchat resident memory {resident['rss_mb']:.0f} MB: weights "
                     f"{resident['weights_mb']:.0f} + KV pool {resident['kv_pool_mb']:.0f} (of "
                     f"which {resident['kv_written_mb']:.0f} ever used) + "
                     f"{resident['beyond_weights_and_kv_mb']:.0f} MB beyond them")
-        step_profile = _step_profile(engine) if profile else None
+        if profile:
+            extras["step_profile"] = _step_profile(engine)
         if tp > 1:
             from pagedchat.bench.parallel import communication_figures
 
-            comm = communication_figures(engine)
+            extras["communication"] = comm = communication_figures(engine)
             report.note(f"tensor parallel x{tp}: {comm['all_reduce_bytes_per_token']:.0f} bytes "
                         f"all-reduced per token, {comm['broadcast_bytes_per_step']:.0f} bytes "
                         f"broadcast per step; {comm['weights_per_worker_mb']:.0f} MB of weights "
@@ -208,12 +210,7 @@ def throughput(num_requests: NumRequests = 200, model: Model = None,
                     runner.reset()
                 runs.setdefault(runner.label, []).append(
                     measure(runner, requests, warmup)[0])
-        figures = {"pagedchat": _median_run(runs[ours.label])}
-        figures["pagedchat"]["memory"] = resident
-        if step_profile is not None:
-            figures["pagedchat"]["step_profile"] = step_profile
-        if tp > 1:
-            figures["pagedchat"]["communication"] = comm
+        figures = {"pagedchat": {**_median_run(runs[ours.label]), **extras}}
         rows = [{"engine": ours.label, **figures["pagedchat"], "pagedchat_ratio": 1.0}]
         for peer in peers:
             result = _median_run(runs[peer.label])

@@ -483,7 +483,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor,
                 and (k_padded := blocked_width(weight)) is not None):
             x = x.contiguous()
             out = torch.empty(rows, n_dim, dtype=x.dtype)
-            _kernel("linear_blocked", x)(
+            _typed_kernel("linear_blocked", x.dtype)(
                 x.data_ptr(), torch.ops.mkldnn.data_ptr(weight),
                 None if bias is None else bias.contiguous().data_ptr(), out.data_ptr(), rows,
                 k_dim, k_padded, n_dim, torch.get_num_threads())
@@ -549,7 +549,6 @@ class DecoderStack:
     def __init__(self, layers: list[LayerTensors], num_heads: int, eps: float,
                  scale: float) -> None:
         first = layers[0]
-        self.k_cache = first.k_cache  # the model rebuilds the stack when its caches change
         self.hidden = first.input_norm.shape[0]
         self.heads = num_heads
         _, self.block_size, self.kv_heads, self.head_dim = first.k_cache.shape

@@ -108,13 +108,24 @@ void linear_f32(const float *x, const float *w, const float *bias, float *out, i
 #define BLOCK_COLUMNS 64
 #define BLOCK_VECTORS (BLOCK_COLUMNS / 16)
 #define ROW_GROUP 6       /* rows of x per pass over a block: 6 x 4 accumulators */
-#define BLOCK_PREFETCH 16 /* input indices ahead */
+#define BLOCK_ROW_BYTES 256 /* 64 columns of one float32 index or one bfloat16 pair */
+#define BLOCK_PREFETCH 16   /* rows ahead */
 /* Each column sums runs of this many products, then the runs: a chain of k_dim roundings
  * (1,536 for this model's down projection) erred 2e-4 against F.linear on unit normals.
  * Even, so that a run holds whole bfloat16 pairs. */
 #define BLOCK_RUN 64
 
 #if defined(HAVE_AVX512)
+/* The 16-column vectors [0, vecs) of one row of a block, prefetching the row
+ * BLOCK_PREFETCH rows on. */
+static inline __attribute__((always_inline)) void
+load_block_row(const char *row, int vecs, __m512i out[BLOCK_VECTORS]) {
+    for (int v = 0; v < vecs; v++) {
+        _mm_prefetch(row + BLOCK_PREFETCH * BLOCK_ROW_BYTES + 64 * v, _MM_HINT_T0);
+        out[v] = _mm512_loadu_si512(row + 64 * v);
+    }
+}
+
 /* part += x[k] w[k] + x[k + 1] w[k + 1] for the 16 columns of a bfloat16 pair vector, in
  * vdpbf16ps's order (the odd index first); x0, x1 widened, x_pair the two as bits. */
 static inline __m512 pair_product(__m512 part, __m512i w, __m512 x0, __m512 x1,
@@ -144,16 +155,12 @@ block_columns(const void *x, const void *w, const void *bias, void *out, int row
         for (int m = 0; m < rows; m++)
             for (int v = 0; v < vecs; v++) part[m][v] = _mm512_setzero_ps();
         for (int k = k0; k < k_end; k += bf16 ? 2 : 1) {
+            /* row k of float32, the pair (k, k + 1) of bfloat16 */
+            __m512i wv[BLOCK_VECTORS];
+            load_block_row((const char *)w + (int64_t)(bf16 ? k / 2 : k) * BLOCK_ROW_BYTES,
+                           vecs, wv);
             if (bf16) {
-                /* the pair (k, k + 1) of 64 columns: 256 bytes, as float32's one index */
-                const bf16_t *pair = (const bf16_t *)w + (int64_t)k * BLOCK_COLUMNS;
                 const int second = k + 1 < k_dim;
-                __m512i wv[BLOCK_VECTORS];
-                for (int v = 0; v < vecs; v++) {
-                    _mm_prefetch((const char *)(pair + BLOCK_PREFETCH * BLOCK_COLUMNS + 32 * v),
-                                 _MM_HINT_T0);
-                    wv[v] = _mm512_loadu_si512(pair + 32 * v);
-                }
                 for (int m = 0; m < rows; m++) {
                     const bf16_t *xm = (const bf16_t *)x + (int64_t)m * k_dim + k;
                     const bf16_t x1 = second ? xm[1] : 0;
@@ -164,17 +171,11 @@ block_columns(const void *x, const void *w, const void *bias, void *out, int row
                         part[m][v] = pair_product(part[m][v], wv[v], x0v, x1v, xp);
                 }
             } else {
-                const float *row = (const float *)w + (int64_t)k * BLOCK_COLUMNS;
-                __m512 wv[BLOCK_VECTORS];
-                for (int v = 0; v < vecs; v++) {
-                    _mm_prefetch((const char *)(row + BLOCK_PREFETCH * BLOCK_COLUMNS + 16 * v),
-                                 _MM_HINT_T0);
-                    wv[v] = _mm512_loadu_ps(row + 16 * v);
-                }
                 for (int m = 0; m < rows; m++) {
                     const __m512 xv = _mm512_set1_ps(((const float *)x)[(int64_t)m * k_dim + k]);
                     for (int v = 0; v < vecs; v++)
-                        part[m][v] = _mm512_fmadd_ps(xv, wv[v], part[m][v]);
+                        part[m][v] = _mm512_fmadd_ps(xv, _mm512_castsi512_ps(wv[v]),
+                                                     part[m][v]);
                 }
             }
         }
