@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -71,13 +72,45 @@ def hf_single_stream(model, prompt_ids: list[int], max_tokens: int) -> dict[str,
 
 
 def compare_single_stream(engine: LLMEngine, prompt_ids: list[int], long_prompt_ids: list[int],
-                          max_tokens: int) -> dict[str, dict[str, float]]:
-    """Decode speed on a short prompt and TTFT on a long one, both engines, same weights."""
+                          max_tokens: int, rounds: int = 1) -> dict[str, dict[str, object]]:
+    """Decode speed on a short prompt and TTFT on a long one, both engines, same weights.
+
+    With ``rounds`` > 1 the engines run in turn, pagedchat first in even rounds and second
+    in odd ones; each engine shows its median figures (every round's beside them) and each
+    ratio is the median of the rounds' own ratios, so a drift of the machine's speed over
+    the minutes of the run (its memory bandwidth varies by 2x here) cancels."""
     hf = load_hf_model(engine.model_files.folder, engine.config.dtype)
     pagedchat_single_stream(engine, prompt_ids, 8)  # warm up both once
     hf_single_stream(hf, prompt_ids, 8)
-    ours = pagedchat_single_stream(engine, prompt_ids, max_tokens)
-    ours["ttft_ms"] = pagedchat_single_stream(engine, long_prompt_ids, 2)["ttft_ms"]
-    theirs = hf_single_stream(hf, prompt_ids, max_tokens)
-    theirs["ttft_ms"] = hf_single_stream(hf, long_prompt_ids, 2)["ttft_ms"]
-    return {"pagedchat": ours, "hf-generate": theirs}
+
+    def ours() -> dict[str, float]:
+        figures = pagedchat_single_stream(engine, prompt_ids, max_tokens)
+        figures["ttft_ms"] = pagedchat_single_stream(engine, long_prompt_ids, 2)["ttft_ms"]
+        engine.reset_prefix_cache()  # the next round prefills the long prompt again
+        return figures
+
+    def theirs() -> dict[str, float]:
+        figures = hf_single_stream(hf, prompt_ids, max_tokens)
+        figures["ttft_ms"] = hf_single_stream(hf, long_prompt_ids, 2)["ttft_ms"]
+        return figures
+
+    runs: dict[str, list[dict[str, float]]] = {"pagedchat": [], "hf-generate": []}
+    for round_index in range(rounds):
+        order = [("pagedchat", ours), ("hf-generate", theirs)]
+        for name, run in order if round_index % 2 == 0 else order[::-1]:
+            runs[name].append(run())
+    mine = runs["pagedchat"]
+    results: dict[str, dict[str, object]] = {}
+    for name, measured in runs.items():
+        results[name] = {
+            "decode_tokens_per_s": statistics.median(r["decode_tokens_per_s"] for r in measured),
+            "ttft_ms": statistics.median(r["ttft_ms"] for r in measured),
+            "decode_ratio": statistics.median(
+                m["decode_tokens_per_s"] / r["decode_tokens_per_s"]
+                for m, r in zip(mine, measured, strict=True)),
+            "ttft_ratio": statistics.median(
+                r["ttft_ms"] / m["ttft_ms"] for m, r in zip(mine, measured, strict=True)),
+        }
+        if rounds > 1:
+            results[name]["rounds"] = measured
+    return results

@@ -74,6 +74,33 @@ def test_throughput_against_itself_in_another_dtype_in_rounds(tiny, tmp_path):
     assert "median of 2 rounds" in result.output and "last in odd ones" in result.output
 
 
+def test_latency_in_rounds(tiny, tmp_path):
+    """Both engines timed twice in turn: each figure is the median of its rounds, each
+    ratio the median of the rounds' own ratios."""
+    out = tmp_path / "l.json"
+    result = bench("latency", *tiny, "--max-tokens", "4", "--prompt-len", "48", "--no-loads",
+                   "--rounds", "2", "--json", str(out))
+    assert result.exit_code == 0, result.output
+    engines = json.loads(out.read_text())["engines"]
+    assert set(engines) == {"pagedchat", "hf-generate"}
+    ours, theirs = engines["pagedchat"], engines["hf-generate"]
+    assert len(ours["rounds"]) == len(theirs["rounds"]) == 2
+    for figure in ("decode_tokens_per_s", "ttft_ms"):
+        for engine in (ours, theirs):
+            assert engine[figure] == pytest.approx(
+                sum(r[figure] for r in engine["rounds"]) / 2)
+    decode = [m["decode_tokens_per_s"] / t["decode_tokens_per_s"]
+              for m, t in zip(ours["rounds"], theirs["rounds"], strict=True)]
+    ttft = [t["ttft_ms"] / m["ttft_ms"] for m, t in zip(ours["rounds"], theirs["rounds"],
+                                                          strict=True)]
+    assert theirs["decode_ratio"] == pytest.approx(sum(decode) / 2)
+    assert theirs["ttft_ratio"] == pytest.approx(sum(ttft) / 2)
+    assert ours["decode_ratio"] == ours["ttft_ratio"] == 1
+    lines = [line for line in result.stdout.splitlines() if line.startswith("latency ")]
+    assert [line.split()[1] for line in lines] == ["engine=pagedchat", "engine=hf-generate"]
+    assert "medians of 2 rounds" in result.output
+
+
 def test_unknown_peer_is_a_usage_error(tiny):
     result = bench("throughput", *tiny, "--compare", "vllm")
     assert result.exit_code == 2
