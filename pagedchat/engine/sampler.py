@@ -93,17 +93,18 @@ def sample(logits: torch.Tensor, rows: list[SampleRow],
            max_logsumexp: RowReduction = reference.max_logsumexp,
            ) -> tuple[list[int], list[float]]:
     """Next token and its log-probability (under the model's own distribution) per row.
-    ``max_logsumexp`` is the kernel backend's (a compiled single pass on the CPU)."""
-    logits = logits.float()
+    ``logits`` are float32 or the model's own lower precision: ``max_logsumexp`` (the
+    kernel backend's, a compiled single pass on the CPU) reads them as they are, and only
+    what needs float32 arithmetic (penalties, filtering the random rows) widens a copy."""
     if any(_penalised(row.params) for row in rows):
-        logits = apply_penalties(logits.clone(), rows)
+        logits = apply_penalties(logits.to(torch.float32, copy=True), rows)
     # The greedy choice (the first of equal maxima, as argmax), its logit and each row's
     # normaliser: only the chosen tokens' log-probabilities are needed, not a log-softmax.
     top, chosen, normaliser = max_logsumexp(logits)
     random = [i for i, row in enumerate(rows) if not row.params.greedy]
     if random:
         index = torch.tensor(random)
-        probs = filter_logits(logits[index], [rows[i] for i in random]).softmax(dim=1)
+        probs = filter_logits(logits[index].float(), [rows[i] for i in random]).softmax(dim=1)
         noise = torch.empty_like(probs)
         shared = [j for j, i in enumerate(random) if rows[i].generator is None]
         if shared:
@@ -112,7 +113,7 @@ def sample(logits: torch.Tensor, rows: list[SampleRow],
             if rows[i].generator is not None:
                 noise[j].exponential_(generator=rows[i].generator)
         chosen[index] = (probs / noise).argmax(dim=1)
-        top = logits.gather(1, chosen.unsqueeze(1)).squeeze(1)
+        top = logits.gather(1, chosen.unsqueeze(1)).squeeze(1).float()
     picked = top - normaliser
     return chosen.tolist(), picked.tolist()
 

@@ -75,12 +75,12 @@ _PER_TYPE_SIGNATURES = {
     "silu_mul": (None, [_P, _P, _INT, _INT, _INT]),
     "linear_blocked": (None, [_P] * 4 + [_INT] * 5),
     "decoder_layers": (_INT, [_P, _INT, _P, _P, _P]),
+    "max_logsumexp": (None, [_P, _INT, _INT, _INT64, _P, _P, _P, _INT]),
 }
 _SIGNATURES = {
     **{f"{name}_{suffix}": signature for name, signature in _PER_TYPE_SIGNATURES.items()
        for suffix in _SUFFIXES.values()},
     "paged_prefill_vectorised": (_INT, []),
-    "max_logsumexp_f32": (None, [_P, _INT, _INT, _INT64, _P, _P, _P, _INT]),
     "linear_f32": (None, [_P] * 4 + [_INT] * 4),
     "linear_f32_vectorised": (_INT, []),
 }
@@ -284,17 +284,17 @@ def _sdpa(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
 def max_logsumexp(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Same contract as :func:`pagedchat.kernels.reference.max_logsumexp`, in one read of
-    each row (torch reads the whole matrix three times and allocates a copy of it)."""
-    library = kernel_library()
-    if (library is None or logits.dtype != torch.float32 or logits.device.type != "cpu"
-            or logits.dim() != 2 or logits.stride(1) != 1 or logits.shape[1] == 0):
+    each row (torch reads the whole matrix three times and allocates a copy of it), float32
+    or bfloat16 rows as they are."""
+    function = _kernel("max_logsumexp", logits)
+    if (function is None or logits.dim() != 2 or logits.stride(1) != 1
+            or logits.shape[1] == 0):
         return reference.max_logsumexp(logits)
     rows, vocab = logits.shape
     top, lse = torch.empty(rows), torch.empty(rows)
     index = torch.empty(rows, dtype=torch.int64)
-    library.max_logsumexp_f32(
-        logits.data_ptr(), rows, vocab, logits.stride(0), top.data_ptr(), index.data_ptr(),
-        lse.data_ptr(), torch.get_num_threads())
+    function(logits.data_ptr(), rows, vocab, logits.stride(0), top.data_ptr(),
+             index.data_ptr(), lse.data_ptr(), torch.get_num_threads())
     return top, index, lse
 
 

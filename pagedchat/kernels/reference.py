@@ -116,9 +116,11 @@ def swap_blocks(src: torch.Tensor, dst: torch.Tensor, block_mapping: torch.Tenso
 
 
 def max_logsumexp(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per row of float32 ``[rows, vocab]`` logits: the largest value, the first index
-    holding it (``argmax``), and ``logsumexp``: the greedy token and the normaliser of its
-    log-probability, all sampling needs from a row before any filtering."""
+    """Per row of ``[rows, vocab]`` logits: the largest value, the first index holding it
+    (``argmax``), and ``logsumexp``: the greedy token and the normaliser of its
+    log-probability, all sampling needs from a row before any filtering. Logits of a lower
+    precision are widened (exactly) to float32 first; the results are float32."""
+    logits = logits.float()
     top, index = logits.max(dim=1)
     return top, index, logits.logsumexp(dim=1)
 

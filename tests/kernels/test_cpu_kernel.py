@@ -116,18 +116,24 @@ def test_store_kv_matches_reference_and_skips_padding_rows():
 def _compare_reductions(logits: torch.Tensor) -> None:
     top, index, lse = cpu.max_logsumexp(logits)
     ref_top, ref_index, ref_lse = ref.max_logsumexp(logits)
+    assert top.dtype == lse.dtype == torch.float32
     assert torch.equal(index, ref_index)  # the greedy token: exactly argmax's
     assert torch.equal(top, ref_top)
     assert torch.allclose(lse, ref_lse, rtol=1e-6, atol=1e-5)
+    if logits.dtype == torch.bfloat16:  # read as they are: the bits of widening them first
+        for mine, widened in zip(cpu.max_logsumexp(logits), cpu.max_logsumexp(logits.float()),
+                                 strict=True):
+            assert torch.equal(mine, widened)
 
 
 @settings(max_examples=60, deadline=None)
 @given(rows=st.integers(1, 9), vocab=st.integers(1, 300), spread=st.floats(0.1, 100.0),
-       seed=st.integers(0, 2**16))
-def test_max_logsumexp_matches_reference(rows, vocab, spread, seed):
-    """Any row count and length (vector tails included)."""
+       seed=st.integers(0, 2**16), dtype=st.sampled_from([torch.float32, torch.bfloat16]))
+def test_max_logsumexp_matches_reference(rows, vocab, spread, seed, dtype):
+    """Any row count and length (vector tails included); bfloat16 logits, with their many
+    equal values, test the first-of-equal-maxima rule often."""
     gen = torch.Generator().manual_seed(seed)
-    _compare_reductions(torch.randn(rows, vocab, generator=gen) * spread)
+    _compare_reductions((torch.randn(rows, vocab, generator=gen) * spread).to(dtype))
 
 
 def test_max_logsumexp_takes_the_first_of_equal_maxima_and_strided_rows():
@@ -139,6 +145,9 @@ def test_max_logsumexp_takes_the_first_of_equal_maxima_and_strided_rows():
     _compare_reductions(logits)
     assert cpu.max_logsumexp(logits)[1][:4].tolist() == [7, 17, 49151, 0]
     _compare_reductions(logits[:, :1000])  # rows 49,152 floats apart
+    _compare_reductions(logits.bfloat16())
+    assert cpu.max_logsumexp(logits.bfloat16())[1][:4].tolist() == [7, 17, 49151, 0]
+    _compare_reductions(logits.bfloat16()[:, :1000])
 
 
 def _close(out: torch.Tensor, expected: torch.Tensor) -> bool:

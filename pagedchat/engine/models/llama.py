@@ -231,11 +231,12 @@ class LlamaForCausalLM(nn.Module):
         return self.tp.all_reduce(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
-        """Logits in float32 for the rows that are sampled (and only those); under tensor
-        parallelism the vocabulary blocks are gathered on rank 0 (None elsewhere)."""
+        """Logits, in the model's dtype, for the rows that are sampled (and only those); under
+        tensor parallelism the vocabulary blocks are gathered on rank 0 (None elsewhere).
+        Not widened here: the sampler's reduction reads bfloat16 as it is."""
         hidden, _ = self.norm(hidden)
         weight = self.embed_tokens.weight if self.tied else self.lm_head.weight
-        logits = self.kernels.linear(hidden, weight).float()
+        logits = self.kernels.linear(hidden, weight)
         return self.tp.gather_columns(logits, self.config.vocab_size)
 
     @torch.no_grad()
