@@ -8,7 +8,6 @@ and, with ``--json``, writes the figures with the run's metadata.
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,9 +29,11 @@ from pagedchat.bench.memory import (
 )
 from pagedchat.bench.suite import (
     EngineOptions,
+    in_turn,
     length_limit,
     make_peers,
     measure,
+    median_ratio,
     parse_list,
     parse_peers,
     poisson_arrivals,
@@ -199,13 +200,8 @@ def throughput(num_requests: NumRequests = 200, model: Model = None,
         peers = make_peers(parse_peers(compare), engine, batch_sizes, hf_page_size,
                            parse_list(hf_max_requests, int))
         for round_index in range(rounds):
-            if round_index == 0:  # ours ran first, before any peer was loaded
-                order = peers
-            elif round_index % 2:
-                order = [*peers, ours]
-            else:
-                order = [ours, *peers]
-            for runner in order:
+            # in round 0 ours ran already, first, before any peer was loaded
+            for runner in peers if round_index == 0 else in_turn(round_index, ours, peers):
                 if isinstance(runner, PagedChat):
                     runner.reset()
                 runs.setdefault(runner.label, []).append(
@@ -214,11 +210,9 @@ def throughput(num_requests: NumRequests = 200, model: Model = None,
         rows = [{"engine": ours.label, **figures["pagedchat"], "pagedchat_ratio": 1.0}]
         for peer in peers:
             result = _median_run(runs[peer.label])
-            rows.append({"engine": peer.label, **result,
-                         "pagedchat_ratio": statistics.median(
-                             mine["output_tokens_per_s"] / theirs["output_tokens_per_s"]
-                             for mine, theirs in zip(runs[ours.label], runs[peer.label],
-                                                     strict=True))})
+            rows.append({"engine": peer.label, **result, "pagedchat_ratio": median_ratio(
+                [run["output_tokens_per_s"] for run in runs[ours.label]],
+                [run["output_tokens_per_s"] for run in runs[peer.label]])})
             best = figures.get(peer.name)
             if best is None or result["output_tokens_per_s"] > best["output_tokens_per_s"]:
                 setting = {}

@@ -14,6 +14,7 @@ import time
 import torch
 
 from pagedchat.bench.peers import load_hf_model
+from pagedchat.bench.suite import in_turn, median_ratio
 from pagedchat.engine.llm_engine import LLMEngine
 from pagedchat.engine.sampling_params import SamplingParams
 
@@ -96,20 +97,21 @@ def compare_single_stream(engine: LLMEngine, prompt_ids: list[int], long_prompt_
 
     runs: dict[str, list[dict[str, float]]] = {"pagedchat": [], "hf-generate": []}
     for round_index in range(rounds):
-        order = [("pagedchat", ours), ("hf-generate", theirs)]
-        for name, run in order if round_index % 2 == 0 else order[::-1]:
+        for name, run in in_turn(round_index, ("pagedchat", ours), [("hf-generate", theirs)]):
             runs[name].append(run())
+
+    def column(measured: list[dict[str, float]], figure: str) -> list[float]:
+        return [run[figure] for run in measured]
+
     mine = runs["pagedchat"]
     results: dict[str, dict[str, object]] = {}
     for name, measured in runs.items():
         results[name] = {
-            "decode_tokens_per_s": statistics.median(r["decode_tokens_per_s"] for r in measured),
-            "ttft_ms": statistics.median(r["ttft_ms"] for r in measured),
-            "decode_ratio": statistics.median(
-                m["decode_tokens_per_s"] / r["decode_tokens_per_s"]
-                for m, r in zip(mine, measured, strict=True)),
-            "ttft_ratio": statistics.median(
-                r["ttft_ms"] / m["ttft_ms"] for m, r in zip(mine, measured, strict=True)),
+            "decode_tokens_per_s": statistics.median(column(measured, "decode_tokens_per_s")),
+            "ttft_ms": statistics.median(column(measured, "ttft_ms")),
+            "decode_ratio": median_ratio(column(mine, "decode_tokens_per_s"),
+                                         column(measured, "decode_tokens_per_s")),
+            "ttft_ratio": median_ratio(column(measured, "ttft_ms"), column(mine, "ttft_ms")),
         }
         if rounds > 1:
             results[name]["rounds"] = measured

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import random
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -100,6 +101,18 @@ def poisson_arrivals(count: int, rate: float, seed: int = 0) -> list[float]:
 
 def warmup_prompt(tokenizer) -> list[int]:
     return tokenizer.encode(WARMUP_TEXT, add_special_tokens=False)
+
+
+def in_turn(round_index: int, ours, peers: list) -> list:
+    """The order of one round of a repeated comparison: pagedchat first in even rounds,
+    last in odd ones, so that a steady drift of the machine's speed cancels in the median
+    of the rounds' ratios."""
+    return [ours, *peers] if round_index % 2 == 0 else [*peers, ours]
+
+
+def median_ratio(numerators: Sequence[float], denominators: Sequence[float]) -> float:
+    """The median of the rounds' own ratios (round i's numerator over round i's)."""
+    return statistics.median(a / b for a, b in zip(numerators, denominators, strict=True))
 
 
 def measure(runner, requests: list[Request], warmup: list[int],
