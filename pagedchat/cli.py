@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import sys
 import time
 from typing import Annotated
@@ -107,5 +108,16 @@ def _print_run_stats(engine, final, load_seconds: float) -> None:
     typer.echo("\n".join(lines), err=True)
 
 
-if __name__ == "__main__":
+def main() -> None:
+    """The installed command: ``app`` with what importing it made (torch, typer, rich and
+    pagedchat: about 176,000 objects, all alive for the whole process) set outside the
+    garbage collector's reach first. A full collection then walks only the objects made
+    since: 29 ms instead of 111 in a 200-request run, a pause a streaming answer would
+    show. Here and not in the library: frozen objects that later became cyclic garbage
+    would never be collected, so a long-lived caller (a test session) keeps its collector."""
+    gc.freeze()
     app()
+
+
+if __name__ == "__main__":
+    main()

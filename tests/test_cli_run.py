@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 from typer.testing import CliRunner
 
 from pagedchat.cli import app
@@ -33,3 +36,18 @@ def test_run_rejects_impossible_sampling(tiny_model_dir):
     result = runner.invoke(app, ["run", "--model", str(tiny_model_dir), "--top-p", "1.5", "hi"])
     assert result.exit_code == 1
     assert "top_p must be in (0, 1]" in result.output
+
+
+def test_the_installed_command_freezes_what_imports_made():
+    """`pagedchat` is cli.main, which hands the import-time objects to gc.freeze before the
+    app runs (in a child process: freezing this one would keep the suite's garbage)."""
+    from importlib.metadata import entry_points
+
+    (script,) = [e for e in entry_points(group="console_scripts") if e.name == "pagedchat"]
+    assert script.value == "pagedchat.cli:main"
+    probe = ("import gc, pagedchat.cli as cli\n"
+             "cli.app = lambda: print(gc.get_freeze_count())\n"
+             "cli.main()\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          check=True)
+    assert int(done.stdout.strip()) > 10_000  # torch alone brings over 100,000

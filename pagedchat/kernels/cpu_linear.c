@@ -28,9 +28,10 @@ two_columns(const float *x, const float *w0, const float *w1, int rows, int k_di
     for (int m = 0; m < rows; m++) acc0[m] = acc1[m] = _mm512_setzero_ps();
     for (int k = 0; k < k_dim; k += 16) {
         const __mmask16 mask = tail_mask(k_dim - k);
-        /* the hardware prefetcher alone left these loads waiting on memory */
-        _mm_prefetch((const char *)(w0 + PREFETCH_ROWS * k_dim + k), _MM_HINT_T0);
-        _mm_prefetch((const char *)(w1 + PREFETCH_ROWS * k_dim + k), _MM_HINT_T0);
+        /* the hardware prefetcher alone left these loads waiting on memory; non-temporal,
+         * as in load_block_row */
+        _mm_prefetch((const char *)(w0 + PREFETCH_ROWS * k_dim + k), _MM_HINT_NTA);
+        _mm_prefetch((const char *)(w1 + PREFETCH_ROWS * k_dim + k), _MM_HINT_NTA);
         const __m512 a = _mm512_maskz_loadu_ps(mask, w0 + k);
         const __m512 b = _mm512_maskz_loadu_ps(mask, w1 + k);
         for (int m = 0; m < rows; m++) {
@@ -109,7 +110,7 @@ void linear_f32(const float *x, const float *w, const float *bias, float *out, i
 #define BLOCK_VECTORS (BLOCK_COLUMNS / 16)
 #define ROW_GROUP 6       /* rows of x per pass over a block: 6 x 4 accumulators */
 #define BLOCK_ROW_BYTES 256 /* 64 columns of one float32 index or one bfloat16 pair */
-#define BLOCK_PREFETCH 16   /* rows ahead */
+#define BLOCK_PREFETCH 48   /* rows ahead: 12 KB, see load_block_row */
 /* Each column sums runs of this many products, then the runs: a chain of k_dim roundings
  * (1,536 for this model's down projection) erred 2e-4 against F.linear on unit normals.
  * Even, so that a run holds whole bfloat16 pairs. */
@@ -117,11 +118,16 @@ void linear_f32(const float *x, const float *w, const float *bias, float *out, i
 
 #if defined(HAVE_AVX512)
 /* The 16-column vectors [0, vecs) of one row of a block, prefetching the row
- * BLOCK_PREFETCH rows on. */
+ * BLOCK_PREFETCH rows on, non-temporal (prefetchnta): a step reads each weight once, and
+ * kept out of the outer caches it evicts nothing a later read wants (on AMD, whose L3
+ * takes every line L2 lets go, it also spares that write). Measured on AMD Zen 5 against
+ * T0 at 16 rows, the two builds alternated in one process: single-stream float32 decode
+ * 2-10% faster (the more the memory gives, the more it wins), batches of 16 and 64 rows
+ * 2-4%, bfloat16 even. */
 static inline __attribute__((always_inline)) void
 load_block_row(const char *row, int vecs, __m512i out[BLOCK_VECTORS]) {
     for (int v = 0; v < vecs; v++) {
-        _mm_prefetch(row + BLOCK_PREFETCH * BLOCK_ROW_BYTES + 64 * v, _MM_HINT_T0);
+        _mm_prefetch(row + BLOCK_PREFETCH * BLOCK_ROW_BYTES + 64 * v, _MM_HINT_NTA);
         out[v] = _mm512_loadu_si512(row + 64 * v);
     }
 }
