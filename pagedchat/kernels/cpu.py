@@ -58,10 +58,13 @@ SDPA_MIN_QUERY_LEN = 25
 # 1.23x; one row: 2.9x on AMD Zen 5, where MKL's matrix-vector product reads 15 GB/s of
 # 45) and oneDNN on plain weights (16 rows: 1.5x); past 16 oneDNN's blocked product pays.
 LINEAR_ROWS = range(1, 17)
-# On a packed weight, up to 64 rows the C product on oneDNN's blocked layout beats
-# oneDNN's own (float32: 1.14-1.21x from 1 to 64 rows on this model's layer weights, AMD
-# Zen 5; from 128 rows on, even or behind).
-BLOCKED_ROWS = range(1, 65)
+# On a packed weight, up to 256 rows (a decode step at the default max_num_seqs) the C
+# product on oneDNN's blocked layout, and with it the one-call decoder stack. Product
+# alone, it beats oneDNN's own from 1 to 64 rows (float32: 1.14-1.21x on this model's
+# layer weights, AMD Zen 5) and is even with it past 128; but whole steps gain: the
+# 200-request ShareGPT run, builds alternated in one process, took 256 rows over 64 at
+# 1.06x (float32) and 1.09x (bfloat16), 128 at 0.93x of 256, 1,024 even with 256.
+BLOCKED_ROWS = range(1, 257)
 # The C kernels come per element type, named with these suffixes.
 _SUFFIXES = {torch.float32: "f32", torch.bfloat16: "bf16"}
 _P, _INT, _INT64, _FLOAT = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
