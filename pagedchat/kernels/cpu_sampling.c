@@ -1,8 +1,9 @@
 /* What sampling needs from every row of logits (float32 or bfloat16), in one read of the
  * row: its largest value, the first index holding it (torch's argmax), and
- * log(sum(exp(row))) for the chosen token's log-probability. torch takes a pass for max and two more for logsumexp, each
- * over the whole [rows, vocab] matrix (50 MB at 256 rows of 49,152): here each row is
- * read from memory once and its second pass comes from the cache.
+ * log(sum(exp(row))) for the chosen token's log-probability. torch takes a pass for max
+ * and two more for logsumexp, each over the whole [rows, vocab] matrix (50 MB at 256 rows
+ * of 49,152): here each row is read from memory once and its second pass comes from the
+ * cache.
  * Built with cpu_attention.c by pagedchat/kernels/cpu.py; the torch reference
  * (reference.max_logsumexp) is the definition, and the tests compare the two.
  */
@@ -53,8 +54,10 @@ row_max_logsumexp(const void *x, int bf16, int n, float *top, int64_t *index, fl
             peak = peaks[lane];
             at = ats[lane];
         }
-    for (; t < n; t++)
-        if (load_logit(x, bf16, t) > peak) { peak = load_logit(x, bf16, t); at = t; }
+    for (; t < n; t++) {
+        const float v = load_logit(x, bf16, t);
+        if (v > peak) { peak = v; at = t; }
+    }
     const __m512 shift = _mm512_set1_ps(peak);
     __m512 sum = _mm512_setzero_ps();
     for (int s = 0; s < n; s += 16) {
@@ -64,8 +67,10 @@ row_max_logsumexp(const void *x, int bf16, int n, float *top, int64_t *index, fl
     }
     const float total = _mm512_reduce_add_ps(sum);
 #else
-    for (int t = 0; t < n; t++)
-        if (load_logit(x, bf16, t) > peak) { peak = load_logit(x, bf16, t); at = t; }
+    for (int t = 0; t < n; t++) {
+        const float v = load_logit(x, bf16, t);
+        if (v > peak) { peak = v; at = t; }
+    }
     float total = 0.0f;
     for (int t = 0; t < n; t++) total += expf(load_logit(x, bf16, t) - peak);
 #endif
