@@ -2,7 +2,8 @@
 
 Every backend exposes ``store_kv``, ``paged_attention``, ``copy_blocks``, ``swap_blocks``,
 ``max_logsumexp`` (the sampler's per-row reduction), ``linear`` (with ``pack_linear``, which
-lays a weight out for it once at load) and the layer's small
+lays a weight out for it once at load), ``embedding`` (with ``pack_embedding``, for a weight
+the head shares) and the layer's small
 operations ``rms_norm``, ``rotary_store`` (rotation of queries and keys, then the store)
 and ``silu_mul``, with the signatures of :mod:`pagedchat.kernels.reference`, which
 defines what is right. A backend may also offer ``decoder_stack`` (with ``LayerTensors``):

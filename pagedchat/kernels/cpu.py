@@ -2,10 +2,10 @@
 compiled tiled kernel for longer prompt chunks (torch's SDPA without AVX-512), a
 compiled pass over the logits for sampling, compiled RMSNorm,
 rotary-and-store and SiLU-and-multiply (float32 and bfloat16), linear layers on weights
-packed once into oneDNN's layout (a compiled product reads that layout for up to 64 rows,
-oneDNN's own product takes the rest), a small decode batch through all the layers in one
-compiled call, a compiled product for the head's few rows
-(its weight stays plain: the embedding reads it too), the reference for everything else.
+packed once into oneDNN's layout (a compiled product reads that layout for up to 256 rows,
+oneDNN's own product takes the rest; a tied head is packed too, and the embedding reads
+its rows from that layout), a small decode batch through all the layers in one compiled
+call, the reference for everything else.
 
 The C kernels (``cpu_*.c``) are built once per machine with the system C compiler into
 the cache folder and loaded with ctypes (which releases the GIL). Without a compiler the
@@ -34,9 +34,10 @@ from pagedchat.kernels import reference
 from pagedchat.kernels.reference import copy_blocks, gather_kv, swap_blocks, write_slots
 from pagedchat.paths import cache_root
 
-__all__ = ["DecoderStack", "LayerTensors", "copy_blocks", "decoder_stack", "kernel_library",
-           "linear", "max_logsumexp", "pack_linear", "paged_attention", "rms_norm",
-           "rotary_store", "silu_mul", "store_kv", "swap_blocks"]
+__all__ = ["DecoderStack", "LayerTensors", "copy_blocks", "decoder_stack", "embedding",
+           "kernel_library", "linear", "max_logsumexp", "pack_embedding", "pack_linear",
+           "paged_attention", "rms_norm", "rotary_store", "silu_mul", "store_kv",
+           "swap_blocks"]
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +54,11 @@ PREFILL_MIN_QUERY_LEN = 8
 # ... or, where that kernel is not built (no AVX-512), from 25 to SDPA, whose blocked
 # matmuls beat the row-by-row kernel there.
 SDPA_MIN_QUERY_LEN = 25
-# On a plain weight, up to 16 rows the C product, which reads each weight once, beats
-# torch's BLAS on this model's shapes (a decode step at batch 4: 1.55x, 8: 1.68x, 16:
-# 1.23x; one row: 2.9x on AMD Zen 5, where MKL's matrix-vector product reads 15 GB/s of
-# 45) and oneDNN on plain weights (16 rows: 1.5x); past 16 oneDNN's blocked product pays.
+# On a plain weight (a tied head whose packing the C product cannot read), up to 16 rows
+# the C product, which reads each weight once, beats torch's BLAS on this model's shapes
+# (a decode step at batch 4: 1.55x, 8: 1.68x, 16: 1.23x; one row: 2.9x on AMD Zen 5,
+# where MKL's matrix-vector product reads 15 GB/s of 45) and oneDNN on plain weights (16
+# rows: 1.5x); past 16 oneDNN's blocked product pays.
 LINEAR_ROWS = range(1, 17)
 # On a packed weight, up to 256 rows (a decode step at the default max_num_seqs) the C
 # product on oneDNN's blocked layout, and with it the one-call decoder stack. Product
@@ -77,6 +79,7 @@ _PER_TYPE_SIGNATURES = {
     "rotary_store": (None, [_P, _INT64] + [_P] * 6 + [_INT] * 5),
     "silu_mul": (None, [_P, _P, _INT, _INT, _INT]),
     "linear_blocked": (None, [_P] * 4 + [_INT] * 5),
+    "embedding_blocked": (None, [_P] * 3 + [_INT] * 4),
     "decoder_layers": (_INT, [_P, _INT, _P, _P, _P]),
     "max_logsumexp": (None, [_P, _INT, _INT, _INT64, _P, _P, _P, _INT]),
 }
@@ -473,38 +476,81 @@ def blocked_width(packed: torch.Tensor) -> int | None:
     return _BLOCKED_WIDTHS.get((*packed.shape, packed.dtype))
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor,
-           bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           out: torch.Tensor | None = None) -> torch.Tensor:
     """Same contract as :func:`pagedchat.kernels.reference.linear`. A packed weight goes to
     the C product for ``BLOCKED_ROWS`` rows where oneDNN's layout is the one it reads, else
-    to oneDNN. A plain float32 one (the tied head, which the embedding also reads) goes to
-    the C product for ``LINEAR_ROWS`` rows, to oneDNN for more; anything else to torch."""
+    to oneDNN. A plain float32 one (a tied head whose layout the embedding cannot read)
+    goes to the C product for ``LINEAR_ROWS`` rows, to oneDNN for more; anything else to
+    torch. The C products write into ``out`` where given; the others are copied there."""
     if weight.is_mkldnn:
         rows, (n_dim, k_dim) = x.shape[0], weight.shape
         if (rows in BLOCKED_ROWS and x.dim() == 2 and x.dtype == weight.dtype
                 and (bias is None or bias.dtype == weight.dtype)
                 and (k_padded := blocked_width(weight)) is not None):
             x = x.contiguous()
-            out = torch.empty(rows, n_dim, dtype=x.dtype)
+            out = _output(out, rows, n_dim, x.dtype)
             _typed_kernel("linear_blocked", x.dtype)(
                 x.data_ptr(), torch.ops.mkldnn.data_ptr(weight),
                 None if bias is None else bias.contiguous().data_ptr(), out.data_ptr(), rows,
                 k_dim, k_padded, n_dim, torch.get_num_threads())
             return out
-        return _onednn_product(x, weight, bias)
+        return _into(out, _onednn_product(x, weight, bias))
     product = _kernel("linear", x, weight, bias)  # there is no linear_bf16
     if product is None or x.dim() != 2 or not weight.is_contiguous():
-        return reference.linear(x, weight, bias)
+        return reference.linear(x, weight, bias, out)
     if x.shape[0] in LINEAR_ROWS and _linear_vectorised():
         x = x.contiguous()
-        out = torch.empty(x.shape[0], weight.shape[0])
+        out = _output(out, x.shape[0], weight.shape[0], x.dtype)
         product(x.data_ptr(), weight.data_ptr(),
-                           None if bias is None else bias.data_ptr(), out.data_ptr(),
-                           x.shape[0], x.shape[1], weight.shape[0], torch.get_num_threads())
+                None if bias is None else bias.data_ptr(), out.data_ptr(),
+                x.shape[0], x.shape[1], weight.shape[0], torch.get_num_threads())
         return out
     if x.shape[0] == 0 or not _onednn():
-        return reference.linear(x, weight, bias)
-    return _onednn_product(x, weight, bias)
+        return reference.linear(x, weight, bias, out)
+    return _into(out, _onednn_product(x, weight, bias))
+
+
+def _output(out: torch.Tensor | None, rows: int, width: int, dtype: torch.dtype) -> torch.Tensor:
+    """``out`` checked for a product's ``[rows, width]`` result, or a new tensor."""
+    if out is None:
+        return torch.empty(rows, width, dtype=dtype)
+    if out.shape != (rows, width) or out.dtype != dtype or not out.is_contiguous():
+        raise ValueError(f"linear: out is {tuple(out.shape)} {out.dtype}, the product is "
+                         f"({rows}, {width}) {dtype}, contiguous")
+    return out
+
+
+def _into(out: torch.Tensor | None, result: torch.Tensor) -> torch.Tensor:
+    return result if out is None else _output(out, *result.shape, result.dtype).copy_(result)
+
+
+def pack_embedding(weight: torch.Tensor) -> torch.Tensor:
+    """Same contract as :func:`pagedchat.kernels.reference.pack_embedding`: packed as
+    :func:`pack_linear` packs it where the C product reads oneDNN's layout (and so
+    :func:`embedding` can find each row in it), else as it is. The head then takes the
+    C product (float32 on AMD Zen 5 against the plain weight's path: 1 row 1.27x, 64
+    rows 1.24x, 256 rows 1.02x; bfloat16: 2.36x, 1.28x, 0.97x), which writes the logits
+    into the runner's buffer."""
+    packed = pack_linear(weight)
+    if not packed.is_mkldnn or blocked_width(packed) is None:
+        return weight
+    return packed
+
+
+def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Same contract as :func:`pagedchat.kernels.reference.embedding`; rows of a weight
+    :func:`pack_embedding` packed are gathered from oneDNN's blocked layout."""
+    if not weight.is_mkldnn:
+        return reference.embedding(ids, weight)
+    ids = ids.to(torch.int64).contiguous()
+    if ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < weight.shape[0]:
+        raise IndexError(f"embedding: ids outside [0, {weight.shape[0]})")
+    out = torch.empty(*ids.shape, weight.shape[1], dtype=weight.dtype)
+    _typed_kernel("embedding_blocked", weight.dtype)(
+        ids.data_ptr(), torch.ops.mkldnn.data_ptr(weight), out.data_ptr(), ids.numel(),
+        weight.shape[1], blocked_width(weight), torch.get_num_threads())
+    return out
 
 
 class LayerTensors(NamedTuple):

@@ -257,6 +257,29 @@ void NAME(const T *x, const T *w, const T *bias, T *out, int rows, int k_dim,   
 DEFINE_LINEAR_BLOCKED(linear_blocked_f32, float, 0)
 DEFINE_LINEAR_BLOCKED(linear_blocked_bf16, bf16_t, 1)
 
+/* out[i] = row ids[i] of a weight packed as above: the embedding of a model whose head is
+ * tied to it, so that the one copy of the vocabulary's rows is in the layout the head's
+ * product reads. Row r lies in block r / 64, column r % 64: one value per 256-byte row of
+ * the block (float32) or per pair of them (bfloat16), a strided gather that a step's few
+ * hundred tokens (1,024 in a prompt chunk) make cheap beside its products. */
+#define DEFINE_EMBEDDING_BLOCKED(NAME, T, BF16)                                            \
+void NAME(const int64_t *ids, const T *w, T *out, int count, int k_dim, int k_padded,      \
+          int num_threads) {                                                               \
+    _Pragma("omp parallel for schedule(static) num_threads(num_threads) if (count > 16)") \
+    for (int i = 0; i < count; i++) {                                                      \
+        const int64_t id = ids[i];                                                         \
+        const T *block = w + id / BLOCK_COLUMNS * k_padded * BLOCK_COLUMNS;                \
+        const int column = (int)(id % BLOCK_COLUMNS);                                      \
+        T *row = out + (int64_t)i * k_dim;                                                 \
+        for (int k = 0; k < k_dim; k++)                                                    \
+            row[k] = BF16 ? block[(k / 2) * 2 * BLOCK_COLUMNS + 2 * column + k % 2]        \
+                          : block[k * BLOCK_COLUMNS + column];                             \
+    }                                                                                      \
+}
+
+DEFINE_EMBEDDING_BLOCKED(embedding_blocked_f32, float, 0)
+DEFINE_EMBEDDING_BLOCKED(embedding_blocked_bf16, bf16_t, 1)
+
 /* Whether linear_f32 was built with its vector path: without it torch's BLAS is faster. */
 int linear_f32_vectorised(void) {
 #if defined(HAVE_AVX512)

@@ -176,14 +176,32 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate).mul_(up)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor,
-           bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           out: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ weight.T (+ bias)``: a linear layer's product, ``[rows, in] -> [rows, out]``.
-    ``weight`` is a plain ``[out, in]`` tensor or what this backend's ``pack_linear`` made."""
-    return F.linear(x, weight, bias)
+    ``weight`` is a plain ``[out, in]`` tensor or what this backend's ``pack_linear`` made;
+    the result is written into ``out`` (contiguous, of its shape and type) where given:
+    the model's logits go to a buffer kept from step to step."""
+    if out is None:
+        return F.linear(x, weight, bias)
+    if bias is None:
+        return torch.mm(x, weight.t(), out=out)
+    return torch.addmm(bias, x, weight.t(), out=out)
 
 
 def pack_linear(weight: torch.Tensor) -> torch.Tensor:
     """A linear layer's weight in the layout this backend's ``linear`` reads fastest, done
     once when the model is loaded (here: unchanged)."""
+    return weight
+
+
+def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The rows of ``weight`` for token ``ids``: ``[*ids.shape, width]``. ``weight`` is a
+    plain ``[vocab, width]`` tensor or what this backend's ``pack_embedding`` made."""
+    return F.embedding(ids, weight)
+
+
+def pack_embedding(weight: torch.Tensor) -> torch.Tensor:
+    """A weight that is both the embedding and the head (tied) in a layout that ``linear``
+    and ``embedding`` both read, done once at load (here: unchanged)."""
     return weight

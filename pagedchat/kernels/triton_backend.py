@@ -3,9 +3,10 @@
 Importing it requires Triton. On a machine without a GPU it only works under
 ``TRITON_INTERPRET=1`` (set before this module is first imported), which is how the tests
 run it on CPU. ``swap_blocks`` is a plain device <-> host copy, ``max_logsumexp`` two
-reductions over the logits, ``linear`` torch's own product (``pack_linear`` leaves weights
-as they are), and ``rms_norm``, ``silu_mul`` and the rotation in ``rotary_store``
-elementwise work that torch launches as a few kernels each: those come from the reference.
+reductions over the logits, ``linear`` and ``embedding`` torch's own (``pack_linear`` and
+``pack_embedding`` leave weights as they are), and ``rms_norm``, ``silu_mul`` and the
+rotation in ``rotary_store`` elementwise work that torch launches as a few kernels each:
+those come from the reference.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from __future__ import annotations
 import torch
 
 from pagedchat.kernels.reference import (
+    embedding,
     linear,
     max_logsumexp,
+    pack_embedding,
     pack_linear,
     rms_norm,
     silu_mul,
@@ -34,8 +37,10 @@ __all__ = [
     "INTERPRETED",
     "choose_num_splits",
     "copy_blocks",
+    "embedding",
     "linear",
     "max_logsumexp",
+    "pack_embedding",
     "pack_linear",
     "paged_attention",
     "paged_attention_decode",

@@ -345,3 +345,55 @@ def test_pack_linear_leaves_what_it_cannot_pack():
     assert cpu.pack_linear(weight) is weight
     if cpu._onednn():
         assert cpu.pack_linear(torch.randn(4, 3)).is_mkldnn
+
+
+@settings(max_examples=30, deadline=None)
+@given(shape=st.sampled_from([(961, 576), (64, 100), (7, 8), (130, 33), (200, 40)]),
+       count=st.integers(0, 20).map(lambda half: 2 * half),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+       seed=st.integers(0, 2**16))
+def test_embedding_reads_rows_of_a_packed_tied_weight(shape, count, dtype, seed):
+    """A tied head's weight, packed for the C product, still gives F.embedding's rows
+    exactly: partial 64-row blocks, padded widths, odd ones (half a bfloat16 pair)."""
+    vocab, width = shape
+    gen = torch.Generator().manual_seed(seed)
+    weight = torch.randn(vocab, width, generator=gen).to(dtype)
+    ids = torch.cat([torch.tensor([0, vocab - 1]), torch.randint(0, vocab, (count,),
+                                                                 generator=gen)])
+    packed = cpu.pack_embedding(weight)
+    assert packed is weight or (packed.is_mkldnn and cpu.blocked_width(packed) is not None)
+    assert torch.equal(cpu.embedding(ids, packed), ref.embedding(ids, weight))
+    assert torch.equal(cpu.embedding(ids.view(2, -1), packed), weight[ids.view(2, -1)])
+    with pytest.raises(IndexError):
+        cpu.embedding(torch.tensor([vocab]), packed)
+
+
+def test_pack_embedding_packs_only_what_the_lookup_can_read():
+    weight = torch.randn(70, 40, dtype=torch.float64)
+    assert cpu.pack_embedding(weight) is weight
+    if cpu._onednn() and cpu._linear_vectorised():
+        packed = cpu.pack_embedding(torch.randn(70, 40))
+        assert packed.is_mkldnn and cpu.blocked_width(packed) is not None
+
+
+@pytest.mark.parametrize("rows", [1, 16, 17, 256, 257])
+@pytest.mark.parametrize("packed", [True, False])
+def test_linear_writes_into_out_on_every_path(rows, packed):
+    """The head's logits go to a buffer kept from step to step: every product (the C ones,
+    oneDNN's, the reference) returns ``out`` itself, holding what it returns without."""
+    gen = torch.Generator().manual_seed(rows)
+    x, weight = torch.randn(rows, 72, generator=gen), torch.randn(130, 72, generator=gen)
+    if packed:
+        weight = cpu.pack_linear(weight)
+    buffer = torch.full((rows + 3, 130), float("nan"))
+    result = cpu.linear(x, weight, out=buffer[:rows])
+    assert result.data_ptr() == buffer.data_ptr()
+    assert torch.equal(result, cpu.linear(x, weight))
+    assert buffer[rows:].isnan().all()
+    with pytest.raises(ValueError, match="out"):
+        cpu.linear(x, weight, out=buffer[:rows, :129])
+    reference_out = torch.empty(rows, 130)
+    plain = torch.randn(130, 72, generator=gen)
+    assert torch.equal(ref.linear(x, plain, out=reference_out), ref.linear(x, plain))
+    bias = torch.randn(130, generator=gen)
+    assert torch.equal(ref.linear(x, plain, bias, out=reference_out), ref.linear(x, plain, bias))

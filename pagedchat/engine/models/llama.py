@@ -57,6 +57,26 @@ class Linear(nn.Linear):
                                    requires_grad=False)
 
 
+class Embedding(nn.Module):
+    """The vocabulary's rows, looked up through the kernels. Where the head is tied to them
+    they are packed for the head's product (``pack``), and the lookup reads that layout:
+    one copy of the largest weight, in the form the step that reads all of it wants."""
+
+    def __init__(self, rows: int, width: int, kernels: ModuleType) -> None:
+        super().__init__()
+        # torch.empty: a random init, run on the meta device, would import torch._dynamo
+        # (about 140 MB resident) for nothing
+        self.weight = nn.Parameter(torch.empty(rows, width))
+        self.kernels = kernels
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.kernels.embedding(ids, self.weight)
+
+    def pack(self) -> None:
+        self.weight = nn.Parameter(self.kernels.pack_embedding(self.weight.detach()),
+                                   requires_grad=False)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float, kernels: ModuleType) -> None:
         super().__init__()
@@ -163,10 +183,7 @@ class LlamaForCausalLM(nn.Module):
         self.tp = tp = tp or TensorParallel()
         self.vocab_start, self.vocab_end = tp.part(config.vocab_size)
         rows = self.vocab_end - self.vocab_start
-        # Given its weight, the embedding skips its random init: that init, run on the meta
-        # device, would import torch._dynamo (about 140 MB resident) for nothing.
-        self.embed_tokens = nn.Embedding(rows, config.hidden_size,
-                                         _weight=torch.empty(rows, config.hidden_size))
+        self.embed_tokens = Embedding(rows, config.hidden_size, kernels)
         self.layers = nn.ModuleList(
             DecoderLayer(config, kernels, tp) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, kernels)
@@ -175,6 +192,15 @@ class LlamaForCausalLM(nn.Module):
         self.kernels = kernels
         self.rotary: RotaryEmbedding | None = None  # see build_rotary
         self._stack = self._stack_caches = None  # see decoder_stack
+
+    def pack(self) -> None:
+        """Lay the products' weights out for the kernels, after loading; the embedding's
+        too where the head reads it."""
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.pack()
+        if self.tied:
+            self.embed_tokens.pack()
 
     def build_rotary(self, max_positions: int) -> None:
         """Compute the cos/sin tables, on the current device. A separate step because the
@@ -230,14 +256,21 @@ class LlamaForCausalLM(nn.Module):
         x = self.embed_tokens(local).masked_fill(outside.unsqueeze(-1), 0.0)
         return self.tp.all_reduce(x)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+    def compute_logits(self, hidden: torch.Tensor,
+                       out: torch.Tensor | None = None) -> torch.Tensor | None:
         """Logits, in the model's dtype, for the rows that are sampled (and only those); under
         tensor parallelism the vocabulary blocks are gathered on rank 0 (None elsewhere).
-        Not widened here: the sampler's reduction reads bfloat16 as it is."""
+        Not widened here: the sampler's reduction reads bfloat16 as it is. ``out``: where
+        to write this worker's ``[rows, vocab rows]`` (see ``vocab_rows``)."""
         hidden, _ = self.norm(hidden)
         weight = self.embed_tokens.weight if self.tied else self.lm_head.weight
-        logits = self.kernels.linear(hidden, weight)
+        logits = self.kernels.linear(hidden, weight, out=out)
         return self.tp.gather_columns(logits, self.config.vocab_size)
+
+    @property
+    def vocab_rows(self) -> int:
+        """This worker's rows of the vocabulary: the width of its logits."""
+        return self.vocab_end - self.vocab_start
 
     @torch.no_grad()
     def load_hf_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
