@@ -206,7 +206,7 @@ class ModelRunner:
         afresh every step, they were the largest block malloc saw come and go (256 rows:
         50 MB), at a new size whenever the batch changed, and the heap crept through its
         free gaps: the memory beyond weights and KV after a 200-request ShareGPT run read
-        433 to 526 MB in three runs, 432 to 447 with this buffer (50 MB of it). Grown to
+        432 to 526 MB in three runs, 432 to 447 with this buffer (50 MB of it). Grown to
         the next power of two of rows, in a mapping of its own."""
         if self._logits is None or self._logits.shape[0] < rows:
             shape = (1 << (rows - 1).bit_length(), self.model.vocab_rows)
