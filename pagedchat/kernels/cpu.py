@@ -544,7 +544,8 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if not weight.is_mkldnn:
         return reference.embedding(ids, weight)
     ids = ids.to(torch.int64).contiguous()
-    if ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < weight.shape[0]:
+    if ids.numel() and not (0 <= (bounds := ids.aminmax()).min
+                            and bounds.max < weight.shape[0]):
         raise IndexError(f"embedding: ids outside [0, {weight.shape[0]})")
     out = torch.empty(*ids.shape, weight.shape[1], dtype=weight.dtype)
     _typed_kernel("embedding_blocked", weight.dtype)(

@@ -182,7 +182,7 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         self.tp = tp = tp or TensorParallel()
         self.vocab_start, self.vocab_end = tp.part(config.vocab_size)
-        rows = self.vocab_end - self.vocab_start
+        rows = self.vocab_rows
         self.embed_tokens = Embedding(rows, config.hidden_size, kernels)
         self.layers = nn.ModuleList(
             DecoderLayer(config, kernels, tp) for _ in range(config.num_hidden_layers))
