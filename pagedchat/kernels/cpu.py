@@ -395,6 +395,17 @@ def _onednn() -> bool:
         return False
 
 
+@functools.cache
+def _onednn_bfloat16() -> bool:
+    """Whether oneDNN packs bfloat16 weights on this CPU: it needs AVX-512 (BW, VL, DQ) or
+    AVX-NE-CONVERT, and raises on others (AVX2-only CPUs), whose bfloat16 weights then stay
+    plain and go through torch's product."""
+    supported = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    if not supported:
+        log.info("oneDNN has no bfloat16 product on this CPU: bfloat16 weights stay plain")
+    return supported
+
+
 def onednn_rows(rows: int) -> int:
     """The row count oneDNN is asked for: up to 16 rows as they are (a decode batch of a
     few sequences, bound by reading the weights: 16 rows cost 1.5x one), more rounded up to
@@ -431,7 +442,8 @@ def pack_linear(weight: torch.Tensor) -> torch.Tensor:
     300); 1 to 16 rows within 5% of the C product, which reads plain weights only;
     bfloat16, 1 row 5.6 ms against 13.3 for ``F.linear``, 256 rows 72 against 88."""
     if (weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16)
-            or weight.dim() != 2 or not _onednn()):
+            or weight.dim() != 2 or not _onednn()
+            or (weight.dtype == torch.bfloat16 and not _onednn_bfloat16())):
         return weight
     packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), None)
     _check_blocked(weight, packed)
