@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 from typer.testing import CliRunner
 
-from pagedchat.tui.main import chat
+from pagedchat.cli.chat import chat
 
 app = typer.Typer()
 app.command()(chat)

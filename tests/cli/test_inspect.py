@@ -7,8 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from pagedchat.bench import render
-from pagedchat.cli import app
+from pagedchat.cli import app, inspect_render
 
 runner = CliRunner()
 
@@ -76,6 +75,6 @@ def test_pool_grid_letters_and_states():
         num_waiting=0, num_swapped=0,
         block_tables=[SeqBlockTable("x", 0, [entry]), SeqBlockTable("y", 0, [entry])],
         pool=["cached", "shared", "used", "free", "free"], owners={1: ["x", "y"], 2: ["y"]})
-    assert render.pool_grid(stats).plain == "c+b.."
-    assert render.owner_letters(stats) == {"x": "a", "y": "b"}
-    assert render.pool_grid(stats, width=2).plain == "c+\nb.\n."
+    assert inspect_render.pool_grid(stats).plain == "c+b.."
+    assert inspect_render.owner_letters(stats) == {"x": "a", "y": "b"}
+    assert inspect_render.pool_grid(stats, width=2).plain == "c+\nb.\n."

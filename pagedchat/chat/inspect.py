@@ -1,4 +1,5 @@
-"""``pagedchat inspect``: a small scenario run step by step, the engine's memory after each.
+"""The scenario behind ``pagedchat inspect``: requests run step by step, the engine's memory
+after each.
 
 The default scenario shows each kind of sharing: two chats with the same system prompt (the
 second finds the first's prompt blocks in the prefix cache), one request with n = 3 samples

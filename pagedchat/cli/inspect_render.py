@@ -1,7 +1,7 @@
 """An engine stats snapshot as pictures: the block pool, the block tables, the figures.
 
-``cells`` and ``owner_letters`` are plain data any front end can draw (the TUI draws them
-with Textual); the rest builds rich renderables for ``pagedchat inspect``. Every state has
+``cells`` and ``owner_letters`` are plain data any front end can draw; the rest builds rich
+renderables for ``pagedchat inspect``. Every state has
 its own character too, so the picture still reads without colours (piped output).
 """
 

@@ -1,30 +1,14 @@
-"""The `pagedchat` command: run, chat, batch, bench, inspect (thin shells over the parts)."""
+"""`pagedchat run`: one prompt answered on standard output (pipe friendly)."""
 
 from __future__ import annotations
 
-import gc
 import sys
 import time
 from typing import Annotated
 
 import typer
 
-from pagedchat.bench.commands import batch, bench_app, inspect
-from pagedchat.tui.main import chat
 
-app = typer.Typer(
-    help="A terminal chatbot on a from-scratch PagedAttention engine.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-)
-app.command()(chat)
-app.command()(batch)
-app.command()(inspect)
-app.add_typer(bench_app, name="bench")
-
-
-@app.command()
 def run(
     prompt: Annotated[str | None, typer.Argument(
         help="The question; '-' or nothing reads it from standard input.")] = None,
@@ -106,18 +90,3 @@ def _print_run_stats(engine, final, load_seconds: float) -> None:
         f"finish reason:        {out.finish_reason}",
     ]
     typer.echo("\n".join(lines), err=True)
-
-
-def main() -> None:
-    """The installed command: ``app`` with what importing it made (torch, typer, rich and
-    pagedchat: about 176,000 objects, all alive for the whole process) set outside the
-    garbage collector's reach first. A full collection then walks only the objects made
-    since: 29 ms instead of 111 in a 200-request run, a pause a streaming answer would
-    show. Here and not in the library: frozen objects that later became cyclic garbage
-    would never be collected, so a long-lived caller (a test session) keeps its collector."""
-    gc.freeze()
-    app()
-
-
-if __name__ == "__main__":
-    main()
