@@ -8,7 +8,7 @@ from typing import Literal
 
 from pagedchat.engine.sampling_params import SamplingParams
 
-# Long enough to fill whole KV blocks (about 48 tokens with the template), so that
+# Long enough, with the template, to fill whole KV blocks, so that
 # sessions sharing it share those blocks through the prefix cache.
 DEFAULT_SYSTEM_PROMPT = (
     "You are a helpful, concise assistant running in a terminal. Answer in plain language, "
