@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pagedchat.bench.metrics import MB, resident_bytes
 from pagedchat.bench.sharegpt import Request
 from pagedchat.engine.llm_engine import LLMEngine
-from pagedchat.engine.stats import EngineStats
+from pagedchat.engine.outputs import EngineStats
 
 PARTS = ("token_states", "reserved", "internal_fragmentation", "external_fragmentation", "free")
 POLICIES = ("max-length", "power-of-two", "oracle")

@@ -13,23 +13,22 @@ from dataclasses import replace
 
 import torch
 
-from pagedchat.engine.beam_search import beam_step, fork_beams
 from pagedchat.engine.block_manager import BlockManager
 from pagedchat.engine.config import EngineConfig
-from pagedchat.engine.detokenizer import IncrementalDetokenizer
 from pagedchat.engine.errors import ModelLoadError, RequestError
-from pagedchat.engine.loader import ModelFiles, prepare_model
-from pagedchat.engine.model_config import ModelConfig
-from pagedchat.engine.model_runner import ModelRunner
-from pagedchat.engine.outputs import CompletionOutput, RequestOutput
-from pagedchat.engine.parallel import check_size
-from pagedchat.engine.parallel_runner import ParallelRunner
-from pagedchat.engine.sampler import SampleRow, apply_penalties, sample
+from pagedchat.engine.loading.detokenizer import IncrementalDetokenizer
+from pagedchat.engine.loading.loader import ModelFiles, prepare_model
+from pagedchat.engine.loading.model_config import ModelConfig
+from pagedchat.engine.loading.tokenizer import load_tokenizer
+from pagedchat.engine.outputs import CompletionOutput, EngineStats, RequestOutput
+from pagedchat.engine.parallel.parallel_runner import ParallelRunner
+from pagedchat.engine.parallel.tensor_parallel import check_size
+from pagedchat.engine.runner.beam_search import beam_step, fork_beams
+from pagedchat.engine.runner.model_runner import ModelRunner
+from pagedchat.engine.runner.sampler import SampleRow, apply_penalties, sample
 from pagedchat.engine.sampling_params import SamplingParams
 from pagedchat.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from pagedchat.engine.sequence import Sequence, SequenceGroup, SequenceStatus
-from pagedchat.engine.stats import EngineStats, snapshot
-from pagedchat.engine.tokenizer import load_tokenizer
 
 
 class LLMEngine:
@@ -125,7 +124,7 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     def stats(self) -> EngineStats:
-        return snapshot(self.block_manager, self.scheduler)
+        return self.scheduler.stats()
 
     def shutdown(self) -> None:
         """Release the model's workers (tensor parallelism); safe to call twice."""

@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from pagedchat.engine.block_manager import BlockManager
+from pagedchat.engine.block_manager import NO_HASH, BlockManager
 from pagedchat.engine.config import EngineConfig
+from pagedchat.engine.outputs import BlockEntry, EngineStats, GroupSharing, SeqBlockTable
 from pagedchat.engine.sequence import Sequence, SequenceGroup, SequenceStatus
 
 
@@ -207,3 +208,73 @@ class Scheduler:
             if group.request_id == request_id:
                 return group
         return None
+
+    # ---- what the UI and benches read ----------------------------------------------
+    def stats(self) -> EngineStats:
+        """One snapshot of the pool, the running groups' block tables and the counters."""
+        bm = self.block_manager
+        bs = bm.block_size
+        filled: dict[int, int] = {}
+        owners: dict[int, list[str]] = {}
+        tables: list[SeqBlockTable] = []
+        groups: list[GroupSharing] = []
+        for group in self.running:
+            held: set[int] = set()
+            without = 0
+            seqs = group.unfinished_seqs
+            for seq in seqs:
+                entries = []
+                for logical, physical in enumerate(seq.block_table):
+                    fill = max(min(bs, seq.num_computed_tokens - logical * bs), 0)
+                    filled[physical] = max(filled.get(physical, 0), fill)
+                    names = owners.setdefault(physical, [])
+                    if group.request_id not in names:
+                        names.append(group.request_id)
+                    block = bm.blocks[physical]
+                    entries.append(BlockEntry(logical, physical, fill, block.ref_count,
+                                              block.hash != NO_HASH, block.ref_count > 1))
+                tables.append(SeqBlockTable(group.request_id, seq.index, entries))
+                held.update(seq.block_table)
+                without += len(seq.block_table)
+            if len(seqs) > 1:
+                groups.append(GroupSharing(group.request_id, len(seqs), without, len(held)))
+        pool = []
+        for block in bm.blocks:
+            if block.ref_count > 1:
+                pool.append("shared")
+            elif block.ref_count == 1:
+                pool.append("used")
+            elif block.block_id in bm.evictable:
+                pool.append("cached")
+            else:
+                pool.append("free")
+        used = sum(1 for state in pool if state in ("used", "shared"))
+        live = sum(filled.values())
+        allocated = used * bs
+        return EngineStats(
+            total_blocks=bm.num_blocks,
+            block_size=bs,
+            used_blocks=used,
+            free_blocks=len(bm.free_ids),
+            cached_blocks=len(bm.evictable),
+            live_tokens=live,
+            empty_slots=allocated - live,
+            utilization=live / allocated if allocated else 0.0,
+            internal_fragmentation=(allocated - live) / allocated if allocated else 0.0,
+            shared_blocks=sum(1 for state in pool if state == "shared"),
+            saved_blocks=sum(b.ref_count - 1 for b in bm.blocks if b.ref_count > 1),
+            prefix_queries=bm.prefix_queries,
+            prefix_hits=bm.prefix_hits,
+            prefix_hit_rate=bm.prefix_hits / bm.prefix_queries if bm.prefix_queries else 0.0,
+            preemptions=self.num_preemptions,
+            swapped_out=bm.swapped_out,
+            swapped_in=bm.swapped_in,
+            host_blocks_used=bm.host.num_blocks - bm.host.num_free,
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            num_swapped=len(self.swapped),
+            block_tables=tables,
+            groups=groups,
+            pool=pool,
+            owners=owners,
+        )

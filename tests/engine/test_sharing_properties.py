@@ -13,8 +13,8 @@ import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import precondition, rule
 
-from pagedchat.engine.beam_search import Candidate, fork_beams
 from pagedchat.engine.config import EngineConfig
+from pagedchat.engine.runner.beam_search import Candidate, fork_beams
 from pagedchat.engine.sampling_params import SamplingParams
 from pagedchat.engine.scheduler import ScheduledSeq, Scheduler
 from pagedchat.engine.sequence import Sequence, SequenceGroup

@@ -21,12 +21,12 @@ import torch.multiprocessing as mp
 
 from pagedchat.engine.config import EngineConfig
 from pagedchat.engine.errors import ModelLoadError, WorkerError
-from pagedchat.engine.model_config import ModelConfig
-from pagedchat.engine.model_runner import ModelRunner
-from pagedchat.engine.parallel import COLLECTIVE_TIMEOUT, TensorParallel
+from pagedchat.engine.loading.model_config import ModelConfig
+from pagedchat.engine.parallel.tensor_parallel import COLLECTIVE_TIMEOUT, TensorParallel
+from pagedchat.engine.parallel.worker import run_worker
+from pagedchat.engine.runner.model_runner import ModelRunner
+from pagedchat.engine.runner.step_input import build_step
 from pagedchat.engine.scheduler import SchedulerOutput
-from pagedchat.engine.step_input import build_step
-from pagedchat.engine.worker import run_worker
 
 # Seconds to wait for the workers to load their shards before giving up.
 LOAD_TIMEOUT = 600.0

@@ -14,7 +14,7 @@ import torch
 
 from pagedchat import LLM, SamplingParams
 from pagedchat.engine.errors import RequestError
-from tests.engine.test_engine import _prompts
+from tests.engine.test_llm_engine import _prompts
 
 CASES = [  # beam width, n returned, length_penalty, early_stopping, repetition_penalty
     (2, 2, 1.0, False, 1.0),
