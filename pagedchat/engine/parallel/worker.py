@@ -38,7 +38,7 @@ def run_worker(rank: int, size: int, store_port: int, config: EngineConfig, fold
                               timeout=COLLECTIVE_TIMEOUT)
         tp.connect(store, runner.device.type)
         while (step := tp.broadcast()) is not None:
-            runner.execute_step(step)
+            runner.execute(step)
     except Exception as error:  # rank 0 is gone or the group broke: nothing left to serve
         print(f"pagedchat tensor-parallel worker {rank}: {error}", file=sys.stderr)
         sys.exit(1)

@@ -20,8 +20,7 @@ from pagedchat.engine.loading.model_config import ModelConfig
 from pagedchat.engine.models.llama import LlamaForCausalLM
 from pagedchat.engine.parallel.tensor_parallel import TensorParallel
 from pagedchat.engine.runner.profiling import StepTimer
-from pagedchat.engine.runner.step_input import StepInput, build_step
-from pagedchat.engine.scheduler import SchedulerOutput
+from pagedchat.engine.runner.step_input import StepInput
 from pagedchat.kernels import select_backend
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -167,19 +166,14 @@ class ModelRunner:
             pool = (torch.zeros if write else torch.empty)(shape, dtype=self.dtype, device=device)
         return list(pool[0::2]), list(pool[1::2])
 
-    def execute(self, out: SchedulerOutput) -> torch.Tensor:
-        """Run one scheduled step; logits ``[num_sampling_seqs, vocab]`` in scheduled order."""
-        with self.timer.phase("prepare"):
-            step = build_step(out, self.block_size)
-        return self.execute_step(step)
-
     def shutdown(self) -> None:
         """Nothing to release in one process (the parallel runner stops its workers)."""
 
     @torch.inference_mode()
-    def execute_step(self, step: StepInput) -> torch.Tensor | None:
-        """Run one step; rank 0 gets the sampled rows' logits (on the CPU a view of a
-        buffer the next step overwrites), other workers None."""
+    def execute(self, step: StepInput) -> torch.Tensor | None:
+        """Run one step; rank 0 gets the sampled rows' logits ``[len(sample_rows), vocab]``
+        in the step's order (on the CPU a view of a buffer the next step overwrites), other
+        workers None."""
         self.tokens_forwarded += len(step.input_ids)
         self.steps_run += 1
         with self.timer.phase("prepare"):

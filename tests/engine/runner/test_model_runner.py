@@ -14,8 +14,8 @@ def test_logits_go_to_one_buffer_kept_across_steps(tiny_model_dir):
     seen = []
     execute = runner.execute
 
-    def recording(out):
-        logits = execute(out)
+    def recording(step):
+        logits = execute(step)
         seen.append((logits.shape[0], logits.untyped_storage().data_ptr()))
         return logits
 
