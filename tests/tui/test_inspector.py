@@ -1,4 +1,6 @@
-"""The inspector: the focused session's blocks, blocks shared across sessions, cache reuse."""
+"""The inspector: the focused session's blocks, blocks shared across sessions, cache reuse.
+
+These run the tiny Llama: prefix sharing and cache reuse are the engine's own."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ def rows(table: BlockTable) -> list[list]:
 
 async def test_inspector_shows_blocks_shared_by_two_sessions(make_app):
     app = make_app(settings=SamplingSettings(temperature=0.0, max_tokens=1000),
-                   step_delay=0.1)
+                   engine="tiny", step_delay=0.1)
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
         inspector = app.query_one(Inspector)
@@ -61,7 +63,7 @@ async def test_inspector_shows_blocks_shared_by_two_sessions(make_app):
 
 
 async def test_next_turn_reuses_the_cached_blocks_of_the_last(make_app):
-    app = make_app(settings=SamplingSettings(temperature=0.0, max_tokens=8))
+    app = make_app(settings=SamplingSettings(temperature=0.0, max_tokens=8), engine="tiny")
     async with app.run_test(size=(100, 30)) as pilot:
         await ready(pilot)
         await say(pilot, "a first question that is long enough to fill a block or two")

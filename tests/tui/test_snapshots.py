@@ -1,6 +1,6 @@
 """Snapshots of the main screen, the inspector and the help screen (fixed size, no blink).
 
-The main screen runs the real tiny engine (greedy, nothing generated in view); the
+The main screen runs the fake engine (nothing generated in view); the
 inspector is fed fixed engine snapshots through the app's own message path, so its
 figures and sparklines do not depend on timing.
 """

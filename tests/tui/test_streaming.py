@@ -16,14 +16,16 @@ from pagedchat.tui.widgets.message_box import MessageBox
 from tests.tui.conftest import ready, replies_done, say, wait_until
 
 LONG = SamplingSettings(temperature=1.0, top_p=1.0, max_tokens=64, seed=0)
+STORY = "Once upon a time a block table met a pool of blocks. " * 20
 
 
-async def type_while_streaming(pilot, text: str, replies: list) -> None:
-    """Type ``text`` key by key and let the replies stream between keys: every key shows in
-    the input while the engine's thread keeps producing tokens (it never holds the UI)."""
+async def type_while_streaming(pilot, engine, text: str, replies: list) -> None:
+    """Type ``text`` key by key with an engine step between keys: every key shows in the
+    input while the engine's thread keeps producing tokens (it never holds the UI)."""
     box = pilot.app.query_one("#input")
     for char in text:
         before, counts = box.text, [reply.output_tokens for reply in replies]
+        engine.allow(1)
         box.post_message(events.Key(char, char))
         await wait_until(pilot, lambda before=before: box.text != before)
         await wait_until(pilot, lambda counts=counts: any(
@@ -36,26 +38,26 @@ def last_box(app) -> MessageBox:
     return app.query(MessageBox).last()
 
 
-async def test_message_gets_a_streamed_reply(make_app):
-    app = make_app(settings=LONG, step_delay=0.1)
+async def test_message_gets_a_streamed_reply(make_app, fake_engine):
+    fake_engine.answer_with(STORY)
+    fake_engine.hold()
+    app = make_app(settings=LONG)
     async with app.run_test(size=(100, 30)) as pilot:
         await ready(pilot)
         await say(pilot, "Tell me a story")
         reply = app.session.messages[-1]
         assert app.query_one("#input").text == ""
         assert [m.role for m in app.session.messages] == ["user", "assistant"]
-        shown: list[int] = []
-
-        def finished() -> bool:
-            if reply.status == "generating":
-                shown.append(len(last_box(app).query_one(Markdown).source))
-            return reply.status != "generating"
-
-        await wait_until(pilot, finished)
+        fake_engine.allow(10)
+        markdown = last_box(app).query_one(Markdown)
+        await wait_until(pilot, lambda: reply.output_tokens == 10
+                         and markdown.source == reply.content)
+        assert reply.status == "generating" and STORY.startswith(reply.content)
+        fake_engine.allow()
+        await wait_until(pilot, lambda: reply.status != "generating")
         await pilot.pause(0.2)
-        assert reply.status == "done" and reply.content.strip()
-        assert reply.output_tokens == 64
-        assert any(0 < n < len(reply.content) for n in shown), "no partial text was shown"
+        assert reply.status == "done" and reply.output_tokens == 64
+        assert reply.content == fake_engine.tokenizer.decode(fake_engine.reply_ids[:64])
         assert last_box(app).query_one(Markdown).source == reply.content
         assert reply.prompt_tokens > 0
         stored = app.store.load_session(app.current).messages
@@ -63,9 +65,10 @@ async def test_message_gets_a_streamed_reply(make_app):
         assert stored[1].content == reply.content
 
 
-async def test_two_sessions_answer_at_the_same_time(make_app):
-    app = make_app(settings=SamplingSettings(temperature=0.0, max_tokens=1000),
-                   step_delay=0.1)
+async def test_two_sessions_answer_at_the_same_time(make_app, fake_engine):
+    fake_engine.answer_with(STORY)
+    fake_engine.hold()
+    app = make_app(settings=SamplingSettings(temperature=0.0, max_tokens=1000))
     async with app.run_test(size=(100, 30)) as pilot:
         await ready(pilot)
         await say(pilot, "first question")
@@ -74,9 +77,11 @@ async def test_two_sessions_answer_at_the_same_time(make_app):
         await say(pilot, "second question")
         second = app.session.messages[-1]
         inspector = app.query_one(Inspector)
+        fake_engine.allow(1)
         await wait_until(pilot, lambda: inspector.latest.stats.num_running == 2)
-        await type_while_streaming(pilot, "still typing", [first, second])
+        await type_while_streaming(pilot, fake_engine, "still typing", [first, second])
         tokens = first.output_tokens, second.output_tokens
+        fake_engine.allow(1)
         await wait_until(pilot, lambda: first.output_tokens > tokens[0]
                          and second.output_tokens > tokens[1])
         assert first.status == second.status == "generating" and len(app.turns) == 2
@@ -89,7 +94,7 @@ async def test_two_sessions_answer_at_the_same_time(make_app):
 
 async def test_escape_cancels_the_reply_keeps_its_text_and_frees_its_blocks(make_app):
     app = make_app(settings=SamplingSettings(temperature=1.0, top_p=1.0, max_tokens=1500, seed=1),
-                   step_delay=0.1)
+                   engine="tiny", step_delay=0.1)
     async with app.run_test(size=(100, 30)) as pilot:
         await ready(pilot)
         await say(pilot, "go on forever")
@@ -109,12 +114,12 @@ async def test_escape_cancels_the_reply_keeps_its_text_and_frees_its_blocks(make
         assert (stored.status, stored.content) == ("cancelled", kept)
 
 
-async def test_first_message_waits_for_the_model(make_app, tmp_path, tiny_model_dir):
+async def test_first_message_waits_for_the_model(make_app, fake_engine):
     gate = threading.Event()
 
     def slow_load():
         gate.wait(30)
-        return load_engine(str(tiny_model_dir), num_kv_blocks=64)
+        return fake_engine
 
     app = make_app()
     app.driver._load = slow_load
