@@ -86,7 +86,7 @@ async def wait_until(pilot, condition: Callable[[], bool], timeout: float = 60.0
 
 
 async def ready(pilot) -> None:
-    await wait_until(pilot, lambda: pilot.app.engine_ready)
+    await wait_until(pilot, lambda: pilot.app.replies.engine_ready)
 
 
 async def say(pilot, text: str) -> None:
@@ -98,4 +98,4 @@ async def say(pilot, text: str) -> None:
 
 
 async def replies_done(pilot) -> None:
-    await wait_until(pilot, lambda: not pilot.app.turns)
+    await wait_until(pilot, lambda: not pilot.app.replies.turns)

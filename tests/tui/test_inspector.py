@@ -33,7 +33,7 @@ async def test_inspector_shows_blocks_shared_by_two_sessions(make_app):
 
         def both_live() -> bool:
             stats = inspector.latest.stats
-            return len({app.session_of[t.request_id] for t in stats.block_tables}) == 2
+            return len({app.replies.session_of[t.request_id] for t in stats.block_tables}) == 2
 
         await wait_until(pilot, both_live)
         await pilot.pause(0.1)
@@ -45,15 +45,16 @@ async def test_inspector_shows_blocks_shared_by_two_sessions(make_app):
         assert "live" in str(inspector.query_one("#table-title").content)
         stats = inspector.latest.stats
         assert stats.shared_blocks >= 2 and "shared" in stats.pool
-        beta_tables = [t for t in stats.block_tables if app.session_of[t.request_id] != alpha]
-        alpha_tables = [t for t in stats.block_tables if app.session_of[t.request_id] == alpha]
+        session_of = app.replies.session_of
+        beta_tables = [t for t in stats.block_tables if session_of[t.request_id] != alpha]
+        alpha_tables = [t for t in stats.block_tables if session_of[t.request_id] == alpha]
         assert beta_tables[0].blocks[0].physical == alpha_tables[0].blocks[0].physical
         await wait_until(pilot, lambda: beta_reply.cached_tokens >= 32)
 
         await pilot.press("escape")
         await app.open_session(alpha)
         await pilot.press("escape")
-        assert not app.turns
+        assert not app.replies.turns
         await wait_until(pilot, lambda: inspector.latest.stats.num_running == 0)
         await pilot.pause(0.1)
         assert "last seen" in str(inspector.query_one("#table-title").content)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from pagedchat.chat.conversation import Message
+from pagedchat.tui.commands import parse
 from pagedchat.tui.screens.help import HelpScreen
-from pagedchat.tui.slash import parse
 from tests.tui.conftest import say
 
 

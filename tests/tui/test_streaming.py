@@ -84,12 +84,12 @@ async def test_two_sessions_answer_at_the_same_time(make_app, fake_engine):
         fake_engine.allow(1)
         await wait_until(pilot, lambda: first.output_tokens > tokens[0]
                          and second.output_tokens > tokens[1])
-        assert first.status == second.status == "generating" and len(app.turns) == 2
+        assert first.status == second.status == "generating" and len(app.replies.turns) == 2
         await pilot.press("escape")
         await app.open_session(first_session)
         assert last_box(app).query_one(Markdown).source  # streamed while in the background
         await pilot.press("escape")
-        assert {first.status, second.status} <= {"cancelled", "done"} and not app.turns
+        assert {first.status, second.status} <= {"cancelled", "done"} and not app.replies.turns
 
 
 async def test_escape_cancels_the_reply_keeps_its_text_and_frees_its_blocks(make_app):
@@ -101,7 +101,7 @@ async def test_escape_cancels_the_reply_keeps_its_text_and_frees_its_blocks(make
         reply = app.session.messages[-1]
         await wait_until(pilot, lambda: reply.output_tokens > 5)
         await pilot.press("escape")
-        assert reply.status == "cancelled" and not app.turns
+        assert reply.status == "cancelled" and not app.replies.turns
         kept = reply.content
         assert kept
         inspector = app.query_one(Inspector)
@@ -144,9 +144,9 @@ async def test_real_model_answers(tmp_path):
                   "SmolLM2-135M-Instruct",
                   settings=SamplingSettings(temperature=0.0, max_tokens=12))
     async with app.run_test(size=(100, 30)) as pilot:
-        await wait_until(pilot, lambda: app.engine_ready, timeout=300)
+        await wait_until(pilot, lambda: app.replies.engine_ready, timeout=300)
         await say(pilot, "What is the capital of France?")
-        await wait_until(pilot, lambda: not app.turns, timeout=300)
+        await wait_until(pilot, lambda: not app.replies.turns, timeout=300)
         reply = app.session.messages[-1]
         assert reply.status == "done"
         assert "Paris" in reply.content
