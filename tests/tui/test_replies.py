@@ -1,4 +1,5 @@
-"""Sending, streaming, several sessions at once, cancelling, waiting for the model."""
+"""Sending, streaming, several sessions at once, cancelling, waiting for the model, and
+history beyond the context window dropping off, oldest first."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import pytest
 from textual import events
 from textual.widgets import Markdown
 
-from pagedchat.chat.conversation import SamplingSettings
+from pagedchat.chat.conversation import Message, SamplingSettings, Session
 from pagedchat.chat.driver import load_engine
+from pagedchat.chat.store import Store
 from pagedchat.tui.widgets.inspector import Inspector
 from pagedchat.tui.widgets.message_box import MessageBox
 from tests.tui.conftest import ready, replies_done, say, wait_until
@@ -135,9 +137,31 @@ async def test_first_message_waits_for_the_model(make_app, fake_engine):
         assert str(app.query_one("#model-state").content).startswith("● tiny-llama")
 
 
+async def test_old_messages_drop_off_at_the_context_window(make_app, tmp_path):
+    store = Store(tmp_path / "chats.db")
+    session = store.create_session(
+        Session(title="Long", settings=SamplingSettings(temperature=0.0, max_tokens=4)))
+    for i in range(6):
+        role = "user" if i % 2 == 0 else "assistant"
+        store.add_message(session, Message(role, f"message {i} " + "word " * 30))
+    store.close()
+    app = make_app(context_window=128, continue_last=True)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        await say(pilot, "the newest question")
+        await replies_done(pilot)
+        reply = app.session.messages[-1]
+        assert reply.status == "done"
+        assert reply.prompt_tokens <= 128
+        assert 0 < reply.dropped_messages < 7
+        caption = str(app.query(".caption").last().content)
+        assert f"{reply.dropped_messages} older messages dropped" in caption
+        stored = app.store.load_messages(app.current)[-1]
+        assert stored.dropped_messages == reply.dropped_messages
+
+
 @pytest.mark.slow
 async def test_real_model_answers(tmp_path):
-    from pagedchat.chat.store import Store
     from pagedchat.tui.app import ChatApp
 
     app = ChatApp(Store(tmp_path / "c.db"), partial(load_engine, None, num_kv_blocks=128),
