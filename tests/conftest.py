@@ -33,6 +33,7 @@ What is the capital of France? Paris. Remember me, and cut me short; go on, and 
 Hello, are you there? Yes: I am here, and this is the first, second and third answer.
 Naïve café, crème brûlée, 東京, Ελλάδα, 😀 — the bytes of other scripts decode whole.
 """
+VOCAB_SIZE = 49152  # SmolLM2's: tests pick prompt token ids anywhere below it
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -44,8 +45,13 @@ CHATML_TEMPLATE = (
 
 def build_tiny_tokenizer():
     """A byte-level BPE trained on ``TOKENIZER_TEXT`` with a ChatML template, laid out as
-    SmolLM2's (bos ``<|im_start|>``, eos and pad ``<|im_end|>``); training is
-    deterministic, so every session builds the same vocabulary."""
+    SmolLM2's (bos ``<|im_start|>``, eos and pad ``<|im_end|>``, ``VOCAB_SIZE`` ids);
+    training is deterministic, so every session builds the same vocabulary.
+
+    The vocabulary is filled up to ``VOCAB_SIZE`` with plain tokens no merge produces:
+    encoding never yields them, but every id a test or the random model picks decodes."""
+    import json
+
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -56,6 +62,12 @@ def build_tiny_tokenizer():
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
     bpe.train_from_iterator(TOKENIZER_TEXT.splitlines(), trainer)
+    layout = json.loads(bpe.to_str())
+    vocab = layout["model"]["vocab"]
+    fillers = (f"tok{i}" for i in range(VOCAB_SIZE))
+    while len(vocab) < VOCAB_SIZE:
+        vocab.setdefault(next(fillers), len(vocab))
+    bpe = Tokenizer.from_str(json.dumps(layout))
     return PreTrainedTokenizerFast(
         tokenizer_object=bpe, bos_token="<|im_start|>", eos_token="<|im_end|>",
         pad_token="<|im_end|>", unk_token="<|endoftext|>", chat_template=CHATML_TEMPLATE)
