@@ -31,6 +31,7 @@ until the engine kept the keys and values of each sequence in blocks of a shared
 How do I square the numbers 0 to 9 in Python? Use a list comprehension: [n * n for n in x].
 What is the capital of France? Paris. Remember me, and cut me short; go on, and now stop.
 Hello, are you there? Yes: I am here, and this is the first, second and third answer.
+Count with me: one two three four five six seven eight nine ten eleven twelve.
 Naïve café, crème brûlée, 東京, Ελλάδα, 😀 — the bytes of other scripts decode whole.
 """
 VOCAB_SIZE = 49152  # SmolLM2's: tests pick prompt token ids anywhere below it
