@@ -89,8 +89,9 @@ class Replies:
             app.notify(f"{error}; fix it with /set", title="Not sent", severity="error")
             return False
         user = Message("user", text)
+        reply = Message("assistant", "", status="generating")
         try:
-            app.store.add_message(session, user)
+            app.store.add_turn(session, user, reply)
         except StoreError as error:
             app.notify(f"The message was not sent: {error}", title="Could not save",
                        severity="error")
@@ -99,8 +100,6 @@ class Replies:
         if session.title == DEFAULT_TITLE:
             session.title = app.sub_title = title_from(text)
             app.save(lambda: app.store.save_session(session))
-        reply = Message("assistant", "", status="generating")
-        app.save(lambda: app.store.add_message(session, reply))
         rid = f"s{session.id}-r{next(self._request_numbers)}"
         self.turns[rid] = Turn(session, reply, time.monotonic())
         self.session_of[rid] = session.id

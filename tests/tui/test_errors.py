@@ -39,7 +39,7 @@ async def test_message_that_cannot_be_saved_stays_in_the_input(make_app):
         def disk_full(*args):
             raise StoreError("chats.db: database or disk is full")
 
-        app.store.add_message = disk_full
+        app.store.add_turn = disk_full
         await say(pilot, "an important thought")
         assert app.query_one("#input").text == "an important thought"
         assert app.session.messages == []
