@@ -45,15 +45,21 @@ SOURCES = [Path(__file__).with_name(name)
            for name in ("cpu_attention.c", "cpu_prefill.c", "cpu_sampling.c", "cpu_layer.c",
                         "cpu_linear.c", "cpu_decoder.c")]
 HEADERS = [Path(__file__).with_name(name) for name in ("cpu_vector.h", "cpu_kernels.h")]
-COMPILE_FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp",
-                 "-fPIC", "-std=c11"]
+COMPILE_FLAGS = ["-O3", "-ffast-math", "-fopenmp", "-fPIC", "-std=c11"]
+# The instruction-set levels the kernels are built for, from the least to the most the CPU
+# must have: plain C (x86-64's baseline, or the compiler's default elsewhere), AVX2 with
+# FMA, AVX-512 (F, BW, VL, DQ). PAGEDCHAT_CPU_ISA picks one; else the best the CPU runs.
+ISAS = ("portable", "avx2", "avx512")
+ISA_VARIABLE = "PAGEDCHAT_CPU_ISA"
+_ISA_FLAGS = {
+    "portable": [],
+    "avx2": ["-march=x86-64-v3", "-mtune=generic"],
+    "avx512": ["-march=x86-64-v4", "-mtune=native", "-mprefer-vector-width=512"],
+}
 # Chunks of at least this many queries go to the chunked-prefill kernel, which reads each
-# tile of K and V once for 24 query rows (from 8 rows on it beats the row-by-row kernel;
-# 1,000 rows: 2.8x torch's SDPA on AMD Zen 5) ...
+# tile of K and V once for a tile of query rows (from 8 rows on it beats the row-by-row
+# kernel).
 PREFILL_MIN_QUERY_LEN = 8
-# ... or, where that kernel is not built (no AVX-512), from 25 to SDPA, whose blocked
-# matmuls beat the row-by-row kernel there.
-SDPA_MIN_QUERY_LEN = 25
 # On a plain weight (a tied head whose packing the C product cannot read), up to 16 rows
 # the C product, which reads each weight once, beats torch's BLAS on this model's shapes
 # (a decode step at batch 4: 1.55x, 8: 1.68x, 16: 1.23x; one row: 2.9x on AMD Zen 5,
@@ -86,28 +92,99 @@ _PER_TYPE_SIGNATURES = {
 _SIGNATURES = {
     **{f"{name}_{suffix}": signature for name, signature in _PER_TYPE_SIGNATURES.items()
        for suffix in _SUFFIXES.values()},
-    "paged_prefill_vectorised": (_INT, []),
     "linear_f32": (None, [_P] * 4 + [_INT] * 4),
-    "linear_f32_vectorised": (_INT, []),
+    "kernels_isa": (ctypes.c_char_p, []),
 }
 
 
 @functools.cache
-def kernel_library() -> ctypes.CDLL | None:
-    """The compiled kernels, built on first use and cached; None if they cannot be built."""
+def runnable_isas() -> tuple[str, ...]:
+    """The levels of :data:`ISAS` this CPU runs, as CPUID reports them (through torch's
+    cpuinfo, which an emulator answers for the CPU it emulates)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return ("portable",)
+    checks = {"avx2": "_is_avx2_supported", "avx512": "_is_avx512_supported"}
+    flags = _cpu_flags().split()
+    fallback = {"avx2": {"avx2", "fma", "f16c"} <= set(flags),
+                "avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= set(flags)}
+    return ("portable", *(level for level, check in checks.items()
+                          if (getattr(torch.cpu, check)() if hasattr(torch.cpu, check)
+                              else fallback[level])))
+
+
+@functools.cache
+def chosen_isa() -> str:
+    """The level asked for: ``PAGEDCHAT_CPU_ISA`` where the CPU runs it, else the best it
+    runs (after one warning line naming the problem)."""
+    runnable = runnable_isas()
+    wanted = os.environ.get(ISA_VARIABLE, "").strip().lower()
+    if not wanted:
+        return runnable[-1]
+    if wanted not in ISAS:
+        log.warning("%s=%s is not one of %s: using %s", ISA_VARIABLE, wanted,
+                    ", ".join(ISAS), runnable[-1])
+        return runnable[-1]
+    if wanted not in runnable:
+        log.warning("%s=%s: this CPU cannot run it (it runs %s): using %s", ISA_VARIABLE,
+                    wanted, ", ".join(runnable), runnable[-1])
+        return runnable[-1]
+    return wanted
+
+
+_active_isa: list[str] = []  # set_isa's choice, for this process
+
+
+def set_isa(level: str | None) -> None:
+    """Use the kernels built for ``level`` (one of :func:`runnable_isas`; None: the one
+    :func:`chosen_isa` picks) from now on, in this process; the tests run every level this
+    way. Each level checks oneDNN's layouts with its own product again: weights packed
+    before go to oneDNN's product; a decoder stack built before keeps its kernels."""
+    if level is not None and level not in runnable_isas():
+        raise ValueError(f"this CPU cannot run the {level!r} kernels "
+                         f"(it runs {', '.join(runnable_isas())})")
+    _active_isa[:] = [] if level is None else [level]
+    _FUNCTIONS.clear()
+    _BLOCKED_WIDTHS.clear()
+
+
+def isa() -> str:
+    """The level of the C kernels in use (``portable``, ``avx2``, ``avx512``), or ``none``
+    where none could be built (the backend then runs the torch reference)."""
+    library = kernel_library()
+    return "none" if library is None else library.kernels_isa().decode()
+
+
+def kernel_library(level: str | None = None) -> ctypes.CDLL | None:
+    """The compiled kernels of ``level`` (by default the one in use), built on first use
+    and cached; a level that cannot be built falls back to the next one down, with a
+    warning; None where none can be built."""
+    if level is None:
+        level = _active_isa[0] if _active_isa else chosen_isa()
+    return _library(level)
+
+
+@functools.cache
+def _library(level: str) -> ctypes.CDLL | None:
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
-        log.warning("no C compiler found: using the (slower) torch reference attention")
+        log.warning("no C compiler found: using the (slower) torch reference kernels")
         return None
+    flags = [*COMPILE_FLAGS, *_ISA_FLAGS[level]]
+    if level == "avx512" and getattr(torch.cpu, "_is_avx512_bf16_supported", bool)():
+        flags.append("-mavx512bf16")
     identity = "|".join([*(path.read_text() for path in SOURCES + HEADERS), compiler,
-                         *COMPILE_FLAGS, platform.machine(), _cpu_flags()])
-    target = cache_root() / "kernels" / f"cpu_kernels-{_digest(identity)}.so"
+                         *flags, platform.machine(), _cpu_flags()])
+    target = cache_root() / "kernels" / f"cpu_kernels-{level}-{_digest(identity)}.so"
     if not target.is_file():
         try:
-            _build(compiler, target)
+            _build(compiler, flags, target)
         except (OSError, subprocess.CalledProcessError) as error:
-            log.warning("could not build the CPU kernels (%s): using torch", error)
-            return None
+            lower = ISAS[ISAS.index(level) - 1] if level != ISAS[0] else None
+            detail = getattr(error, "stderr", b"") or b""
+            log.warning("could not build the %s CPU kernels (%s%s): using %s", level, error,
+                        f": {detail.decode(errors='replace').strip().splitlines()[0]}"
+                        if detail.strip() else "", lower or "the torch reference")
+            return None if lower is None else _library(lower)
     library = ctypes.CDLL(str(target))
     for name, (restype, argtypes) in _SIGNATURES.items():
         function = getattr(library, name)
@@ -115,16 +192,21 @@ def kernel_library() -> ctypes.CDLL | None:
     return library
 
 
-def _build(compiler: str, target: Path) -> None:
+def _build(compiler: str, flags: list[str], target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         objects = [Path(tmp) / f"{source.stem}.o" for source in SOURCES]
         lib = Path(tmp) / "kernels.so"
         # -ffast-math only when compiling: linking with it would set flush-to-zero for
-        # the whole process (crtfastmath), changing torch's own numerics.
-        for source, obj in zip(SOURCES, objects, strict=True):
-            subprocess.run([compiler, *COMPILE_FLAGS, "-c", str(source), "-o", str(obj)],
-                           check=True, capture_output=True)
+        # the whole process (crtfastmath), changing torch's own numerics. The sources
+        # compile side by side, one process each.
+        jobs = [(subprocess.Popen([compiler, *flags, "-c", str(source), "-o", str(obj)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE), source)
+                for source, obj in zip(SOURCES, objects, strict=True)]
+        for job, source in jobs:
+            _, errors = job.communicate()
+            if job.returncode != 0:
+                raise subprocess.CalledProcessError(job.returncode, str(source), stderr=errors)
         subprocess.run([compiler, "-shared", "-fopenmp", *map(str, objects), "-o", str(lib),
                         "-lm"], check=True, capture_output=True)
         os.replace(lib, target)
@@ -171,7 +253,7 @@ def paged_attention(
         if status != 0:
             raise MemoryError("paged attention: out of memory for the score buffer")
     long_chunks = plan.long_chunks
-    if long_chunks and _prefill_vectorised():
+    if long_chunks:
         status = _kernel("paged_prefill", query)(
             query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
             plan.tables.data_ptr(), plan.context_lens.data_ptr(),
@@ -186,13 +268,6 @@ def paged_attention(
         out[begin:end] = _sdpa(query[begin:end], k_cache, v_cache, block_tables[seq],
                                context_len, scale)
     return out
-
-
-@functools.cache
-def _prefill_vectorised() -> bool:
-    """Whether the chunked-prefill kernel was built (it needs AVX-512; else SDPA)."""
-    library = kernel_library()
-    return library is not None and bool(library.paged_prefill_vectorised())
 
 
 class _Plan(NamedTuple):
@@ -252,7 +327,7 @@ def _plan(block_tables: torch.Tensor, context_lens: torch.Tensor,
           query_start_loc: torch.Tensor) -> _Plan:
     """How this step's batch splits between the row-by-row kernel and the long chunks."""
     q_lens = query_start_loc[1:] - query_start_loc[:-1]
-    short = q_lens < (PREFILL_MIN_QUERY_LEN if _prefill_vectorised() else SDPA_MIN_QUERY_LEN)
+    short = q_lens < PREFILL_MIN_QUERY_LEN
     total = int(query_start_loc[-1])
     starts, lens = query_start_loc.tolist(), context_lens.tolist()
     long = (~short).nonzero().flatten().tolist()
@@ -294,7 +369,7 @@ def max_logsumexp(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tor
     or bfloat16 rows as they are."""
     function = _kernel("max_logsumexp", logits)
     if (function is None or logits.dim() != 2 or logits.stride(1) != 1
-            or logits.shape[1] == 0):
+            or not 0 < logits.shape[1] < 1 << 24):
         return reference.max_logsumexp(logits)
     rows, vocab = logits.shape
     top, lse = torch.empty(rows), torch.empty(rows)
@@ -315,12 +390,18 @@ def _kernel(name: str, *tensors: torch.Tensor | None):
     return _typed_kernel(name, dtype)
 
 
-@functools.cache
+# (name, dtype) -> the active library's C function, or None; emptied by set_isa
+_FUNCTIONS: dict[tuple[str, torch.dtype], object] = {}
+
+
 def _typed_kernel(name: str, dtype: torch.dtype):
-    suffix = _SUFFIXES.get(dtype)
-    function = f"{name}_{suffix}"
-    library = kernel_library() if suffix is not None and function in _SIGNATURES else None
-    return None if library is None else getattr(library, function)
+    key = (name, dtype)
+    if key not in _FUNCTIONS:
+        suffix = _SUFFIXES.get(dtype)
+        function = f"{name}_{suffix}"
+        library = kernel_library() if suffix is not None and function in _SIGNATURES else None
+        _FUNCTIONS[key] = None if library is None else getattr(library, function)
+    return _FUNCTIONS[key]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
@@ -372,13 +453,6 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty(rows, width, dtype=gate_up.dtype)
     function(gate_up.data_ptr(), out.data_ptr(), rows, width, torch.get_num_threads())
     return out
-
-
-@functools.cache
-def _linear_vectorised() -> bool:
-    """Whether the C product was built with its AVX-512 path (its plain loops lose to BLAS)."""
-    library = kernel_library()
-    return library is not None and bool(library.linear_f32_vectorised())
 
 
 @functools.cache
@@ -462,7 +536,7 @@ def _check_blocked(weight: torch.Tensor, packed: torch.Tensor) -> None:
     weight of zeros cannot tell layouts apart: the next one of its shape decides)."""
     key = (*weight.shape, weight.dtype)
     product = _kernel("linear_blocked", weight)
-    if key in _BLOCKED_WIDTHS or product is None or not _linear_vectorised():
+    if key in _BLOCKED_WIDTHS or product is None:
         return
     n_dim, k_dim = weight.shape
     k_padded, rest = divmod(torch.ops.mkldnn._nbytes(packed),
@@ -511,7 +585,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     product = _kernel("linear", x, weight, bias)  # there is no linear_bf16
     if product is None or x.dim() != 2 or not weight.is_contiguous():
         return reference.linear(x, weight, bias, out)
-    if x.shape[0] in LINEAR_ROWS and _linear_vectorised():
+    if x.shape[0] in LINEAR_ROWS:
         x = x.contiguous()
         out = _output(out, x.shape[0], weight.shape[0], x.dtype)
         product(x.data_ptr(), weight.data_ptr(),

@@ -78,3 +78,6 @@ int NAME(const DecoderLayer *layers, int count, const DecoderStep *s, T *x, T *r
 
 DEFINE_DECODER(decoder_layers_f32, float, f32)
 DEFINE_DECODER(decoder_layers_bf16, bf16_t, bf16)
+
+/* The instruction-set level this library was built for (cpu.py checks it on loading). */
+const char *kernels_isa(void) { return VF_ISA; }

@@ -13,70 +13,58 @@
 
 #include "cpu_vector.h"
 
-/* 16 logits from lane t on (lanes past the mask -inf in the first pass, 0 in the exp
- * sum's masked add): float32 as they are, bfloat16 widened exactly. */
-#if defined(HAVE_AVX512)
-static inline __m512 load16_logits(const void *x, int bf16, int64_t t, __mmask16 m) {
-    return bf16 ? load16_bf16((const bf16_t *)x + t, m)
-                : _mm512_maskz_loadu_ps(m, (const float *)x + t);
+/* 16 logits from lane t on (lanes past the mask 0): float32 as they are, bfloat16 widened
+ * exactly. */
+static inline vf load16_logits(const void *x, int bf16, int64_t t, vmask m) {
+    return bf16 ? vf_load_bf16((const bf16_t *)x + t, m) : vf_load_mask((const float *)x + t, m);
 }
-#endif
 
 static inline float load_logit(const void *x, int bf16, int64_t t) {
     return bf16 ? bf16_load((const bf16_t *)x, t) : ((const float *)x)[t];
 }
 
-/* Inlined with a literal bf16, so each type gets its own loop. */
+/* Inlined with a literal bf16, so each type gets its own loop. Each lane keeps its largest
+ * value and the first position holding it, the position as a float32 (exact: cpu.py sends
+ * rows of fewer than 2^24 logits only). */
 static inline __attribute__((always_inline)) void
 row_max_logsumexp(const void *x, int bf16, int n, float *top, int64_t *index, float *lse) {
+    static const float first_positions[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
+                                              14, 15};
     float peak = -INFINITY;
     int64_t at = 0;
-#if defined(HAVE_AVX512)
-    __m512 lane_peak = _mm512_set1_ps(-INFINITY);
-    __m512i lane_at = _mm512_setzero_si512();
-    const __m512i step = _mm512_set1_epi32(16);
-    __m512i position = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    vf lane_peak = vf_set1(-INFINITY), lane_at = vf_zero();
+    vf position = vf_load(first_positions);
+    const vf step = vf_set1(16.0f);
     int t = 0;
     for (; t + 16 <= n; t += 16) {
-        const __m512 v = load16_logits(x, bf16, t, 0xFFFF);
+        const vf v = load16_logits(x, bf16, t, 0xFFFF);
         /* strictly greater: each lane keeps the first index of its own maximum */
-        const __mmask16 better = _mm512_cmp_ps_mask(v, lane_peak, _CMP_GT_OQ);
-        lane_peak = _mm512_mask_mov_ps(lane_peak, better, v);
-        lane_at = _mm512_mask_mov_epi32(lane_at, better, position);
-        position = _mm512_add_epi32(position, step);
+        const vmask better = vf_gt(v, lane_peak);
+        lane_peak = vf_blend(better, lane_peak, v);
+        lane_at = vf_blend(better, lane_at, position);
+        position = vf_add(position, step);
     }
-    float peaks[16];
-    int32_t ats[16];
-    _mm512_storeu_ps(peaks, lane_peak);
-    _mm512_storeu_si512(ats, lane_at);
+    float peaks[16], ats[16];
+    vf_store(peaks, lane_peak);
+    vf_store(ats, lane_at);
     for (int lane = 0; lane < 16; lane++)
-        if (peaks[lane] > peak || (peaks[lane] == peak && ats[lane] < at)) {
+        if (peaks[lane] > peak || (peaks[lane] == peak && (int64_t)ats[lane] < at)) {
             peak = peaks[lane];
-            at = ats[lane];
+            at = (int64_t)ats[lane];
         }
     for (; t < n; t++) {
         const float v = load_logit(x, bf16, t);
         if (v > peak) { peak = v; at = t; }
     }
-    const __m512 shift = _mm512_set1_ps(peak);
-    __m512 sum = _mm512_setzero_ps();
+    const vf shift = vf_set1(peak);
+    vf sum = vf_zero();
     for (int s = 0; s < n; s += 16) {
-        const __mmask16 m = tail_mask(n - s);
-        const __m512 e = exp16(_mm512_sub_ps(load16_logits(x, bf16, s, m), shift));
-        sum = _mm512_mask_add_ps(sum, m, sum, e);
+        const vmask m = tail_mask(n - s);
+        sum = vf_add(sum, vf_keep(m, vf_exp(vf_sub(load16_logits(x, bf16, s, m), shift))));
     }
-    const float total = _mm512_reduce_add_ps(sum);
-#else
-    for (int t = 0; t < n; t++) {
-        const float v = load_logit(x, bf16, t);
-        if (v > peak) { peak = v; at = t; }
-    }
-    float total = 0.0f;
-    for (int t = 0; t < n; t++) total += expf(load_logit(x, bf16, t) - peak);
-#endif
     *top = peak;
     *index = at;
-    *lse = peak + logf(total);
+    *lse = peak + logf(vf_reduce_add(sum));
 }
 
 /* logits: [rows, vocab] of type T, rows row_stride elements apart; top and lse float32.
