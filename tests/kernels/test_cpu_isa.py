@@ -8,12 +8,13 @@ import logging
 import pytest
 
 from pagedchat.kernels import cpu
+from pagedchat.kernels.cpu import build
 
 pytestmark = pytest.mark.skipif(cpu.kernel_library() is None, reason="no C compiler")
 
 
 def choose(monkeypatch, value: str | None, runnable: tuple[str, ...]) -> str:
-    monkeypatch.setattr(cpu, "runnable_isas", lambda: runnable)
+    monkeypatch.setattr(build, "runnable_isas", lambda: runnable)
     if value is None:
         monkeypatch.delenv(cpu.ISA_VARIABLE, raising=False)
     else:
@@ -53,6 +54,6 @@ def test_a_level_that_cannot_be_had_warns_once_and_takes_the_best(monkeypatch, c
 
 
 def test_set_isa_refuses_a_level_the_cpu_cannot_run(monkeypatch):
-    monkeypatch.setattr(cpu, "runnable_isas", lambda: ("portable",))
+    monkeypatch.setattr(build, "runnable_isas", lambda: ("portable",))
     with pytest.raises(ValueError, match="cannot run the 'avx2' kernels"):
         cpu.set_isa("avx2")

@@ -12,6 +12,7 @@ from paged_cases import TOL, paged_batch, rel_err
 
 from pagedchat.kernels import cpu
 from pagedchat.kernels import reference as ref
+from pagedchat.kernels.cpu import attention, build
 
 pytestmark = pytest.mark.skipif(cpu.kernel_library() is None, reason="no C compiler")
 
@@ -61,7 +62,7 @@ def test_prompt_chunks_match_reference_without_sdpa(monkeypatch, block_size, gro
     whole prompt, chunks after a cached prefix, one of 1,024 keys (the stride that once
     aliased in L1), item tiles cut short (q_len not a multiple of the positions per item,
     e.g. 24 / 4 = 6 for group 4), next to decode rows."""
-    monkeypatch.setattr(cpu, "_sdpa", lambda *args: pytest.fail("SDPA was used"))
+    monkeypatch.setattr(attention, "_sdpa", lambda *args: pytest.fail("SDPA was used"))
     ctx = [300, 1024, 50, 77, 9]
     q_lens = [300, 61, 8, 1, 9]
     compare(paged_batch(ctx, q_lens, block_size, 2 * group, 2, head_dim, dtype,
@@ -71,8 +72,8 @@ def test_prompt_chunks_match_reference_without_sdpa(monkeypatch, block_size, gro
 def test_prompt_chunks_take_sdpa_where_the_kernel_does_not_apply(monkeypatch):
     """Head sizes that are not a multiple of 16 go to SDPA."""
     calls = []
-    sdpa = cpu._sdpa
-    monkeypatch.setattr(cpu, "_sdpa", lambda *args: calls.append(1) or sdpa(*args))
+    sdpa = attention._sdpa
+    monkeypatch.setattr(attention, "_sdpa", lambda *args: calls.append(1) or sdpa(*args))
     for dtype in (torch.float32, torch.bfloat16):
         calls.clear()
         head_dim = 72
@@ -106,8 +107,8 @@ def test_step_plan_is_reused_across_layers_and_never_across_steps():
         for _layer in range(3):  # the same tensors, as every layer of a step passes them
             assert rel_err(cpu.paged_attention(**batch, scale=scale), expected) < TOL[torch.float32]
         meta = (batch["block_tables"], batch["context_lens"], batch["query_start_loc"])
-        assert cpu._plan(*meta) is cpu._plan(*meta)
-        assert cpu._plan(*(t.clone() for t in meta)) is not cpu._plan(*meta)
+        assert attention._plan(*meta) is attention._plan(*meta)
+        assert attention._plan(*(t.clone() for t in meta)) is not attention._plan(*meta)
         del batch, meta
 
 
@@ -304,7 +305,7 @@ def test_product_on_onednn_blocked_layout_matches_reference(rows, shape, with_bi
     k_padded = cpu.blocked_width(packed) if packed.is_mkldnn else None
     if k_padded is None:
         pytest.skip("oneDNN's layout for this shape is not the blocked one")
-    cpu._kernel("linear_blocked", x)(
+    build.kernel("linear_blocked", x)(
         x.data_ptr(), torch.ops.mkldnn.data_ptr(packed),
         None if bias is None else bias.data_ptr(), out.data_ptr(), rows, k_dim, k_padded,
         n_dim, threads)

@@ -1,17 +1,16 @@
 /* What sampling needs from every row of logits (float32 or bfloat16), in one read of the
  * row: its largest value, the first index holding it (torch's argmax), and
  * log(sum(exp(row))) for the chosen token's log-probability. torch takes a pass for max
- * and two more for logsumexp, each over the whole [rows, vocab] matrix (50 MB at 256 rows
- * of 49,152): here each row is read from memory once and its second pass comes from the
+ * and two more for logsumexp, each over the whole [rows, vocab] matrix: here each row is read from memory once and its second pass comes from the
  * cache.
- * Built with cpu_attention.c by pagedchat/kernels/cpu.py; the torch reference
+ * Built with attention.c by pagedchat/kernels/cpu; the torch reference
  * (reference.max_logsumexp) is the definition, and the tests compare the two.
  */
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
 
-#include "cpu_vector.h"
+#include "vector.h"
 
 /* 16 logits from lane t on (lanes past the mask 0): float32 as they are, bfloat16 widened
  * exactly. */
@@ -24,7 +23,7 @@ static inline float load_logit(const void *x, int bf16, int64_t t) {
 }
 
 /* Inlined with a literal bf16, so each type gets its own loop. Each lane keeps its largest
- * value and the first position holding it, the position as a float32 (exact: cpu.py sends
+ * value and the first position holding it, the position as a float32 (exact: sampling.py sends
  * rows of fewer than 2^24 logits only). */
 static inline __attribute__((always_inline)) void
 row_max_logsumexp(const void *x, int bf16, int n, float *top, int64_t *index, float *lse) {
@@ -68,8 +67,8 @@ row_max_logsumexp(const void *x, int bf16, int n, float *top, int64_t *index, fl
 }
 
 /* logits: [rows, vocab] of type T, rows row_stride elements apart; top and lse float32.
- * bfloat16 logits (the head's own output in a bfloat16 model) are read as they are: torch
- * took 10 ms to widen 256 x 49,152 of them to float32 first, a tenth of a decode step. */
+ * bfloat16 logits (the head's own output in a bfloat16 model) are read as they are, rather
+ * than widened to float32 first by torch, a pass over the whole matrix. */
 #define DEFINE_MAX_LOGSUMEXP(NAME, T, BF16)                                                \
 void NAME(const T *logits, int rows, int vocab, int64_t row_stride, float *top,          \
           int64_t *index, float *lse, int num_threads) {                                   \

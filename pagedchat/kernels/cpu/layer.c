@@ -3,7 +3,7 @@
  * In torch each is five to eight separate operations (RMSNorm: pow, mean, add, rsqrt, two
  * multiplies, plus the residual add; rotary: two multiplies, a negation, a concatenation
  * and an add; SiLU-and-multiply: two), and at one decoding sequence those calls, not the
- * arithmetic, are the cost: about a third of a single-stream step on this model.
+ * arithmetic, are the cost.
  * The rotary pass also writes the step's keys and values into their cache slots.
  * Each comes in float32 and bfloat16 (the arithmetic in float32 either way; bfloat16
  * results are rounded where torch's bfloat16 operations round: the residual sum, the
@@ -16,8 +16,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "cpu_kernels.h"
-#include "cpu_vector.h"
+#include "kernels.h"
+#include "vector.h"
 
 /* Below this many elements a call stays on the calling thread. */
 #define PARALLEL_MIN_ELEMENTS (1 << 15)

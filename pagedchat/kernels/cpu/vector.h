@@ -2,7 +2,7 @@
  * 16 float32 lanes with the few operations the kernels use.
  *
  * The kernels are written once against vf and built once per instruction-set level
- * (cpu.py picks the best one the CPU runs): AVX-512 (one register per vf), AVX2 with FMA
+ * (build.py picks the best one the CPU runs): AVX-512 (one register per vf), AVX2 with FMA
  * (two 8-lane registers) and portable C (16 floats in a loop the compiler vectorises as
  * it can: SSE2 on x86-64, NEON on ARM). bfloat16 is widened and rounded with integer
  * arithmetic on every level; AVX512-BF16 instructions are used only where the kernels

@@ -11,12 +11,10 @@
  * A decode step reads every sequence's K/V from memory, in scattered blocks, and that sets
  * its pace: items go to threads round-robin, and while a thread computes one item it
  * prefetches the rows of its next one (besides its own tiles a little ahead), so that
- * memory stays busy through the arithmetic. On AMD Zen 5 (2 cores), 256 sequences of 65-245
- * tokens in bfloat16 went from 20 to 32 GB/s, what scattered 6 KB reads give there (48
- * GB/s streaming). It runs on num_threads threads, torch's own intra-op count, so one
+ * memory stays busy through the arithmetic. It runs on num_threads threads, torch's own intra-op count, so one
  * setting governs both (tensor-parallel workers each take their share of the cores).
  * Layout (DESIGN.md): caches [num_blocks, block_size, num_kv_heads, head_dim].
- * Built by pagedchat/kernels/cpu.py with the machine's C compiler; torch's reference
+ * Built by pagedchat/kernels/cpu with the machine's C compiler; torch's reference
  * kernel is the definition of what is right and the tests compare the two.
  */
 #include <math.h>
@@ -24,8 +22,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "cpu_kernels.h"
-#include "cpu_vector.h"
+#include "kernels.h"
+#include "vector.h"
 
 #define TILE 16
 
@@ -44,8 +42,8 @@ static inline int tile_rows(const char *cache, int64_t token_bytes, const int32_
 }
 
 /* How many tiles ahead an item asks for its own rows: the blocks of a sequence are
- * scattered, so the hardware prefetcher cannot see them coming (1 to 16 tiles ahead
- * measured the same; without it, and with the next item's prefetch alone, 10-20% slower). */
+ * scattered, so the hardware prefetcher cannot see them coming; how far ahead matters
+ * little, that it is done at all matters. */
 #define PREFETCH_TILES 2
 
 /* Tile j of an item's walk (its K tiles 0..tiles-1, then its V tiles): find its rows,

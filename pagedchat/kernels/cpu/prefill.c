@@ -2,20 +2,18 @@
  * through the block table.
  *
  * A chunk of new queries attends causally to its sequence's cached prefix and to itself.
- * Row by row (cpu_attention.c) each query row reads the whole context again; here a work
+ * Row by row (attention.c) each query row reads the whole context again; here a work
  * item is MAX_ROWS query rows (a few positions times the query heads that share one KV
  * head), and each 16-key tile of K and V serves all of them. The scores are a small
  * matrix product: K, transposed once per call, gives one 16-key vector per dimension, and
  * each row takes one fused multiply-add per dimension, its vector in a register. Each
- * row's scores (the item's keys, 24 rows of a few KB, in L2) then get their softmax, and
- * the weighted sum of V is another small product: V, gathered into token order once per
- * call, is read a key at a time for as many rows as keep all their output vectors in
- * registers (6 at head size 64). On this model's 1,000-token prompt it ran at 2.8x
- * torch's SDPA (AMD Zen 5, 238 against 84 GFLOP/s) with V read through the block table
- * for each 16 dimensions; gathering V made it 1.7x faster again (7.4 -> 4.4 ms a layer,
- * the same bits). It needs no mask. Float32 or bfloat16 (computed in float32), AVX-512 and head
- * sizes that are multiples of 16 only; cpu.py sends the rest to SDPA. The torch reference
- * kernel is the definition; the tests compare the two.
+ * row's scores (the item's keys, in L2) then get their softmax, and the weighted sum of V
+ * is another small product: V, gathered into token order once per call (rather than read
+ * through the block table for every 16 dimensions), is read a key at a time for as many
+ * rows as keep all their output vectors in registers. It needs no mask. Float32 or
+ * bfloat16 (computed in float32), head sizes that are multiples of 16 up to MAX_HEAD_DIM
+ * and groups of up to MAX_ROWS query heads only; attention.py sends the rest to SDPA. The
+ * torch reference kernel is the definition; the tests compare the two.
  * Layout (DESIGN.md): caches [num_blocks, block_size, num_kv_heads, head_dim].
  */
 #include <math.h>
@@ -23,7 +21,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "cpu_vector.h"
+#include "vector.h"
 
 /* Query rows (positions x heads of one KV group) per item: their score vectors, one
  * register each, stay in registers while K's tile streams past. */

@@ -3,17 +3,15 @@
  *
  * With a few rows (2 to 16 are sent here) a step is bound by reading W once from memory,
  * as with one row; but the BLAS torch uses packs W for a general matrix product and, at
- * these sizes, takes 1.1 to 2.3 times as long as for one row (measured on this model's
- * shapes). Here each
- * pair of W's rows is read from memory once, prefetched ahead, and multiplied into every
+ * these sizes, takes longer than for one row. Here each pair of W's rows is read from memory once, prefetched ahead, and multiplied into every
  * row of x (eight at a time, from the cache). The torch reference is F.linear; the tests
  * compare the two.
  */
 #include <omp.h>
 #include <stdint.h>
 
-#include "cpu_kernels.h"
-#include "cpu_vector.h"
+#include "kernels.h"
+#include "vector.h"
 
 #define MAX_ROWS 8        /* rows of x per pass over a pair of W's rows (registers) */
 #define PREFETCH_ROWS 4   /* how far ahead W is prefetched: two pairs */
@@ -83,17 +81,15 @@ void linear_f32(const float *x, const float *w, const float *bias, float *out, i
 /* The same product on a weight packed by oneDNN (pack_linear), in blocks of 64 output
  * columns: float32 as [k_padded][64] per block, the 64 columns of one input index side
  * by side; bfloat16 as [k_padded / 2][64][2], each column's pair of input indices side by
- * side (the operand order of vdpbf16ps). The layout is oneDNN's choice, not ours: cpu.py
+ * side (the operand order of vdpbf16ps). The layout is oneDNN's choice, not ours: linear.py
  * checks it for each shape and type, by a product against F.linear, before sending a
  * weight here.
  *
  * Read that way a matrix-vector product is a plain stream: each input index broadcast
- * times 256 contiguous bytes, no horizontal sums. At one row it reads this model's layer
- * weights at the machine's read bandwidth (AMD Zen 5: 39 GB/s where a read-only loop
- * gave 40 and oneDNN's own product on the same packed weights 32), and the call skips
- * oneDNN's dispatch (about 10 us of a decode step's 120 products). Threads take equal
- * runs of 16-column vectors, so a 576-wide output splits 18 / 18 rather than 5 blocks
- * against 4. */
+ * times 256 contiguous bytes, no horizontal sums, so that at one row it reads the weights
+ * about as fast as a read-only loop, and the call skips oneDNN's dispatch. Threads take
+ * equal runs of 16-column vectors rather than whole blocks, so that an output width that
+ * is not a multiple of 64 times the threads still splits evenly. */
 #define BLOCK_COLUMNS 64
 #define BLOCK_VECTORS (BLOCK_COLUMNS / 16)
 /* Rows of x per pass over a block: ROW_GROUP x 4 accumulators (and as many partial sums)
@@ -107,13 +103,11 @@ void linear_f32(const float *x, const float *w, const float *bias, float *out, i
 #define BLOCK_CASES(BF16) BLOCK_CASE(1, BF16) BLOCK_CASE(2, BF16)
 #endif
 #define BLOCK_ROW_BYTES 256 /* 64 columns of one float32 index or one bfloat16 pair */
-#define BLOCK_PREFETCH 48   /* rows ahead: 12 KB, see prefetch_block_row */
-/* In float32 each column sums runs of this many products, then the runs: a chain of k_dim
- * roundings (1,536 for this model's down projection) erred 2e-4 against F.linear on unit
- * normals. bfloat16 sums one chain: its output is rounded to bfloat16 (steps of 2^-8),
- * far coarser than the chain's error, and the runs' second set of accumulators, past the
- * 32 vector registers, cost 4-5% of its product from 64 to 256 rows (AMD Zen 5, two
- * builds alternated). */
+#define BLOCK_PREFETCH 48   /* rows ahead, see prefetch_block_row */
+/* In float32 each column sums runs of this many products, then the runs: one chain of
+ * k_dim roundings drifts past the tests' tolerance against F.linear on long inputs.
+ * bfloat16 sums one chain: its output is rounded to bfloat16, far coarser than the
+ * chain's error, and the runs' second set of accumulators would not fit the registers. */
 #define BLOCK_RUN 64
 
 /* Prefetch one row of a block BLOCK_PREFETCH rows on, non-temporal (prefetchnta on x86):
