@@ -57,3 +57,16 @@ def test_set_isa_refuses_a_level_the_cpu_cannot_run(monkeypatch):
     monkeypatch.setattr(build, "runnable_isas", lambda: ("portable",))
     with pytest.raises(ValueError, match="cannot run the 'avx2' kernels"):
         cpu.set_isa("avx2")
+
+
+def test_a_level_that_cannot_be_built_falls_back_one_line_each(monkeypatch, caplog):
+    """A compiler that fails every file: avx2 falls back to portable, portable to the torch
+    reference, one warning line each, no traceback."""
+    monkeypatch.setattr(build, "_LOADED", {})
+    monkeypatch.setenv("CC", "false")
+    with caplog.at_level(logging.WARNING, logger=cpu.__name__):
+        assert build._library("avx2") is None
+    lines = [record.getMessage() for record in caplog.records]
+    assert len(lines) == 2 and all("\n" not in line for line in lines)
+    assert "avx2 CPU kernels" in lines[0] and lines[0].endswith("using portable")
+    assert "portable CPU kernels" in lines[1] and lines[1].endswith("the torch reference")

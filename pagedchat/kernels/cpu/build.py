@@ -162,18 +162,18 @@ def _load(level: str) -> ctypes.CDLL | None:
     identity = "|".join([*((here / name).read_text() for name in SOURCES + HEADERS), compiler,
                          *flags, platform.machine(), _cpu_flags()])
     target = cache_root() / "kernels" / f"cpu_kernels-{level}-{_digest(identity)}.so"
-    if not target.is_file():
-        try:
+    try:
+        if not target.is_file():
             _build(compiler, flags, target)
-        except (OSError, subprocess.CalledProcessError) as error:
-            lower = ISAS[ISAS.index(level) - 1] if level != ISAS[0] else None
-            detail = getattr(error, "stderr", b"") or b""
-            log.warning("could not build the %s CPU kernels (%s%s): using %s", level, error,
-                        f": {detail.decode(errors='replace').strip().splitlines()[0]}"
-                        if detail.strip() else "", lower or "the torch reference")
-            return None if lower is None else _library(lower)
-    library = ctypes.CDLL(str(target))
-    _set_signatures(library, _SIGNATURES)
+        library = ctypes.CDLL(str(target))
+        _set_signatures(library, _SIGNATURES)
+    except (OSError, AttributeError, subprocess.CalledProcessError) as error:
+        lower = ISAS[ISAS.index(level) - 1] if level != ISAS[0] else None
+        detail = getattr(error, "stderr", b"") or b""
+        log.warning("could not build or load the %s CPU kernels (%s%s): using %s", level,
+                    error, f": {detail.decode(errors='replace').strip().splitlines()[0]}"
+                    if detail.strip() else "", lower or "the torch reference")
+        return None if lower is None else _library(lower)
     return library
 
 
@@ -198,7 +198,8 @@ def _build(compiler: str, flags: list[str], target: Path) -> None:
         for job, source in jobs:
             _, errors = job.communicate()
             if job.returncode != 0:
-                raise subprocess.CalledProcessError(job.returncode, str(source), stderr=errors)
+                raise subprocess.CalledProcessError(job.returncode, f"{compiler} {source.name}",
+                                                    stderr=errors)
         subprocess.run([compiler, "-shared", "-fopenmp", *map(str, objects), "-o", str(lib),
                         "-lm"], check=True, capture_output=True)
         os.replace(lib, target)

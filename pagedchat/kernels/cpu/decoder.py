@@ -29,7 +29,7 @@ class LayerTensors(NamedTuple):
 
 
 class _DecoderLayer(ctypes.Structure):
-    """``DecoderLayer`` in ``cpu_decoder.c``."""
+    """``DecoderLayer`` in ``decoder.c``."""
 
     _fields_ = [(name, P) for name in ("input_norm", "post_norm", "qkv", "qkv_bias", "o",
                                         "gate_up", "down")] + \
@@ -39,7 +39,7 @@ class _DecoderLayer(ctypes.Structure):
 
 
 class _DecoderStep(ctypes.Structure):
-    """``DecoderStep`` in ``cpu_decoder.c``."""
+    """``DecoderStep`` in ``decoder.c``."""
 
     _fields_ = [(name, INT) for name in ("rows", "hidden", "heads", "kv_heads", "head_dim",
                                           "intermediate", "block_size", "max_blocks",

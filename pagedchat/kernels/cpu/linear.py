@@ -99,7 +99,7 @@ def pack_linear(weight: torch.Tensor) -> torch.Tensor:
 
 
 # (out, in, dtype) -> the padded input width where oneDNN packs weights of that shape and
-# type in the blocked layout the C product reads (cpu_linear.c), else None
+# type in the blocked layout the C product reads (linear.c), else None
 _BLOCKED_WIDTHS: dict[tuple[int, int, torch.dtype], int | None] = {}
 # each level checks the layouts with its own product
 on_isa_change(_BLOCKED_WIDTHS.clear)
