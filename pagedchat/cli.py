@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from pagedchat.bench.commands import batch, bench_app, inspect
+from pagedchat.server.command import serve
 from pagedchat.tui.main import chat
 
 app = typer.Typer(
@@ -21,6 +22,7 @@ app = typer.Typer(
 app.command()(chat)
 app.command()(batch)
 app.command()(inspect)
+app.command()(serve)
 app.add_typer(bench_app, name="bench")
 
 
