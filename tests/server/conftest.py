@@ -29,6 +29,11 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.fixture
+def unused_port() -> int:
+    return free_port()
+
+
 def start_server(model_dir: Path, api_key: str | None = None, **engine) -> tuple:
     import uvicorn
 
