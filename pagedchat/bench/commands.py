@@ -17,7 +17,7 @@ from typing import Annotated
 
 import typer
 
-from pagedchat.bench import report, sharegpt
+from pagedchat.bench import remote_options, report, sharegpt
 from pagedchat.bench.ceiling import load_config, measure_ceiling, work_flops
 from pagedchat.bench.engines import PagedChat
 from pagedchat.bench.memory import (
@@ -325,9 +325,16 @@ def serve(num_requests: NumRequests = 200, model: Model = None, max_tokens: MaxT
           kv_blocks: KvBlocks = None, kv_memory: KvMemory = None, max_num_seqs: MaxSeqs = MAX_SEQS,
           dtype: Dtype = DType.float32, plot: Plot = Path("bench-serve.png"),
           json_path: JsonPath = None,
-          tp: TensorParallelSize = 1) -> None:
+          tp: TensorParallelSize = 1, base_url: remote_options.BaseUrl = None,
+          max_concurrency: remote_options.MaxConcurrency = None,
+          burstiness: remote_options.Burstiness = 1.0, slo: remote_options.Slo = "",
+          api_key: remote_options.ApiKey = None) -> None:
     """Online serving: Poisson arrivals; TTFT, TPOT, ITL, e2e and normalized latency."""
     with _user_errors():
+        if base_url:
+            remote_options.run(base_url, model, num_requests, parse_list(rate, float), seed,
+                               max_tokens, max_concurrency, burstiness, slo, api_key, json_path)
+            return
         options = _options(model, dtype, block_size, kv_blocks, kv_memory, max_num_seqs, tp)
         _serve("serve", options,
                lambda engine: sample_trace(engine, num_requests, seed, max_tokens),
