@@ -30,7 +30,7 @@ class DrainingServer(uvicorn.Server):
         if not state.draining:
             state.draining = True
             bound = state.settings.drain_timeout
-            log.info("stopping: no new requests; running ones get %.0f s to finish", bound)
+            log.info("stopping: no new requests; running ones get %g s to finish", bound)
             asyncio.get_event_loop().call_later(
                 bound, state.engine_loop.abort_all,
                 "the server is shutting down and the drain time ran out")
