@@ -9,6 +9,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
 
 from pagedchat.engine.outputs import RequestOutput
 from pagedchat.server.engine_loop import Aborted
@@ -106,7 +107,7 @@ class _Reply:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
     # ---- whole response -------------------------------------------------------------------
-    async def collect(self, job: Job) -> dict:
+    async def collect(self, job: Job) -> JSONResponse:
         aborted: Aborted | None = None
         try:
             async with contextlib.aclosing(job.events()) as events:
@@ -136,8 +137,8 @@ class _Reply:
                             out.token_ids, out.logprobs, self.top, self.state.texts, 0)[0]
                 choices.append(choice)
         choices.sort(key=lambda c: c["index"])
-        head = self._head()
-        return {**head, "choices": choices, "usage": usage(list(self.finals.values()))}
+        return JSONResponse({**self._head(), "choices": choices,
+                             "usage": usage(list(self.finals.values()))})
 
     # ---- streamed -----------------------------------------------------------------------
     async def stream(self, job: Job) -> AsyncIterator[str]:

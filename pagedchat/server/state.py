@@ -76,18 +76,18 @@ class ServerState:
             raise APIError(400, "prompt: must not be empty", "prompt")
         return [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompt]
 
-    def check_fits(self, prompt: list[int], sequences: int) -> None:
+    def check_fits(self, prompt: list[int], sequences: int, param: str) -> None:
         """413 for a prompt the model or the whole pool can never hold."""
         context, blocks, size = (self.config.max_model_len, self.config.num_kv_blocks,
                                  self.config.block_size)
         if len(prompt) >= context:
             raise APIError(413, f"the prompt has {len(prompt)} tokens but the model's context "
                            f"is {context} tokens (it must leave room for one new token)",
-                           "messages", "context_length_exceeded")
+                           param, "context_length_exceeded")
         if sequences * -(-(len(prompt) + 1) // size) > blocks:
             raise APIError(413, f"the prompt has {len(prompt)} tokens x{sequences} sequences "
                            f"but the KV pool holds {blocks} blocks of {size} tokens",
-                           "messages", "context_length_exceeded")
+                           param, "context_length_exceeded")
 
     def log_request(self, request_id: str, prompts: list[list[int]], params: SamplingParams,
                     ) -> None:
@@ -107,7 +107,7 @@ class ServerState:
         if body.stream and best_of > body.n:
             raise APIError(400, "best_of > n cannot stream", "best_of")
         for prompt in prompts:
-            self.check_fits(prompt, best_of)
+            self.check_fits(prompt, best_of, "messages" if is_chat else "prompt")
         requested = (body.max_completion_tokens or body.max_tokens) if is_chat else body.max_tokens
         if requested is None:  # OpenAI: as many as fit, here in the context and the pool
             pool = self.config.num_kv_blocks // best_of * self.config.block_size

@@ -125,3 +125,12 @@ def test_tokenize_and_detokenize(live_server):
         chat = http.post("/tokenize", json={"messages": HELLO}).json()
         assert chat["count"] > ids["count"]
         assert http.get("/health").json() == {"status": "ok"}
+
+
+def test_null_fields_take_their_defaults(live_server):
+    body = {"messages": HELLO, "max_tokens": 3, "n": None, "stop": None, "logprobs": None,
+            "top_logprobs": None, "stream": None, "response_format": None, "seed": None}
+    with httpx.Client(base_url=live_server.url, timeout=30) as http:
+        reply = http.post("/v1/chat/completions", json=body)
+    assert reply.status_code == 200, reply.text
+    assert len(reply.json()["choices"]) == 1
