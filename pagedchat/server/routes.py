@@ -24,28 +24,31 @@ router = APIRouter()
 
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request):
+    arrival = time.time()
     state: ServerState = request.app.state.server
     state.check_model(body.model)
     if body.tools or body.functions:
         raise APIError(400, "tools and functions are not supported", "tools")
     prompt = state.chat_prompt(body.messages)
-    return await _run(request, state, body, [prompt], f"chatcmpl-{uuid.uuid4().hex}")
+    return await _run(request, state, body, [prompt], f"chatcmpl-{uuid.uuid4().hex}", arrival)
 
 
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request):
+    arrival = time.time()
     state: ServerState = request.app.state.server
     state.check_model(body.model)
     if body.echo or body.suffix:
         raise APIError(400, "echo and suffix are not supported", "echo" if body.echo else
                        "suffix")
     prompts = state.completion_prompts(body.prompt)
-    return await _run(request, state, body, prompts, f"cmpl-{uuid.uuid4().hex}")
+    return await _run(request, state, body, prompts, f"cmpl-{uuid.uuid4().hex}", arrival)
 
 
 async def _run(request: Request, state: ServerState, body, prompts: list[list[int]],
-               request_id: str):
-    arrival = time.time()
+               request_id: str, arrival: float):
+    """Submit, then answer whole or as a stream; ``arrival``: when the handler began (the
+    latency histograms count the prompt's tokenization)."""
     params = await state.sampling_params(body, prompts)
     state.log_request(request_id, prompts, params)
     reply = _Reply(state, body, request_id, len(prompts))
