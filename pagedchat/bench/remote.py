@@ -13,12 +13,11 @@ import platform
 from pathlib import Path
 
 from pagedchat.bench import report, sharegpt
-from pagedchat.bench.commands import _flat
 from pagedchat.bench.load import arrival_offsets, run_load, served_model
 from pagedchat.bench.serve_stats import serve_figures
-from pagedchat.engine.loader import prepare_model
-from pagedchat.engine.model_config import ModelConfig
-from pagedchat.engine.tokenizer import load_tokenizer
+from pagedchat.engine.loading.loader import prepare_model
+from pagedchat.engine.loading.model_config import ModelConfig
+from pagedchat.engine.loading.tokenizer import load_tokenizer
 
 
 def bench_remote(base_url: str, model: str | None, num_requests: int, rates: list[float],
@@ -43,7 +42,7 @@ def bench_remote(base_url: str, model: str | None, num_requests: int, rates: lis
         if failures:
             report.note(f"[red]{len(failures)} request(s) failed[/red], first: {failures[0]}")
         runs.append({"figures": figures, "requests": [r.record() for r in results]})
-    rows = [_flat(run["figures"]) for run in runs]
+    rows = [report.flatten(run["figures"]) for run in runs]
     columns = ["request_rate", "completed", "requests_per_s", "output_tokens_per_s",
                "ttft_ms_mean", "ttft_ms_median", "ttft_ms_p99", "tpot_ms_mean", "tpot_ms_p99",
                "itl_ms_p99", "e2e_ms_mean"]

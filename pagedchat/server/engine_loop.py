@@ -19,8 +19,8 @@ from pagedchat.engine.outputs import RequestOutput
 
 if TYPE_CHECKING:
     from pagedchat.engine.llm_engine import LLMEngine
+    from pagedchat.engine.outputs import EngineStats
     from pagedchat.engine.sampling_params import SamplingParams
-    from pagedchat.engine.stats import EngineStats
 
 log = logging.getLogger("pagedchat.server")
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from pagedchat.engine.errors import RequestError
 from pagedchat.engine.llm_engine import LLMEngine
+from pagedchat.engine.loading.tokenizer import load_tokenizer
 from pagedchat.engine.sampling_params import SamplingParams
-from pagedchat.engine.tokenizer import load_tokenizer
 from pagedchat.server.engine_loop import EngineLoop
 from pagedchat.server.errors import APIError
 from pagedchat.server.formatting import TokenTexts

@@ -80,10 +80,11 @@ def test_completions_stream(client):
 
 
 def test_logit_bias_and_min_tokens(client, live_server):
-    token = live_server.state.tokenizer.encode(" blue")[0]
+    tokenizer = live_server.state.tokenizer
+    token = tokenizer.encode(" blue", add_special_tokens=False)[0]
     reply = client.completions.create(model="tiny", prompt="Sky:", max_tokens=3, temperature=0,
                                       logit_bias={str(token): 100})
-    assert reply.choices[0].text == " blue" * 3
+    assert reply.choices[0].text == tokenizer.decode([token] * 3)
     eos = live_server.state.eos_token_ids[0]
     held = client.completions.create(model="tiny", prompt="Sky:", max_tokens=10, temperature=0,
                                      logit_bias={str(eos): 100},

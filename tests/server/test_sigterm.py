@@ -16,9 +16,9 @@ import pytest
 def server_process(tiny_model_dir, unused_port):
     port = unused_port
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pagedchat.cli", "serve", "--model", str(tiny_model_dir),
-         "--port", str(port), "--kv-blocks", "256", "--drain-timeout", "1",
-         "--log-level", "warning"],
+        [sys.executable, "-c", "from pagedchat.cli import main; main()", "serve",
+         "--model", str(tiny_model_dir), "--port", str(port), "--kv-blocks", "256",
+         "--drain-timeout", "1", "--log-level", "warning"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
