@@ -9,7 +9,7 @@ import gc
 
 import typer
 
-from pagedchat.cli import batch, bench, chat, inspect, run
+from pagedchat.cli import batch, bench, chat, inspect, run, serve
 
 app = typer.Typer(
     help="A terminal chatbot on a from-scratch PagedAttention engine.",
@@ -21,6 +21,7 @@ app.command()(chat.chat)
 app.command()(batch.batch)
 app.command()(inspect.inspect)
 app.command()(run.run)
+app.command()(serve.serve)
 app.add_typer(bench.app, name="bench")
 
 

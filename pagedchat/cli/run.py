@@ -26,6 +26,9 @@ def run(
         help="Workers that split the model's heads (one process each).")] = 1,
     verbose: Annotated[bool, typer.Option(
         "--verbose", "-v", help="Print load time, token counts and speeds to stderr.")] = False,
+    logprobs: Annotated[int | None, typer.Option(
+        min=0, max=20, help="Print each reply token's log-probability and the K most likely "
+                            "tokens to stderr.")] = None,
 ) -> None:
     """Answer one prompt, streaming the reply to standard output (pipe friendly)."""
     from pagedchat.engine.config import EngineConfig
@@ -39,7 +42,7 @@ def run(
         prompt = sys.stdin.read()
     try:
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                                seed=seed)
+                                seed=seed, logprobs=logprobs)
         start = time.perf_counter()
         engine = LLMEngine(EngineConfig(model=model, dtype=dtype, kv_cache_memory="512MiB",
                                         swap_space="0B",
@@ -69,6 +72,21 @@ def run(
         raise typer.Exit(130) from None
     if verbose and final is not None:
         _print_run_stats(engine, final, loaded - start)
+    if logprobs is not None and final is not None:
+        _print_logprobs(engine.tokenizer, final.outputs[0])
+
+
+def _print_logprobs(tokenizer, output) -> None:
+    """One line per reply token: the token, its log-probability and rank, the top K."""
+    def show(token_id: int) -> str:
+        return repr(tokenizer.decode([token_id]))
+
+    for token, entry in zip(output.token_ids, output.logprobs, strict=True):
+        chosen = entry[token]
+        others = "  ".join(f"{show(t)} {lp.logprob:.3f}" for t, lp in
+                           sorted(entry.items(), key=lambda item: item[1].rank))
+        typer.echo(f"{show(token):>16} {chosen.logprob:8.3f}  rank {chosen.rank:<5} {others}",
+                   err=True)
 
 
 def _print_run_stats(engine, final, load_seconds: float) -> None:

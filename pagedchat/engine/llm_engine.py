@@ -26,6 +26,7 @@ from pagedchat.engine.outputs import CompletionOutput, EngineStats, RequestOutpu
 from pagedchat.engine.parallel.parallel_runner import ParallelRunner
 from pagedchat.engine.parallel.tensor_parallel import check_size
 from pagedchat.engine.runner.beam_search import beam_step, fork_beams
+from pagedchat.engine.runner.logprobs import token_logprobs
 from pagedchat.engine.runner.model_runner import ModelRunner
 from pagedchat.engine.runner.sampler import SampleRow, apply_penalties, sample
 from pagedchat.engine.sampling_params import SamplingParams
@@ -93,6 +94,10 @@ class LLMEngine:
         self.scheduler.check_fits(len(token_ids), params)
         if params.use_beam_search and params.stop:
             raise RequestError("beam search does not take stop strings (stop_token_ids work)")
+        outside = [t for t in params.logit_bias or {} if not 0 <= t < self.vocab_size]
+        if outside:
+            raise RequestError(f"logit_bias names token {outside[0]}, outside the vocabulary "
+                               f"[0, {self.vocab_size})")
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request and free its blocks at once (unknown ids are ignored)."""
@@ -148,15 +153,17 @@ class LLMEngine:
                 continue
             for seq in self._seqs_to_sample(item):
                 rows.append(SampleRow(group.params, group.prompt_token_ids,
-                                      seq.output_token_ids, group.generator))
+                                      seq.output_token_ids, group.generator,
+                                      self._banned(group.params, seq)))
                 logit_rows.append(row)
                 seqs.append((group, seq))
         advanced: dict[str, SequenceGroup] = {}
         if rows:
             # every row is sampled once in a plain decode batch: no copy of the logits then
             every_row = logit_rows == list(range(len(logits)))
-            tokens, logprobs = sample(logits if every_row else logits[logit_rows], rows,
-                                      self.runner.kernels.max_logsumexp)
+            row_logits = logits if every_row else logits[logit_rows]
+            tokens, logprobs = sample(row_logits, rows, self.runner.kernels.max_logsumexp)
+            self._record_logprobs(row_logits, rows, seqs, tokens)
             for (group, seq), token, logprob in zip(seqs, tokens, logprobs, strict=True):
                 seq.append_token(token, logprob)
                 self._after_token(group, seq)
@@ -176,6 +183,24 @@ class LLMEngine:
                 group.metrics.finished_time = time.time()
             results.append(self._request_output(group))
         return results
+
+    def _banned(self, params: SamplingParams, seq: Sequence) -> tuple[int, ...]:
+        """The ids that may not end the sequence yet (min_tokens)."""
+        if seq.num_output_tokens >= params.min_tokens:
+            return ()
+        eos = set() if params.ignore_eos else self.eos_token_ids
+        return tuple(sorted(eos | set(params.stop_token_ids)))
+
+    @staticmethod
+    def _record_logprobs(logits: torch.Tensor, rows: list[SampleRow],
+                         seqs: list[tuple[SequenceGroup, Sequence]], tokens: list[int]) -> None:
+        wanted = [i for i, row in enumerate(rows) if row.params.logprobs is not None]
+        if not wanted:
+            return
+        entries = token_logprobs(logits[wanted], [tokens[i] for i in wanted],
+                                 [rows[i].params.logprobs for i in wanted])
+        for i, entry in zip(wanted, entries, strict=True):
+            seqs[i][1].token_logprobs.append(entry)
 
     def _advance_beams(self, group: SequenceGroup, logits: torch.Tensor) -> None:
         """One beam step: score the live beams' log-softmax rows (penalties apply to them, as
@@ -211,9 +236,10 @@ class LLMEngine:
         token = seq.token_ids[-1]
         reason = None
         is_eos = not params.ignore_eos and token in self.eos_token_ids
-        if is_eos or token in params.stop_token_ids:
+        may_stop = seq.num_output_tokens >= params.min_tokens  # before, end tokens are masked
+        if may_stop and (is_eos or token in params.stop_token_ids):
             reason = "stop"
-        elif params.stop:
+        elif may_stop and params.stop:
             window = seq.output_text[max(previous - max(map(len, params.stop)), 0) :]
             hits = [window.find(s) for s in params.stop if s in window]
             if hits:
@@ -243,7 +269,8 @@ class LLMEngine:
             delta = visible[seq.emitted_chars :]
             seq.emitted_chars = len(visible)
             outputs.append(CompletionOutput(
-                i, visible, seq.output_token_ids, seq.cumulative_logprob, seq.finish_reason, delta))
+                i, visible, seq.output_token_ids, seq.cumulative_logprob, seq.finish_reason, delta,
+                list(seq.token_logprobs) if params.logprobs is not None else None))
         return RequestOutput(
             group.request_id, group.prompt, group.prompt_token_ids, outputs,
             group.is_finished, group.num_cached_tokens, group.metrics,

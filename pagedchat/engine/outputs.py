@@ -9,6 +9,14 @@ from pagedchat.engine.sequence import RequestMetrics
 
 
 @dataclass
+class Logprob:
+    """A token's log-probability and its rank (1: the most likely) at one position."""
+
+    logprob: float
+    rank: int
+
+
+@dataclass
 class CompletionOutput:
     index: int
     text: str
@@ -16,6 +24,8 @@ class CompletionOutput:
     cumulative_logprob: float
     finish_reason: str | None = None
     delta: str = ""
+    # per output token, with SamplingParams.logprobs: the chosen token first, then the top k
+    logprobs: list[dict[int, Logprob]] | None = None
 
     @property
     def finished(self) -> bool:

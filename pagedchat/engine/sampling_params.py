@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from pagedchat.engine.errors import RequestError
+
+if TYPE_CHECKING:
+    import torch
+
+# (output token ids so far, one row of logits) -> that row, changed; see logits_processors
+LogitsProcessor = Callable[[list[int], "torch.Tensor"], "torch.Tensor"]
+MAX_LOGPROBS = 20
 
 
 @dataclass
@@ -14,6 +23,14 @@ class SamplingParams:
     ``n`` sequences are returned; ``best_of`` (>= n) are generated. With
     ``use_beam_search`` the group keeps ``best_of`` (the beam width, default ``n``)
     beams and returns the ``n`` best, ranked like transformers' beam search.
+
+    ``logprobs=k`` returns, per output token, its log-probability and rank and the ``k``
+    most likely tokens' (k=0: the chosen token only), read from the model's own
+    distribution before penalties, bias, constraints and temperature (vLLM's raw
+    logprobs). ``min_tokens``: end-of-sequence and stop tokens are masked and stop
+    strings ignored until that many tokens are out. ``logit_bias`` adds to a token's
+    logit (OpenAI's -100 to 100). ``logits_processors`` change a row of logits before
+    sampling (structured output); each is called for every sequence of the request.
     """
 
     n: int = 1
@@ -33,6 +50,10 @@ class SamplingParams:
     use_beam_search: bool = False
     length_penalty: float = 1.0
     early_stopping: bool | str = False
+    logprobs: int | None = None
+    min_tokens: int = 0
+    logit_bias: dict[int, float] | None = None
+    logits_processors: list[LogitsProcessor] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -67,6 +88,14 @@ class SamplingParams:
             raise bad(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
         if self.max_tokens < 1:
             raise bad(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise bad(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise bad(f"min_tokens must be in [0, max_tokens={self.max_tokens}], "
+                      f"got {self.min_tokens}")
+        for token, bias in (self.logit_bias or {}).items():
+            if not -100 <= bias <= 100:
+                raise bad(f"logit_bias of token {token} must be in [-100, 100], got {bias}")
         if any(not s for s in self.stop):
             raise bad("stop strings must not be empty")
         if self.use_beam_search:
@@ -75,6 +104,10 @@ class SamplingParams:
             if self.early_stopping not in (True, False, "never"):
                 raise bad("early_stopping must be True, False or 'never', "
                           f"got {self.early_stopping!r}")
+            if (self.logprobs is not None or self.min_tokens or self.logit_bias
+                    or self.logits_processors):
+                raise bad("beam search does not take logprobs, min_tokens, logit_bias or "
+                          "logits processors")
 
     @property
     def greedy(self) -> bool:

@@ -48,6 +48,7 @@ class Sequence:
         self.output_text = ""
         self.emitted_chars = 0
         self.detokenizer = None
+        self.token_logprobs: list = []  # per output token, when the request asks for logprobs
 
     @property
     def num_tokens(self) -> int:
@@ -77,6 +78,7 @@ class Sequence:
         child.status = self.status
         child.cumulative_logprob = self.cumulative_logprob
         child.output_text = self.output_text
+        child.token_logprobs = list(self.token_logprobs)
         if self.detokenizer is not None:
             child.detokenizer = self.detokenizer.copy()
         return child

@@ -26,6 +26,7 @@ class SampleRow:
     prompt_token_ids: list[int]
     output_token_ids: list[int]
     generator: torch.Generator | None
+    banned: tuple[int, ...] = ()  # ids masked this step (end of sequence before min_tokens)
 
 
 def apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
@@ -41,6 +42,22 @@ def apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor
         if (p.presence_penalty or p.frequency_penalty) and row.output_token_ids:
             ids, counts = torch.tensor(row.output_token_ids).unique(return_counts=True)
             logits[i, ids] -= p.frequency_penalty * counts.float() + p.presence_penalty
+    return logits
+
+
+def apply_constraints(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+    """logit_bias, the banned ids and the logits processors, in place on the rows that
+    have them (float32 logits)."""
+    for i, row in enumerate(rows):
+        p = row.params
+        if p.logit_bias:
+            ids = torch.tensor(list(p.logit_bias), dtype=torch.int64)
+            logits[i].index_add_(0, ids, torch.tensor(list(p.logit_bias.values()),
+                                                      dtype=logits.dtype))
+        if row.banned:
+            logits[i, list(row.banned)] = float("-inf")
+        for processor in p.logits_processors:
+            logits[i] = processor(row.output_token_ids, logits[i])
     return logits
 
 
@@ -98,6 +115,10 @@ def sample(logits: torch.Tensor, rows: list[SampleRow],
     what needs float32 arithmetic (penalties, filtering the random rows) widens a copy."""
     if any(_penalised(row.params) for row in rows):
         logits = apply_penalties(logits.to(torch.float32, copy=True), rows)
+        if any(_constrained(row) for row in rows):
+            logits = apply_constraints(logits, rows)
+    elif any(_constrained(row) for row in rows):
+        logits = apply_constraints(logits.to(torch.float32, copy=True), rows)
     # The greedy choice (the first of equal maxima, as argmax), its logit and each row's
     # normaliser: only the chosen tokens' log-probabilities are needed, not a log-softmax.
     top, chosen, normaliser = max_logsumexp(logits)
@@ -116,6 +137,10 @@ def sample(logits: torch.Tensor, rows: list[SampleRow],
         top = logits.gather(1, chosen.unsqueeze(1)).squeeze(1).float()
     picked = top - normaliser
     return chosen.tolist(), picked.tolist()
+
+
+def _constrained(row: SampleRow) -> bool:
+    return bool(row.banned or row.params.logit_bias or row.params.logits_processors)
 
 
 def _penalised(params: SamplingParams) -> bool:

@@ -1,0 +1,64 @@
+"""Sending a trace to a server: arrivals at a rate with a burstiness, at most
+``max_concurrency`` requests in flight."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+import httpx
+
+from pagedchat.bench.http_client import ServedRequest, stream_completion
+from pagedchat.bench.sharegpt import Request
+
+
+def arrival_offsets(count: int, rate: float, burstiness: float = 1.0, seed: int = 0,
+                    ) -> list[float]:
+    """Arrival times (s) whose gaps are gamma-distributed with mean 1/rate and shape
+    ``burstiness``: 1 is a Poisson process, below 1 burstier, above 1 more regular
+    (vLLM's convention). ``rate`` inf sends everything at once."""
+    if rate == float("inf"):
+        return [0.0] * count
+    if rate <= 0 or burstiness <= 0:
+        raise ValueError("rate and burstiness must be positive")
+    rng = random.Random(seed)
+    offsets, now = [], 0.0
+    for _ in range(count):
+        offsets.append(now)
+        now += rng.gammavariate(burstiness, 1.0 / (rate * burstiness))
+    return offsets
+
+
+async def run_load(base_url: str, model: str, requests: list[Request], offsets: list[float],
+                   max_concurrency: int | None = None, api_key: str | None = None,
+                   ) -> tuple[list[ServedRequest], float]:
+    """Each request sent at its offset (later when ``max_concurrency`` are in flight);
+    returns the results in trace order and the wall time from first send to last reply."""
+    gate = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    limits = httpx.Limits(max_connections=max_concurrency or len(requests) or 1,
+                          max_keepalive_connections=max_concurrency or len(requests) or 1)
+    timeout = httpx.Timeout(None, connect=30.0)
+    async with httpx.AsyncClient(base_url=base_url, headers=headers, limits=limits,
+                                 timeout=timeout) as client:
+        start = time.perf_counter()
+
+        async def one(request: Request, offset: float) -> ServedRequest:
+            await asyncio.sleep(max(0.0, start + offset - time.perf_counter()))
+            if gate is None:
+                return await stream_completion(client, model, request)
+            async with gate:
+                return await stream_completion(client, model, request)
+
+        results = await asyncio.gather(*(one(r, o) for r, o in zip(requests, offsets)))
+        return list(results), time.perf_counter() - start
+
+
+async def served_model(base_url: str, api_key: str | None = None) -> str:
+    """The first model the server lists at /v1/models."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=30) as client:
+        reply = await client.get("/v1/models")
+        reply.raise_for_status()
+        return reply.json()["data"][0]["id"]

@@ -1,0 +1,62 @@
+"""The ``pagedchat serve`` command (a thin shell over create_app and uvicorn)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def serve(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on.")] = 8000,
+    model: Annotated[str | None, typer.Option(
+        "--model", "-m", help="HF folder or GGUF file [default: SmolLM2-135M-Instruct]")] = None,
+    served_model_name: Annotated[str | None, typer.Option(
+        help="The model's name in the API [default: the model file's or folder's name].")
+    ] = None,
+    api_key: Annotated[str | None, typer.Option(
+        envvar="PAGEDCHAT_API_KEY", help="Require 'Authorization: Bearer KEY'.")] = None,
+    block_size: Annotated[int, typer.Option(help="Tokens per KV block.")] = 16,
+    kv_memory: Annotated[str | None, typer.Option(
+        help="KV pool size in bytes, e.g. 2GiB [default: 2GiB].")] = None,
+    kv_blocks: Annotated[int | None, typer.Option(min=1, help="KV pool size in blocks.")] = None,
+    max_num_seqs: Annotated[int, typer.Option(min=1, help="Most sequences per step.")] = 256,
+    max_num_batched_tokens: Annotated[int, typer.Option(
+        min=1, help="Most tokens per step.")] = 1024,
+    dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16.")] = "float32",
+    tensor_parallel_size: Annotated[int, typer.Option(
+        "--tensor-parallel-size", "-tp", min=1,
+        help="Workers that split the model's heads (one process each).")] = 1,
+    drain_timeout: Annotated[float, typer.Option(
+        min=0, help="Seconds running requests get to finish after SIGTERM.")] = 30.0,
+    log_prompts: Annotated[bool, typer.Option(
+        help="Write prompt text to the log (off: only counts).")] = False,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+) -> None:
+    """An OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, ...)."""
+    from pagedchat.engine.config import EngineConfig
+    from pagedchat.engine.errors import PagedChatError
+    from pagedchat.engine.llm_engine import LLMEngine
+    from pagedchat.server.serve import run_server
+    from pagedchat.server.state import ServerSettings
+
+    logging.basicConfig(level=log_level.upper(), format="%(levelname)s: %(message)s")
+    try:
+        engine = LLMEngine(EngineConfig(
+            model=model, block_size=block_size, kv_cache_memory=kv_memory,
+            num_kv_blocks=kv_blocks, max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens, dtype=dtype, swap_space="0B",
+            tensor_parallel_size=tensor_parallel_size))
+    except PagedChatError as error:
+        typer.secho(f"error: {error}", err=True, fg="red")
+        raise typer.Exit(1) from error
+    name = served_model_name or Path(engine.model_files.source).name.removesuffix(".gguf")
+    settings = ServerSettings(model_name=name, api_key=api_key, log_prompts=log_prompts,
+                              drain_timeout=drain_timeout)
+    try:
+        run_server(engine, settings, host, port, log_level.lower())
+    finally:
+        engine.shutdown()

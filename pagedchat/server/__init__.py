@@ -1,0 +1,1 @@
+"""`pagedchat serve`: an OpenAI-compatible HTTP server on the paged engine."""

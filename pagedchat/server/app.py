@@ -1,0 +1,102 @@
+"""The FastAPI app: the OpenAI routes, models, health, tokenize, detokenize, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from pagedchat.engine.llm_engine import LLMEngine
+from pagedchat.server import routes
+from pagedchat.server.errors import APIError, install_handlers
+from pagedchat.server.protocol import DetokenizeRequest, TokenizeRequest
+from pagedchat.server.state import ServerSettings, ServerState
+
+
+def _state(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+async def admit(request: Request) -> None:
+    """Every guarded route: the API key, the model named, and no new work while draining."""
+    state = _state(request)
+    key = state.settings.api_key
+    if key is not None and request.headers.get("authorization") != f"Bearer {key}":
+        raise APIError(401, "invalid or missing API key (send 'Authorization: Bearer KEY')",
+                       code="invalid_api_key")
+    if state.draining:
+        raise APIError(503, "the server is shutting down")
+    if not state.engine_loop.alive:
+        raise APIError(503, f"the engine is not running: {state.engine_loop.failed}")
+
+
+guarded = APIRouter(dependencies=[Depends(admit)])
+open_routes = APIRouter()
+
+
+@guarded.get("/v1/models")
+async def models(request: Request) -> dict:
+    state = _state(request)
+    return {"object": "list", "data": [{
+        "id": state.settings.model_name, "object": "model", "created": state.created,
+        "owned_by": "pagedchat", "max_model_len": state.config.max_model_len}]}
+
+
+@guarded.post("/tokenize")
+async def tokenize(body: TokenizeRequest, request: Request) -> dict:
+    state = _state(request)
+    state.check_model(body.model)
+    if (body.prompt is None) == (body.messages is None):
+        raise APIError(400, "give either prompt or messages", "prompt")
+    if body.messages is not None:
+        ids = state.chat_prompt(body.messages)
+    else:
+        ids = state.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+    return {"tokens": ids, "count": len(ids), "max_model_len": state.config.max_model_len}
+
+
+@guarded.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, request: Request) -> dict:
+    state = _state(request)
+    state.check_model(body.model)
+    if any(not 0 <= t < state.vocab_size for t in body.tokens):
+        raise APIError(400, f"tokens: every id must be in [0, {state.vocab_size})", "tokens")
+    return {"prompt": state.tokenizer.decode(body.tokens)}
+
+
+@open_routes.get("/health")
+async def health(request: Request) -> Response:
+    state = _state(request)
+    if state.draining or not state.engine_loop.alive:
+        return JSONResponse({"status": "unavailable"}, status_code=503)
+    return JSONResponse({"status": "ok"})
+
+
+@open_routes.get("/metrics")
+async def metrics(request: Request) -> Response:
+    state = _state(request)
+    stats = await state.engine_loop.stats()
+    return Response(state.metrics.render(stats), media_type=CONTENT_TYPE_LATEST)
+
+
+def create_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
+    """An app serving ``engine``; its engine thread starts and stops with the app."""
+    state = ServerState(engine, settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        state.engine_loop.start(asyncio.get_running_loop())
+        yield
+        await asyncio.to_thread(state.engine_loop.stop)
+
+    app = FastAPI(title="pagedchat", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.server = state
+    install_handlers(app)
+    app.include_router(guarded)
+    app.include_router(routes.router, dependencies=[Depends(admit)])
+    app.include_router(open_routes)
+    return app

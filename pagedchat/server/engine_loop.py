@@ -1,0 +1,198 @@
+"""The one thread that owns the LLMEngine while the server runs.
+
+HTTP handlers never call the engine: they put commands on this loop's queue and read
+events from an asyncio queue of their own. After each engine step, the outputs of that
+step go to the event loop in one call, each to its request's queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pagedchat.engine.outputs import RequestOutput
+
+if TYPE_CHECKING:
+    from pagedchat.engine.llm_engine import LLMEngine
+    from pagedchat.engine.outputs import EngineStats
+    from pagedchat.engine.sampling_params import SamplingParams
+
+log = logging.getLogger("pagedchat.server")
+
+
+@dataclass(frozen=True)
+class Accepted:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class Refused:
+    request_id: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Aborted:
+    """The server ended the request (shutdown or an engine failure), not its client."""
+
+    request_id: str
+    reason: str
+
+
+Event = Accepted | Refused | Aborted | RequestOutput
+
+
+@dataclass(frozen=True)
+class _Add:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float
+    sink: asyncio.Queue
+
+
+@dataclass(frozen=True)
+class _Abort:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class _AbortAll:
+    reason: str
+
+
+@dataclass(frozen=True)
+class _Stats:
+    future: asyncio.Future
+
+
+_STOP = object()
+
+
+class EngineLoop:
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._commands: queue.Queue = queue.Queue()
+        self._live: dict[str, asyncio.Queue] = {}  # engine thread only
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self.failed: str | None = None  # why the engine stopped, if it did
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and self.failed is None
+
+    def add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+            arrival_time: float, sink: asyncio.Queue) -> None:
+        """Queue a request; ``sink`` gets Accepted or Refused, then its outputs."""
+        self._commands.put(_Add(request_id, prompt_token_ids, params, arrival_time, sink))
+
+    def abort(self, request_id: str) -> None:
+        """The client is gone: drop the request and free its blocks (nothing is sent)."""
+        self._commands.put(_Abort(request_id))
+
+    def abort_all(self, reason: str) -> None:
+        """End every running request now; each gets Aborted."""
+        self._commands.put(_AbortAll(reason))
+
+    async def stats(self) -> EngineStats:
+        """A snapshot taken by the engine thread between two steps (any event loop may ask)."""
+        future = asyncio.get_running_loop().create_future()
+        self._commands.put(_Stats(future))
+        return await future
+
+    def stop(self, timeout: float = 10.0) -> bool:
+        """Abort what runs, end the thread; False if a step still runs after ``timeout``."""
+        self._commands.put(_STOP)
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    # ---- engine thread -----------------------------------------------------------------
+    def _run(self) -> None:
+        engine = self.engine
+        while True:
+            for command in self._take(block=not engine.has_unfinished_requests()):
+                if command is _STOP:
+                    self._abort_all("the server is shutting down")
+                    return
+                self._handle(command)
+            if engine.has_unfinished_requests():
+                self._step()
+
+    def _take(self, block: bool) -> list:
+        commands = [self._commands.get()] if block else []
+        while True:
+            try:
+                commands.append(self._commands.get_nowait())
+            except queue.Empty:
+                return commands
+
+    def _handle(self, command) -> None:
+        if isinstance(command, _Add):
+            rid = command.request_id
+            if self.failed is not None:
+                self._send([(command.sink, Refused(rid, f"the engine failed: {self.failed}"))])
+                return
+            try:
+                self.engine.add_request(rid, command.prompt_token_ids, command.params,
+                                        command.arrival_time)
+            except ValueError as error:  # RequestError is a ValueError
+                self._send([(command.sink, Refused(rid, str(error)))])
+                return
+            self._live[rid] = command.sink
+            self._send([(command.sink, Accepted(rid))])
+        elif isinstance(command, _Abort):
+            if self._live.pop(command.request_id, None) is not None:
+                self.engine.abort_request(command.request_id)
+        elif isinstance(command, _AbortAll):
+            self._abort_all(command.reason)
+        elif isinstance(command, _Stats):
+            stats, future = self.engine.stats(), command.future
+            with contextlib.suppress(RuntimeError):  # the asking loop is already closed
+                future.get_loop().call_soon_threadsafe(
+                    lambda: future.done() or future.set_result(stats))
+
+    def _abort_all(self, reason: str) -> None:
+        events = []
+        for rid, sink in list(self._live.items()):
+            with contextlib.suppress(Exception):  # a broken engine still lets go of its clients
+                self.engine.abort_request(rid)
+            events.append((sink, Aborted(rid, reason)))
+        self._live.clear()
+        self._send(events)
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as error:  # a failed step ends its requests, not the server
+            self.failed = str(error) or type(error).__name__
+            log.error("the engine failed: %s", self.failed)
+            self._abort_all(f"the engine failed: {self.failed}")
+            return
+        events = []
+        for output in outputs:
+            sink = self._live.get(output.request_id)
+            if sink is None:
+                continue
+            events.append((sink, output))
+            if output.finished:
+                del self._live[output.request_id]
+        self._send(events)
+
+    def _send(self, events: list[tuple[asyncio.Queue, Event]]) -> None:
+        if events:
+            self._call(lambda: [sink.put_nowait(event) for sink, event in events])
+
+    def _call(self, callback) -> None:
+        with contextlib.suppress(RuntimeError):  # the event loop is already closed
+            self._loop.call_soon_threadsafe(callback)

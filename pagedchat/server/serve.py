@@ -1,0 +1,52 @@
+"""Running the app under uvicorn, with a bounded drain on SIGTERM.
+
+On SIGTERM (or Ctrl-C) the server stops taking requests (503, and /health says so),
+lets running requests finish for ``drain_timeout`` seconds, then aborts what is left
+(each stream ends with finish_reason "abort"), stops the engine and exits with 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import uvicorn
+
+from pagedchat.engine.llm_engine import LLMEngine
+from pagedchat.server.app import create_app
+from pagedchat.server.state import ServerSettings, ServerState
+
+log = logging.getLogger("pagedchat.server")
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
+        super().__init__(config)
+        self.state = state
+
+    def handle_exit(self, sig: int, frame) -> None:
+        state = self.state
+        if not state.draining:
+            state.draining = True
+            bound = state.settings.drain_timeout
+            log.info("stopping: no new requests; running ones get %g s to finish", bound)
+            asyncio.get_event_loop().call_later(
+                bound, state.engine_loop.abort_all,
+                "the server is shutting down and the drain time ran out")
+        super().handle_exit(sig, frame)
+
+
+def run_server(engine: LLMEngine, settings: ServerSettings, host: str, port: int,
+               log_level: str = "info") -> None:
+    """Serve until SIGTERM or Ctrl-C; returns once everything has stopped."""
+    app = create_app(engine, settings)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                            timeout_graceful_shutdown=settings.drain_timeout + 5,
+                            access_log=log_level == "debug")
+    server = DrainingServer(config, app.state.server)
+    # uvicorn raises the signal it caught again once it has shut down: with these handlers
+    # in place beforehand that second delivery is ignored and the process exits with 0
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    server.run()

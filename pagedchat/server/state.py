@@ -1,0 +1,177 @@
+"""What the routes share: the engine loop, the server's own tokenizer, the settings,
+and turning request bodies into prompts and SamplingParams."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from pagedchat.engine.errors import RequestError
+from pagedchat.engine.llm_engine import LLMEngine
+from pagedchat.engine.loading.tokenizer import load_tokenizer
+from pagedchat.engine.sampling_params import SamplingParams
+from pagedchat.server.engine_loop import EngineLoop
+from pagedchat.server.errors import APIError
+from pagedchat.server.formatting import TokenTexts
+from pagedchat.server.metrics import ServerMetrics
+from pagedchat.server.protocol import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    SamplingFields,
+)
+from pagedchat.server.structured import GrammarProcessor, Grammars
+
+log = logging.getLogger("pagedchat.server")
+
+
+@dataclass
+class ServerSettings:
+    model_name: str
+    api_key: str | None = None
+    log_prompts: bool = False  # prompt text in the log; off: only counts are logged
+    drain_timeout: float = 30.0  # after SIGTERM, running requests get this long to finish
+
+
+class ServerState:
+    def __init__(self, engine: LLMEngine, settings: ServerSettings) -> None:
+        self.engine_loop = EngineLoop(engine)
+        self.settings = settings
+        self.config = engine.config
+        self.vocab_size = engine.vocab_size
+        # its own tokenizer: the engine thread uses the engine's at the same time
+        self.tokenizer = load_tokenizer(engine.model_config)
+        self.eos_token_ids = sorted(engine.eos_token_ids)
+        self.metrics = ServerMetrics()
+        self.grammars = Grammars(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        self.texts = TokenTexts(self.tokenizer)
+        self.draining = False
+        self.created = int(time.time())
+
+    def check_model(self, model: str | None) -> None:
+        served = self.settings.model_name
+        if model is not None and model != served:
+            raise APIError(404, f"the model {model!r} does not exist; this server serves "
+                           f"{served!r}", "model", "model_not_found")
+
+    # ---- prompts ------------------------------------------------------------------------
+    def chat_prompt(self, messages: list[ChatMessage]) -> list[int]:
+        conversation = [{"role": m.role, "content": _text(m, i)} for i, m in enumerate(messages)]
+        try:
+            encoded = self.tokenizer.apply_chat_template(
+                conversation, add_generation_prompt=True, tokenize=True)
+        except Exception as error:  # the template rejects the conversation (jinja raises)
+            raise APIError(400, f"messages: the chat template refused them ({error})",
+                           "messages") from error
+        return list(encoded["input_ids"])
+
+    def completion_prompts(self, prompt) -> list[list[int]]:
+        if isinstance(prompt, str):
+            return [self.tokenizer.encode(prompt)]
+        if prompt and all(isinstance(p, int) for p in prompt):
+            return [list(prompt)]
+        if not prompt:
+            raise APIError(400, "prompt: must not be empty", "prompt")
+        return [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompt]
+
+    def check_fits(self, prompt: list[int], sequences: int, param: str) -> None:
+        """413 for a prompt the model or the whole pool can never hold."""
+        context, blocks, size = (self.config.max_model_len, self.config.num_kv_blocks,
+                                 self.config.block_size)
+        if len(prompt) >= context:
+            raise APIError(413, f"the prompt has {len(prompt)} tokens but the model's context "
+                           f"is {context} tokens (it must leave room for one new token)",
+                           param, "context_length_exceeded")
+        if sequences * -(-(len(prompt) + 1) // size) > blocks:
+            raise APIError(413, f"the prompt has {len(prompt)} tokens x{sequences} sequences "
+                           f"but the KV pool holds {blocks} blocks of {size} tokens",
+                           param, "context_length_exceeded")
+
+    def log_request(self, request_id: str, prompts: list[list[int]], params: SamplingParams,
+                    ) -> None:
+        log.info("%s: %d prompt(s), %d prompt tokens, max_tokens=%d, n=%d", request_id,
+                 len(prompts), sum(map(len, prompts)), params.max_tokens, params.n)
+        if self.settings.log_prompts:
+            for prompt in prompts:
+                log.info("%s prompt: %r", request_id, self.tokenizer.decode(prompt))
+
+    # ---- sampling parameters ----------------------------------------------------------
+    async def sampling_params(self, body: SamplingFields, prompts: list[list[int]],
+                              ) -> SamplingParams:
+        is_chat = isinstance(body, ChatCompletionRequest)
+        best_of = (body.best_of if isinstance(body, CompletionRequest) else None) or body.n
+        if best_of < body.n:
+            raise APIError(400, f"best_of ({best_of}) must be >= n ({body.n})", "best_of")
+        if body.stream and best_of > body.n:
+            raise APIError(400, "best_of > n cannot stream", "best_of")
+        for prompt in prompts:
+            self.check_fits(prompt, best_of, "messages" if is_chat else "prompt")
+        requested = (body.max_completion_tokens or body.max_tokens) if is_chat else body.max_tokens
+        if requested is None:  # OpenAI: as many as fit, here in the context and the pool
+            pool = self.config.num_kv_blocks // best_of * self.config.block_size
+            requested = min(self.config.max_model_len, pool) - max(map(len, prompts))
+        if is_chat:
+            logprobs = (body.top_logprobs or 0) if body.logprobs else None
+            if body.top_logprobs and not body.logprobs:
+                raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+        else:
+            logprobs = body.logprobs
+        processors = []
+        if body.response_format is not None and body.response_format.type != "text":
+            processors.append(await self._grammar(body))
+        try:
+            return SamplingParams(
+                n=body.n, best_of=best_of,
+                temperature=1.0 if body.temperature is None else body.temperature,
+                top_p=1.0 if body.top_p is None else body.top_p,
+                top_k=body.top_k or 0, min_p=body.min_p or 0.0,
+                presence_penalty=body.presence_penalty,
+                frequency_penalty=body.frequency_penalty,
+                repetition_penalty=body.repetition_penalty, seed=body.seed,
+                max_tokens=requested, stop=body.stop or [],
+                stop_token_ids=body.stop_token_ids or [], ignore_eos=body.ignore_eos,
+                min_tokens=body.min_tokens, logprobs=logprobs,
+                logit_bias=_logit_bias(body.logit_bias), logits_processors=processors)
+        except RequestError as error:
+            raise APIError(400, str(error)) from error
+
+    async def _grammar(self, body: SamplingFields) -> GrammarProcessor:
+        fmt = body.response_format
+        if body.min_tokens:
+            raise APIError(400, "min_tokens cannot be combined with response_format "
+                           "(the grammar may end before)", "min_tokens")
+        schema = None
+        if fmt.type == "json_schema":
+            if fmt.json_schema is None or not fmt.json_schema.schema_:
+                raise APIError(400, "response_format: json_schema needs a schema",
+                               "response_format")
+            schema = fmt.json_schema.schema_
+        try:
+            grammar = await asyncio.to_thread(self.grammars.compile, fmt.type, schema)
+        except ValueError as error:
+            raise APIError(400, str(error), "response_format") from error
+        return GrammarProcessor(grammar, self.vocab_size)
+
+
+def _text(message: ChatMessage, index: int) -> str:
+    """A message's text; content parts other than text are refused."""
+    if message.content is None or isinstance(message.content, str):
+        return message.content or ""
+    texts = []
+    for part in message.content:
+        if part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise APIError(400, f"messages.{index}.content: only text parts are supported, "
+                           f"got type {part.get('type')!r}", f"messages.{index}.content")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
+    if not bias:
+        return None
+    try:
+        return {int(token): value for token, value in bias.items()}
+    except ValueError as error:
+        raise APIError(400, "logit_bias: keys must be token ids", "logit_bias") from error

@@ -1,0 +1,74 @@
+"""A live server on the tiny random Llama, on a free loopback port, in a thread."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+
+@dataclass
+class LiveServer:
+    url: str
+    app: object
+    server: object
+
+    @property
+    def state(self):
+        return self.app.state.server
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def unused_port() -> int:
+    return free_port()
+
+
+def start_server(model_dir: Path, api_key: str | None = None, **engine) -> tuple:
+    import uvicorn
+
+    from pagedchat.engine.config import EngineConfig
+    from pagedchat.engine.llm_engine import LLMEngine
+    from pagedchat.server.app import create_app
+    from pagedchat.server.state import ServerSettings
+
+    config = {"num_kv_blocks": 256, "block_size": 16, "swap_space": "0B", **engine}
+    llm = LLMEngine(EngineConfig(model=str(model_dir), **config))
+    app = create_app(llm, ServerSettings(model_name="tiny", api_key=api_key))
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                           log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the test server did not start")
+        time.sleep(0.02)
+    return LiveServer(f"http://127.0.0.1:{port}", app, server), thread
+
+
+@pytest.fixture(scope="module")
+def live_server(tiny_model_dir: Path) -> Iterator[LiveServer]:
+    live, thread = start_server(tiny_model_dir)
+    yield live
+    live.server.should_exit = True
+    thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def keyed_server(tiny_model_dir: Path) -> Iterator[LiveServer]:
+    live, thread = start_server(tiny_model_dir, api_key="sesame", num_kv_blocks=8)
+    yield live
+    live.server.should_exit = True
+    thread.join(30)

@@ -1,0 +1,104 @@
+"""Bad requests of each kind get OpenAI's error shape, the right status, and a message
+naming the problem; the server goes on serving."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+HELLO = [{"role": "user", "content": "hi"}]
+
+
+def post(url: str, path: str, body, headers: dict | None = None) -> httpx.Response:
+    with httpx.Client(base_url=url, timeout=30) as http:
+        if isinstance(body, str):
+            return http.post(path, content=body, headers={"content-type": "application/json",
+                                                          **(headers or {})})
+        return http.post(path, json=body, headers=headers)
+
+
+def error_of(response: httpx.Response, status: int) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    return error
+
+
+@pytest.mark.parametrize("body, words", [
+    ({"messages": HELLO, "temperature": -1}, "temperature"),
+    ({"messages": HELLO, "n": 0}, "n"),
+    ({"messages": []}, "messages"),
+    ({"max_tokens": 4}, "messages"),
+    ({"messages": HELLO, "top_logprobs": 2}, "top_logprobs needs logprobs"),
+    ({"messages": HELLO, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"messages": HELLO, "logit_bias": {"abc": 1}}, "logit_bias"),
+    ({"messages": HELLO, "logit_bias": {"99999999": 1}}, "outside the vocabulary"),
+    ({"messages": HELLO, "min_tokens": 9, "max_tokens": 4}, "min_tokens"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+     "only text parts"),
+    ({"messages": HELLO, "tools": [{"type": "function"}]}, "tools"),
+    ({"messages": HELLO, "response_format": {"type": "json_schema"}}, "needs a schema"),
+    ({"messages": HELLO, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "no-such-type"}}}}, "schema"),
+])
+def test_bad_chat_parameters_are_400(live_server, body, words):
+    error = error_of(post(live_server.url, "/v1/chat/completions", body), 400)
+    assert words in error["message"] and error["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("body, words", [
+    ({"prompt": "hi", "echo": True}, "echo"),
+    ({"prompt": "hi", "n": 2, "best_of": 1}, "best_of"),
+    ({"prompt": "hi", "n": 1, "best_of": 2, "stream": True}, "cannot stream"),
+    ({"prompt": []}, "prompt"),
+    ({"prompt": [[-5, 3]]}, "prompt token ids"),
+])
+def test_bad_completion_parameters_are_400(live_server, body, words):
+    assert words in error_of(post(live_server.url, "/v1/completions", body), 400)["message"]
+
+
+def test_malformed_json_is_400(live_server):
+    error = error_of(post(live_server.url, "/v1/chat/completions", "{not json"), 400)
+    assert "not valid JSON" in error["message"]
+
+
+def test_unknown_model_is_404(live_server):
+    error = error_of(post(live_server.url, "/v1/chat/completions",
+                          {"model": "gpt-9", "messages": HELLO}), 404)
+    assert "gpt-9" in error["message"] and error["code"] == "model_not_found"
+
+
+def test_prompt_longer_than_the_context_is_413(live_server):
+    words = " ".join(["token"] * 1100)  # the tiny model's context is 1024
+    error = error_of(post(live_server.url, "/v1/completions", {"prompt": words}), 413)
+    assert "context" in error["message"] and error["code"] == "context_length_exceeded"
+
+
+def test_prompt_larger_than_the_pool_is_413(keyed_server):
+    words = " ".join(["token"] * 200)  # the pool holds 8 blocks of 16 tokens
+    error = error_of(post(keyed_server.url, "/v1/completions", {"prompt": words},
+                          {"Authorization": "Bearer sesame"}), 413)
+    assert "KV pool" in error["message"]
+
+
+def test_wrong_or_missing_key_is_401(keyed_server):
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        error = error_of(post(keyed_server.url, "/v1/completions", {"prompt": "hi"}, headers),
+                         401)
+        assert error["type"] == "authentication_error"
+    good = post(keyed_server.url, "/v1/completions", {"prompt": "hi", "max_tokens": 2},
+                {"Authorization": "Bearer sesame"})
+    assert good.status_code == 200
+
+
+def test_draining_server_is_503_and_unhealthy(live_server):
+    state = live_server.state
+    state.draining = True
+    try:
+        error_of(post(live_server.url, "/v1/completions", {"prompt": "hi"}), 503)
+        with httpx.Client(base_url=live_server.url, timeout=30) as http:
+            assert http.get("/health").status_code == 503
+    finally:
+        state.draining = False
+    assert post(live_server.url, "/v1/completions",
+                {"prompt": "hi", "max_tokens": 2}).status_code == 200
