@@ -100,8 +100,9 @@ MaxSeqs = Annotated[int, typer.Option("--max-num-seqs", min=1, help="Most sequen
 Dtype = Annotated[DType, typer.Option("--dtype", help="Weights and KV cache dtype.")]
 Compare = Annotated[str, typer.Option(
     "--compare", callback=_check_peers,
-    help="Peers to run too: hf-generate,hf-continuous, or pagedchat-DTYPE (pagedchat in "
-         "another dtype, e.g. pagedchat-float32).")]
+    help="Peers to run too: hf-generate,hf-continuous, llama.cpp (batched, on the same GGUF; "
+         "needs the [peers] extra), or pagedchat-DTYPE (pagedchat in another dtype, e.g. "
+         "pagedchat-float32).")]
 HfBatch = Annotated[str, typer.Option(
     "--hf-batch-size", callback=_check_sizes,
     help="Static batch sizes for hf-generate (the best is kept).")]
@@ -156,6 +157,9 @@ def _flat(figures: dict[str, object]) -> dict[str, object]:
 def throughput(num_requests: NumRequests = 200, model: Model = None,
                max_tokens: MaxTokens = None, compare: Compare = "", hf_batch_size: HfBatch = "8",
                hf_max_requests: HfRequests = "64", hf_page_size: HfPage = 256,
+               llamacpp_seqs: Annotated[str, typer.Option(
+                   "--llamacpp-seqs", callback=_check_sizes,
+                   help="Sequences per llama.cpp context (the best is kept).")] = "16,64,256",
                seed: Seed = 0, block_size: BlockSize = 16,
                kv_blocks: KvBlocks = None, kv_memory: KvMemory = None,
                max_num_seqs: MaxSeqs = MAX_SEQS, dtype: Dtype = DType.float32,
@@ -198,7 +202,7 @@ def throughput(num_requests: NumRequests = 200, model: Model = None,
                         f"broadcast per step; {comm['weights_per_worker_mb']:.0f} MB of weights "
                         "per worker")
         peers = make_peers(parse_peers(compare), engine, batch_sizes, hf_page_size,
-                           parse_list(hf_max_requests, int))
+                           parse_list(hf_max_requests, int), parse_list(llamacpp_seqs, int))
         for round_index in range(rounds):
             # in round 0 ours ran already, first, before any peer was loaded
             for runner in peers if round_index == 0 else in_turn(round_index, ours, peers):
@@ -220,6 +224,8 @@ def throughput(num_requests: NumRequests = 200, model: Model = None,
                     setting = {"batch_size": peer.batch_size}
                 elif peer.name == "hf-continuous":
                     setting = {"max_requests": peer.max_num_seqs}
+                elif peer.name == "llama.cpp":
+                    setting = {"sequences": peer.n_seq}
                 figures[peer.name] = {**result, **setting,
                                       "pagedchat_ratio": rows[-1]["pagedchat_ratio"]}
         report.emit_table("throughput", rows, ["engine", "requests_per_s", "output_tokens_per_s",
@@ -496,23 +502,36 @@ def latency(model: Model = None, max_tokens: MaxTokens = 128,
             rounds: Annotated[int, typer.Option(
                 "--rounds", min=1,
                 help="Time both engines this many times, in turn; each figure is the "
-                     "median and each ratio the median of the rounds' ratios.")] = 3) -> None:
-    """Single stream: decode tokens/s, time to first token of a long prompt, load times."""
-    from pagedchat.bench.latency import compare_single_stream, load_times
+                     "median and each ratio the median of the rounds' ratios.")] = 3,
+            compare: Annotated[str, typer.Option(
+                "--compare", help="Peers: hf-generate, llama.cpp (on the same GGUF file and "
+                                  "threads; needs the [peers] extra); empty: none.")]
+            = "hf-generate") -> None:
+    """Single stream: decode tokens/s, time to first token of a long prompt, load times,
+    and decode's share of the machine's copy bandwidth."""
+    from pagedchat.bench.bandwidth import memory_speed
+    from pagedchat.bench.latency import compare_single_stream, load_times, single_stream_peers
+    from pagedchat.bench.llamacpp import check_tokens
 
     with _user_errors():
         engine = _options(model, dtype, tp=tp).build()
         long_prompt = sharegpt.long_prompt(engine.tokenizer, prompt_len)
         short_prompt = warmup_prompt(engine.tokenizer)
+        peers = single_stream_peers(parse_list(compare), engine)
         figures = compare_single_stream(engine, short_prompt, long_prompt, max_tokens or 128,
-                                        rounds)
+                                        rounds, peers)
+        extra: dict[str, object] = {"memory_speed": memory_speed(
+            engine, figures, len(short_prompt) + (max_tokens or 128) / 2)}
         rows = [{"engine": name, **f} for name, f in figures.items()]
         report.emit_table("latency", rows, ["engine", "decode_tokens_per_s", "ttft_ms",
-                                            "decode_ratio", "ttft_ratio"])
+                                            "decode_ratio", "ttft_ratio", "bytes_per_token_mb",
+                                            "bandwidth_share"])
         report.note(f"decode after a short prompt, {max_tokens or 128} tokens; TTFT of a "
                     f"{len(long_prompt)}-token prompt; ratios: pagedchat over the engine"
                     + (f" (medians of {rounds} rounds, engines in turn)" if rounds > 1 else ""))
-        extra: dict[str, object] = {}
+        if "llama.cpp" in peers:
+            extra["llama.cpp"] = {**peers["llama.cpp"].build(),
+                                  "tokens": check_tokens(engine, peers["llama.cpp"])}
         if loads:
             extra["load"] = load_times(model)
             report.emit_table("load", [extra["load"]], ["first_load_s", "cached_load_s"])

@@ -15,14 +15,6 @@ from pagedchat.engine.sampling_params import SamplingParams
 TINY = SHAPES["tiny"]
 
 
-@pytest.fixture(scope="module")
-def tiny_gguf(tmp_path_factory):
-    path = tmp_path_factory.mktemp("synthetic") / "tiny.gguf"
-    # a wide init, so greedy steps are not near-ties (as the tiny HF model of conftest)
-    write_gguf(path, TINY, default_model_path(), "Q8_0", seed=3, std=0.5)
-    return path
-
-
 def test_reads_back_with_the_shape_and_tokenizer_asked_for(tiny_gguf):
     reader = gguf.GGUFReader(tiny_gguf)
     source = gguf.GGUFReader(default_model_path())
