@@ -1,5 +1,6 @@
 """Single-stream figures: load time (first and cached), decode speed and time to first
-token of a long prompt, for pagedchat and transformers ``generate`` on the same weights."""
+token of a long prompt, for pagedchat and its peers (transformers ``generate``, llama.cpp)
+on the same weights."""
 
 from __future__ import annotations
 
@@ -77,13 +78,17 @@ SingleStream = Callable[[list[int], int], dict[str, float]]
 SINGLE_STREAM_PEERS = ("hf-generate", "llama.cpp")
 
 
-def single_stream_peers(names: list[str], engine: LLMEngine) -> dict[str, SingleStream]:
-    """The peers asked for, each as a call (prompt ids, tokens) -> its figures, on the
-    weights the engine loaded (llama.cpp: the same GGUF file, pagedchat's thread count)."""
+def check_single_stream_peers(names: list[str]) -> list[str]:
     unknown = [name for name in names if name not in SINGLE_STREAM_PEERS]
     if unknown:
         raise ValueError(f"unknown engine {unknown[0]!r} (choose from "
                          f"{', '.join(SINGLE_STREAM_PEERS)})")
+    return names
+
+
+def single_stream_peers(names: list[str], engine: LLMEngine) -> dict[str, SingleStream]:
+    """The peers asked for, each as a call (prompt ids, tokens) -> its figures, on the
+    weights the engine loaded (llama.cpp: the same GGUF file, pagedchat's thread count)."""
     peers: dict[str, SingleStream] = {}
     for name in names:
         if name == "hf-generate":
@@ -106,7 +111,7 @@ def compare_single_stream(engine: LLMEngine, prompt_ids: list[int], long_prompt_
     With ``rounds`` > 1 the engines run in turn, pagedchat first in even rounds and last
     in odd ones; each engine shows its median figures (every round's beside them) and each
     ratio is the median of the rounds' own ratios, so a drift of the machine's speed over
-    the minutes of the run (its memory bandwidth varies by 2x here) cancels."""
+    the minutes of the run (its memory bandwidth is not steady) cancels."""
     if peers is None:
         peers = single_stream_peers(["hf-generate"], engine)
     pagedchat_single_stream(engine, prompt_ids, 8)  # warm every engine up once

@@ -8,7 +8,7 @@ holds it until it finishes:
 
 - ``max-length``: the model's maximum sequence length;
 - ``power-of-two``: the prompt plus the output length rounded up to a power of two
-  (over-reserving by less than 2x);
+  (less than double the need);
 - ``oracle``: the prompt plus exactly the true output length.
 
 Shares are averaged over the steps where requests were waiting (memory is the limit
@@ -72,8 +72,8 @@ class Tally:
 
     def figures(self) -> dict[str, float]:
         """Mean shares; ``live_of_allocated`` is the token states' share of the memory
-        held for requests (token states + reserved + internal fragmentation), the
-        paper's 96.3% for vLLM."""
+        held for requests (token states + reserved + internal fragmentation), the figure
+        the paper reports for vLLM."""
         n = max(self.samples, 1)
         shares = {part: self.sums[part] / n for part in PARTS}
         held = shares["token_states"] + shares["reserved"] + shares["internal_fragmentation"]

@@ -155,15 +155,20 @@ def write_gguf(path: Path, shape: Shape, tokenizer_gguf: Path, quant: str = "Q8_
         partial.unlink(missing_ok=True)
 
 
+def synthetic_path(size: str, quant: str, seed: int) -> Path:
+    """Where the cache keeps the model of these arguments."""
+    if size not in SHAPES:
+        raise ValueError(f"unknown size {size!r} (choose from {', '.join(SHAPES)})")
+    return cache_root() / "synthetic" / f"llama-{size}-{quant}-seed{seed}-v{FORMAT}.gguf"
+
+
 def synthetic_model(size: str = "1.5b", quant: str = "Q8_0", seed: int = 0,
                     tokenizer_gguf: Path | None = None) -> tuple[Path, bool]:
     """The cached random-weight GGUF of ``size`` (a key of SHAPES), written on first use;
     returns its path and whether it was there already."""
     from pagedchat.engine.loader import default_model_path
 
-    if size not in SHAPES:
-        raise ValueError(f"unknown size {size!r} (choose from {', '.join(SHAPES)})")
-    path = cache_root() / "synthetic" / f"llama-{size}-{quant}-seed{seed}-v{FORMAT}.gguf"
+    path = synthetic_path(size, quant, seed)
     if path.is_file():
         return path, True
     write_gguf(path, SHAPES[size], tokenizer_gguf or default_model_path(), quant, seed)

@@ -80,3 +80,20 @@ def test_refuses_what_it_cannot_write(tmp_path):
     with pytest.raises(ValueError, match="cannot quantize to IQ2_XS"):
         write_gguf(tmp_path / "x.gguf", TINY, default_model_path(), "IQ2_XS")
     assert "Q8_0" in quant_types()
+
+
+def test_the_command_prints_the_cached_path(monkeypatch, tmp_path):
+    from typer.testing import CliRunner
+
+    from pagedchat.cli import app
+
+    monkeypatch.setenv("PAGEDCHAT_CACHE_DIR", str(tmp_path))
+    runner = CliRunner()
+    first = runner.invoke(app, ["bench", "synth-model", "--size", "tiny", "--seed", "2"])
+    assert first.exit_code == 0, first.output
+    path = tmp_path / "synthetic" / "llama-tiny-Q8_0-seed2-v1.gguf"
+    assert first.stdout.strip() == str(path) and path.is_file()
+    again = runner.invoke(app, ["bench", "synth-model", "--size", "tiny", "--seed", "2"])
+    assert again.stdout.strip() == str(path)
+    bad = runner.invoke(app, ["bench", "synth-model", "--quant", "Q3_K"])
+    assert bad.exit_code == 1 and "cannot quantize to Q3_K" in bad.output
