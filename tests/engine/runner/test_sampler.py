@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from pagedchat.engine.sampler import SampleRow, apply_penalties, filter_logits, sample
+from pagedchat.engine.runner.sampler import SampleRow, apply_penalties, filter_logits, sample
 from pagedchat.engine.sampling_params import SamplingParams
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from pagedchat import LLM
 from pagedchat.engine.errors import ModelLoadError
-from pagedchat.engine.loader import check_gguf, default_model_path, prepare_model
+from pagedchat.engine.loading.loader import check_gguf, default_model_path, prepare_model
 
 
 def test_missing_path_is_named(tmp_path):
