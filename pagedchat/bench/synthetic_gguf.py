@@ -166,7 +166,7 @@ def synthetic_model(size: str = "1.5b", quant: str = "Q8_0", seed: int = 0,
                     tokenizer_gguf: Path | None = None) -> tuple[Path, bool]:
     """The cached random-weight GGUF of ``size`` (a key of SHAPES), written on first use;
     returns its path and whether it was there already."""
-    from pagedchat.engine.loader import default_model_path
+    from pagedchat.engine.loading.loader import default_model_path
 
     path = synthetic_path(size, quant, seed)
     if path.is_file():

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from pagedchat.bench.synthetic_gguf import SHAPES, write_gguf
-from pagedchat.engine.loader import default_model_path
+from pagedchat.engine.loading.loader import default_model_path
 
 
 @pytest.fixture(scope="session")

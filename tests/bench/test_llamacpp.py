@@ -54,7 +54,7 @@ def llama(tiny_gguf):
 def prompts(tiny_gguf) -> list[list[int]]:
     from transformers import AutoTokenizer
 
-    from pagedchat.engine.loader import prepare_model
+    from pagedchat.engine.loading.loader import prepare_model
 
     tokenizer = AutoTokenizer.from_pretrained(prepare_model(tiny_gguf).folder)
     texts = ["The weather in Paris is", "def fibonacci(n):", "Paging KV memory",

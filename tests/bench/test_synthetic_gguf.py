@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pagedchat.bench.synthetic_gguf import SHAPES, quant_types, synthetic_model, write_gguf
-from pagedchat.engine.loader import default_model_path, prepare_model
+from pagedchat.engine.loading.loader import default_model_path, prepare_model
 from pagedchat.engine.sampling_params import SamplingParams
 
 TINY = SHAPES["tiny"]
