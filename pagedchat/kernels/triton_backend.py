@@ -1,4 +1,4 @@
-"""The Triton (GPU) backend of pagedchat's kernels, same API as ``reference``.
+"""The Triton (GPU) backend of pagedchat's kernels: it keeps ``KernelBackend`` (backend.py).
 
 Importing it requires Triton. On a machine without a GPU it only works under
 ``TRITON_INTERPRET=1`` (set before this module is first imported), which is how the tests
@@ -28,9 +28,9 @@ from pagedchat.kernels.triton_attention import (
     choose_num_splits,
     paged_attention,
     paged_attention_decode,
-    paged_attention_prefill,
 )
 from pagedchat.kernels.triton_cache import copy_blocks, store_kv
+from pagedchat.kernels.triton_prefill import paged_attention_prefill
 from pagedchat.kernels.triton_utils import INTERPRETED
 
 __all__ = [
