@@ -1,5 +1,6 @@
 """Single-stream figures: load time (first and cached), decode speed and time to first
-token of a long prompt, for pagedchat and transformers ``generate`` on the same weights."""
+token of a long prompt, for pagedchat and its peers (transformers ``generate``, llama.cpp)
+on the same weights."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -72,17 +74,49 @@ def hf_single_stream(model, prompt_ids: list[int], max_tokens: int) -> dict[str,
     return {"ttft_ms": ttft * 1000, "decode_tokens_per_s": (max_tokens - 1) / (total - ttft)}
 
 
-def compare_single_stream(engine: LLMEngine, prompt_ids: list[int], long_prompt_ids: list[int],
-                          max_tokens: int, rounds: int = 1) -> dict[str, dict[str, object]]:
-    """Decode speed on a short prompt and TTFT on a long one, both engines, same weights.
+SingleStream = Callable[[list[int], int], dict[str, float]]
+SINGLE_STREAM_PEERS = ("hf-generate", "llama.cpp")
 
-    With ``rounds`` > 1 the engines run in turn, pagedchat first in even rounds and second
+
+def check_single_stream_peers(names: list[str]) -> list[str]:
+    unknown = [name for name in names if name not in SINGLE_STREAM_PEERS]
+    if unknown:
+        raise ValueError(f"unknown engine {unknown[0]!r} (choose from "
+                         f"{', '.join(SINGLE_STREAM_PEERS)})")
+    return names
+
+
+def single_stream_peers(names: list[str], engine: LLMEngine) -> dict[str, SingleStream]:
+    """The peers asked for, each as a call (prompt ids, tokens) -> its figures, on the
+    weights the engine loaded (llama.cpp: the same GGUF file, pagedchat's thread count)."""
+    peers: dict[str, SingleStream] = {}
+    for name in names:
+        if name == "hf-generate":
+            hf = load_hf_model(engine.model_files.folder, engine.config.dtype)
+            peers[name] = lambda ids, tokens, hf=hf: hf_single_stream(hf, ids, tokens)
+        else:
+            from pagedchat.bench.llamacpp import LlamaCpp, gguf_of
+
+            peers[name] = LlamaCpp(gguf_of(engine.model_files.source))
+    return peers
+
+
+def compare_single_stream(engine: LLMEngine, prompt_ids: list[int], long_prompt_ids: list[int],
+                          max_tokens: int, rounds: int = 1,
+                          peers: dict[str, SingleStream] | None = None,
+                          ) -> dict[str, dict[str, object]]:
+    """Decode speed on a short prompt and TTFT on a long one, pagedchat and each peer
+    (transformers ``generate`` unless ``peers`` says otherwise), same weights.
+
+    With ``rounds`` > 1 the engines run in turn, pagedchat first in even rounds and last
     in odd ones; each engine shows its median figures (every round's beside them) and each
     ratio is the median of the rounds' own ratios, so a drift of the machine's speed over
     the minutes of the run (its memory bandwidth is not steady) cancels."""
-    hf = load_hf_model(engine.model_files.folder, engine.config.dtype)
-    pagedchat_single_stream(engine, prompt_ids, 8)  # warm up both once
-    hf_single_stream(hf, prompt_ids, 8)
+    if peers is None:
+        peers = single_stream_peers(["hf-generate"], engine)
+    pagedchat_single_stream(engine, prompt_ids, 8)  # warm every engine up once
+    for run in peers.values():
+        run(prompt_ids, 8)
 
     def ours() -> dict[str, float]:
         figures = pagedchat_single_stream(engine, prompt_ids, max_tokens)
@@ -90,14 +124,17 @@ def compare_single_stream(engine: LLMEngine, prompt_ids: list[int], long_prompt_
         engine.reset_prefix_cache()  # the next round prefills the long prompt again
         return figures
 
-    def theirs() -> dict[str, float]:
-        figures = hf_single_stream(hf, prompt_ids, max_tokens)
-        figures["ttft_ms"] = hf_single_stream(hf, long_prompt_ids, 2)["ttft_ms"]
-        return figures
+    def theirs(run: SingleStream) -> Callable[[], dict[str, float]]:
+        def measured() -> dict[str, float]:
+            figures = run(prompt_ids, max_tokens)
+            figures["ttft_ms"] = run(long_prompt_ids, 2)["ttft_ms"]
+            return figures
+        return measured
 
-    runs: dict[str, list[dict[str, float]]] = {"pagedchat": [], "hf-generate": []}
+    runs: dict[str, list[dict[str, float]]] = {"pagedchat": [], **{name: [] for name in peers}}
     for round_index in range(rounds):
-        for name, run in in_turn(round_index, ("pagedchat", ours), [("hf-generate", theirs)]):
+        for name, run in in_turn(round_index, ("pagedchat", ours),
+                                 [(name, theirs(peer)) for name, peer in peers.items()]):
             runs[name].append(run())
 
     def column(measured: list[dict[str, float]], figure: str) -> list[float]:

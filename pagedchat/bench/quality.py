@@ -11,7 +11,7 @@ from pagedchat.engine.llm_engine import LLMEngine
 from pagedchat.engine.sampling_params import SamplingParams
 
 
-def _agreement(a: list[int], b: list[int]) -> int:
+def shared_prefix_len(a: list[int], b: list[int]) -> int:
     """How many leading tokens two greedy outputs share."""
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
@@ -42,8 +42,8 @@ def greedy_agreement(engine: LLMEngine, prompts: list[list[int]],
     ours = [finished[f"quality-{i}"] for i in range(len(prompts))]
     theirs = [_hf_greedy(hf, ids, max_tokens) for ids in prompts]
     reference = theirs if hf32 is hf else [_hf_greedy(hf32, ids, max_tokens) for ids in prompts]
-    shared = [_agreement(a, b) for a, b in zip(ours, theirs)]
-    floor = [_agreement(a, b) for a, b in zip(theirs, reference)]
+    shared = [shared_prefix_len(a, b) for a, b in zip(ours, theirs)]
+    floor = [shared_prefix_len(a, b) for a, b in zip(theirs, reference)]
     n = len(prompts)
     return {
         "prompts": n,

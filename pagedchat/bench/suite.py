@@ -8,7 +8,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from pagedchat.bench import report, sharegpt
+from pagedchat.bench import llamacpp, report, sharegpt
 from pagedchat.bench.engines import PagedChat
 from pagedchat.bench.metrics import RequestResult, latency_figures, throughput_figures
 from pagedchat.bench.peers import (
@@ -79,11 +79,10 @@ def parse_list(text: str, convert=str) -> list:
 
 def parse_peers(text: str) -> list[str]:
     names = parse_list(text)
-    own = [OWN_PEER_PREFIX + dtype for dtype in DTYPES]
-    unknown = [name for name in names if name not in (*PEERS, *own)]
+    known = (*PEERS, llamacpp.NAME, *[OWN_PEER_PREFIX + dtype for dtype in DTYPES])
+    unknown = [name for name in names if name not in known]
     if unknown:
-        raise ValueError(f"unknown engine {unknown[0]!r} (choose from "
-                         f"{', '.join((*PEERS, *own))})")
+        raise ValueError(f"unknown engine {unknown[0]!r} (choose from {', '.join(known)})")
     return names
 
 
@@ -139,9 +138,11 @@ HF_MAX_BATCH_TOKENS = 2048
 
 
 def make_peers(names: list[str], engine: LLMEngine, hf_batch_sizes: list[int],
-               hf_page_size: int, hf_max_requests: Sequence[int] = HF_MAX_REQUESTS) -> list:
+               hf_page_size: int, hf_max_requests: Sequence[int] = HF_MAX_REQUESTS,
+               llamacpp_seqs: Sequence[int] = llamacpp.SEQUENCES) -> list:
     """The peers asked for, on the weights the engine loaded, with pagedchat's KV memory;
-    each static batch size and continuous request limit is a peer of its own."""
+    each static batch size, continuous request limit and llama.cpp sequence count is a
+    peer of its own."""
     hf_names = [name for name in names if name in PEERS]
     if hf_names:
         model = load_hf_model(engine.model_files.folder, engine.config.dtype)
@@ -153,6 +154,8 @@ def make_peers(names: list[str], engine: LLMEngine, hf_batch_sizes: list[int],
             # the same engine settings, KV pool included (in blocks), in another dtype
             dtype = name.removeprefix(OWN_PEER_PREFIX)
             peers.append(PagedChat(LLMEngine(replace(engine.config, dtype=dtype)), name=name))
+        elif name == llamacpp.NAME:
+            peers += llamacpp.batched_peers(engine, llamacpp_seqs)
         elif name == "hf-generate":
             peers += [HFGenerate(model, pad, size) for size in hf_batch_sizes]
         else:

@@ -44,6 +44,8 @@ def summarize(runs: dict[str, list[Figures]], ours: PagedChat, peers: list,
                 setting = {"batch_size": peer.batch_size}
             elif peer.name == "hf-continuous":
                 setting = {"max_requests": peer.max_num_seqs}
+            elif peer.name == "llama.cpp":
+                setting = {"sequences": peer.n_seq}
             figures[peer.name] = {**result, **setting,
                                   "pagedchat_ratio": rows[-1]["pagedchat_ratio"]}
     return figures, rows

@@ -21,6 +21,7 @@ from pagedchat.cli.bench import (
     quality,
     serve,
     sharing,
+    synth_model,
     throughput,
 )
 
@@ -37,3 +38,4 @@ app.command()(latency.latency)
 app.command()(quality.quality)
 app.command()(sharing.sharing)
 app.command()(parallel.parallel)
+app.command("synth-model")(synth_model.synth_model)

@@ -57,8 +57,9 @@ MaxSeqs = Annotated[int, typer.Option("--max-num-seqs", min=1, help="Most sequen
 Dtype = Annotated[DType, typer.Option("--dtype", help="Weights and KV cache dtype.")]
 Compare = Annotated[str, typer.Option(
     "--compare", callback=_check_peers,
-    help="Peers to run too: hf-generate,hf-continuous, or pagedchat-DTYPE (pagedchat in "
-         "another dtype, e.g. pagedchat-float32).")]
+    help="Peers to run too: hf-generate,hf-continuous, llama.cpp (batched, on the same GGUF; "
+         "needs the [peers] extra), or pagedchat-DTYPE (pagedchat in another dtype, e.g. "
+         "pagedchat-float32).")]
 HfBatch = Annotated[str, typer.Option(
     "--hf-batch-size", callback=check_sizes,
     help="Static batch sizes for hf-generate (the best is kept).")]

@@ -30,6 +30,7 @@ from pagedchat.cli.bench.options import (
     MaxTokens,
     NumRequests,
     Seed,
+    check_sizes,
     engine_options,
 )
 from pagedchat.cli.options import (
@@ -46,6 +47,9 @@ from pagedchat.cli.options import (
 def throughput(num_requests: NumRequests = 200, model: Model = None,
                max_tokens: MaxTokens = None, compare: Compare = "", hf_batch_size: HfBatch = "8",
                hf_max_requests: HfRequests = "64", hf_page_size: HfPage = 256,
+               llamacpp_seqs: Annotated[str, typer.Option(
+                   "--llamacpp-seqs", callback=check_sizes,
+                   help="Sequences per llama.cpp context (the best is kept).")] = "16,64,256",
                seed: Seed = 0, block_size: BlockSize = 16,
                kv_blocks: KvBlocks = None, kv_memory: KvMemory = None,
                max_num_seqs: MaxSeqs = MAX_SEQS, dtype: Dtype = DType.float32,
@@ -88,7 +92,7 @@ def throughput(num_requests: NumRequests = 200, model: Model = None,
                         f"broadcast per step; {comm['weights_per_worker_mb']:.0f} MB of weights "
                         "per worker")
         peers = make_peers(parse_peers(compare), engine, batch_sizes, hf_page_size,
-                           parse_list(hf_max_requests, int))
+                           parse_list(hf_max_requests, int), parse_list(llamacpp_seqs, int))
         runs = run_rounds(ours, peers, requests, warmup, rounds, first)
         figures, rows = summarize(runs, ours, peers, extras)
         report.emit_table("throughput", rows, ["engine", "requests_per_s", "output_tokens_per_s",
