@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).with_name(name)
            for name in ("cpu_attention.c", "cpu_prefill.c", "cpu_sampling.c", "cpu_layer.c",
-                        "cpu_linear.c", "cpu_decoder.c")]
+                        "cpu_linear.c", "cpu_decoder.c", "cpu_quant.c")]
 HEADERS = [Path(__file__).with_name(name) for name in ("cpu_vector.h", "cpu_kernels.h")]
 COMPILE_FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp",
                  "-fPIC", "-std=c11"]
