@@ -7,10 +7,10 @@
  * compiler contract them (the pragma below; cpu.py builds with -ffast-math). The sums of
  * the products may be in any order, as in every other product of this backend.
  *
- * Threads take equal runs of groups of NC output columns. A thread decodes one group's
- * rows into a float32 scratch (a few KB, in L1) and multiplies them with every row of x,
- * MR rows at a time, MR x NC sums in registers: the weights are read from memory once and
- * decoded once per call, whatever the row count. One path per instruction set, picked by
+ * Threads take equal runs of groups of GROUP output columns. A thread decodes one group's
+ * rows into a float32 scratch (tens of KB) and multiplies them with every row of x, MR
+ * rows by NC columns at a time, their sums in registers: the weights are read from memory
+ * once and decoded once per call, whatever the row count. One path per instruction set, picked by
  * the compiler's macros: AVX-512, AVX2 with FMA, else plain C.
  */
 #if defined(__clang__)
@@ -33,7 +33,9 @@
 /* GGML's type numbers, as in quant.py's FORMATS */
 enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
 
-#define NC 4  /* output columns decoded and multiplied together */
+#define NC 4      /* output columns whose sums a tile keeps in registers */
+#define GROUP 16  /* output columns decoded together: a row group of x, read from L1, serves
+                   * all of them */
 
 static inline float half_to_float(const uint8_t *p) {
     const uint32_t h = (uint32_t)p[0] | (uint32_t)p[1] << 8;
@@ -281,32 +283,35 @@ static int product(const float *x, const uint8_t *w, int type, const float *bias
     Format f;
     if (!format_of(type, &f)) return 1;
     const int64_t row_bytes = (int64_t)k_dim / f.block_size * f.type_size;
-    const int groups = (n_dim + NC - 1) / NC;
+    const int groups = (n_dim + GROUP - 1) / GROUP;
     int failed = 0;
     #pragma omp parallel num_threads(num_threads) reduction(| : failed)
     {
-        float *tile = aligned_alloc(64, sizeof(float) * NC * (size_t)k_dim);
+        float *tile = aligned_alloc(64, sizeof(float) * GROUP * (size_t)k_dim);
         const int threads = omp_get_num_threads(), t = omp_get_thread_num();
         const int end = (int)((int64_t)groups * (t + 1) / threads);
         if (tile == NULL) failed = 1;
         for (int g = (int)((int64_t)groups * t / threads); tile != NULL && g < end; g++) {
-            const int n0 = g * NC, count = n_dim - n0 < NC ? n_dim - n0 : NC;
-            for (int c = 0; c < NC; c++)  /* a short last group repeats its first row */
-                if (c < count)
-                    decode_row(&f, w + (n0 + c) * row_bytes, k_dim, tile + (int64_t)c * k_dim);
-                else
-                    memcpy(tile + (int64_t)c * k_dim, tile, sizeof(float) * k_dim);
+            const int first = g * GROUP, count = n_dim - first < GROUP ? n_dim - first : GROUP;
+            for (int c = 0; c < count; c++)
+                decode_row(&f, w + (first + c) * row_bytes, k_dim, tile + (int64_t)c * k_dim);
+            for (int c = count; c < (count + NC - 1) / NC * NC; c++)  /* pad the last NC */
+                memcpy(tile + (int64_t)c * k_dim, tile, sizeof(float) * k_dim);
             for (int m = 0; m < rows; m += MR) {
                 const int chunk = rows - m < MR ? rows - m : MR;
-                float sums[MR][NC];
-                dot_rows(x + (int64_t)m * k_dim, tile, chunk, k_dim, sums);
-                for (int r = 0; r < chunk; r++)
-                    for (int c = 0; c < count; c++) {
-                        const float y = sums[r][c] + (bias ? bias[n0 + c] : 0.0f);
-                        const int64_t at = (int64_t)(m + r) * out_stride + n0 + c;
-                        if (out_bf16) ((bf16_t *)out)[at] = bf16_round(y);
-                        else ((float *)out)[at] = y;
-                    }
+                for (int c0 = 0; c0 < count; c0 += NC) {
+                    float sums[MR][NC];
+                    dot_rows(x + (int64_t)m * k_dim, tile + (int64_t)c0 * k_dim, chunk, k_dim,
+                             sums);
+                    const int n0 = first + c0, cols = count - c0 < NC ? count - c0 : NC;
+                    for (int r = 0; r < chunk; r++)
+                        for (int c = 0; c < cols; c++) {
+                            const float y = sums[r][c] + (bias ? bias[n0 + c] : 0.0f);
+                            const int64_t at = (int64_t)(m + r) * out_stride + n0 + c;
+                            if (out_bf16) ((bf16_t *)out)[at] = bf16_round(y);
+                            else ((float *)out)[at] = y;
+                        }
+                }
             }
         }
         free(tile);
