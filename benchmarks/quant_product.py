@@ -40,13 +40,13 @@ def weights() -> dict[str, list[QuantizedWeight]]:
     return found
 
 
-def best(run, repeats: int) -> float:
+def best(run, repeats: int, clock) -> float:
     run()
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock()
         run()
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
     return min(times) * 1e3
 
 
@@ -57,6 +57,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    # one thread: the CPU time this thread used, which time given to other processes on a
+    # shared machine does not inflate; more: wall time
+    clock = time.thread_time if args.threads == 1 else time.perf_counter
     print(f"threads {torch.get_num_threads()}")
     print(f"{'weight':8} {'rows':>5} {'quant ms':>9} {'f32 ms':>8} {'f32/quant':>9}")
     for key, layers in weights().items():
@@ -64,8 +67,8 @@ def main() -> None:
         for rows in args.rows:
             x = torch.randn(rows, layers[0].in_features)
             q_ms = best(lambda: [cpu_quant.quantized_linear(x, w) for w in layers],
-                        args.repeats) / len(layers)
-            f_ms = best(lambda: [cpu.linear(x, w) for w in packed], args.repeats) / len(layers)
+                        args.repeats, clock) / len(layers)
+            f_ms = best(lambda: [cpu.linear(x, w) for w in packed], args.repeats, clock) / len(layers)
             print(f"{key:8} {rows:5} {q_ms:9.3f} {f_ms:8.3f} {f_ms / q_ms:9.2f}")
 
 

@@ -26,7 +26,7 @@
 
 #include "cpu_vector.h"
 
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__)) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 
@@ -38,6 +38,9 @@ enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q
                    * all of them */
 
 static inline float half_to_float(const uint8_t *p) {
+#if defined(__F16C__)
+    return _cvtsh_ss((unsigned short)(p[0] | p[1] << 8));  /* exact, as the branches below */
+#endif
     const uint32_t h = (uint32_t)p[0] | (uint32_t)p[1] << 8;
     const uint32_t sign = (h & 0x8000u) << 16, exponent = (h >> 10) & 0x1Fu, mantissa = h & 0x3FFu;
     union { uint32_t u; float f; } v;
@@ -83,6 +86,39 @@ static inline void scale_values(const int8_t *q, int n, float d, float m, int ha
 #endif
 }
 
+/* out[j] = d * (((bytes[j] >> shift) & 15) - sub) (+ m where has_offset) for j < n, n a
+ * multiple of 16: the 4-bit formats' runs, unpacked in registers. */
+static inline void scale_nibbles(const uint8_t *bytes, int shift, int sub, int n, float d,
+                                 float m, int has_offset, float *out) {
+#if defined(__AVX512F__)
+    const __m512 dv = _mm512_set1_ps(d), mv = _mm512_set1_ps(m);
+    for (int j = 0; j < n; j += 16) {
+        __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(bytes + j)));
+        q = _mm512_sub_epi32(_mm512_and_si512(_mm512_srli_epi32(q, shift),
+                                              _mm512_set1_epi32(15)), _mm512_set1_epi32(sub));
+        __m512 y = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(q));
+        if (has_offset) y = _mm512_add_ps(y, mv);
+        _mm512_storeu_ps(out + j, y);
+    }
+#elif defined(__AVX2__) && defined(__FMA__)
+    const __m256 dv = _mm256_set1_ps(d), mv = _mm256_set1_ps(m);
+    for (int j = 0; j < n; j += 8) {
+        __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(bytes + j)));
+        q = _mm256_sub_epi32(_mm256_and_si256(_mm256_srli_epi32(q, shift),
+                                              _mm256_set1_epi32(15)), _mm256_set1_epi32(sub));
+        __m256 y = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(q));
+        if (has_offset) y = _mm256_add_ps(y, mv);
+        _mm256_storeu_ps(out + j, y);
+    }
+#else
+    for (int j = 0; j < n; j++) {
+        float y = d * (float)(((bytes[j] >> shift) & 15) - sub);
+        if (has_offset) y = y + m;
+        out[j] = y;
+    }
+#endif
+}
+
 /* bytes[0, n) -> q[0, n) low nibbles, q[n, 2n) high nibbles */
 static inline void nibbles(const uint8_t *bytes, int n, int8_t *q) {
     for (int j = 0; j < n; j++) {
@@ -102,17 +138,16 @@ static inline void k_scales(const uint8_t *s, uint8_t sc[8], uint8_t mn[8]) {
 }
 
 /* One block of each format to float32 (32 values, 256 for the K formats). */
-static void decode_q4_0(const uint8_t *b, float *out) {
-    int8_t q[32];
-    nibbles(b + 2, 16, q);
-    for (int j = 0; j < 32; j++) q[j] -= 8;
-    scale_values(q, 32, half_to_float(b), 0.0f, 0, out);
+static inline void decode_q4_0(const uint8_t *b, float *out) {
+    const float d = half_to_float(b);
+    scale_nibbles(b + 2, 0, 8, 16, d, 0.0f, 0, out);
+    scale_nibbles(b + 2, 4, 8, 16, d, 0.0f, 0, out + 16);
 }
 
-static void decode_q4_1(const uint8_t *b, float *out) {
-    int8_t q[32];
-    nibbles(b + 4, 16, q);
-    scale_values(q, 32, half_to_float(b), half_to_float(b + 2), 1, out);
+static inline void decode_q4_1(const uint8_t *b, float *out) {
+    const float d = half_to_float(b), m = half_to_float(b + 2);
+    scale_nibbles(b + 4, 0, 0, 16, d, m, 1, out);
+    scale_nibbles(b + 4, 4, 0, 16, d, m, 1, out + 16);
 }
 
 /* Q5_0 (offset 0: d, qh, qs) and Q5_1 (d, m, qh, qs) */
@@ -129,10 +164,10 @@ static inline void decode_q5(const uint8_t *b, float *out, int with_min) {
                  out);
 }
 
-static void decode_q5_0(const uint8_t *b, float *out) { decode_q5(b, out, 0); }
-static void decode_q5_1(const uint8_t *b, float *out) { decode_q5(b, out, 1); }
+static inline void decode_q5_0(const uint8_t *b, float *out) { decode_q5(b, out, 0); }
+static inline void decode_q5_1(const uint8_t *b, float *out) { decode_q5(b, out, 1); }
 
-static void decode_q8_0(const uint8_t *b, float *out) {
+static inline void decode_q8_0(const uint8_t *b, float *out) {
     int8_t q[32];
     memcpy(q, b + 2, 32);
     scale_values(q, 32, half_to_float(b), 0.0f, 0, out);
@@ -146,11 +181,18 @@ static inline void decode_k(const uint8_t *b, float *out, int five) {
     k_scales(b + 4, sc, mn);
     const uint8_t *qh = b + 16, *qs = b + (five ? 48 : 16);
     for (int c = 0; c < 4; c++) {
+        if (!five) {
+            for (int h = 0; h < 2; h++) {
+                const int i = 2 * c + h;
+                scale_nibbles(qs + 32 * c, 4 * h, 0, 32, d * (float)sc[i],
+                              -(dmin * (float)mn[i]), 1, out + 32 * i);
+            }
+            continue;
+        }
         int8_t q[64];
         nibbles(qs + 32 * c, 32, q);
-        if (five)
-            for (int j = 0; j < 64; j++)
-                q[j] = (int8_t)(q[j] | ((qh[j % 32] >> (2 * c + j / 32)) & 1) << 4);
+        for (int j = 0; j < 64; j++)
+            q[j] = (int8_t)(q[j] | ((qh[j % 32] >> (2 * c + j / 32)) & 1) << 4);
         for (int h = 0; h < 2; h++) {
             const int i = 2 * c + h;
             scale_values(q + 32 * h, 32, d * (float)sc[i], -(dmin * (float)mn[i]), 1,
@@ -159,13 +201,13 @@ static inline void decode_k(const uint8_t *b, float *out, int five) {
     }
 }
 
-static void decode_q4_k(const uint8_t *b, float *out) { decode_k(b, out, 0); }
-static void decode_q5_k(const uint8_t *b, float *out) { decode_k(b, out, 1); }
+static inline void decode_q4_k(const uint8_t *b, float *out) { decode_k(b, out, 0); }
+static inline void decode_q5_k(const uint8_t *b, float *out) { decode_k(b, out, 1); }
 
 /* Q6_K (ql, qh, scales, d): value v = 128 h + r takes its low four bits from
  * ql[64 h + r % 64] (nibble r / 64), its high two from qh[32 h + r % 32] (pair r / 32),
  * less 32, times d * scales[v / 16]. */
-static void decode_q6_k(const uint8_t *b, float *out) {
+static inline void decode_q6_k(const uint8_t *b, float *out) {
     const uint8_t *ql = b, *qh = b + 128;
     const int8_t *scales = (const int8_t *)(b + 192);
     const float d = half_to_float(b + 208);
@@ -182,30 +224,42 @@ static void decode_q6_k(const uint8_t *b, float *out) {
     }
 }
 
-typedef void (*decode_fn)(const uint8_t *, float *);
-
 typedef struct {
-    decode_fn decode;
-    int block_size, type_size;
+    int type, block_size, type_size;
 } Format;
 
 static int format_of(int type, Format *f) {
     switch (type) {
-        case Q4_0: *f = (Format){decode_q4_0, 32, 18}; return 1;
-        case Q4_1: *f = (Format){decode_q4_1, 32, 20}; return 1;
-        case Q5_0: *f = (Format){decode_q5_0, 32, 22}; return 1;
-        case Q5_1: *f = (Format){decode_q5_1, 32, 24}; return 1;
-        case Q8_0: *f = (Format){decode_q8_0, 32, 34}; return 1;
-        case Q4_K: *f = (Format){decode_q4_k, 256, 144}; return 1;
-        case Q5_K: *f = (Format){decode_q5_k, 256, 176}; return 1;
-        case Q6_K: *f = (Format){decode_q6_k, 256, 210}; return 1;
+        case Q4_0: *f = (Format){type, 32, 18}; return 1;
+        case Q4_1: *f = (Format){type, 32, 20}; return 1;
+        case Q5_0: *f = (Format){type, 32, 22}; return 1;
+        case Q5_1: *f = (Format){type, 32, 24}; return 1;
+        case Q8_0: *f = (Format){type, 32, 34}; return 1;
+        case Q4_K: *f = (Format){type, 256, 144}; return 1;
+        case Q5_K: *f = (Format){type, 256, 176}; return 1;
+        case Q6_K: *f = (Format){type, 256, 210}; return 1;
         default: return 0;
     }
 }
 
-static inline void decode_row(const Format *f, const uint8_t *row, int k_dim, float *out) {
-    for (int k = 0, at = 0; k < k_dim; k += f->block_size, at += f->type_size)
-        f->decode(row + at, out + k);
+/* One row of k_dim values, the format picked once per row so each block's decoding is
+ * inlined into its loop. */
+#define DECODE_LOOP(DECODE)                                                                \
+    for (int k = 0, at = 0; k < k_dim; k += f->block_size, at += f->type_size)             \
+        DECODE(row + at, out + k);                                                         \
+    break;
+
+static void decode_row(const Format *f, const uint8_t *row, int k_dim, float *out) {
+    switch (f->type) {
+        case Q4_0: DECODE_LOOP(decode_q4_0)
+        case Q4_1: DECODE_LOOP(decode_q4_1)
+        case Q5_0: DECODE_LOOP(decode_q5_0)
+        case Q5_1: DECODE_LOOP(decode_q5_1)
+        case Q8_0: DECODE_LOOP(decode_q8_0)
+        case Q4_K: DECODE_LOOP(decode_q4_k)
+        case Q5_K: DECODE_LOOP(decode_q5_k)
+        default: DECODE_LOOP(decode_q6_k)
+    }
 }
 
 /* ---- MR x NC dot products of float32 rows (k_dim a multiple of 16) ---- */
@@ -356,7 +410,7 @@ int quant_embedding(const int64_t *ids, const uint8_t *w, int type, void *out, i
         }
         float block[256];
         for (int k = 0, at = 0; k < k_dim; k += f.block_size, at += f.type_size) {
-            f.decode(row + at, block);
+            decode_row(&f, row + at, f.block_size, block);
             for (int j = 0; j < f.block_size; j++)
                 ((bf16_t *)out)[(int64_t)i * k_dim + k + j] = bf16_round(block[j]);
         }
