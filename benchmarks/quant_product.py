@@ -10,6 +10,7 @@ Prints milliseconds per product (best run over layers), and the ratio.
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 
 import gguf
@@ -40,6 +41,11 @@ def weights() -> dict[str, list[QuantizedWeight]]:
     return found
 
 
+def run_all(product, x: torch.Tensor, weights: list) -> None:
+    for weight in weights:
+        product(x, weight)
+
+
 def best(run, repeats: int, clock) -> float:
     run()
     times = []
@@ -66,9 +72,10 @@ def main() -> None:
         packed = [cpu.pack_linear(quant.dequantize(weight)) for weight in layers]
         for rows in args.rows:
             x = torch.randn(rows, layers[0].in_features)
-            q_ms = best(lambda: [cpu_quant.quantized_linear(x, w) for w in layers],
+            q_ms = best(functools.partial(run_all, cpu_quant.quantized_linear, x, layers),
                         args.repeats, clock) / len(layers)
-            f_ms = best(lambda: [cpu.linear(x, w) for w in packed], args.repeats, clock) / len(layers)
+            f_ms = best(functools.partial(run_all, cpu.linear, x, packed),
+                        args.repeats, clock) / len(layers)
             print(f"{key:8} {rows:5} {q_ms:9.3f} {f_ms:8.3f} {f_ms / q_ms:9.2f}")
 
 
