@@ -30,6 +30,23 @@ _LAYER = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 _PLAIN = ("F32", "F16", "BF16")
 
 
+def write_metadata(path: Path, folder: Path) -> None:
+    """An HF folder for ``path`` with its config, generation config and tokenizer, and no
+    weights: what the engine reads beside the GGUF's own tensors. Reads the metadata only."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    try:
+        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    except Exception as error:
+        raise ModelLoadError(f"{path}: transformers could not read the GGUF ({error})") from error
+    config.save_pretrained(folder)
+    GenerationConfig.from_model_config(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
 def hf_name(name: str) -> str | None:
     """transformers' name for a GGUF tensor name, or None for one it does not load (such as
     llama.cpp's precomputed ``rope_freqs``)."""
