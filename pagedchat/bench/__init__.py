@@ -1,1 +1,1 @@
-"""Workloads (ShareGPT), peers, measurements and reports: `pagedchat bench`, `batch`, `inspect`."""
+"""The paper's evaluation: workloads (ShareGPT), peers, measurements and reports."""

@@ -8,7 +8,7 @@ holds it until it finishes:
 
 - ``max-length``: the model's maximum sequence length;
 - ``power-of-two``: the prompt plus the output length rounded up to a power of two
-  (over-reserving by less than 2x);
+  (less than double the need);
 - ``oracle``: the prompt plus exactly the true output length.
 
 Shares are averaged over the steps where requests were waiting (memory is the limit
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pagedchat.bench.metrics import MB, resident_bytes
 from pagedchat.bench.sharegpt import Request
 from pagedchat.engine.llm_engine import LLMEngine
-from pagedchat.engine.stats import EngineStats
+from pagedchat.engine.outputs import EngineStats
 
 PARTS = ("token_states", "reserved", "internal_fragmentation", "external_fragmentation", "free")
 POLICIES = ("max-length", "power-of-two", "oracle")
@@ -72,8 +72,8 @@ class Tally:
 
     def figures(self) -> dict[str, float]:
         """Mean shares; ``live_of_allocated`` is the token states' share of the memory
-        held for requests (token states + reserved + internal fragmentation), the
-        paper's 96.3% for vLLM."""
+        held for requests (token states + reserved + internal fragmentation), the figure
+        the paper reports for vLLM."""
         n = max(self.samples, 1)
         shares = {part: self.sums[part] / n for part in PARTS}
         held = shares["token_states"] + shares["reserved"] + shares["internal_fragmentation"]
@@ -158,9 +158,9 @@ def resident_figures(engine: LLMEngine) -> dict[str, float]:
     pool (written in full when the engine starts). ``beyond_weights_and_kv_mb`` is the
     rest: Python, torch, the tokenizer, activations and the buffers kept for reuse."""
     runner = engine.runner
-    pool = engine.block_manager.num_blocks * runner.block_bytes
+    pool = engine.scheduler.block_manager.num_blocks * runner.block_bytes
     rss = resident_bytes()
     return {"rss_mb": rss / MB, "weights_mb": runner.weight_bytes / MB,
-            "kv_written_mb": engine.block_manager.high_water * runner.block_bytes / MB,
+            "kv_written_mb": engine.scheduler.block_manager.high_water * runner.block_bytes / MB,
             "kv_pool_mb": pool / MB,
             "beyond_weights_and_kv_mb": (rss - runner.weight_bytes - pool) / MB}

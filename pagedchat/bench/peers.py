@@ -10,7 +10,7 @@
 - ``hf-continuous``: transformers' own continuous batching (paged KV cache), one request
   per trace entry with that entry's own ``max_new_tokens`` and ``eos_token_id=-1``
   (ignore_eos). Its cache is sized explicitly to pagedchat's KV pool in tokens (on a CPU it
-  would otherwise take 90% of free memory). Online, requests are added from this thread at
+  would otherwise take most of the free memory). Online, requests are added from this thread at
   their arrival times while its own thread generates.
 """
 
@@ -130,8 +130,8 @@ class HFContinuous:
         generation = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens,
                                       eos_token_id=-1)
         # The cache is sized here, as pagedchat's pool; max_memory_percent=1 leaves transformers'
-        # guard only the memory not yet resident. Its default on the CPU (0.6 of it, from
-        # 5.23 of the NUMA node's size: 10.3 of 24 GB on one test machine) refused that cache.
+        # guard only the memory not yet resident: its default share of the NUMA node refused
+        # a cache of pagedchat's size.
         batching = ContinuousBatchingConfig(
             page_size=self.page_size, num_blocks=math.ceil(self.kv_tokens / self.page_size),
             max_batch_tokens=self.max_batch_tokens, max_requests_per_batch=self.max_num_seqs,

@@ -53,6 +53,17 @@ def emit_table(title: str, rows: list[dict[str, object]], columns: list[str],
                           soft_wrap=True, highlight=False)
 
 
+def flatten(figures: dict[str, object]) -> dict[str, object]:
+    """``{"ttft_ms": {"mean": 1}}`` -> ``{"ttft_ms_mean": 1}`` for tables."""
+    flat: dict[str, object] = {}
+    for key, value in figures.items():
+        if isinstance(value, dict):
+            flat.update({f"{key}_{sub}": v for sub, v in value.items()})
+        else:
+            flat[key] = value
+    return flat
+
+
 def note(message: str) -> None:
     """A line for the reader (on stderr, so that piped stdout stays parseable)."""
     stderr.print(message, highlight=False, soft_wrap=True)
@@ -99,6 +110,11 @@ def run_metadata(engine_config, model_source: str) -> dict[str, object]:
         "git_commit": _git_commit(),
         "cpu_count": os.cpu_count(),
     }
+
+
+def engine_metadata(engine) -> dict[str, object]:
+    """``run_metadata`` of a built engine."""
+    return run_metadata(engine.config, engine.model_files.source)
 
 
 def write_json(path: Path, meta: dict[str, object], engines: dict[str, object],

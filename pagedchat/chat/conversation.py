@@ -8,7 +8,7 @@ from typing import Literal
 
 from pagedchat.engine.sampling_params import SamplingParams
 
-# Long enough to fill whole KV blocks (about 48 tokens with the template), so that
+# Long enough, with the template, to fill whole KV blocks, so that
 # sessions sharing it share those blocks through the prefix cache.
 DEFAULT_SYSTEM_PROMPT = (
     "You are a helpful, concise assistant running in a terminal. Answer in plain language, "
@@ -19,8 +19,9 @@ DEFAULT_TITLE = "New chat"
 
 Role = Literal["user", "assistant"]
 # generating: the reply is being written; cancelled: the user stopped it;
-# interrupted: the app ended before it did; error: the engine refused it.
-Status = Literal["done", "generating", "cancelled", "interrupted", "error"]
+# interrupted: the app ended before it did; error: the engine refused it;
+# unanswered (a user message): no reply to it was saved, the app ended or failed first.
+Status = Literal["done", "generating", "cancelled", "interrupted", "error", "unanswered"]
 
 
 @dataclass

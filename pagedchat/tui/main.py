@@ -1,4 +1,4 @@
-"""`pagedchat chat`: the Typer command and the function behind it."""
+"""The function behind `pagedchat chat`: open the store, check the session, run the app."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import os
 import sys
 from functools import partial
 from pathlib import Path
-from typing import Annotated
 
 import typer
 
@@ -50,24 +49,3 @@ def run_chat(
         sys.stderr.flush()
         os._exit(app.return_code or 0)
 
-
-def chat(
-    model: Annotated[str | None, typer.Option(
-        "--model", "-m", help="HF folder or GGUF file (default: SmolLM2-135M-Instruct).")] = None,
-    db: Annotated[Path | None, typer.Option(
-        help="SQLite file of the sessions (default: chats.db in $PAGEDCHAT_DATA_DIR, "
-             "else in $XDG_DATA_HOME/pagedchat).")] = None,
-    continue_last: Annotated[bool, typer.Option(
-        "--continue", "-c", help="Reopen the last session.")] = False,
-    session: Annotated[int | None, typer.Option(help="Reopen the session with this id.")] = None,
-    context_window: Annotated[int, typer.Option(
-        min=16, help="Prompt tokens kept: system prompt plus the newest messages that fit."
-    )] = DEFAULT_CONTEXT_WINDOW,
-    kv_blocks: Annotated[int, typer.Option(
-        min=1, help="Blocks in the KV cache pool.")] = DEFAULT_KV_BLOCKS,
-    tensor_parallel_size: Annotated[int, typer.Option(
-        "--tensor-parallel-size", "-tp", min=1,
-        help="Workers that split the model's heads (one process each).")] = 1,
-) -> None:
-    """Chat in the terminal with a model served by the paged engine."""
-    run_chat(model, db, continue_last, session, context_window, kv_blocks, tensor_parallel_size)

@@ -1,0 +1,56 @@
+"""`pagedchat batch`: a JSONL file of prompts through the engine, resumable."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from pagedchat.bench import report
+from pagedchat.bench.suite import EngineOptions
+from pagedchat.cli.options import KvBlocks, KvMemory, Model, TensorParallelSize, user_errors
+
+
+def batch(
+    input_path: Annotated[str, typer.Argument(metavar="IN", help="JSONL requests; - = stdin.")],
+    output: Annotated[str, typer.Option("-o", "--output", metavar="OUT",
+                                        help="JSONL results, appended; - = stdout.")] = "-",
+    model: Model = None,
+    system: Annotated[str | None, typer.Option(
+        "--system", help="A system prompt shared by every line (its KV blocks are shared).")]
+    = None,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1,
+                                            help="Default max_tokens of a line.")] = 256,
+    temperature: Annotated[float | None, typer.Option(
+        "--temperature", min=0.0, help="Default temperature of a line (0 = greedy).")] = None,
+    kv_blocks: KvBlocks = None,
+    kv_memory: KvMemory = None,
+    tp: TensorParallelSize = 1,
+) -> None:
+    """Run a JSONL file of prompts through the engine; resumable (a rerun skips answered lines)."""
+    from pagedchat.chat.batch import describe, load_done, run_batch
+
+    with user_errors():
+        if input_path != "-" and not Path(input_path).is_file():
+            raise FileNotFoundError(f"{input_path}: no such file")
+        done = load_done(Path(output)) if output != "-" else {}
+        lines = (sys.stdin if input_path == "-" else
+                 Path(input_path).open(encoding="utf-8")).read().splitlines()
+        engine = EngineOptions(model=model, num_kv_blocks=kv_blocks, kv_cache_memory=kv_memory,
+                               tensor_parallel_size=tp).build()
+        defaults: dict[str, object] = {"max_tokens": max_tokens}
+        if temperature is not None:
+            defaults["temperature"] = temperature
+        sink = sys.stdout if output == "-" else open(output, "a", encoding="utf-8")
+        try:
+            with report.progress("batch", sum(1 for t in lines if t.strip())) as advance:
+                summary = run_batch(engine, lines, sink, done, system, defaults,
+                                    warn=lambda m: report.note(f"[yellow]{m}[/yellow]"),
+                                    progress=advance)
+        finally:
+            if sink is not sys.stdout:
+                sink.close()
+        report.note(describe(summary))
+    raise typer.Exit(summary.exit_code)

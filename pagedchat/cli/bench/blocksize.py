@@ -1,0 +1,60 @@
+"""`pagedchat bench blocksize`: the block-size ablation on one KV memory budget."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from pagedchat.bench import report
+from pagedchat.bench.engines import PagedChat
+from pagedchat.bench.suite import (
+    measure,
+    parse_list,
+    poisson_arrivals,
+    sample_trace,
+    warmup_prompt,
+)
+from pagedchat.cli.bench.options import (
+    MAX_SEQS,
+    DType,
+    Dtype,
+    MaxSeqs,
+    MaxTokens,
+    NumRequests,
+    Seed,
+    engine_options,
+)
+from pagedchat.cli.options import (
+    JsonPath,
+    KvMemory,
+    Model,
+    TensorParallelSize,
+    user_errors,
+)
+
+
+def blocksize(num_requests: NumRequests = 100, model: Model = None,
+              max_tokens: MaxTokens = None,
+              sizes: Annotated[str, typer.Option("--sizes", help="Block sizes to sweep.")]
+              = "1,2,4,8,16,32,64,128,256",
+              rate: Annotated[float | None, typer.Option(
+                  "--rate", min=0.0, help="Poisson rate (req/s); default: all at once.")] = None,
+              seed: Seed = 0, kv_memory: KvMemory = "512MiB", max_num_seqs: MaxSeqs = MAX_SEQS,
+              dtype: Dtype = DType.float32, json_path: JsonPath = None,
+              tp: TensorParallelSize = 1) -> None:
+    """The block-size ablation: the same KV memory cut into blocks of each size."""
+    with user_errors():
+        figures: dict[str, dict[str, object]] = {}
+        for size in parse_list(sizes, int):
+            engine = engine_options(model, dtype, size, None, kv_memory, max_num_seqs, tp).build()
+            requests = sample_trace(engine, num_requests, seed, max_tokens)
+            arrivals = poisson_arrivals(len(requests), rate, seed) if rate else None
+            figures[str(size)] = measure(PagedChat(engine), requests,
+                                         warmup_prompt(engine.tokenizer), arrivals)[0]
+        report.emit_table("blocksize", [{"block_size": s, **report.flatten(f)} for s, f in
+                                        figures.items()],
+                          ["block_size", "requests_per_s", "output_tokens_per_s",
+                           "e2e_ms_mean", "normalized_latency_s_per_token"])
+        if json_path:
+            report.write_json(json_path, report.engine_metadata(engine), {"pagedchat": figures})

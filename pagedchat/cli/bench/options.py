@@ -1,0 +1,80 @@
+"""The options the bench subcommands share, checked as Typer reads them."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from pagedchat.bench.suite import EngineOptions, parse_list, parse_peers
+from pagedchat.engine.config import EngineConfig
+
+
+class DType(str, Enum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+def _check_peers(value: str) -> str:
+    try:
+        parse_peers(value)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from error
+    return value
+
+
+def _check_numbers(value: str) -> str:
+    try:
+        numbers = parse_list(value, float)
+    except ValueError as error:
+        raise typer.BadParameter(f"not a list of numbers: {value!r}") from error
+    if not numbers or min(numbers) <= 0:
+        raise typer.BadParameter("give one or more positive numbers, e.g. 0.5,1,2 (inf: all "
+                                 "at once)")
+    return value
+
+
+def check_sizes(value: str) -> str:
+    try:
+        sizes = parse_list(value, int)
+    except ValueError as error:
+        raise typer.BadParameter(f"not a list of whole numbers: {value!r}") from error
+    if not sizes or min(sizes) < 1:
+        raise typer.BadParameter("give one or more positive whole numbers, e.g. 8,16,32")
+    return value
+
+
+NumRequests = Annotated[int, typer.Option("-n", "--num-requests", min=1,
+                                          help="Requests sampled from the trace.")]
+MaxTokens = Annotated[int | None, typer.Option("--max-tokens", min=1,
+                                               help="Cap every output length.")]
+Seed = Annotated[int, typer.Option("--seed", help="Seed of the request sample and arrivals.")]
+MAX_SEQS = EngineConfig.max_num_seqs
+MaxSeqs = Annotated[int, typer.Option("--max-num-seqs", min=1, help="Most sequences per step.")]
+Dtype = Annotated[DType, typer.Option("--dtype", help="Weights and KV cache dtype.")]
+Compare = Annotated[str, typer.Option(
+    "--compare", callback=_check_peers,
+    help="Peers to run too: hf-generate,hf-continuous, or pagedchat-DTYPE (pagedchat in "
+         "another dtype, e.g. pagedchat-float32).")]
+HfBatch = Annotated[str, typer.Option(
+    "--hf-batch-size", callback=check_sizes,
+    help="Static batch sizes for hf-generate (the best is kept).")]
+HfRequests = Annotated[str, typer.Option(
+    "--hf-max-requests", callback=check_sizes,
+    help="Requests per batch for hf-continuous (the best is kept).")]
+HfPage = Annotated[int, typer.Option("--hf-page-size", min=4,
+                                     help="hf-continuous page size in tokens.")]
+Rates = Annotated[str, typer.Option("--rate", callback=_check_numbers,
+                                    help="Request rates (req/s), e.g. 0.5,1,2; inf = all at once.")]
+Plot = Annotated[Path, typer.Option("--plot", help="Where to write the PNG.")]
+
+
+def engine_options(model, dtype, block_size=16, kv_blocks=None, kv_memory=None,
+                   max_num_seqs=MAX_SEQS, tp=1) -> EngineOptions:
+    """The engine a bench builds from its command line."""
+    return EngineOptions(model=model, block_size=block_size, num_kv_blocks=kv_blocks,
+                         kv_cache_memory=kv_memory, max_num_seqs=max_num_seqs,
+                         dtype=DType(dtype).value, tensor_parallel_size=tp)

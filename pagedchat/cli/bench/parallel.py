@@ -1,0 +1,72 @@
+"""`pagedchat bench parallel`: throughput and traffic for each tensor-parallel size."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from pagedchat.bench import report
+from pagedchat.bench.engines import PagedChat
+from pagedchat.bench.suite import (
+    measure,
+    parse_list,
+    sample_trace,
+    warmup_prompt,
+)
+from pagedchat.cli.bench.options import (
+    DType,
+    Dtype,
+    MaxTokens,
+    NumRequests,
+    Seed,
+    check_sizes,
+    engine_options,
+)
+from pagedchat.cli.options import (
+    JsonPath,
+    KvBlocks,
+    Model,
+    user_errors,
+)
+
+
+def parallel(num_requests: NumRequests = 32, model: Model = None, max_tokens: MaxTokens = 64,
+             sizes: Annotated[str, typer.Option(
+                 "--sizes", callback=check_sizes,
+                 help="Tensor-parallel sizes to run, e.g. 1,3.")] = "1,3",
+             seed: Seed = 0, kv_blocks: KvBlocks = None, dtype: Dtype = DType.float32,
+             json_path: JsonPath = None) -> None:
+    """Throughput for each tensor-parallel size on the same requests, with the bytes
+    all-reduced per token and broadcast per step, next to the model's size."""
+    from pagedchat.bench.parallel import communication_figures
+
+    with user_errors():
+        options = engine_options(model, dtype, kv_blocks=kv_blocks)
+        figures: dict[str, dict[str, object]] = {}
+        rows, requests, meta = [], None, {}
+        for size in parse_list(sizes, int):
+            engine = options.with_(tensor_parallel_size=size).build()
+            try:
+                if requests is None:
+                    requests = sample_trace(engine, num_requests, seed, max_tokens)
+                    meta = report.engine_metadata(engine)
+                result = measure(PagedChat(engine), requests,
+                                 warmup_prompt(engine.tokenizer))[0]
+                result.update(communication_figures(engine))
+            finally:
+                engine.shutdown()
+            figures[f"pagedchat-tp{size}"] = result
+            rows.append({"engine": f"pagedchat tp={size}", **result})
+        base = rows[0]["output_tokens_per_s"]
+        for row in rows:
+            row["speedup"] = row["output_tokens_per_s"] / base
+        report.emit_table("tensor parallelism", rows, [
+            "engine", "output_tokens_per_s", "speedup", "all_reduce_bytes_per_token",
+            "expected_all_reduce_bytes_per_token", "all_reduce_mb_per_step",
+            "broadcast_bytes_per_step", "weights_per_worker_mb"])
+        report.note(f"{len(requests)} ShareGPT requests; model weights "
+                    f"{rows[0]['weights_per_worker_mb']:.0f} MB on one worker; speedup = "
+                    "output tokens/s against the first size")
+        if json_path:
+            report.write_json(json_path, meta, figures)

@@ -1,0 +1,53 @@
+"""`pagedchat bench preemption`: recompute vs swap under memory pressure."""
+
+from __future__ import annotations
+
+from pagedchat.bench import report
+from pagedchat.bench.engines import PagedChat
+from pagedchat.bench.suite import (
+    measure,
+    sample_trace,
+    warmup_prompt,
+)
+from pagedchat.cli.bench.options import (
+    MAX_SEQS,
+    DType,
+    Dtype,
+    MaxSeqs,
+    MaxTokens,
+    NumRequests,
+    Seed,
+    engine_options,
+)
+from pagedchat.cli.options import (
+    BlockSize,
+    JsonPath,
+    KvBlocks,
+    Model,
+    TensorParallelSize,
+    user_errors,
+)
+
+
+def preemption(num_requests: NumRequests = 100, model: Model = None,
+               max_tokens: MaxTokens = None, seed: Seed = 0, block_size: BlockSize = 16,
+               kv_blocks: KvBlocks = 128, max_num_seqs: MaxSeqs = MAX_SEQS,
+               dtype: Dtype = DType.float32, json_path: JsonPath = None,
+               tp: TensorParallelSize = 1) -> None:
+    """Recompute vs swap under memory pressure (a small KV pool)."""
+    with user_errors():
+        figures: dict[str, dict[str, object]] = {}
+        for mode in ("recompute", "swap"):
+            options = engine_options(model, dtype, block_size, kv_blocks, None, max_num_seqs, tp)
+            engine = options.with_(preemption_mode=mode).build()
+            requests = sample_trace(engine, num_requests, seed, max_tokens)
+            result = measure(PagedChat(engine), requests, warmup_prompt(engine.tokenizer))[0]
+            stats = engine.stats()
+            figures[mode] = {**result, "preemptions": stats.preemptions,
+                             "swapped_out_blocks": stats.swapped_out,
+                             "swapped_in_blocks": stats.swapped_in}
+        report.emit_table("preemption", [{"mode": m, **f} for m, f in figures.items()],
+                          ["mode", "requests_per_s", "output_tokens_per_s", "preemptions",
+                           "swapped_out_blocks", "normalized_latency_s_per_token"])
+        if json_path:
+            report.write_json(json_path, report.engine_metadata(engine), figures)

@@ -1,0 +1,70 @@
+"""`pagedchat bench prefix`: a shared few-shot prefix, prefix caching on vs off."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from pagedchat.bench import report, sharegpt
+from pagedchat.bench.engines import PagedChat
+from pagedchat.bench.suite import (
+    measure,
+    warmup_prompt,
+)
+from pagedchat.cli.bench.options import (
+    MAX_SEQS,
+    DType,
+    Dtype,
+    MaxSeqs,
+    MaxTokens,
+    NumRequests,
+    Seed,
+    engine_options,
+)
+from pagedchat.cli.options import (
+    BlockSize,
+    JsonPath,
+    KvBlocks,
+    KvMemory,
+    Model,
+    TensorParallelSize,
+    user_errors,
+)
+
+
+def prefix(num_requests: NumRequests = 100, model: Model = None, max_tokens: MaxTokens = 64,
+           shots: Annotated[int, typer.Option("--shots", min=1,
+                                              help="Examples in the shared prefix.")] = 5,
+           seed: Seed = 0, block_size: BlockSize = 16, kv_blocks: KvBlocks = None,
+           kv_memory: KvMemory = None, max_num_seqs: MaxSeqs = MAX_SEQS,
+           dtype: Dtype = DType.float32,
+           json_path: JsonPath = None,
+           tp: TensorParallelSize = 1) -> None:
+    """A shared few-shot prefix on every request, prefix caching on vs off."""
+    with user_errors():
+        options = engine_options(model, dtype, block_size, kv_blocks, kv_memory, max_num_seqs, tp)
+        figures: dict[str, dict[str, object]] = {}
+        for caching in (True, False):
+            engine = options.with_(enable_prefix_caching=caching).build()
+            head = sharegpt.few_shot_prefix(engine.tokenizer, shots, seed)
+            requests = [sharegpt.Request(r.id, head + r.prompt_ids, r.output_len) for r in
+                        sharegpt.sample_alpaca_like(engine.tokenizer, num_requests, seed,
+                                                    max_tokens)]
+            # the warm-up carries the prefix, as the paper's provider caches it in advance
+            result, runs = measure(PagedChat(engine), requests,
+                                   head + warmup_prompt(engine.tokenizer))
+            stats = engine.stats()
+            figures["caching_on" if caching else "caching_off"] = {
+                **result, "cached_tokens": sum(r.cached_tokens for r in runs),
+                "prefix_hit_rate": stats.prefix_hit_rate}
+        on, off = figures["caching_on"], figures["caching_off"]
+        ratio = on["output_tokens_per_s"] / off["output_tokens_per_s"]
+        report.emit_table("prefix", [{"engine": name, **f} for name, f in figures.items()],
+                          ["engine", "requests_per_s", "output_tokens_per_s", "cached_tokens",
+                           "prefix_hit_rate", "normalized_latency_s_per_token"])
+        report.note(f"{shots}-shot prefix of {len(head)} tokens; throughput ratio on/off = "
+                    f"{ratio:.2f}x")
+        if json_path:
+            report.write_json(json_path, report.engine_metadata(engine), figures,
+                              prefix_tokens=len(head), throughput_ratio=ratio)

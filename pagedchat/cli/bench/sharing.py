@@ -1,0 +1,42 @@
+"""`pagedchat bench sharing`: KV memory saved by sharing (the paper's Fig. 15)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from pagedchat.bench import report
+from pagedchat.bench.suite import (
+    parse_list,
+)
+from pagedchat.cli.bench.options import (
+    DType,
+    MaxTokens,
+    NumRequests,
+    Seed,
+    engine_options,
+)
+from pagedchat.cli.options import (
+    JsonPath,
+    Model,
+    TensorParallelSize,
+    user_errors,
+)
+
+
+def sharing(num_requests: NumRequests = 24, model: Model = None, max_tokens: MaxTokens = 128,
+            widths: Annotated[str, typer.Option(
+                "--widths", help="n for parallel sampling and beam widths, e.g. 2,4,6.")]
+            = "2,4,6",
+            seed: Seed = 0, json_path: JsonPath = None,
+            tp: TensorParallelSize = 1) -> None:
+    """The paper's Fig. 15: KV memory saved by sharing, parallel sampling and beam search."""
+    from pagedchat.bench.sharing import COLUMNS, measure_sharing
+
+    with user_errors():
+        engine = engine_options(model, DType.float32.value, tp=tp).build()
+        rows = measure_sharing(engine, num_requests, max_tokens, seed, parse_list(widths, int))
+        report.emit_table("sharing", rows, COLUMNS)
+        if json_path:
+            report.write_json(json_path, report.engine_metadata(engine), {"pagedchat": rows})

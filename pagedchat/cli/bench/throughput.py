@@ -1,0 +1,105 @@
+"""`pagedchat bench throughput`: offline throughput on ShareGPT, peers side by side."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from pagedchat.bench import report
+from pagedchat.bench.engines import PagedChat
+from pagedchat.bench.memory import resident_figures
+from pagedchat.bench.suite import (
+    make_peers,
+    measure,
+    parse_list,
+    parse_peers,
+    sample_trace,
+    warmup_prompt,
+)
+from pagedchat.bench.throughput import ceiling_shares, run_rounds, step_profile, summarize
+from pagedchat.cli.bench.options import (
+    MAX_SEQS,
+    Compare,
+    DType,
+    Dtype,
+    HfBatch,
+    HfPage,
+    HfRequests,
+    MaxSeqs,
+    MaxTokens,
+    NumRequests,
+    Seed,
+    engine_options,
+)
+from pagedchat.cli.options import (
+    BlockSize,
+    JsonPath,
+    KvBlocks,
+    KvMemory,
+    Model,
+    TensorParallelSize,
+    user_errors,
+)
+
+
+def throughput(num_requests: NumRequests = 200, model: Model = None,
+               max_tokens: MaxTokens = None, compare: Compare = "", hf_batch_size: HfBatch = "8",
+               hf_max_requests: HfRequests = "64", hf_page_size: HfPage = 256,
+               seed: Seed = 0, block_size: BlockSize = 16,
+               kv_blocks: KvBlocks = None, kv_memory: KvMemory = None,
+               max_num_seqs: MaxSeqs = MAX_SEQS, dtype: Dtype = DType.float32,
+               ceiling: Annotated[bool, typer.Option(help="Measure the matmul ceiling.")] = True,
+               profile: Annotated[bool, typer.Option(
+                   help="Print where pagedchat's steps spent their time.")] = False,
+               json_path: JsonPath = None,
+               tp: TensorParallelSize = 1,
+               rounds: Annotated[int, typer.Option(
+                   "--rounds", min=1,
+                   help="Run pagedchat and its peers this many times, in turn, pagedchat "
+                        "first in even rounds and last in odd ones; each engine's median run "
+                        "is shown, each ratio is the median of the rounds' ratios (a steady "
+                        "drift of the machine's speed cancels).")] = 1,
+               ) -> None:
+    """Offline throughput on ShareGPT (ignore_eos, output = reference length)."""
+    with user_errors():
+        batch_sizes = parse_list(hf_batch_size, int)
+        engine = engine_options(model, dtype, block_size, kv_blocks, kv_memory, max_num_seqs,
+                                tp).build()
+        requests = sample_trace(engine, num_requests, seed, max_tokens)
+        warmup = warmup_prompt(engine.tokenizer)
+        engine.runner.timer.reset()
+        ours = PagedChat(engine)
+        first = measure(ours, requests, warmup)[0]
+        # what only pagedchat's first run gives, kept beside its median run
+        extras = {"memory": (resident := resident_figures(engine))}
+        report.note(f"pagedchat resident memory {resident['rss_mb']:.0f} MB: weights "
+                    f"{resident['weights_mb']:.0f} + KV pool {resident['kv_pool_mb']:.0f} (of "
+                    f"which {resident['kv_written_mb']:.0f} ever used) + "
+                    f"{resident['beyond_weights_and_kv_mb']:.0f} MB beyond them")
+        if profile:
+            extras["step_profile"] = step_profile(engine)
+        if tp > 1:
+            from pagedchat.bench.parallel import communication_figures
+
+            extras["communication"] = comm = communication_figures(engine)
+            report.note(f"tensor parallel x{tp}: {comm['all_reduce_bytes_per_token']:.0f} bytes "
+                        f"all-reduced per token, {comm['broadcast_bytes_per_step']:.0f} bytes "
+                        f"broadcast per step; {comm['weights_per_worker_mb']:.0f} MB of weights "
+                        "per worker")
+        peers = make_peers(parse_peers(compare), engine, batch_sizes, hf_page_size,
+                           parse_list(hf_max_requests, int))
+        runs = run_rounds(ours, peers, requests, warmup, rounds, first)
+        figures, rows = summarize(runs, ours, peers, extras)
+        report.emit_table("throughput", rows, ["engine", "requests_per_s", "output_tokens_per_s",
+                                               "total_tokens_per_s", "pagedchat_ratio"])
+        report.note(f"{len(requests)} ShareGPT requests, {rows[0]['prompt_tokens']} prompt + "
+                    f"{rows[0]['output_tokens']} output tokens; pagedchat_ratio = pagedchat "
+                    "output tokens/s / the engine's"
+                    + (f" (median of {rounds} rounds, engines in turn, pagedchat first "
+                       "in even rounds and last in odd ones)" if rounds > 1 else ""))
+        extra: dict[str, object] = {"runs": rows}
+        if ceiling:
+            extra["ceiling"] = ceiling_shares(engine, figures["pagedchat"])
+        if json_path:
+            report.write_json(json_path, report.engine_metadata(engine), figures, **extra)

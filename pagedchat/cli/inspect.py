@@ -1,0 +1,70 @@
+"""`pagedchat inspect`: the KV block pool, block tables and sharing after every step."""
+
+from __future__ import annotations
+
+import json
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from pagedchat.bench import report
+from pagedchat.bench.suite import EngineOptions
+from pagedchat.chat.inspect import default_scenario, prompt_scenario, run_scenario
+from pagedchat.cli import inspect_render
+from pagedchat.cli.options import BlockSize, JsonPath, Model, user_errors
+
+
+class Preemption(str, Enum):
+    recompute = "recompute"
+    swap = "swap"
+
+
+def inspect(
+    prompt: Annotated[list[str] | None, typer.Option(
+        "--prompt", help="Run this prompt instead of the default scenario (repeatable).")]
+    = None,
+    file: Annotated[Path | None, typer.Option(
+        "--file", help="Prompts to run, one a line.")] = None,
+    step: Annotated[bool, typer.Option("--step", help="Wait for Enter between steps "
+                                                      "(q + Enter quits).")] = False,
+    json_path: JsonPath = None,
+    kv_blocks: Annotated[int, typer.Option("--kv-blocks", min=1,
+                                           help="KV pool size in blocks.")] = 128,
+    block_size: BlockSize = 16,
+    preemption_mode: Annotated[Preemption, typer.Option(
+        "--preemption", help="What a full pool does to the newest request.")]
+    = Preemption.recompute,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1,
+                                            help="Tokens to generate per request.")] = 24,
+    max_steps: Annotated[int, typer.Option("--max-steps", min=1)] = 500,
+    model: Model = None,
+) -> None:
+    """Watch the KV block pool, block tables and sharing, one engine step at a time."""
+    with user_errors():
+        prompts = list(prompt or [])
+        if file is not None:
+            if not file.is_file():
+                raise FileNotFoundError(f"{file}: no such file")
+            prompts += [t for t in file.read_text(encoding="utf-8").splitlines() if t.strip()]
+        engine = EngineOptions(model=model, block_size=block_size, num_kv_blocks=kv_blocks,
+                               preemption_mode=Preemption(preemption_mode).value).build()
+        arrivals = (prompt_scenario(prompts, max_tokens) if prompts
+                    else default_scenario(engine.tokenizer, max_tokens))
+
+        def show(snapshot) -> bool:
+            title = f"step {snapshot.step}" + "".join(f" | {e}" for e in snapshot.events)
+            report.stdout.print(inspect_render.snapshot(title, snapshot.stats))
+            if not step:
+                return True
+            answer = sys.stdin.readline()
+            return answer.strip().lower() != "q"
+
+        snapshots = run_scenario(engine, arrivals, show, max_steps)
+        if json_path:
+            json_path.write_text(json.dumps({"metadata": report.engine_metadata(engine),
+                                             "snapshots": [s.to_json() for s in snapshots]},
+                                            indent=1) + "\n")
+            report.note(f"{len(snapshots)} snapshots written to {json_path}")

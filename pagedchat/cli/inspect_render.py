@@ -1,0 +1,129 @@
+"""An engine stats snapshot as pictures: the block pool, the block tables, the figures.
+
+``cells`` and ``owner_letters`` are plain data any front end can draw; the rest builds rich
+renderables for ``pagedchat inspect``. Every state has
+its own character too, so the picture still reads without colours (piped output).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from pagedchat.engine.outputs import EngineStats
+
+PALETTE = ("cyan", "magenta", "yellow", "green", "blue", "red", "bright_cyan",
+           "bright_magenta", "bright_yellow", "bright_green", "bright_blue", "bright_red")
+FREE, CACHED, SHARED = ".", "c", "+"
+STYLES = {FREE: "grey35", CACHED: "dim green", SHARED: "bold white on dark_magenta"}
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One physical block: its state (free | cached | used | shared) and first owner."""
+
+    block: int
+    state: str
+    owner: str | None
+
+
+def owner_letters(stats: EngineStats) -> dict[str, str]:
+    """A letter per request holding blocks, in order of first appearance (a, b, ...)."""
+    letters: dict[str, str] = {}
+    for table in stats.block_tables:
+        if table.request_id not in letters:
+            letters[table.request_id] = chr(ord("a") + len(letters) % 26)
+    return letters
+
+
+def cells(stats: EngineStats) -> list[Cell]:
+    return [Cell(block, state, (stats.owners.get(block) or [None])[0])
+            for block, state in enumerate(stats.pool)]
+
+
+def _style(letter: str) -> str:
+    return PALETTE[(ord(letter) - ord("a")) % len(PALETTE)]
+
+
+def pool_grid(stats: EngineStats, width: int = 64) -> Text:
+    """The pool, ``width`` blocks a row: owner letter (used), + shared, c cached, . free."""
+    letters = owner_letters(stats)
+    text = Text()
+    for cell in cells(stats):
+        if cell.block and cell.block % width == 0:
+            text.append("\n")
+        if cell.state == "shared":
+            text.append(SHARED, STYLES[SHARED])
+        elif cell.state == "used" and cell.owner in letters:
+            letter = letters[cell.owner]
+            text.append(letter, f"bold {_style(letter)}")
+        elif cell.state == "cached":
+            text.append(CACHED, STYLES[CACHED])
+        else:
+            text.append(FREE, STYLES[FREE])
+    return text
+
+
+def legend(stats: EngineStats) -> Text:
+    text = Text()
+    for request_id, letter in owner_letters(stats).items():
+        text.append(f"{letter}", f"bold {_style(letter)}")
+        text.append(f"={request_id}  ")
+    text.append(SHARED, STYLES[SHARED])
+    text.append(" shared  ")
+    text.append(CACHED, STYLES[CACHED])
+    text.append(" cached (evictable)  ")
+    text.append(FREE, STYLES[FREE])
+    text.append(" free")
+    return text
+
+
+def block_tables(stats: EngineStats) -> Table:
+    """Each running sequence: logical -> physical, fill / block size, reference count."""
+    table = Table(title="block tables (logical:physical fill ref)", title_justify="left",
+                  show_edge=False, pad_edge=False)
+    table.add_column("request")
+    table.add_column("seq", justify="right")
+    table.add_column("blocks")
+    for seq in stats.block_tables:
+        blocks = Text()
+        for entry in seq.blocks:
+            style = STYLES[SHARED] if entry.shared else ("green" if entry.cached else "")
+            blocks.append(f"{entry.logical}:{entry.physical} "
+                          f"{entry.filled}/{stats.block_size} x{entry.ref_count}", style)
+            blocks.append("  ")
+        table.add_row(seq.request_id, str(seq.seq_index), blocks)
+    return table
+
+
+def figures(stats: EngineStats) -> dict[str, object]:
+    """The numbers under the picture, by stable names."""
+    return {
+        "used_blocks": f"{stats.used_blocks}/{stats.total_blocks}",
+        "cached_blocks": stats.cached_blocks,
+        "utilization": f"{stats.utilization:.1%}",
+        "internal_fragmentation": f"{stats.internal_fragmentation:.1%}",
+        "shared_blocks": stats.shared_blocks,
+        "blocks_saved_by_sharing": stats.saved_blocks,
+        "prefix_hits": f"{stats.prefix_hits}/{stats.prefix_queries}",
+        "preemptions": stats.preemptions,
+        "swapped_out_in": f"{stats.swapped_out}/{stats.swapped_in}",
+        "running_waiting_swapped": f"{stats.num_running}/{stats.num_waiting}/"
+                                   f"{stats.num_swapped}",
+    }
+
+
+def snapshot(title: str, stats: EngineStats) -> Group:
+    """Everything ``inspect`` shows after one step."""
+    numbers = Table(show_header=False, show_edge=False, pad_edge=False, box=None)
+    numbers.add_column(style="bold")
+    numbers.add_column(justify="right")
+    for name, value in figures(stats).items():
+        numbers.add_row(name.replace("_", " "), str(value))
+    parts = [Text(title, style="bold underline"), pool_grid(stats), legend(stats)]
+    if stats.block_tables:
+        parts.append(block_tables(stats))
+    return Group(*parts, numbers, Text(""))

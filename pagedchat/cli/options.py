@@ -1,0 +1,37 @@
+"""What the shells share: the options several commands take, and user errors as one line."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from pagedchat.bench import report
+from pagedchat.engine.errors import PagedChatError
+
+Model = Annotated[str | None, typer.Option(
+    "--model", help="HF folder or GGUF file (default: SmolLM2-135M-Instruct).")]
+JsonPath = Annotated[Path | None, typer.Option("--json", help="Write figures + metadata.")]
+BlockSize = Annotated[int, typer.Option("--block-size", help="Tokens per KV block.")]
+KvBlocks = Annotated[int | None, typer.Option("--kv-blocks", min=1,
+                                              help="KV pool size in blocks.")]
+KvMemory = Annotated[str | None, typer.Option("--kv-memory",
+                                              help="KV pool size in bytes, e.g. 1GiB.")]
+TensorParallelSize = Annotated[int, typer.Option(
+    "--tensor-parallel-size", "-tp", min=1,
+    help="Workers that split the model's heads (one process each).")]
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """A problem the user can fix becomes one line on stderr and exit code 1."""
+    try:
+        yield
+    except (PagedChatError, ValueError, OSError) as error:
+        # OSError covers a missing file as well as a full disk while writing results.
+        report.note(f"[red]error:[/red] {error}")
+        raise typer.Exit(1) from error
+

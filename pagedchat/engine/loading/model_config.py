@@ -1,0 +1,85 @@
+"""The model's shape, read straight from its ``config.json``.
+
+transformers' config classes would read the same file, but importing them imports the
+rope helpers, which import torch._dynamo, sympy and accelerate: a large resident cost
+for a few integers. Only a rope type other than the default asks transformers (its own
+formulas for scaled rope, see ``layers/rotary.py``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    folder: Path
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rope_parameters: dict[str, Any]  # always with rope_type and rope_theta
+    attention_bias: bool
+    tie_word_embeddings: bool = False
+    # transformers' LlamaConfig defaults, for files that leave these out
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 2048
+    eos_token_id: int | list[int] | None = None
+
+    @classmethod
+    def from_folder(cls, folder: Path) -> ModelConfig:
+        """Raise ValueError naming what is missing or malformed."""
+        path = Path(folder) / "config.json"
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as error:
+            raise ValueError(f"{path}: {error}") from error
+        missing = [key for key in ("model_type", "vocab_size", "hidden_size",
+                                   "intermediate_size", "num_hidden_layers",
+                                   "num_attention_heads") if key not in raw]
+        if missing:
+            raise ValueError(f"{path}: missing {', '.join(missing)}")
+        heads = raw["num_attention_heads"]
+        optional = {name: raw[name] for name in ("rms_norm_eps", "max_position_embeddings",
+                                                  "tie_word_embeddings", "eos_token_id")
+                    if raw.get(name) is not None}
+        return cls(
+            folder=Path(folder),
+            model_type=raw["model_type"],
+            vocab_size=raw["vocab_size"],
+            hidden_size=raw["hidden_size"],
+            intermediate_size=raw["intermediate_size"],
+            num_hidden_layers=raw["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=raw.get("num_key_value_heads") or heads,
+            head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
+            rope_parameters=_rope_parameters(raw),
+            # Qwen2 has biases on q, k and v without saying so in its config
+            attention_bias=bool(raw.get("attention_bias")) or raw["model_type"] == "qwen2",
+            **optional,
+        )
+
+    @property
+    def rope_type(self) -> str:
+        return self.rope_parameters["rope_type"]
+
+    @property
+    def rope_theta(self) -> float:
+        return float(self.rope_parameters["rope_theta"])
+
+
+def _rope_parameters(raw: dict[str, Any]) -> dict[str, Any]:
+    """transformers 5 writes ``rope_parameters``; older files have ``rope_theta`` and
+    ``rope_scaling`` (whose type may be under ``type``)."""
+    params = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
+    if "rope_type" not in params:
+        params["rope_type"] = params.pop("type", "default")
+    params.setdefault("rope_theta", raw.get("rope_theta", 10000.0))
+    return params

@@ -1,0 +1,39 @@
+"""Load the model's tokenizer as ``AutoTokenizer`` would, without its detour.
+
+``AutoTokenizer.from_pretrained`` first reads the model config through transformers' config
+classes (heavy imports, see ``model_config.py``) to decide among special cases.
+When ``tokenizer_config.json`` names the generic tokenizers-backed class and none of those
+cases applies (remote code, a Mistral-format folder, a model type whose hub class is known
+wrong), AutoTokenizer ends in that generic class: load it directly. Otherwise ask
+AutoTokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pagedchat.engine.loading.model_config import ModelConfig
+
+_GENERIC = {"TokenizersBackend", "PreTrainedTokenizerFast"}
+
+
+def load_tokenizer(model_config: ModelConfig):
+    """The transformers tokenizer of the model folder (raises what transformers raises)."""
+    from transformers.models.auto import tokenization_auto as auto
+
+    folder = model_config.folder
+    declared = _tokenizer_config(folder)
+    model_type = model_config.model_type
+    if (declared.get("tokenizer_class") in _GENERIC and "auto_map" not in declared
+            and model_type not in auto.MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS
+            and auto.TOKENIZER_MAPPING_NAMES.get(model_type) != "MistralCommonBackend"):
+        return auto.tokenizer_class_from_name("TokenizersBackend").from_pretrained(folder)
+    return auto.AutoTokenizer.from_pretrained(folder)
+
+
+def _tokenizer_config(folder: Path) -> dict:
+    try:
+        return json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return {}

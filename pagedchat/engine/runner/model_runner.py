@@ -1,0 +1,235 @@
+"""Runs the model over the paged KV cache for one step and returns the sampled rows' logits.
+
+The step arrives as a :class:`StepInput` (flat arrays built from the scheduler's
+decision), so the same runner serves the single-process engine and every worker of a
+tensor-parallel group, each holding its share of the heads and of every KV block.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+
+import numpy as np
+import torch
+
+from pagedchat.engine.config import EngineConfig, parse_bytes
+from pagedchat.engine.layers.attention import AttentionMetadata
+from pagedchat.engine.loading.loader import read_weights
+from pagedchat.engine.loading.model_config import ModelConfig
+from pagedchat.engine.models.llama import LlamaForCausalLM
+from pagedchat.engine.parallel.tensor_parallel import TensorParallel
+from pagedchat.engine.runner.profiling import StepTimer
+from pagedchat.engine.runner.step_input import StepInput
+from pagedchat.kernels import select_backend
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
+
+
+def keep_freed_memory() -> None:
+    """Hand back what loading the weights freed, then have glibc keep freed activation
+    buffers for reuse instead of returning them to the OS. By default it maps every buffer
+    over its (adaptive) threshold afresh and trims its heap, so each step's large
+    activations page-fault in again, a large share of a long prefill's time. Process-wide;
+    a no-op without glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim(0)
+        libc.mallopt(_M_MMAP_THRESHOLD, 128 << 20)
+        libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30)
+    except (OSError, AttributeError):
+        pass
+
+
+def anonymous_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised CPU tensor in a memory mapping of its own, in huge pages where the
+    kernel gives them. Unlike torch's allocation, which malloc keeps for reuse once freed
+    (see keep_freed_memory), the mapping goes back to the system when the last view of it
+    goes: otherwise a bench that builds one engine per request rate grows by a KV pool per
+    engine. Huge pages spare the scattered block reads of attention their TLB misses."""
+    size = int(np.prod(shape)) * dtype.itemsize
+    if size == 0:
+        return torch.empty(shape, dtype=dtype)
+    mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        mapping.madvise(mmap.MADV_HUGEPAGE)
+    # the tensor holds the mapping open; unmapped when it and its views are gone
+    return torch.frombuffer(mapping, dtype=dtype).view(shape)
+
+
+def materialize(model: torch.nn.Module, device: torch.device) -> None:
+    """Give every parameter and buffer of a model built on the meta device uninitialised
+    storage on ``device``: what ``Module.to_empty`` does, without its ``empty_like`` of
+    meta tensors, which runs through torch's Python references and imports sympy."""
+    for module in model.modules():
+        for name, tensor in [*module.named_parameters(recurse=False),
+                             *module.named_buffers(recurse=False)]:
+            empty = torch.empty(tensor.shape, dtype=tensor.dtype, device=device)
+            if isinstance(tensor, torch.nn.Parameter):
+                empty = torch.nn.Parameter(empty, requires_grad=tensor.requires_grad)
+            setattr(module, name, empty)
+
+
+def to_host(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` on the CPU. From a GPU, into page-locked memory (torch keeps freed
+    page-locked blocks for reuse): a large block of logits comes back far sooner this way
+    than through ``Tensor.cpu()``."""
+    if tensor.device.type == "cpu":
+        return tensor
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    return host.copy_(tensor)
+
+
+class ModelRunner:
+    def __init__(
+        self, config: EngineConfig, model_config: ModelConfig, tp: TensorParallel | None = None
+    ) -> None:
+        self.config = config
+        self.tp = tp or TensorParallel()
+        self.timer = StepTimer()
+        self.device = torch.device(resolve_device(config.device))
+        if self.device.type == "cuda" and self.tp.size > 1:
+            self.device = torch.device("cuda", self.tp.rank)  # one GPU per worker
+            torch.cuda.set_device(self.device)
+        self.dtype = DTYPES[config.dtype]
+        self.kernels = select_backend(self.device.type, config.attention_backend)
+        self.block_size = config.block_size
+        self.max_model_len = config.max_model_len
+        # Built on the meta device: no time spent on random weights that are replaced.
+        with torch.device("meta"):
+            model = LlamaForCausalLM(model_config, self.kernels, self.tp)
+        materialize(model, self.device)
+        with torch.device(self.device):
+            model.build_rotary(self.max_model_len)
+        model.load_hf_state_dict(read_weights(model_config.folder))
+        self.model = model.to(self.dtype).eval()
+        self.model.rotary.float()
+        self.model.pack()
+        attn = self.model.layers[0].self_attn
+        self.kv_shape = (self.block_size, attn.num_kv_heads, attn.head_dim)
+        self.num_blocks = self._num_blocks()
+        self.num_host_blocks = parse_bytes(config.swap_space) // self.block_bytes
+        self.k_caches, self.v_caches = self._allocate(self.num_blocks, self.device, write=True)
+        # the host pool, used only when swapping, is left to fill as blocks are swapped out
+        self.host_k_caches, self.host_v_caches = self._allocate(self.num_host_blocks, "cpu")
+        for layer, k, v in zip(self.model.layers, self.k_caches, self.v_caches):
+            layer.self_attn.k_cache, layer.self_attn.v_cache = k, v
+        self.tokens_forwarded = self.steps_run = 0
+        self._logits: torch.Tensor | None = None  # see _logits_buffer
+        if self.device.type == "cpu":
+            keep_freed_memory()
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes of K and V for one block across all layers (this worker's heads)."""
+        per_layer = 2 * int(np.prod(self.kv_shape)) * torch.finfo(self.dtype).bits // 8
+        return per_layer * len(self.model.layers)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of this worker's weights (the whole model when there is one worker)."""
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+    def communication(self) -> dict[str, int]:
+        """Tokens run so far and the bytes exchanged for them (zero with one worker)."""
+        return {"tokens": self.tokens_forwarded, "steps": self.steps_run,
+                "bytes_all_reduced": self.tp.bytes_all_reduced,
+                "bytes_broadcast": self.tp.bytes_broadcast}
+
+    def _num_blocks(self) -> int:
+        if self.config.num_kv_blocks is not None:
+            return self.config.num_kv_blocks
+        budget = parse_bytes(self.config.kv_cache_memory or EngineConfig.DEFAULT_KV_CACHE_MEMORY)
+        return max(budget // self.block_bytes, 1)
+
+    def _allocate(self, num_blocks: int, device, write: bool = False,
+                  ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Per-layer K and V pools, views of one allocation. ``write``: zero it now, as
+        transformers' paged cache and vLLM do, so that its memory is mapped before the
+        first request (left to the first write of each page, a run that fills the pool
+        spends a noticeable share of its time in page faults inside the K/V store)."""
+        shape = (2 * len(self.model.layers), num_blocks, *self.kv_shape)
+        if torch.device(device).type == "cpu":
+            pool = anonymous_tensor(shape, self.dtype)
+            if write:
+                pool.zero_()
+        else:
+            pool = (torch.zeros if write else torch.empty)(shape, dtype=self.dtype, device=device)
+        return list(pool[0::2]), list(pool[1::2])
+
+    def shutdown(self) -> None:
+        """Nothing to release in one process (the parallel runner stops its workers)."""
+
+    @torch.inference_mode()
+    def execute(self, step: StepInput) -> torch.Tensor | None:
+        """Run one step; rank 0 gets the sampled rows' logits ``[len(sample_rows), vocab]``
+        in the step's order (on the CPU a view of a buffer the next step overwrites), other
+        workers None."""
+        self.tokens_forwarded += len(step.input_ids)
+        self.steps_run += 1
+        with self.timer.phase("prepare"):
+            self._move_blocks(step)
+            input_ids, positions, meta = self._to_tensors(step)
+        with self.timer.phase("forward"):
+            hidden = self.model(input_ids, positions, meta)
+        if not step.sample_rows:
+            return torch.empty(0, self.model.config.vocab_size)
+        with self.timer.phase("logits"):
+            rows = torch.tensor(step.sample_rows, device=self.device)
+            logits = self.model.compute_logits(hidden.index_select(0, rows),
+                                               self._logits_buffer(len(step.sample_rows)))
+            return None if logits is None else to_host(logits)
+
+    def _logits_buffer(self, rows: int) -> torch.Tensor:
+        """Where this step's logits go: the first ``rows`` rows of a buffer kept from step
+        to step (so the logits a step returns are valid until the next step). Allocated
+        afresh every step, they were the largest block malloc saw come and go, at a new
+        size whenever the batch changed, and the heap crept through its free gaps, so the
+        memory beyond weights and KV grew from run to run. Grown to the next power of two
+        of rows, in a mapping of its own."""
+        if self._logits is None or self._logits.shape[0] < rows:
+            shape = (1 << (rows - 1).bit_length(), self.model.vocab_rows)
+            self._logits = None  # the old one goes before the new one is mapped
+            self._logits = (anonymous_tensor(shape, self.dtype) if self.device.type == "cpu"
+                            else torch.empty(shape, dtype=self.dtype, device=self.device))
+        return self._logits[:rows]
+
+    def _move_blocks(self, step: StepInput) -> None:
+        """Swap out, swap in, then copy-on-write: before the step writes anything."""
+        swap = self.kernels.swap_blocks
+        for pairs, src, dst in (
+            (step.swap_out, (self.k_caches, self.v_caches),
+             (self.host_k_caches, self.host_v_caches)),
+            (step.swap_in, (self.host_k_caches, self.host_v_caches),
+             (self.k_caches, self.v_caches)),
+        ):
+            if pairs:
+                mapping = torch.tensor(pairs, dtype=torch.int64)
+                for s, d in zip(src[0] + src[1], dst[0] + dst[1]):
+                    swap(s, d, mapping)
+        if step.copies:
+            mapping = torch.tensor(step.copies, dtype=torch.int64, device=self.device)
+            self.kernels.copy_blocks(self.k_caches, self.v_caches, mapping)
+
+    def _to_tensors(self, step: StepInput):
+        device = self.device
+        query_lens = np.diff(step.query_start_loc)
+        meta = AttentionMetadata(
+            slot_mapping=torch.from_numpy(step.slot_mapping).to(device),
+            block_tables=torch.from_numpy(step.block_tables).to(device),
+            context_lens=torch.from_numpy(step.context_lens).to(device),
+            query_start_loc=torch.from_numpy(step.query_start_loc).to(device),
+            max_query_len=int(query_lens.max()),
+            max_context_len=int(step.context_lens.max()),
+        )
+        input_ids = torch.from_numpy(step.input_ids).to(device)
+        return input_ids, torch.from_numpy(step.positions).to(device), meta

@@ -1,0 +1,182 @@
+"""`pagedchat batch`: results, error records, resuming after Ctrl-C and after a kill."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from pagedchat.cli import app
+from pagedchat.engine.llm_engine import LLMEngine
+
+runner = CliRunner()
+
+
+def _jsonl(path: Path, *records) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n"
+                            for r in records))
+    return path
+
+
+def _records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def opts(tiny_model_dir) -> list[str]:
+    return ["--model", str(tiny_model_dir), "--kv-blocks", "64"]
+
+
+def _counting_lines(n: int) -> list[dict]:
+    """Requests that finish one after another: request i makes 2 * (i + 1) tokens."""
+    return [{"id": f"r{i}", "prompt": f"Count to {i}.", "max_tokens": 2 * (i + 1),
+             "temperature": 0, "ignore_eos": True} for i in range(n)]
+
+
+def test_prompts_and_messages_to_a_file(opts, tmp_path):
+    source = _jsonl(tmp_path / "in.jsonl",
+                    {"id": "p", "prompt": "Hello", "max_tokens": 3, "temperature": 0},
+                    {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
+                    {"id": 7, "prompt": "Pick", "n": 2, "max_tokens": 2, "seed": 1})
+    out = tmp_path / "out.jsonl"
+    result = runner.invoke(app, ["batch", str(source), "-o", str(out), *opts])
+    assert result.exit_code == 0, result.output
+    records = {json.dumps(r["id"]): r for r in _records(out)}
+    assert set(records) == {'"p"', "2", "7"}  # line 2 has no id: its line number
+    assert records['"p"']["finish_reason"] == "length"
+    assert records['"p"']["usage"]["completion_tokens"] == 3
+    assert isinstance(records["7"]["text"], list) and len(records["7"]["text"]) == 2
+    assert records["7"]["usage"]["completion_tokens"] == 4
+    assert "3 done, 0 failed" in result.stderr
+
+
+def test_stdin_to_stdout_with_a_shared_system_prompt(opts):
+    system = "You are a terse assistant who answers every question in one short line. " * 3
+    lines = [{"id": i, "messages": [{"role": "user", "content": f"Question {i}?"}],
+              "max_tokens": 2} for i in range(3)]
+    result = runner.invoke(app, ["batch", "-", "-o", "-", "--system", system, *opts],
+                           input="".join(json.dumps(line) + "\n" for line in lines))
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert sorted(r["id"] for r in records) == [0, 1, 2]
+    cached = [r["usage"]["cached_tokens"] for r in records]
+    # the first request computes the system prompt; the other two find it in the cache
+    assert sum(1 for c in cached if c >= 16) == 2
+    assert "from the prefix cache" in result.stderr
+
+
+def test_bad_lines_get_error_records_and_the_rest_runs(opts, tmp_path):
+    source = _jsonl(tmp_path / "in.jsonl",
+                    {"id": "ok", "prompt": "Hello", "max_tokens": 2},
+                    "{not json",
+                    {"id": "typo", "prompt": "x", "max_token": 3},
+                    {"id": "ok", "prompt": "again"},
+                    {"id": "huge", "prompt": "word " * 1100},
+                    {"id": "both", "prompt": "x", "messages": []},
+                    {"id": "hot", "prompt": "x", "temperature": -1},
+                    "",
+                    {"id": "ok2", "prompt": "Bye", "max_tokens": 2})
+    out = tmp_path / "out.jsonl"
+    result = runner.invoke(app, ["batch", str(source), "-o", str(out), *opts])
+    assert result.exit_code == 1
+    errors = {r["line"]: r for r in _records(out) if "error" in r}
+    assert errors[2]["id"] == 2 and "malformed JSON" in errors[2]["error"]
+    assert "unknown field 'max_token'" in errors[3]["error"]
+    assert "duplicate id (first on line 1)" in errors[4]["error"]
+    assert "context is 1024 tokens" in errors[5]["error"]
+    assert "exactly one of" in errors[6]["error"]
+    assert "temperature" in errors[7]["error"]
+    assert {r["id"] for r in _records(out) if "text" in r} == {"ok", "ok2"}
+    assert "line 2: malformed JSON" in result.stderr
+
+
+def test_missing_input_and_bad_option_value(opts, tmp_path):
+    result = runner.invoke(app, ["batch", str(tmp_path / "nope.jsonl"), *opts])
+    assert result.exit_code == 1
+    assert "nope.jsonl: no such file" in result.stderr
+    source = _jsonl(tmp_path / "in.jsonl", {"prompt": "x"})
+    assert runner.invoke(app, ["batch", str(source), "--temperature", "-1", *opts]).exit_code == 2
+
+
+def test_ctrl_c_stops_cleanly_and_a_rerun_finishes(opts, tmp_path, monkeypatch):
+    source = _jsonl(tmp_path / "in.jsonl", *_counting_lines(6))
+    out = tmp_path / "out.jsonl"
+    step, calls = LLMEngine.step, []
+
+    def interrupted_step(self):
+        calls.append(1)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return step(self)
+
+    monkeypatch.setattr(LLMEngine, "step", interrupted_step)
+    result = runner.invoke(app, ["batch", str(source), "-o", str(out), *opts])
+    assert result.exit_code == 130
+    assert "interrupted" in result.stderr
+    first = [r["id"] for r in _records(out)]
+    assert 0 < len(first) < 6
+    monkeypatch.setattr(LLMEngine, "step", step)
+    result = runner.invoke(app, ["batch", str(source), "-o", str(out), *opts])
+    assert result.exit_code == 0, result.output
+    assert f"{len(first)} skipped" in result.stderr
+    assert Counter(r["id"] for r in _records(out)) == {f"r{i}": 1 for i in range(6)}
+
+
+KILLED_RUN = """
+import os, signal, sys
+from pagedchat.engine.llm_engine import LLMEngine
+kill_at, step, calls = int(sys.argv[1]), LLMEngine.step, []
+def killing_step(self):
+    calls.append(1)
+    if len(calls) == kill_at:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return step(self)
+LLMEngine.step = killing_step
+from pagedchat.cli import app
+app(sys.argv[2:])
+"""
+
+
+def test_killed_run_resumes_without_losing_or_repeating(opts, tmp_path):
+    """Issue 26: line 10 repeats the id q3 and is rejected before q3 is answered; the kill
+    comes between the two, and the rerun must still answer q3."""
+    lines = [{**line, "id": f"q{i}"} for i, line in enumerate(_counting_lines(12))]
+    lines.insert(9, {"id": "q3", "prompt": "Count to 3 again."})
+    source = _jsonl(tmp_path / "in.jsonl", *lines, "oops")
+    out = tmp_path / "out.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    killed = subprocess.run([sys.executable, "-c", KILLED_RUN, "7", "batch", str(source),
+                             "-o", str(out), *opts], env=env, capture_output=True, timeout=300)
+    assert killed.returncode == -9, killed.stderr.decode()[-2000:]
+    before = _records(out)
+    errors = {r["line"]: r for r in before if "error" in r}
+    assert set(errors) == {10, 14}  # the rejected lines' records came first
+    assert errors[10]["id"] == "q3" and "duplicate id (first on line 4)" in errors[10]["error"]
+    answered = [r["id"] for r in before if "text" in r]
+    assert 0 < len(answered) < 12 and "q3" not in answered
+    result = runner.invoke(app, ["batch", str(source), "-o", str(out), *opts])
+    assert result.exit_code == 1  # the rejected lines still count as failed
+    after = _records(out)
+    assert Counter(r["id"] for r in after if "text" in r) == {f"q{i}": 1 for i in range(12)}
+    assert f"{len(answered)} skipped (answered by an earlier run)" in result.stderr
+    assert Counter(r["line"] for r in after if "error" in r) == {10: 1, 14: 1}
+    assert all(lines[r["line"] - 1]["id"] == r["id"] for r in after if "text" in r)
+
+
+def test_tensor_parallel_batch_gives_the_same_text(tiny_tp_model_dir, tmp_path):
+    source = _jsonl(tmp_path / "in.jsonl", *_counting_lines(3))
+    texts = []
+    for size in ("1", "2"):
+        out = tmp_path / f"out-{size}.jsonl"
+        result = runner.invoke(app, ["batch", str(source), "-o", str(out), "--model",
+                                     str(tiny_tp_model_dir), "--kv-blocks", "64",
+                                     "--tensor-parallel-size", size])
+        assert result.exit_code == 0, result.output
+        texts.append({r["id"]: r["text"] for r in _records(out)})
+    assert texts[0] == texts[1] and len(texts[0]) == 3

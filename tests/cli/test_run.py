@@ -1,0 +1,53 @@
+"""`pagedchat run`: one answer streamed to stdout, errors named with a non-zero exit."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from typer.testing import CliRunner
+
+from pagedchat.cli import app
+
+runner = CliRunner()
+
+
+def test_run_streams_an_answer_and_reports_stats(tiny_model_dir):
+    result = runner.invoke(app, ["run", "--model", str(tiny_model_dir), "--max-tokens", "6",
+                                 "--temperature", "0", "-v", "Hello there"])
+    assert result.exit_code == 0, result.output
+    assert "eval count:           6 token(s)" in result.output
+    assert "finish reason:        length" in result.output
+
+
+def test_run_reads_the_prompt_from_stdin(tiny_model_dir):
+    result = runner.invoke(app, ["run", "--model", str(tiny_model_dir), "--max-tokens", "3",
+                                 "-"], input="a question from a pipe\n")
+    assert result.exit_code == 0, result.output
+
+
+def test_run_names_a_missing_model():
+    result = runner.invoke(app, ["run", "--model", "/no/such/model.gguf", "hi"])
+    assert result.exit_code == 1
+    assert "/no/such/model.gguf: no such file or folder" in result.output
+
+
+def test_run_rejects_impossible_sampling(tiny_model_dir):
+    result = runner.invoke(app, ["run", "--model", str(tiny_model_dir), "--top-p", "1.5", "hi"])
+    assert result.exit_code == 1
+    assert "top_p must be in (0, 1]" in result.output
+
+
+def test_the_installed_command_freezes_what_imports_made():
+    """`pagedchat` is cli.main, which hands the import-time objects to gc.freeze before the
+    app runs (in a child process: freezing this one would keep the suite's garbage)."""
+    from importlib.metadata import entry_points
+
+    (script,) = [e for e in entry_points(group="console_scripts") if e.name == "pagedchat"]
+    assert script.value == "pagedchat.cli:main"
+    probe = ("import gc, pagedchat.cli as cli\n"
+             "cli.app = lambda: print(gc.get_freeze_count())\n"
+             "cli.main()\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          check=True)
+    assert int(done.stdout.strip()) > 10_000  # torch alone brings far more

@@ -1,0 +1,73 @@
+"""Model resolution: the default GGUF, HF folders, the conversion cache, and clear errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from pagedchat import LLM
+from pagedchat.engine.errors import ModelLoadError
+from pagedchat.engine.loading.loader import check_gguf, default_model_path, prepare_model
+
+
+def test_missing_path_is_named(tmp_path):
+    missing = tmp_path / "nope.gguf"
+    with pytest.raises(ModelLoadError, match=r"nope\.gguf: no such file"):
+        prepare_model(missing)
+
+
+def test_a_file_that_is_not_a_model(tmp_path):
+    bogus = tmp_path / "notes.txt"
+    bogus.write_text("hello")
+    with pytest.raises(ModelLoadError, match=r"notes\.txt: not a model"):
+        prepare_model(bogus)
+
+
+def test_truncated_gguf(tmp_path):
+    source = default_model_path()
+    cut = tmp_path / "cut.gguf"
+    with source.open("rb") as src, cut.open("wb") as dst:
+        dst.write(src.read(source.stat().st_size // 2))
+    with pytest.raises(ModelLoadError, match=r"cut\.gguf: .*truncated"):
+        prepare_model(cut)
+
+
+def test_gguf_cut_inside_its_header(tmp_path):
+    cut = tmp_path / "header.gguf"
+    with default_model_path().open("rb") as src:
+        cut.write_bytes(src.read(4000))
+    with pytest.raises(ModelLoadError, match=r"header\.gguf: .*(corrupt|truncated)"):
+        check_gguf(cut)
+
+
+def test_folder_without_config(tmp_path):
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        prepare_model(tmp_path)
+
+
+def test_unsupported_architecture(tmp_path, tiny_model_dir):
+    folder = tmp_path / "gpt2ish"
+    shutil.copytree(tiny_model_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["model_type"] = "gpt2"
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match="unsupported architecture 'gpt2'"):
+        LLM(model=str(folder))
+
+
+def test_hf_folder_without_weights(tmp_path, tiny_model_dir):
+    folder = tmp_path / "noweights"
+    shutil.copytree(tiny_model_dir, folder)
+    for path in folder.glob("*.safetensors"):
+        path.unlink()
+    with pytest.raises(ModelLoadError, match="no .safetensors"):
+        prepare_model(folder)
+
+
+@pytest.mark.slow
+def test_converted_gguf_is_cached_by_file_identity(real_model_dir):
+    again = prepare_model(None)
+    assert again.from_cache and again.folder == real_model_dir
+    assert (real_model_dir / "model.safetensors").is_file()

@@ -1,0 +1,76 @@
+"""The sampler's filters on hand-made distributions, and its draws against their odds."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from pagedchat.engine.runner.sampler import SampleRow, apply_penalties, filter_logits, sample
+from pagedchat.engine.sampling_params import SamplingParams
+
+
+def row(**options) -> SampleRow:
+    return SampleRow(SamplingParams(**options), [], [], None)
+
+
+def kept(logits: torch.Tensor, **options) -> list[int]:
+    out = filter_logits(logits.clone().unsqueeze(0), [row(**options)])[0]
+    return sorted(torch.isfinite(out).nonzero().flatten().tolist())
+
+
+PROBS = torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05])
+LOGITS = PROBS.log()
+
+
+def test_top_k_keeps_the_k_best():
+    assert kept(LOGITS, top_k=2) == [0, 1]
+    assert kept(LOGITS, top_k=0) == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("top_p, expected", [
+    (0.5, [0]), (0.51, [0, 1]), (0.7, [0, 1]), (0.71, [0, 1, 2]), (1.0, [0, 1, 2, 3, 4])])
+def test_top_p_keeps_the_smallest_set_reaching_p(top_p, expected):
+    assert kept(LOGITS, top_p=top_p) == expected
+
+
+def test_top_p_over_a_wide_vocabulary_matches_a_full_sort():
+    gen = torch.Generator().manual_seed(0)
+    flat = torch.randn(3, 5000, generator=gen) * 0.3  # mass spread beyond 256 tokens
+    peaked = torch.randn(3, 5000, generator=gen) * 6.0
+    logits = torch.cat([flat, peaked])
+    rows = [row(top_p=0.9) for _ in range(6)]
+    out = filter_logits(logits.clone(), rows)
+    probs = logits.softmax(dim=1)
+    for i in range(6):
+        values, order = probs[i].sort(descending=True)
+        expected = set(order[(values.cumsum(0) - values) < 0.9].tolist())
+        assert set(torch.isfinite(out[i]).nonzero().flatten().tolist()) == expected
+
+
+def test_min_p_drops_tokens_below_a_share_of_the_best():
+    assert kept(LOGITS, min_p=0.3) == [0, 1, 2]
+
+
+def test_penalties():
+    logits = torch.tensor([[2.0, -2.0, 1.0, 0.5]])
+    rep = SampleRow(SamplingParams(repetition_penalty=2.0), [0], [1], None)
+    assert apply_penalties(logits.clone(), [rep]).tolist() == [[1.0, -4.0, 1.0, 0.5]]
+    freq = SampleRow(SamplingParams(frequency_penalty=0.5, presence_penalty=0.25), [], [2, 2], None)
+    assert apply_penalties(logits.clone(), [freq]).tolist() == [[2.0, -2.0, -0.25, 0.5]]
+
+
+def test_greedy_takes_the_argmax_and_reports_its_logprob():
+    tokens, logprobs = sample(LOGITS.unsqueeze(0), [row(temperature=0)])
+    assert tokens == [0] and logprobs[0] == pytest.approx(math.log(0.5), abs=1e-6)
+
+
+def test_draws_follow_the_distribution():
+    params = SamplingParams(temperature=1.0, seed=1)
+    generator = torch.Generator().manual_seed(1)
+    counts = torch.zeros(5)
+    for _ in range(4000):
+        tokens, _ = sample(LOGITS.unsqueeze(0), [SampleRow(params, [], [], generator)])
+        counts[tokens[0]] += 1
+    assert torch.allclose(counts / 4000, PROBS, atol=0.03)
