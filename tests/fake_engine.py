@@ -12,9 +12,10 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
+from pagedchat.engine.stats import BlockEntry, EngineStats, SeqBlockTable
+
 from pagedchat.engine.outputs import CompletionOutput, RequestOutput
 from pagedchat.engine.sampling_params import SamplingParams
-from pagedchat.engine.stats import BlockEntry, EngineStats, SeqBlockTable
 
 REPLY = "Paged attention keeps each sequence's cache in fixed-size blocks. "
 

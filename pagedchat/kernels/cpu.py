@@ -36,8 +36,8 @@ from pagedchat.paths import cache_root
 
 __all__ = ["DecoderStack", "LayerTensors", "copy_blocks", "decoder_stack", "embedding",
            "kernel_library", "linear", "max_logsumexp", "pack_embedding", "pack_linear",
-           "paged_attention", "rms_norm", "rotary_store", "silu_mul", "store_kv",
-           "swap_blocks"]
+           "paged_attention", "quantized_embedding", "quantized_linear", "rms_norm",
+           "rotary_store", "silu_mul", "store_kv", "swap_blocks"]
 
 log = logging.getLogger(__name__)
 
@@ -686,3 +686,7 @@ def decoder_stack(layers: list[LayerTensors], num_heads: int, eps: float,
                    for tensor in plain):
             return None
     return DecoderStack(layers, num_heads, eps, scale)
+
+
+# last: cpu_quant builds on this module's kernel_library
+from pagedchat.kernels.cpu_quant import quantized_embedding, quantized_linear  # noqa: E402

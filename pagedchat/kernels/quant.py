@@ -132,6 +132,24 @@ class QuantizedWeight:
             pieces.append(Segment(segment.format, segment.data[rows[begin:end] - first]))
         return QuantizedWeight(pieces, self.in_features)
 
+    def __getitem__(self, rows: slice) -> QuantizedWeight:
+        return self.take_rows(rows)
+
+    def narrow(self, dim: int, start: int, length: int) -> QuantizedWeight:
+        """As ``Tensor.narrow``: rows (dim 0), or input columns (dim 1) where the cut falls
+        between blocks (a row-parallel shard)."""
+        if dim == 0:
+            return self.take_rows(slice(start, start + length))
+        pieces = []
+        for segment in self.segments:
+            fmt = segment.format
+            if start % fmt.block_size or length % fmt.block_size:
+                raise ValueError(f"{fmt.name}: columns [{start}, {start + length}) cut its "
+                                 f"blocks of {fmt.block_size}")
+            first = start // fmt.block_size * fmt.type_size
+            pieces.append(Segment(fmt, segment.data[:, first:first + fmt.row_bytes(length)]))
+        return QuantizedWeight(pieces, length)
+
     def __repr__(self) -> str:
         parts = ", ".join(f"{s.format.name}x{s.rows}" for s in self.segments)
         return f"QuantizedWeight({tuple(self.shape)}, {parts})"

@@ -20,6 +20,7 @@ from pagedchat.cli.options import (
     JsonPath,
     Model,
     TensorParallelSize,
+    Weights,
     user_errors,
 )
 
@@ -29,6 +30,7 @@ def latency(model: Model = None, max_tokens: MaxTokens = 128,
                 "--prompt-len", min=16, help="Tokens of the long prompt timed to first token.")]
             = 1000,
             dtype: Dtype = DType.float32,
+            weights: Weights = None,
             loads: Annotated[bool, typer.Option(
                 help="Also time a first start (GGUF conversion) and a cached start.")] = True,
             json_path: JsonPath = None,
@@ -41,7 +43,7 @@ def latency(model: Model = None, max_tokens: MaxTokens = 128,
     from pagedchat.bench.latency import compare_single_stream, load_times
 
     with user_errors():
-        engine = engine_options(model, dtype, tp=tp).build()
+        engine = engine_options(model, dtype, tp=tp, weights=weights).build()
         long_prompt = sharegpt.long_prompt(engine.tokenizer, prompt_len)
         short_prompt = warmup_prompt(engine.tokenizer)
         figures = compare_single_stream(engine, short_prompt, long_prompt, max_tokens or 128,

@@ -4,6 +4,7 @@ de-quantizes from the same file (its names, its q/k row order)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from pagedchat.engine.errors import ModelLoadError
-from pagedchat.engine.gguf_weights import hf_name, read_gguf_weights, unpermute_rows
+from pagedchat.engine.loading.gguf_weights import hf_name, read_gguf_weights, unpermute_rows
 from pagedchat.kernels.quant import QuantizedWeight, dequantize
 
 gguf = pytest.importorskip("gguf")
@@ -29,7 +30,7 @@ def default_gguf() -> Path:
 
 def write_tiny_gguf(hf_folder: Path, target: Path, formats: dict[str, str]) -> Path:
     """A GGUF of the tiny HF Llama in ``hf_folder``, written as llama.cpp's converter would
-    (q and k rows permuted, the tokenizer's metadata copied from the default model's file),
+    (q and k rows permuted, the folder's BPE tokenizer as GGUF metadata),
     each projection quantized by gguf-py to ``formats[its GGUF name]``, norms in F32."""
     from safetensors.torch import load_file
     from transformers import AutoConfig
@@ -37,11 +38,7 @@ def write_tiny_gguf(hf_folder: Path, target: Path, formats: dict[str, str]) -> P
     config = AutoConfig.from_pretrained(hf_folder)
     state = load_file(hf_folder / "model.safetensors")
     writer = gguf.GGUFWriter(target, "llama")
-    source = gguf.GGUFReader(default_gguf())
-    for key, field in source.fields.items():
-        if key.startswith("tokenizer."):
-            sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-            writer.add_key_value(key, field.contents(), field.types[0], sub)
+    _add_tokenizer(writer, hf_folder)
     writer.add_block_count(config.num_hidden_layers)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
@@ -74,6 +71,29 @@ def write_tiny_gguf(hf_folder: Path, target: Path, formats: dict[str, str]) -> P
     writer.write_tensors_to_file()
     writer.close()
     return target
+
+
+def _add_tokenizer(writer, folder: Path) -> None:
+    """The folder's byte-level BPE tokenizer (``tokenizer.json``) as llama.cpp's ``gpt2``
+    tokenizer metadata."""
+    from transformers import AutoTokenizer
+
+    layout = json.loads((folder / "tokenizer.json").read_text())
+    vocab = layout["model"]["vocab"]
+    tokens = sorted(vocab, key=vocab.get)
+    special = {t["content"] for t in layout["added_tokens"]}
+    merges = [m if isinstance(m, str) else " ".join(m) for m in layout["model"]["merges"]]
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL
+                            for t in tokens])
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(tokenizer.bos_token_id)
+    writer.add_eos_token_id(tokenizer.eos_token_id)
+    writer.add_pad_token_id(tokenizer.pad_token_id)
+    if tokenizer.chat_template:
+        writer.add_chat_template(tokenizer.chat_template)
 
 
 def _hf_names(layers: int) -> dict[str, str]:
@@ -152,3 +172,64 @@ def test_default_model_reads_as_transformers_loads_it():
     assert set(ours) == set(theirs)
     for name, weight in ours.items():
         assert torch.equal(_as_float(weight), theirs[name]), name
+
+
+def _prompts(count: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(5, 2000, (int(n),), generator=g).tolist()
+            for n in torch.randint(3, 40, (count,), generator=g)]
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf_references(tiny_gguf):
+    """transformers' greedy continuations on the tiny GGUF (which it de-quantizes)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_gguf.parent, gguf_file=tiny_gguf.name,
+                                                 dtype=torch.float32).eval()
+    prompts = _prompts(6, seed=3)
+    refs = []
+    for ids in prompts:
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False,
+                                 attention_mask=torch.ones(1, len(ids)))
+        refs.append(out[0, len(ids):].tolist())
+    return prompts, refs
+
+
+@pytest.mark.parametrize("options", [
+    dict(block_size=16, num_kv_blocks=64),
+    dict(block_size=1, num_kv_blocks=1024),
+    dict(block_size=4, num_kv_blocks=16, max_num_batched_tokens=16),  # preempts, chunks
+    dict(block_size=16, num_kv_blocks=64, attention_backend="torch"),
+])
+def test_tiny_gguf_greedy_matches_transformers(tiny_gguf, tiny_gguf_references, options):
+    from pagedchat import LLM, SamplingParams
+
+    prompts, refs = tiny_gguf_references
+    llm = LLM(model=str(tiny_gguf), weights="gguf", **options)
+    model = llm.engine.runner.model
+    assert model.quantized and model.embed_tokens.quantized is not None
+    fused = model.layers[0].self_attn.qkv_proj.quantized
+    assert [s.format.name for s in fused.segments] == ["Q4_0", "Q8_0", "Q4_1"]
+    outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=12))
+    assert [o.outputs[0].token_ids for o in outputs] == refs
+    if options["num_kv_blocks"] == 16:
+        assert llm.engine.stats().preemptions > 0
+
+
+def test_weights_option_picks_the_path(tiny_gguf, tiny_model_dir):
+    from pagedchat import LLM
+    from pagedchat.engine.errors import RequestError
+
+    float32 = LLM(model=str(tiny_gguf), weights="float32", num_kv_blocks=16)
+    assert not float32.engine.runner.model.quantized
+    assert float32.engine.config.dtype == "float32"
+    default = LLM(model=str(tiny_gguf), num_kv_blocks=16)
+    assert default.engine.config.weights == "gguf" and default.engine.runner.model.quantized
+    halves = LLM(model=str(tiny_gguf), weights="bfloat16", num_kv_blocks=16)
+    assert halves.engine.config.dtype == "bfloat16"
+    with pytest.raises(ModelLoadError, match="--weights gguf reads a GGUF file"):
+        LLM(model=str(tiny_model_dir), weights="gguf", num_kv_blocks=16)
+    with pytest.raises(RequestError, match="weights must be gguf, float32 or bfloat16"):
+        LLM(model=str(tiny_gguf), weights="int4", num_kv_blocks=16)
