@@ -80,7 +80,7 @@ def compare_single_stream(engine: LLMEngine, prompt_ids: list[int], long_prompt_
     in odd ones; each engine shows its median figures (every round's beside them) and each
     ratio is the median of the rounds' own ratios, so a drift of the machine's speed over
     the minutes of the run (its memory bandwidth is not steady) cancels."""
-    hf = load_hf_model(engine.model_files.folder, engine.config.dtype)
+    hf = load_hf_model(engine.model_files.weights_folder(), engine.config.dtype)
     pagedchat_single_stream(engine, prompt_ids, 8)  # warm up both once
     hf_single_stream(hf, prompt_ids, 8)
 

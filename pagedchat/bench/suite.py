@@ -146,7 +146,7 @@ def make_peers(names: list[str], engine: LLMEngine, hf_batch_sizes: list[int],
     each static batch size and continuous request limit is a peer of its own."""
     hf_names = [name for name in names if name in PEERS]
     if hf_names:
-        model = load_hf_model(engine.model_files.folder, engine.config.dtype)
+        model = load_hf_model(engine.model_files.weights_folder(), engine.config.dtype)
         pad = engine.tokenizer.pad_token_id
         pad = engine.tokenizer.eos_token_id if pad is None else pad
     peers = []
