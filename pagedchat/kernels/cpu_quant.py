@@ -11,7 +11,6 @@ import functools
 import torch
 
 from pagedchat.kernels import quant
-from pagedchat.kernels.cpu import kernel_library
 from pagedchat.kernels.quant import QuantizedWeight
 
 __all__ = ["quantized_embedding", "quantized_linear"]
@@ -27,6 +26,8 @@ _TYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
+    from pagedchat.kernels.cpu import kernel_library  # cpu imports this module
+
     library = kernel_library()
     return None if library is None else bind(library)
 
