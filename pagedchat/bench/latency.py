@@ -92,7 +92,7 @@ def single_stream_peers(names: list[str], engine: LLMEngine) -> dict[str, Single
     peers: dict[str, SingleStream] = {}
     for name in names:
         if name == "hf-generate":
-            hf = load_hf_model(engine.model_files.folder, engine.config.dtype)
+            hf = load_hf_model(engine.model_files.weights_folder(), engine.config.dtype)
             peers[name] = lambda ids, tokens, hf=hf: hf_single_stream(hf, ids, tokens)
         else:
             from pagedchat.bench.llamacpp import LlamaCpp, gguf_of

@@ -28,8 +28,9 @@ def greedy_agreement(engine: LLMEngine, prompts: list[list[int]],
     """First-token agreement and mean shared prefix, pagedchat vs transformers at the
     engine's dtype, and transformers at that dtype vs transformers in float32."""
     dtype = engine.config.dtype
-    hf = load_hf_model(engine.model_files.folder, dtype)
-    hf32 = hf if dtype == "float32" else load_hf_model(engine.model_files.folder, "float32")
+    folder = engine.model_files.weights_folder()
+    hf = load_hf_model(folder, dtype)
+    hf32 = hf if dtype == "float32" else load_hf_model(folder, "float32")
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
     ours = []
     for i, ids in enumerate(prompts):

@@ -37,6 +37,7 @@ class EngineOptions:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = EngineConfig.max_num_batched_tokens
     dtype: str = "float32"
+    weights: str | None = None
     enable_prefix_caching: bool = True
     preemption_mode: str = "recompute"
     tensor_parallel_size: int = 1
@@ -51,6 +52,7 @@ class EngineOptions:
             model=self.model, block_size=self.block_size, num_kv_blocks=self.num_kv_blocks,
             kv_cache_memory=self.kv_cache_memory, max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens, dtype=self.dtype,
+            weights=self.weights,
             enable_prefix_caching=self.enable_prefix_caching,
             preemption_mode=self.preemption_mode,
             tensor_parallel_size=self.tensor_parallel_size,
@@ -145,7 +147,7 @@ def make_peers(names: list[str], engine: LLMEngine, hf_batch_sizes: list[int],
     peer of its own."""
     hf_names = [name for name in names if name in PEERS]
     if hf_names:
-        model = load_hf_model(engine.model_files.folder, engine.config.dtype)
+        model = load_hf_model(engine.model_files.weights_folder(), engine.config.dtype)
         pad = engine.tokenizer.pad_token_id
         pad = engine.tokenizer.eos_token_id if pad is None else pad
     peers = []

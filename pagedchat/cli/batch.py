@@ -10,7 +10,14 @@ import typer
 
 from pagedchat.bench import report
 from pagedchat.bench.suite import EngineOptions
-from pagedchat.cli.options import KvBlocks, KvMemory, Model, TensorParallelSize, user_errors
+from pagedchat.cli.options import (
+    KvBlocks,
+    KvMemory,
+    Model,
+    TensorParallelSize,
+    Weights,
+    user_errors,
+)
 
 
 def batch(
@@ -28,6 +35,7 @@ def batch(
     kv_blocks: KvBlocks = None,
     kv_memory: KvMemory = None,
     tp: TensorParallelSize = 1,
+    weights: Weights = None,
 ) -> None:
     """Run a JSONL file of prompts through the engine; resumable (a rerun skips answered lines)."""
     from pagedchat.chat.batch import describe, load_done, run_batch
@@ -39,7 +47,7 @@ def batch(
         lines = (sys.stdin if input_path == "-" else
                  Path(input_path).open(encoding="utf-8")).read().splitlines()
         engine = EngineOptions(model=model, num_kv_blocks=kv_blocks, kv_cache_memory=kv_memory,
-                               tensor_parallel_size=tp).build()
+                               tensor_parallel_size=tp, weights=weights).build()
         defaults: dict[str, object] = {"max_tokens": max_tokens}
         if temperature is not None:
             defaults["temperature"] = temperature

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from pagedchat.chat.prompt import DEFAULT_CONTEXT_WINDOW
+from pagedchat.cli.options import Weights
 from pagedchat.tui.main import DEFAULT_KV_BLOCKS, run_chat
 
 
@@ -28,6 +29,8 @@ def chat(
     tensor_parallel_size: Annotated[int, typer.Option(
         "--tensor-parallel-size", "-tp", min=1,
         help="Workers that split the model's heads (one process each).")] = 1,
+    weights: Weights = None,
 ) -> None:
     """Chat in the terminal with a model served by the paged engine."""
-    run_chat(model, db, continue_last, session, context_window, kv_blocks, tensor_parallel_size)
+    run_chat(model, db, continue_last, session, context_window, kv_blocks, tensor_parallel_size,
+             weights)

@@ -14,7 +14,7 @@ from pagedchat.bench import report
 from pagedchat.bench.suite import EngineOptions
 from pagedchat.chat.inspect import default_scenario, prompt_scenario, run_scenario
 from pagedchat.cli import inspect_render
-from pagedchat.cli.options import BlockSize, JsonPath, Model, user_errors
+from pagedchat.cli.options import BlockSize, JsonPath, Model, Weights, user_errors
 
 
 class Preemption(str, Enum):
@@ -41,6 +41,7 @@ def inspect(
                                             help="Tokens to generate per request.")] = 24,
     max_steps: Annotated[int, typer.Option("--max-steps", min=1)] = 500,
     model: Model = None,
+    weights: Weights = None,
 ) -> None:
     """Watch the KV block pool, block tables and sharing, one engine step at a time."""
     with user_errors():
@@ -50,7 +51,8 @@ def inspect(
                 raise FileNotFoundError(f"{file}: no such file")
             prompts += [t for t in file.read_text(encoding="utf-8").splitlines() if t.strip()]
         engine = EngineOptions(model=model, block_size=block_size, num_kv_blocks=kv_blocks,
-                               preemption_mode=Preemption(preemption_mode).value).build()
+                               preemption_mode=Preemption(preemption_mode).value,
+                               weights=weights).build()
         arrivals = (prompt_scenario(prompts, max_tokens) if prompts
                     else default_scenario(engine.tokenizer, max_tokens))
 

@@ -20,6 +20,9 @@ KvBlocks = Annotated[int | None, typer.Option("--kv-blocks", min=1,
                                               help="KV pool size in blocks.")]
 KvMemory = Annotated[str | None, typer.Option("--kv-memory",
                                               help="KV pool size in bytes, e.g. 1GiB.")]
+Weights = Annotated[str | None, typer.Option(
+    "--weights", help="gguf: a GGUF's tensors kept quantized (the default for a GGUF on the "
+                      "CPU); float32 or bfloat16: de-quantized.")]
 TensorParallelSize = Annotated[int, typer.Option(
     "--tensor-parallel-size", "-tp", min=1,
     help="Workers that split the model's heads (one process each).")]

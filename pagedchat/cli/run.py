@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+from pagedchat.cli.options import Weights
+
 
 def run(
     prompt: Annotated[str | None, typer.Argument(
@@ -21,6 +23,7 @@ def run(
     seed: Annotated[int | None, typer.Option(help="Makes a sampled answer repeat.")] = None,
     raw: Annotated[bool, typer.Option(help="Send the prompt as is, no chat template.")] = False,
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
+    weights: Weights = None,
     tensor_parallel_size: Annotated[int, typer.Option(
         "--tensor-parallel-size", "-tp", min=1,
         help="Workers that split the model's heads (one process each).")] = 1,
@@ -44,7 +47,8 @@ def run(
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                                 seed=seed, logprobs=logprobs)
         start = time.perf_counter()
-        engine = LLMEngine(EngineConfig(model=model, dtype=dtype, kv_cache_memory="512MiB",
+        engine = LLMEngine(EngineConfig(model=model, dtype=dtype, weights=weights,
+                                        kv_cache_memory="512MiB",
                                         swap_space="0B",
                                         tensor_parallel_size=tensor_parallel_size))
         loaded = time.perf_counter()

@@ -19,7 +19,7 @@ from pagedchat.engine.block_manager import BlockManager
 from pagedchat.engine.config import EngineConfig
 from pagedchat.engine.errors import ModelLoadError, RequestError
 from pagedchat.engine.loading.detokenizer import IncrementalDetokenizer
-from pagedchat.engine.loading.loader import ModelFiles, prepare_model
+from pagedchat.engine.loading.loader import ModelFiles, is_gguf, prepare_model
 from pagedchat.engine.loading.model_config import ModelConfig
 from pagedchat.engine.loading.tokenizer import load_tokenizer
 from pagedchat.engine.outputs import CompletionOutput, EngineStats, RequestOutput
@@ -27,7 +27,7 @@ from pagedchat.engine.parallel.parallel_runner import ParallelRunner
 from pagedchat.engine.parallel.tensor_parallel import check_size
 from pagedchat.engine.runner.beam_search import beam_step, fork_beams
 from pagedchat.engine.runner.logprobs import token_logprobs
-from pagedchat.engine.runner.model_runner import ModelRunner
+from pagedchat.engine.runner.model_runner import ModelRunner, resolve_device
 from pagedchat.engine.runner.sampler import SampleRow, apply_penalties, sample
 from pagedchat.engine.sampling_params import SamplingParams
 from pagedchat.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
@@ -37,10 +37,11 @@ from pagedchat.engine.sequence import Sequence, SequenceGroup
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         start = time.perf_counter()
-        self.model_files: ModelFiles = prepare_model(config.model)
+        config = resolve_weights(config)
+        self.model_files: ModelFiles = prepare_model(config.model, config.weights)
         folder = self.model_files.folder
         try:
-            model_config = ModelConfig.from_folder(folder)
+            model_config = replace(ModelConfig.from_folder(folder), gguf=self.model_files.gguf)
             self.tokenizer = load_tokenizer(model_config)
         except Exception as error:
             raise ModelLoadError(f"{folder}: cannot read config or tokenizer ({error})") from error
@@ -322,3 +323,18 @@ def _eos_ids(model_config: ModelConfig, tokenizer) -> set[int]:
         elif value:
             ids.update(value)
     return ids
+
+
+def resolve_weights(config: EngineConfig) -> EngineConfig:
+    """``config`` with its weights chosen (see ``EngineConfig.weights``) and its dtype
+    following de-quantized ones. Quantized weights are multiplied on the CPU only."""
+    weights = config.weights
+    on_cpu = resolve_device(config.device) == "cpu"
+    if weights is None:
+        gguf = is_gguf(config.model) and on_cpu and config.dtype == "float32"
+        weights = "gguf" if gguf else config.dtype
+    if weights == "gguf" and not on_cpu:
+        raise ModelLoadError("--weights gguf runs on the CPU: use --weights float32 or "
+                             "bfloat16 on a GPU")
+    dtype = config.dtype if weights == "gguf" else weights
+    return replace(config, weights=weights, dtype=dtype)

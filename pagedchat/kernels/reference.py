@@ -13,6 +13,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from pagedchat.kernels.quant import quantized_embedding, quantized_linear
+
+__all__ = ["copy_blocks", "embedding", "gather_kv", "linear", "max_logsumexp",
+           "pack_embedding", "pack_linear", "paged_attention", "quantized_embedding",
+           "quantized_linear", "rms_norm", "rotary", "rotary_store", "silu_mul",
+           "split_rotary", "store_kv", "swap_blocks", "write_slots"]
+
 
 def store_kv(
     key: torch.Tensor,

@@ -160,3 +160,25 @@ def _chat_prefix_tokens(prompts: list[list[int]]) -> list[int]:
         n = next((i for i, (a, b) in enumerate(zip(common, ids)) if a != b), len(common))
         common = common[:n]
     return common
+
+
+QUANTIZED = {
+    "block16": dict(block_size=16, num_kv_blocks=1250),
+    "block1": dict(block_size=1, num_kv_blocks=20_000),
+    "chunked-prefill": dict(block_size=16, num_kv_blocks=1250, max_num_batched_tokens=40),
+    "preempted": dict(block_size=16, num_kv_blocks=(990 + MAX_TOKENS) // 16 + 12),
+}
+
+
+@pytest.mark.parametrize("name", list(QUANTIZED))
+def test_quantized_weights_greedy_matches_transformers(name, hf_model, prompts, references):
+    """The default GGUF with its tensors kept quantized (``weights="gguf"``) against
+    transformers on the same file, which de-quantizes it: the same weights, value for value."""
+    llm = LLM(weights="gguf", swap_space="64MiB", **QUANTIZED[name])
+    assert llm.engine.runner.model.quantized
+    outputs = llm.generate(prompts, GREEDY)
+    stats = llm.engine.stats()
+    if name == "preempted":
+        assert stats.preemptions > 0
+    assert_same_greedy(hf_model, prompts, outputs, references)
+    assert stats.used_blocks == 0

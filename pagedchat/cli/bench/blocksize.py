@@ -30,6 +30,7 @@ from pagedchat.cli.options import (
     KvMemory,
     Model,
     TensorParallelSize,
+    Weights,
     user_errors,
 )
 
@@ -41,13 +42,15 @@ def blocksize(num_requests: NumRequests = 100, model: Model = None,
               rate: Annotated[float | None, typer.Option(
                   "--rate", min=0.0, help="Poisson rate (req/s); default: all at once.")] = None,
               seed: Seed = 0, kv_memory: KvMemory = "512MiB", max_num_seqs: MaxSeqs = MAX_SEQS,
-              dtype: Dtype = DType.float32, json_path: JsonPath = None,
+              dtype: Dtype = DType.float32,
+              weights: Weights = None, json_path: JsonPath = None,
               tp: TensorParallelSize = 1) -> None:
     """The block-size ablation: the same KV memory cut into blocks of each size."""
     with user_errors():
         figures: dict[str, dict[str, object]] = {}
         for size in parse_list(sizes, int):
-            engine = engine_options(model, dtype, size, None, kv_memory, max_num_seqs, tp).build()
+            engine = engine_options(model, dtype, size, None, kv_memory, max_num_seqs, tp,
+                                    weights=weights).build()
             requests = sample_trace(engine, num_requests, seed, max_tokens)
             arrivals = poisson_arrivals(len(requests), rate, seed) if rate else None
             figures[str(size)] = measure(PagedChat(engine), requests,

@@ -36,6 +36,7 @@ from pagedchat.cli.options import (
     KvMemory,
     Model,
     TensorParallelSize,
+    Weights,
     user_errors,
 )
 
@@ -47,11 +48,13 @@ def chatbot(num_requests: NumRequests = 100, model: Model = None, max_tokens: Ma
             hf_page_size: HfPage = 256, seed: Seed = 0, block_size: BlockSize = 16,
             kv_blocks: KvBlocks = None, kv_memory: KvMemory = None,
             max_num_seqs: MaxSeqs = MAX_SEQS, dtype: Dtype = DType.float32,
+            weights: Weights = None,
             plot: Plot = Path("bench-chatbot.png"), json_path: JsonPath = None,
             tp: TensorParallelSize = 1) -> None:
     """The paper's chatbot: multi-turn history + new message, last 1024 tokens kept."""
     with user_errors():
-        options = engine_options(model, dtype, block_size, kv_blocks, kv_memory, max_num_seqs, tp)
+        options = engine_options(model, dtype, block_size, kv_blocks, kv_memory, max_num_seqs, tp,
+                                 weights=weights)
         serve_rates("chatbot", options,
                lambda engine: sharegpt.sample_chat_requests(
                    engine.tokenizer, num_requests, seed, context, max_tokens or 1024,

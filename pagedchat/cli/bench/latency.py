@@ -21,6 +21,7 @@ from pagedchat.cli.options import (
     JsonPath,
     Model,
     TensorParallelSize,
+    Weights,
     user_errors,
 )
 
@@ -30,6 +31,7 @@ def latency(model: Model = None, max_tokens: MaxTokens = 128,
                 "--prompt-len", min=16, help="Tokens of the long prompt timed to first token.")]
             = 1000,
             dtype: Dtype = DType.float32,
+            weights: Weights = None,
             loads: Annotated[bool, typer.Option(
                 help="Also time a first start (GGUF conversion) and a cached start.")] = True,
             json_path: JsonPath = None,
@@ -55,7 +57,7 @@ def latency(model: Model = None, max_tokens: MaxTokens = 128,
 
     with user_errors():
         names = check_single_stream_peers(parse_list(compare))  # before a model is loaded
-        engine = engine_options(model, dtype, tp=tp).build()
+        engine = engine_options(model, dtype, tp=tp, weights=weights).build()
         long_prompt = sharegpt.long_prompt(engine.tokenizer, prompt_len)
         short_prompt = warmup_prompt(engine.tokenizer)
         peers = single_stream_peers(names, engine)

@@ -32,6 +32,7 @@ from pagedchat.cli.options import (
     KvBlocks,
     Model,
     TensorParallelSize,
+    Weights,
     user_errors,
 )
 
@@ -41,11 +42,13 @@ def memory(num_requests: NumRequests = 200, model: Model = None, max_tokens: Max
                "--max-len", help="What the max-length policy reserves per request.")] = 2048,
            seed: Seed = 0, block_size: BlockSize = 16, kv_blocks: KvBlocks = 512,
            max_num_seqs: MaxSeqs = MAX_SEQS, dtype: Dtype = DType.float32,
+           weights: Weights = None,
            plot: Plot = Path("bench-memory.png"), json_path: JsonPath = None,
            tp: TensorParallelSize = 1) -> None:
     """The paper's Fig. 2: KV memory holding token states vs reserved vs fragmented."""
     with user_errors():
-        engine = engine_options(model, dtype, block_size, kv_blocks, None, max_num_seqs, tp).build()
+        engine = engine_options(model, dtype, block_size, kv_blocks, None, max_num_seqs, tp,
+                                weights=weights).build()
         requests = sample_trace(engine, num_requests, seed, max_tokens)
         cfg = engine.config
         capacity = cfg.num_kv_blocks * cfg.block_size

@@ -74,8 +74,8 @@ Plot = Annotated[Path, typer.Option("--plot", help="Where to write the PNG.")]
 
 
 def engine_options(model, dtype, block_size=16, kv_blocks=None, kv_memory=None,
-                   max_num_seqs=MAX_SEQS, tp=1) -> EngineOptions:
+                   max_num_seqs=MAX_SEQS, tp=1, weights=None) -> EngineOptions:
     """The engine a bench builds from its command line."""
     return EngineOptions(model=model, block_size=block_size, num_kv_blocks=kv_blocks,
                          kv_cache_memory=kv_memory, max_num_seqs=max_num_seqs,
-                         dtype=DType(dtype).value, tensor_parallel_size=tp)
+                         dtype=DType(dtype).value, tensor_parallel_size=tp, weights=weights)

@@ -27,6 +27,7 @@ from pagedchat.cli.options import (
     JsonPath,
     KvBlocks,
     Model,
+    Weights,
     user_errors,
 )
 
@@ -36,13 +37,14 @@ def parallel(num_requests: NumRequests = 32, model: Model = None, max_tokens: Ma
                  "--sizes", callback=check_sizes,
                  help="Tensor-parallel sizes to run, e.g. 1,3.")] = "1,3",
              seed: Seed = 0, kv_blocks: KvBlocks = None, dtype: Dtype = DType.float32,
+             weights: Weights = None,
              json_path: JsonPath = None) -> None:
     """Throughput for each tensor-parallel size on the same requests, with the bytes
     all-reduced per token and broadcast per step, next to the model's size."""
     from pagedchat.bench.parallel import communication_figures
 
     with user_errors():
-        options = engine_options(model, dtype, kv_blocks=kv_blocks)
+        options = engine_options(model, dtype, kv_blocks=kv_blocks, weights=weights)
         figures: dict[str, dict[str, object]] = {}
         rows, requests, meta = [], None, {}
         for size in parse_list(sizes, int):

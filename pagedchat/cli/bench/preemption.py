@@ -25,6 +25,7 @@ from pagedchat.cli.options import (
     KvBlocks,
     Model,
     TensorParallelSize,
+    Weights,
     user_errors,
 )
 
@@ -32,13 +33,15 @@ from pagedchat.cli.options import (
 def preemption(num_requests: NumRequests = 100, model: Model = None,
                max_tokens: MaxTokens = None, seed: Seed = 0, block_size: BlockSize = 16,
                kv_blocks: KvBlocks = 128, max_num_seqs: MaxSeqs = MAX_SEQS,
-               dtype: Dtype = DType.float32, json_path: JsonPath = None,
+               dtype: Dtype = DType.float32,
+               weights: Weights = None, json_path: JsonPath = None,
                tp: TensorParallelSize = 1) -> None:
     """Recompute vs swap under memory pressure (a small KV pool)."""
     with user_errors():
         figures: dict[str, dict[str, object]] = {}
         for mode in ("recompute", "swap"):
-            options = engine_options(model, dtype, block_size, kv_blocks, None, max_num_seqs, tp)
+            options = engine_options(model, dtype, block_size, kv_blocks, None, max_num_seqs, tp,
+                                     weights=weights)
             engine = options.with_(preemption_mode=mode).build()
             requests = sample_trace(engine, num_requests, seed, max_tokens)
             result = measure(PagedChat(engine), requests, warmup_prompt(engine.tokenizer))[0]

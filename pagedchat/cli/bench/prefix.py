@@ -29,6 +29,7 @@ from pagedchat.cli.options import (
     KvMemory,
     Model,
     TensorParallelSize,
+    Weights,
     user_errors,
 )
 
@@ -39,11 +40,13 @@ def prefix(num_requests: NumRequests = 100, model: Model = None, max_tokens: Max
            seed: Seed = 0, block_size: BlockSize = 16, kv_blocks: KvBlocks = None,
            kv_memory: KvMemory = None, max_num_seqs: MaxSeqs = MAX_SEQS,
            dtype: Dtype = DType.float32,
+           weights: Weights = None,
            json_path: JsonPath = None,
            tp: TensorParallelSize = 1) -> None:
     """A shared few-shot prefix on every request, prefix caching on vs off."""
     with user_errors():
-        options = engine_options(model, dtype, block_size, kv_blocks, kv_memory, max_num_seqs, tp)
+        options = engine_options(model, dtype, block_size, kv_blocks, kv_memory, max_num_seqs, tp,
+                                 weights=weights)
         figures: dict[str, dict[str, object]] = {}
         for caching in (True, False):
             engine = options.with_(enable_prefix_caching=caching).build()

@@ -35,6 +35,7 @@ from pagedchat.cli.options import (
     KvMemory,
     Model,
     TensorParallelSize,
+    Weights,
     user_errors,
 )
 
@@ -58,7 +59,8 @@ def serve(num_requests: NumRequests = 200, model: Model = None, max_tokens: MaxT
           rate: Rates = "0.5,1,2", compare: Compare = "", hf_batch_size: HfBatch = "8",
           hf_page_size: HfPage = 256, seed: Seed = 0, block_size: BlockSize = 16,
           kv_blocks: KvBlocks = None, kv_memory: KvMemory = None, max_num_seqs: MaxSeqs = MAX_SEQS,
-          dtype: Dtype = DType.float32, plot: Plot = Path("bench-serve.png"),
+          dtype: Dtype = DType.float32,
+          weights: Weights = None, plot: Plot = Path("bench-serve.png"),
           json_path: JsonPath = None,
           tp: TensorParallelSize = 1, base_url: BaseUrl = None,
           max_concurrency: MaxConcurrency = None, burstiness: Burstiness = 1.0, slo: Slo = "",
@@ -73,7 +75,8 @@ def serve(num_requests: NumRequests = 200, model: Model = None, max_tokens: MaxT
                          max_tokens, max_concurrency, burstiness, parse_slo(slo), api_key,
                          json_path)
             return
-        options = engine_options(model, dtype, block_size, kv_blocks, kv_memory, max_num_seqs, tp)
+        options = engine_options(model, dtype, block_size, kv_blocks, kv_memory, max_num_seqs, tp,
+                                 weights=weights)
         serve_rates("serve", options,
                lambda engine: sample_trace(engine, num_requests, seed, max_tokens),
                parse_list(rate, float), parse_peers(compare), parse_list(hf_batch_size, int),

@@ -21,6 +21,7 @@ from pagedchat.cli.options import (
     JsonPath,
     Model,
     TensorParallelSize,
+    Weights,
     user_errors,
 )
 
@@ -30,12 +31,12 @@ def sharing(num_requests: NumRequests = 24, model: Model = None, max_tokens: Max
                 "--widths", help="n for parallel sampling and beam widths, e.g. 2,4,6.")]
             = "2,4,6",
             seed: Seed = 0, json_path: JsonPath = None,
-            tp: TensorParallelSize = 1) -> None:
+            tp: TensorParallelSize = 1, weights: Weights = None) -> None:
     """The paper's Fig. 15: KV memory saved by sharing, parallel sampling and beam search."""
     from pagedchat.bench.sharing import COLUMNS, measure_sharing
 
     with user_errors():
-        engine = engine_options(model, DType.float32.value, tp=tp).build()
+        engine = engine_options(model, DType.float32.value, tp=tp, weights=weights).build()
         rows = measure_sharing(engine, num_requests, max_tokens, seed, parse_list(widths, int))
         report.emit_table("sharing", rows, COLUMNS)
         if json_path:

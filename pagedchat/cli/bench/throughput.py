@@ -40,6 +40,7 @@ from pagedchat.cli.options import (
     KvMemory,
     Model,
     TensorParallelSize,
+    Weights,
     user_errors,
 )
 
@@ -53,6 +54,7 @@ def throughput(num_requests: NumRequests = 200, model: Model = None,
                seed: Seed = 0, block_size: BlockSize = 16,
                kv_blocks: KvBlocks = None, kv_memory: KvMemory = None,
                max_num_seqs: MaxSeqs = MAX_SEQS, dtype: Dtype = DType.float32,
+               weights: Weights = None,
                ceiling: Annotated[bool, typer.Option(help="Measure the matmul ceiling.")] = True,
                profile: Annotated[bool, typer.Option(
                    help="Print where pagedchat's steps spent their time.")] = False,
@@ -69,7 +71,7 @@ def throughput(num_requests: NumRequests = 200, model: Model = None,
     with user_errors():
         batch_sizes = parse_list(hf_batch_size, int)
         engine = engine_options(model, dtype, block_size, kv_blocks, kv_memory, max_num_seqs,
-                                tp).build()
+                                tp, weights=weights).build()
         requests = sample_trace(engine, num_requests, seed, max_tokens)
         warmup = warmup_prompt(engine.tokenizer)
         engine.runner.timer.reset()

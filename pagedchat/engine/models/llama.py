@@ -28,6 +28,9 @@ from pagedchat.engine.layers.norm import RMSNorm
 from pagedchat.engine.layers.rotary import Rope, RotaryEmbedding, rope_parameters
 from pagedchat.engine.loading.model_config import ModelConfig
 from pagedchat.engine.parallel.tensor_parallel import TensorParallel
+from pagedchat.kernels.quant import QuantizedWeight, dequantize
+
+Weight = torch.Tensor | QuantizedWeight
 
 
 class DecoderLayer(nn.Module):
@@ -68,6 +71,7 @@ class LlamaForCausalLM(nn.Module):
         self.kernels = kernels
         self.rotary: RotaryEmbedding | None = None  # see build_rotary
         self._stack = self._stack_caches = None  # see decoder_stack
+        self.quantized = False  # whether a product's weight is loaded quantized
 
     def pack(self) -> None:
         """Lay the products' weights out for the kernels, after loading; the embedding's
@@ -106,7 +110,7 @@ class LlamaForCausalLM(nn.Module):
         batches), where it has one and the model is whole on this worker; else None.
         Built on first use, after the caches are in place, and again if they change."""
         build = getattr(self.kernels, "decoder_stack", None)
-        if build is None or self.tp.size > 1:
+        if build is None or self.tp.size > 1 or self.quantized:
             return None
         caches = self.layers[0].self_attn.k_cache
         if self._stack_caches is not caches:
@@ -139,37 +143,45 @@ class LlamaForCausalLM(nn.Module):
         return self.embed_tokens.rows
 
     @torch.no_grad()
-    def load_hf_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
-        """Copy a transformers-named state dict in, fusing q/k/v and gate/up, and keeping
+    def load_hf_state_dict(self, tensors: dict[str, Weight]) -> None:
+        """Take a transformers-named state dict, fusing q/k/v and gate/up, and keeping
         this worker's shard: output rows of column-parallel layers, input columns of
-        row-parallel ones, rows of the vocabulary."""
+        row-parallel ones, rows of the vocabulary. Quantized weights stay quantized."""
         own = dict(self.named_parameters())
         shard = self.tp.shard
         for i, layer in enumerate(self.layers):
             prefix = f"model.layers.{i}."
             attn, mlp = layer.self_attn, layer.mlp
-            qkv = [shard(tensors.pop(prefix + f"self_attn.{n}_proj.weight")) for n in "qkv"]
-            attn.qkv_proj.weight.copy_(torch.cat(qkv))
+            attn.qkv_proj.load(_fuse([shard(tensors.pop(prefix + f"self_attn.{n}_proj.weight"))
+                                      for n in "qkv"]))
             if attn.qkv_proj.bias is not None:
                 biases = [tensors.pop(prefix + f"self_attn.{n}_proj.bias", None) for n in "qkv"]
                 if all(b is not None for b in biases):
                     attn.qkv_proj.bias.copy_(torch.cat([shard(b) for b in biases]))
                 else:
                     attn.qkv_proj.bias.zero_()
-            gate_up = [shard(tensors.pop(prefix + f"mlp.{n}_proj.weight"))
-                       for n in ("gate", "up")]
-            mlp.gate_up_proj.weight.copy_(torch.cat(gate_up))
-            for name in ("self_attn.o_proj.weight", "mlp.down_proj.weight"):
-                own[f"layers.{i}.{name}"].copy_(shard(tensors.pop(prefix + name), dim=1))
+            mlp.gate_up_proj.load(_fuse([shard(tensors.pop(prefix + f"mlp.{n}_proj.weight"))
+                                         for n in ("gate", "up")]))
+            attn.o_proj.load(shard(tensors.pop(prefix + "self_attn.o_proj.weight"), dim=1))
+            mlp.down_proj.load(shard(tensors.pop(prefix + "mlp.down_proj.weight"), dim=1))
             for name in ("input_layernorm.weight", "post_attention_layernorm.weight"):
                 own[f"layers.{i}.{name}"].copy_(tensors.pop(prefix + name))
-        vocab = slice(self.embed_tokens.start, self.embed_tokens.end)
-        own["embed_tokens.weight"].copy_(tensors.pop("model.embed_tokens.weight")[vocab])
+        self.embed_tokens.load(tensors.pop("model.embed_tokens.weight"))
         own["norm.weight"].copy_(tensors.pop("model.norm.weight"))
         head = tensors.pop("lm_head.weight", None)
         if self.lm_head is not None:
             if head is None:
                 raise KeyError("lm_head.weight (the model's head is not tied to its embeddings)")
-            self.lm_head.weight.copy_(head[vocab])
+            self.lm_head.load(head[self.embed_tokens.start:self.embed_tokens.end])
         if tensors:
             raise KeyError(f"unexpected weights: {', '.join(sorted(tensors)[:5])}")
+        self.quantized = any(isinstance(m, Linear) and m.quantized is not None
+                             for m in self.modules())
+
+
+def _fuse(parts: list[Weight]) -> Weight:
+    """Weights stacked by rows: quantized ones without decoding; where only some are
+    quantized, all as float32 (the exact values either way)."""
+    if all(isinstance(part, QuantizedWeight) for part in parts):
+        return QuantizedWeight.stack(parts)
+    return torch.cat([dequantize(p) if isinstance(p, QuantizedWeight) else p for p in parts])

@@ -15,13 +15,14 @@ import torch
 
 from pagedchat.engine.config import EngineConfig, parse_bytes
 from pagedchat.engine.layers.attention import AttentionMetadata
-from pagedchat.engine.loading.loader import read_weights
+from pagedchat.engine.loading.loader import load_weights
 from pagedchat.engine.loading.model_config import ModelConfig
 from pagedchat.engine.models.llama import LlamaForCausalLM
 from pagedchat.engine.parallel.tensor_parallel import TensorParallel
 from pagedchat.engine.runner.profiling import StepTimer
 from pagedchat.engine.runner.step_input import StepInput
 from pagedchat.kernels import select_backend
+from pagedchat.kernels.quant import QuantizedWeight
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -110,7 +111,7 @@ class ModelRunner:
         materialize(model, self.device)
         with torch.device(self.device):
             model.build_rotary(self.max_model_len)
-        model.load_hf_state_dict(read_weights(model_config.folder))
+        model.load_hf_state_dict(load_weights(model_config))
         self.model = model.to(self.dtype).eval()
         self.model.rotary.float()
         self.model.pack()
@@ -136,8 +137,11 @@ class ModelRunner:
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes of this worker's weights (the whole model when there is one worker)."""
-        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+        """Bytes of this worker's weights (the whole model when there is one worker), those
+        kept quantized as their blocks."""
+        plain = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        return plain + sum(m.quantized.nbytes for m in self.model.modules()
+                           if isinstance(getattr(m, "quantized", None), QuantizedWeight))
 
     def communication(self) -> dict[str, int]:
         """Tokens run so far and the bytes exchanged for them (zero with one worker)."""

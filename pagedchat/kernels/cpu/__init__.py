@@ -34,6 +34,7 @@ from pagedchat.kernels.cpu.linear import (
     pack_embedding,
     pack_linear,
 )
+from pagedchat.kernels.cpu.quant import quantized_embedding, quantized_linear
 from pagedchat.kernels.cpu.sampling import max_logsumexp
 from pagedchat.kernels.reference import copy_blocks, swap_blocks
 
@@ -41,5 +42,5 @@ __all__ = ["BLOCKED_ROWS", "ISAS", "ISA_VARIABLE", "LINEAR_ROWS", "PREFILL_MIN_Q
            "DecoderStack", "LayerTensors", "_onednn", "blocked_width", "chosen_isa",
            "copy_blocks", "decoder_stack", "embedding", "isa", "kernel_library", "linear",
            "max_logsumexp", "onednn_rows", "pack_embedding", "pack_linear", "paged_attention",
-           "rms_norm", "rotary_store", "runnable_isas", "set_isa", "silu_mul", "store_kv",
-           "swap_blocks"]
+           "quantized_embedding", "quantized_linear", "rms_norm", "rotary_store",
+           "runnable_isas", "set_isa", "silu_mul", "store_kv", "swap_blocks"]

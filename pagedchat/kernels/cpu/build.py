@@ -35,6 +35,7 @@ SOURCES = (
     "layer.c",
     "linear.c",
     "decoder.c",
+    "quant.c",
 )
 HEADERS = ("vector.h", "kernels.h")
 COMPILE_FLAGS = ["-O3", "-ffast-math", "-fopenmp", "-fPIC", "-std=c11"]

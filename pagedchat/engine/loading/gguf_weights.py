@@ -1,0 +1,110 @@
+"""A GGUF file's tensors under transformers' names, quantized ones kept in their blocks.
+
+transformers de-quantizes each tensor, undoes llama.cpp's rotary permutation of the q and k
+rows (for the ``llama`` architecture), and renames it. Here the permutation moves whole
+rows of blocks, which is exact, so each weight's de-quantized value is the one transformers
+gets; F32, F16 and BF16 tensors (the norms, biases) become float32 as transformers makes them.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pagedchat.engine.errors import ModelLoadError
+from pagedchat.kernels.quant import FORMATS, QuantizedWeight
+
+Weight = torch.Tensor | QuantizedWeight
+
+_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
+                 "output": "lm_head"}
+_LAYER_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+                "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+                "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+                "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+                "ffn_down": "mlp.down_proj"}
+_LAYER = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
+_PLAIN = ("F32", "F16", "BF16")
+
+
+def write_metadata(path: Path, folder: Path) -> None:
+    """An HF folder for ``path`` with its config, generation config and tokenizer, and no
+    weights: what the engine reads beside the GGUF's own tensors. Reads the metadata only."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    try:
+        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    except Exception as error:
+        raise ModelLoadError(f"{path}: transformers could not read the GGUF ({error})") from error
+    config.save_pretrained(folder)
+    GenerationConfig.from_model_config(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+def hf_name(name: str) -> str | None:
+    """transformers' name for a GGUF tensor name, or None for one it does not load (such as
+    llama.cpp's precomputed ``rope_freqs``)."""
+    if (match := _LAYER.match(name)) is not None:
+        layer, part, kind = match.groups()
+        if part not in _LAYER_NAMES:
+            return None
+        return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"
+    stem, _, kind = name.rpartition(".")
+    return f"{_GLOBAL_NAMES[stem]}.{kind}" if stem in _GLOBAL_NAMES else None
+
+
+def unpermute_rows(rows: int, heads: int) -> torch.Tensor:
+    """The row order that undoes llama.cpp's rotary permutation of a q or k projection of
+    ``heads`` heads: row ``h, j, i`` of the result (head, half, index within the half) is
+    row ``h, i, j`` of the file."""
+    half = rows // heads // 2
+    return torch.arange(rows).view(heads, half, 2).transpose(1, 2).reshape(rows)
+
+
+def read_gguf_weights(path: Path, num_heads: int, num_kv_heads: int) -> dict[str, Weight]:
+    """Every tensor transformers loads from ``path``, by its transformers name: quantized
+    ones as :class:`QuantizedWeight`, the others as float32 tensors."""
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(path)
+    except Exception as error:  # the reader raises many kinds on a damaged file
+        raise ModelLoadError(f"{path}: corrupt or truncated GGUF ({error})") from error
+    field = reader.fields.get("general.architecture")
+    permuted = field is not None and bytes(field.parts[field.data[0]]).decode() == "llama"
+    weights: dict[str, Weight] = {}
+    for tensor in reader.tensors:
+        name = hf_name(tensor.name)
+        if name is None:
+            continue
+        weight = _read_tensor(path, tensor)
+        if permuted and (".q_proj." in name or ".k_proj." in name):
+            heads = num_heads if ".q_proj." in name else num_kv_heads
+            order = unpermute_rows(weight.shape[0], heads)
+            weight = weight.take_rows(order) if isinstance(weight, QuantizedWeight) \
+                else weight[order]
+        weights[name] = weight
+    return weights
+
+
+def _read_tensor(path: Path, tensor) -> Weight:
+    kind = tensor.tensor_type.name
+    width = int(tensor.shape[0])  # GGUF lists the innermost dimension first
+    if kind in _PLAIN:
+        import gguf
+
+        values = gguf.quants.dequantize(np.asarray(tensor.data), tensor.tensor_type)
+        shape = [int(n) for n in reversed(tensor.shape)]
+        return torch.from_numpy(np.array(values, dtype=np.float32)).reshape(shape)
+    if kind not in FORMATS:
+        raise ModelLoadError(
+            f"{path}: tensor {tensor.name} is {kind}, which --weights gguf does not keep "
+            f"quantized (it reads {', '.join(FORMATS)}); use --weights float32")
+    blocks = torch.from_numpy(np.array(tensor.data, dtype=np.uint8))
+    return QuantizedWeight.from_blocks(kind, blocks.reshape(-1, blocks.shape[-1]), width)

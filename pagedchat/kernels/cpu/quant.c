@@ -1,0 +1,419 @@
+/* Products and embedding lookups on weights kept in GGML's block formats (see quant.py):
+ * y = x W^T (+ b) where W's rows are decoded from their blocks as the product reads them.
+ *
+ * Every weight decodes to exactly the float32 the torch reference (quant.py, itself equal
+ * to gguf-py) gives: a scale times the integer, rounded, then the offset added, rounded.
+ * That is two operations, never one fused multiply-add, so this file must not let the
+ * compiler contract them (the pragma below; cpu.py builds with -ffast-math). The sums of
+ * the products may be in any order, as in every other product of this backend.
+ *
+ * Threads take equal runs of groups of GROUP output columns. A thread decodes one group's
+ * rows into a float32 scratch (tens of KB) and multiplies them with every row of x, MR
+ * rows by NC columns at a time, their sums in registers: the weights are read from memory
+ * once and decoded once per call, whatever the row count. One path per instruction set, picked by
+ * the compiler's macros: AVX-512, AVX2 with FMA, else plain C.
+ */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "vector.h"
+
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__)) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+/* GGML's type numbers, as in quant.py's FORMATS */
+enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+
+#define NC 4      /* output columns whose sums a tile keeps in registers */
+#define GROUP 16  /* output columns decoded together: a row group of x, read from L1, serves
+                   * all of them */
+
+static inline float half_to_float(const uint8_t *p) {
+#if defined(__F16C__)
+    return _cvtsh_ss((unsigned short)(p[0] | p[1] << 8));  /* exact, as the branches below */
+#endif
+    const uint32_t h = (uint32_t)p[0] | (uint32_t)p[1] << 8;
+    const uint32_t sign = (h & 0x8000u) << 16, exponent = (h >> 10) & 0x1Fu, mantissa = h & 0x3FFu;
+    union { uint32_t u; float f; } v;
+    if (exponent == 0) {  /* zero or subnormal: mantissa * 2^-24, exact */
+        v.f = (float)mantissa * 0x1p-24f;
+        v.u |= sign;
+    } else if (exponent == 0x1F) {
+        v.u = sign | 0x7F800000u | mantissa << 13;
+    } else {
+        v.u = sign | (exponent + 112) << 23 | mantissa << 13;
+    }
+    return v.f;
+}
+
+/* out[j] = d * q[j] (+ m where has_offset) for n integers, n a multiple of 16; the
+ * product rounded before the sum, as the reference computes it. */
+static inline void scale_values(const int8_t *q, int n, float d, float m, int has_offset,
+                                float *out) {
+#if defined(__AVX512F__)
+    const __m512 dv = _mm512_set1_ps(d), mv = _mm512_set1_ps(m);
+    for (int j = 0; j < n; j += 16) {
+        const __m512 qf = _mm512_cvtepi32_ps(
+            _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + j))));
+        __m512 y = _mm512_mul_ps(dv, qf);
+        if (has_offset) y = _mm512_add_ps(y, mv);
+        _mm512_storeu_ps(out + j, y);
+    }
+#elif defined(__AVX2__) && defined(__FMA__)
+    const __m256 dv = _mm256_set1_ps(d), mv = _mm256_set1_ps(m);
+    for (int j = 0; j < n; j += 8) {
+        const __m256 qf = _mm256_cvtepi32_ps(
+            _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + j))));
+        __m256 y = _mm256_mul_ps(dv, qf);
+        if (has_offset) y = _mm256_add_ps(y, mv);
+        _mm256_storeu_ps(out + j, y);
+    }
+#else
+    for (int j = 0; j < n; j++) {
+        float y = d * (float)q[j];
+        if (has_offset) y = y + m;
+        out[j] = y;
+    }
+#endif
+}
+
+/* out[j] = d * (((bytes[j] >> shift) & 15) - sub) (+ m where has_offset) for j < n, n a
+ * multiple of 16: the 4-bit formats' runs, unpacked in registers. */
+static inline void scale_nibbles(const uint8_t *bytes, int shift, int sub, int n, float d,
+                                 float m, int has_offset, float *out) {
+#if defined(__AVX512F__)
+    const __m512 dv = _mm512_set1_ps(d), mv = _mm512_set1_ps(m);
+    for (int j = 0; j < n; j += 16) {
+        __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(bytes + j)));
+        q = _mm512_sub_epi32(_mm512_and_si512(_mm512_srli_epi32(q, shift),
+                                              _mm512_set1_epi32(15)), _mm512_set1_epi32(sub));
+        __m512 y = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(q));
+        if (has_offset) y = _mm512_add_ps(y, mv);
+        _mm512_storeu_ps(out + j, y);
+    }
+#elif defined(__AVX2__) && defined(__FMA__)
+    const __m256 dv = _mm256_set1_ps(d), mv = _mm256_set1_ps(m);
+    for (int j = 0; j < n; j += 8) {
+        __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(bytes + j)));
+        q = _mm256_sub_epi32(_mm256_and_si256(_mm256_srli_epi32(q, shift),
+                                              _mm256_set1_epi32(15)), _mm256_set1_epi32(sub));
+        __m256 y = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(q));
+        if (has_offset) y = _mm256_add_ps(y, mv);
+        _mm256_storeu_ps(out + j, y);
+    }
+#else
+    for (int j = 0; j < n; j++) {
+        float y = d * (float)(((bytes[j] >> shift) & 15) - sub);
+        if (has_offset) y = y + m;
+        out[j] = y;
+    }
+#endif
+}
+
+/* bytes[0, n) -> q[0, n) low nibbles, q[n, 2n) high nibbles */
+static inline void nibbles(const uint8_t *bytes, int n, int8_t *q) {
+    for (int j = 0; j < n; j++) {
+        q[j] = (int8_t)(bytes[j] & 0x0F);
+        q[j + n] = (int8_t)(bytes[j] >> 4);
+    }
+}
+
+/* The eight 6-bit scales and mins of a Q4_K / Q5_K block. */
+static inline void k_scales(const uint8_t *s, uint8_t sc[8], uint8_t mn[8]) {
+    for (int j = 0; j < 4; j++) {
+        sc[j] = s[j] & 0x3F;
+        mn[j] = s[j + 4] & 0x3F;
+        sc[j + 4] = (uint8_t)((s[j + 8] & 0x0F) | ((s[j] >> 2) & 0x30));
+        mn[j + 4] = (uint8_t)((s[j + 8] >> 4) | ((s[j + 4] >> 2) & 0x30));
+    }
+}
+
+/* One block of each format to float32 (32 values, 256 for the K formats). */
+static inline void decode_q4_0(const uint8_t *b, float *out) {
+    const float d = half_to_float(b);
+    scale_nibbles(b + 2, 0, 8, 16, d, 0.0f, 0, out);
+    scale_nibbles(b + 2, 4, 8, 16, d, 0.0f, 0, out + 16);
+}
+
+static inline void decode_q4_1(const uint8_t *b, float *out) {
+    const float d = half_to_float(b), m = half_to_float(b + 2);
+    scale_nibbles(b + 4, 0, 0, 16, d, m, 1, out);
+    scale_nibbles(b + 4, 4, 0, 16, d, m, 1, out + 16);
+}
+
+/* Q5_0 (offset 0: d, qh, qs) and Q5_1 (d, m, qh, qs) */
+static inline void decode_q5(const uint8_t *b, float *out, int with_min) {
+    const uint8_t *qh = b + (with_min ? 4 : 2);
+    int8_t q[32];
+    nibbles(qh + 4, 16, q);
+    const uint32_t high = (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16
+                          | (uint32_t)qh[3] << 24;
+    for (int j = 0; j < 32; j++) q[j] = (int8_t)(q[j] | ((high >> j) & 1) << 4);
+    if (!with_min)
+        for (int j = 0; j < 32; j++) q[j] -= 16;
+    scale_values(q, 32, half_to_float(b), with_min ? half_to_float(b + 2) : 0.0f, with_min,
+                 out);
+}
+
+static inline void decode_q5_0(const uint8_t *b, float *out) { decode_q5(b, out, 0); }
+static inline void decode_q5_1(const uint8_t *b, float *out) { decode_q5(b, out, 1); }
+
+static inline void decode_q8_0(const uint8_t *b, float *out) {
+    int8_t q[32];
+    memcpy(q, b + 2, 32);
+    scale_values(q, 32, half_to_float(b), 0.0f, 0, out);
+}
+
+/* Q4_K (d, dmin, scales, qs) and Q5_K (d, dmin, scales, qh, qs): eight runs of 32, each
+ * (d * scale) * q - (dmin * min). */
+static inline void decode_k(const uint8_t *b, float *out, int five) {
+    const float d = half_to_float(b), dmin = half_to_float(b + 2);
+    uint8_t sc[8], mn[8];
+    k_scales(b + 4, sc, mn);
+    const uint8_t *qh = b + 16, *qs = b + (five ? 48 : 16);
+    for (int c = 0; c < 4; c++) {
+        if (!five) {
+            for (int h = 0; h < 2; h++) {
+                const int i = 2 * c + h;
+                scale_nibbles(qs + 32 * c, 4 * h, 0, 32, d * (float)sc[i],
+                              -(dmin * (float)mn[i]), 1, out + 32 * i);
+            }
+            continue;
+        }
+        int8_t q[64];
+        nibbles(qs + 32 * c, 32, q);
+        for (int j = 0; j < 64; j++)
+            q[j] = (int8_t)(q[j] | ((qh[j % 32] >> (2 * c + j / 32)) & 1) << 4);
+        for (int h = 0; h < 2; h++) {
+            const int i = 2 * c + h;
+            scale_values(q + 32 * h, 32, d * (float)sc[i], -(dmin * (float)mn[i]), 1,
+                         out + 32 * i);
+        }
+    }
+}
+
+static inline void decode_q4_k(const uint8_t *b, float *out) { decode_k(b, out, 0); }
+static inline void decode_q5_k(const uint8_t *b, float *out) { decode_k(b, out, 1); }
+
+/* Q6_K (ql, qh, scales, d): value v = 128 h + r takes its low four bits from
+ * ql[64 h + r % 64] (nibble r / 64), its high two from qh[32 h + r % 32] (pair r / 32),
+ * less 32, times d * scales[v / 16]. */
+static inline void decode_q6_k(const uint8_t *b, float *out) {
+    const uint8_t *ql = b, *qh = b + 128;
+    const int8_t *scales = (const int8_t *)(b + 192);
+    const float d = half_to_float(b + 208);
+    for (int h = 0; h < 2; h++) {
+        int8_t q[128];
+        for (int r = 0; r < 128; r++) {
+            const int low = (ql[64 * h + r % 64] >> (4 * (r / 64))) & 0x0F;
+            const int high = (qh[32 * h + r % 32] >> (2 * (r / 32))) & 0x03;
+            q[r] = (int8_t)((low | high << 4) - 32);
+        }
+        for (int s = 0; s < 8; s++)
+            scale_values(q + 16 * s, 16, d * (float)scales[8 * h + s], 0.0f, 0,
+                         out + 128 * h + 16 * s);
+    }
+}
+
+typedef struct {
+    int type, block_size, type_size;
+} Format;
+
+static int format_of(int type, Format *f) {
+    switch (type) {
+        case Q4_0: *f = (Format){type, 32, 18}; return 1;
+        case Q4_1: *f = (Format){type, 32, 20}; return 1;
+        case Q5_0: *f = (Format){type, 32, 22}; return 1;
+        case Q5_1: *f = (Format){type, 32, 24}; return 1;
+        case Q8_0: *f = (Format){type, 32, 34}; return 1;
+        case Q4_K: *f = (Format){type, 256, 144}; return 1;
+        case Q5_K: *f = (Format){type, 256, 176}; return 1;
+        case Q6_K: *f = (Format){type, 256, 210}; return 1;
+        default: return 0;
+    }
+}
+
+/* One row of k_dim values, the format picked once per row so each block's decoding is
+ * inlined into its loop. */
+#define DECODE_LOOP(DECODE)                                                                \
+    for (int k = 0, at = 0; k < k_dim; k += f->block_size, at += f->type_size)             \
+        DECODE(row + at, out + k);                                                         \
+    break;
+
+static void decode_row(const Format *f, const uint8_t *row, int k_dim, float *out) {
+    switch (f->type) {
+        case Q4_0: DECODE_LOOP(decode_q4_0)
+        case Q4_1: DECODE_LOOP(decode_q4_1)
+        case Q5_0: DECODE_LOOP(decode_q5_0)
+        case Q5_1: DECODE_LOOP(decode_q5_1)
+        case Q8_0: DECODE_LOOP(decode_q8_0)
+        case Q4_K: DECODE_LOOP(decode_q4_k)
+        case Q5_K: DECODE_LOOP(decode_q5_k)
+        default: DECODE_LOOP(decode_q6_k)
+    }
+}
+
+/* ---- MR x NC dot products of float32 rows (k_dim a multiple of 16) ---- */
+#if defined(__AVX512F__)
+#define MR 6
+typedef __m512 vec;
+#define VW 16
+#define vzero() _mm512_setzero_ps()
+#define vload(p) _mm512_loadu_ps(p)
+#define vfma(a, b, c) _mm512_fmadd_ps(a, b, c)
+static inline float vsum(vec v) { return _mm512_reduce_add_ps(v); }
+#elif defined(__AVX2__) && defined(__FMA__)
+#define MR 2
+typedef __m256 vec;
+#define VW 8
+#define vzero() _mm256_setzero_ps()
+#define vload(p) _mm256_loadu_ps(p)
+#define vfma(a, b, c) _mm256_fmadd_ps(a, b, c)
+static inline float vsum(vec v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+#else
+#define MR 2
+#define VW 8
+typedef struct { float v[VW]; } vec;
+static inline vec vzero(void) { vec r; for (int i = 0; i < VW; i++) r.v[i] = 0.0f; return r; }
+static inline vec vload(const float *p) { vec r; memcpy(r.v, p, sizeof r.v); return r; }
+static inline vec vfma(vec a, vec b, vec c) {
+    for (int i = 0; i < VW; i++) c.v[i] += a.v[i] * b.v[i];
+    return c;
+}
+static inline float vsum(vec v) { float s = 0.0f; for (int i = 0; i < VW; i++) s += v.v[i]; return s; }
+#endif
+
+/* sums[m][c] = x[m] . w[c] for `rows` rows of x (stride k_dim) and NC rows of w. Inlined
+ * per row count so the accumulators stay in registers. */
+static inline __attribute__((always_inline)) void
+dot_tile(const float *x, const float *w, int rows, int k_dim, float sums[MR][NC]) {
+    vec acc[MR][NC];
+    for (int m = 0; m < rows; m++)
+        for (int c = 0; c < NC; c++) acc[m][c] = vzero();
+    for (int k = 0; k < k_dim; k += VW) {
+        vec wv[NC];
+        for (int c = 0; c < NC; c++) wv[c] = vload(w + (int64_t)c * k_dim + k);
+        for (int m = 0; m < rows; m++) {
+            const vec xv = vload(x + (int64_t)m * k_dim + k);
+            for (int c = 0; c < NC; c++) acc[m][c] = vfma(xv, wv[c], acc[m][c]);
+        }
+    }
+    for (int m = 0; m < rows; m++)
+        for (int c = 0; c < NC; c++) sums[m][c] = vsum(acc[m][c]);
+}
+
+static void dot_rows(const float *x, const float *w, int rows, int k_dim, float sums[MR][NC]) {
+    switch (rows) {
+#if MR >= 6
+        case 6: dot_tile(x, w, 6, k_dim, sums); break;
+        case 5: dot_tile(x, w, 5, k_dim, sums); break;
+        case 4: dot_tile(x, w, 4, k_dim, sums); break;
+        case 3: dot_tile(x, w, 3, k_dim, sums); break;
+#endif
+        case 2: dot_tile(x, w, 2, k_dim, sums); break;
+        default: dot_tile(x, w, 1, k_dim, sums); break;
+    }
+}
+
+/* out[m][n] (row stride out_stride; float32, or bfloat16 where out_bf16) = x[m] . W[n]
+ * (+ bias[n]) for W's n_dim rows of `type` blocks; x float32 [rows, k_dim]. Returns 0, 1
+ * for an unknown type, 2 when out of memory. */
+static int product(const float *x, const uint8_t *w, int type, const float *bias, void *out,
+                   int out_bf16, int rows, int k_dim, int n_dim, int64_t out_stride,
+                   int num_threads) {
+    Format f;
+    if (!format_of(type, &f)) return 1;
+    const int64_t row_bytes = (int64_t)k_dim / f.block_size * f.type_size;
+    const int groups = (n_dim + GROUP - 1) / GROUP;
+    int failed = 0;
+    #pragma omp parallel num_threads(num_threads) reduction(| : failed)
+    {
+        float *tile = aligned_alloc(64, sizeof(float) * GROUP * (size_t)k_dim);
+        const int threads = omp_get_num_threads(), t = omp_get_thread_num();
+        const int end = (int)((int64_t)groups * (t + 1) / threads);
+        if (tile == NULL) failed = 1;
+        for (int g = (int)((int64_t)groups * t / threads); tile != NULL && g < end; g++) {
+            const int first = g * GROUP, count = n_dim - first < GROUP ? n_dim - first : GROUP;
+            for (int c = 0; c < count; c++)
+                decode_row(&f, w + (first + c) * row_bytes, k_dim, tile + (int64_t)c * k_dim);
+            for (int c = count; c < (count + NC - 1) / NC * NC; c++)  /* pad the last NC */
+                memcpy(tile + (int64_t)c * k_dim, tile, sizeof(float) * k_dim);
+            for (int m = 0; m < rows; m += MR) {
+                const int chunk = rows - m < MR ? rows - m : MR;
+                for (int c0 = 0; c0 < count; c0 += NC) {
+                    float sums[MR][NC];
+                    dot_rows(x + (int64_t)m * k_dim, tile + (int64_t)c0 * k_dim, chunk, k_dim,
+                             sums);
+                    const int n0 = first + c0, cols = count - c0 < NC ? count - c0 : NC;
+                    for (int r = 0; r < chunk; r++)
+                        for (int c = 0; c < cols; c++) {
+                            const float y = sums[r][c] + (bias ? bias[n0 + c] : 0.0f);
+                            const int64_t at = (int64_t)(m + r) * out_stride + n0 + c;
+                            if (out_bf16) ((bf16_t *)out)[at] = bf16_round(y);
+                            else ((float *)out)[at] = y;
+                        }
+                }
+            }
+        }
+        free(tile);
+    }
+    return failed ? 2 : 0;
+}
+
+/* x, bias and out float32; see product. */
+int quant_linear_f32(const float *x, const uint8_t *w, int type, const float *bias,
+                     float *out, int rows, int k_dim, int n_dim, int64_t out_stride,
+                     int num_threads) {
+    return product(x, w, type, bias, out, 0, rows, k_dim, n_dim, out_stride, num_threads);
+}
+
+/* x and out bfloat16, bias float32 (widened once by the caller); x is widened to float32
+ * once, before the product. */
+int quant_linear_bf16(const bf16_t *x, const uint8_t *w, int type, const float *bias,
+                      bf16_t *out, int rows, int k_dim, int n_dim, int64_t out_stride,
+                      int num_threads) {
+    float *wide = malloc(sizeof(float) * (size_t)rows * k_dim);
+    if (wide == NULL) return 2;
+    for (int64_t i = 0; i < (int64_t)rows * k_dim; i++) wide[i] = bf16_load(x, i);
+    const int status = product(wide, w, type, bias, out, 1, rows, k_dim, n_dim, out_stride,
+                               num_threads);
+    free(wide);
+    return status;
+}
+
+/* out[i] = row ids[i] of W decoded (float32 [count, k_dim], or bfloat16 where out_bf16);
+ * ids already checked. Returns 0, or 1 for an unknown type. */
+int quant_embedding(const int64_t *ids, const uint8_t *w, int type, void *out, int out_bf16,
+                    int count, int k_dim, int num_threads) {
+    Format f;
+    if (!format_of(type, &f)) return 1;
+    const int64_t row_bytes = (int64_t)k_dim / f.block_size * f.type_size;
+    #pragma omp parallel for schedule(static) num_threads(num_threads) if (count > 16)
+    for (int i = 0; i < count; i++) {
+        const uint8_t *row = w + ids[i] * row_bytes;
+        if (!out_bf16) {
+            decode_row(&f, row, k_dim, (float *)out + (int64_t)i * k_dim);
+            continue;
+        }
+        float block[256];
+        for (int k = 0, at = 0; k < k_dim; k += f.block_size, at += f.type_size) {
+            decode_row(&f, row + at, f.block_size, block);
+            for (int j = 0; j < f.block_size; j++)
+                ((bf16_t *)out)[(int64_t)i * k_dim + k + j] = bf16_round(block[j]);
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,83 @@
+"""The CPU's products and embedding lookups on quantized weights (``quant.c``, built with
+the backend's other C kernels for each instruction-set level), with the contracts of
+:func:`pagedchat.kernels.quant.quantized_linear` and
+:func:`pagedchat.kernels.quant.quantized_embedding`; the torch reference where the kernels
+are not built.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pagedchat.kernels import quant
+from pagedchat.kernels.cpu.build import INT, INT64, P, declare, kernel_library
+from pagedchat.kernels.quant import QuantizedWeight
+
+__all__ = ["quantized_embedding", "quantized_linear"]
+
+declare({"quant_linear": (INT, [P, P, INT, P, P] + [INT] * 3 + [INT64, INT])},
+        {"quant_embedding": (INT, [P, P, INT, P] + [INT] * 4)})
+_TYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
+
+
+def _library():
+    """The active level's library (tests swap in another level's)."""
+    return kernel_library()
+
+
+def _check(status: int, what: str) -> None:
+    if status == 2:
+        raise MemoryError(f"{what}: out of memory for the decoded weights")
+    if status != 0:
+        raise ValueError(f"{what}: a quantization the kernel does not know")
+
+
+def quantized_linear(x: torch.Tensor, weight: QuantizedWeight,
+                     bias: torch.Tensor | None = None,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
+    """Same contract as :func:`pagedchat.kernels.quant.quantized_linear`: each segment of
+    the weight writes its columns of ``out``."""
+    library = _library()
+    if (library is None or x.dtype not in _TYPES or x.dim() != 2 or not x.is_cpu
+            or x.shape[1] != weight.in_features):
+        return quant.quantized_linear(x, weight, bias, out)
+    rows, n_dim = x.shape[0], weight.shape[0]
+    if out is None:
+        out = torch.empty(rows, n_dim, dtype=x.dtype)
+    elif out.shape != (rows, n_dim) or out.dtype != x.dtype or not out.is_contiguous():
+        raise ValueError(f"linear: out is {tuple(out.shape)} {out.dtype}, the product is "
+                         f"({rows}, {n_dim}) {x.dtype}, contiguous")
+    if rows == 0:
+        return out
+    x = x.contiguous()
+    bias = None if bias is None else bias.float().contiguous()
+    product = getattr(library, f"quant_linear_{_TYPES[x.dtype]}")
+    first, threads = 0, torch.get_num_threads()
+    for segment in weight.segments:
+        status = product(
+            x.data_ptr(), segment.data.data_ptr(), segment.format.type_id,
+            None if bias is None else bias[first:].data_ptr(), out[:, first:].data_ptr(),
+            rows, weight.in_features, segment.rows, n_dim, threads)
+        _check(status, "linear")
+        first += segment.rows
+    return out
+
+
+def quantized_embedding(ids: torch.Tensor, weight: QuantizedWeight,
+                        dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Same contract as :func:`pagedchat.kernels.quant.quantized_embedding`, for a weight
+    of one segment (an embedding table)."""
+    library = _library()
+    if library is None or dtype not in _TYPES or len(weight.segments) != 1:
+        return quant.quantized_embedding(ids, weight, dtype)
+    flat = ids.reshape(-1).to(torch.int64).contiguous()
+    if flat.numel() and not (0 <= (bounds := flat.aminmax()).min
+                             and bounds.max < weight.shape[0]):
+        raise IndexError(f"embedding: ids outside [0, {weight.shape[0]})")
+    out = torch.empty(flat.numel(), weight.in_features, dtype=dtype)
+    segment = weight.segments[0]
+    _check(library.quant_embedding(
+        flat.data_ptr(), segment.data.data_ptr(), segment.format.type_id, out.data_ptr(),
+        int(dtype == torch.bfloat16), flat.numel(), weight.in_features,
+        torch.get_num_threads()), "embedding")
+    return out.reshape(*ids.shape, weight.in_features)

