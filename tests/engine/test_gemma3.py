@@ -81,9 +81,16 @@ def reference(folder: Path, prompt_sets: list[list[int]], max_tokens: int) -> li
 
 
 def generate(folder: Path, prompt_sets: list[list[int]], max_tokens: int, **options):
+    return generate_counting(folder, prompt_sets, max_tokens, **options)[0]
+
+
+def generate_counting(folder: Path, prompt_sets: list[list[int]], max_tokens: int,
+                      **options) -> tuple[list[list[int]], int]:
+    """Each prompt's greedy tokens, and how many preemptions the run took."""
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     with LLM(model=str(folder), **options) as llm:
-        return [out.outputs[0].token_ids for out in llm.generate(prompt_sets, params)]
+        outs = [out.outputs[0].token_ids for out in llm.generate(prompt_sets, params)]
+        return outs, llm.engine.scheduler.num_preemptions
 
 
 def test_config_reads_the_layer_pattern_and_both_ropes(tiny_gemma_dir):
@@ -107,12 +114,15 @@ def test_greedy_matches_transformers(tiny_gemma_dir, backend, block_size):
     assert got == expected
 
 
-def test_chunked_prefill_and_preemption_match_transformers(tiny_gemma_dir):
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_chunked_prefill_and_preemption_match_transformers(tiny_gemma_dir, mode):
     """A token budget that chunks the prompts and a pool that forces preemption."""
     batch = prompts()
     expected = reference(tiny_gemma_dir, batch, 24)
-    got = generate(tiny_gemma_dir, batch, 24, block_size=4, num_kv_blocks=40,
-                   max_num_batched_tokens=24)
+    got, preemptions = generate_counting(tiny_gemma_dir, batch, 24, block_size=4,
+                                         num_kv_blocks=40, max_num_batched_tokens=24,
+                                         preemption_mode=mode)
+    assert preemptions > 0
     assert got == expected
 
 
