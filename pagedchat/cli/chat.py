@@ -29,6 +29,10 @@ def chat(
     tensor_parallel_size: Annotated[int, typer.Option(
         "--tensor-parallel-size", "-tp", min=1,
         help="Workers that split the model's heads (one process each).")] = 1,
+    raw: Annotated[bool, typer.Option(
+        "--raw", help="Plain continuation: the model continues your text, no chat format."
+    )] = False,
 ) -> None:
     """Chat in the terminal with a model served by the paged engine."""
-    run_chat(model, db, continue_last, session, context_window, kv_blocks, tensor_parallel_size)
+    run_chat(model, db, continue_last, session, context_window, kv_blocks, tensor_parallel_size,
+             raw)

@@ -41,7 +41,7 @@ from pagedchat.chat.driver import (
     StatsUpdate,
     Submit,
 )
-from pagedchat.chat.prompt import DEFAULT_CONTEXT_WINDOW
+from pagedchat.chat.prompt import DEFAULT_CONTEXT_WINDOW, PLAIN_FORMAT_NOTE
 from pagedchat.chat.store import Store, StoreError
 from pagedchat.tui import slash
 from pagedchat.tui.screens.confirm import ConfirmScreen
@@ -104,6 +104,7 @@ class ChatApp(App):
         model_name: str,
         *,
         context_window: int = DEFAULT_CONTEXT_WINDOW,
+        raw: bool = False,
         session_id: int | None = None,
         continue_last: bool = False,
         settings: SamplingSettings | None = None,
@@ -114,6 +115,7 @@ class ChatApp(App):
         self.store = store
         self.model_name = model_name
         self.context_window = context_window
+        self.raw = raw  # plain continuation, no chat format
         self.new_settings = settings or SamplingSettings()
         self.new_system_prompt = system_prompt
         self.driver = EngineDriver(load_engine, lambda event: self.post_message(EngineEvent(event)))
@@ -320,7 +322,7 @@ class ChatApp(App):
         self.turns[rid] = Turn(session, reply, time.monotonic())
         self.session_of[rid] = session.id
         self.driver.submit(Submit(rid, session.system_prompt, session.history(), params,
-                                  self.context_window))
+                                  self.context_window, self.raw))
         session.messages.append(reply)
         view = self._view(session.id)
         await view.add(user)
@@ -385,6 +387,8 @@ class ChatApp(App):
 
     def _engine_ready(self, ready: EngineReady) -> None:
         self.engine_ready = True
+        if not ready.chat_template and not self.raw:
+            self.notify(PLAIN_FORMAT_NOTE, title=self.model_name, timeout=10)
         self.query_one(StatusLine).show_state(
             f"● {self.model_name} · {ready.num_blocks} blocks x {ready.block_size} tokens")
         for turn in self.turns.values():
