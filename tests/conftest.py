@@ -21,7 +21,7 @@ if not torch.cuda.is_available():
 @pytest.fixture(scope="session")
 def real_model_dir() -> Path:
     """The default SmolLM2-135M-Instruct, converted from its GGUF to an HF folder."""
-    from pagedchat.engine.loader import prepare_model
+    from pagedchat.engine.loading.loader import prepare_model
 
     return prepare_model(None).folder
 

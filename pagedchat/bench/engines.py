@@ -8,8 +8,8 @@ from collections.abc import Callable
 from pagedchat.bench.metrics import RequestResult
 from pagedchat.bench.sharegpt import Request
 from pagedchat.engine.llm_engine import LLMEngine
+from pagedchat.engine.outputs import EngineStats
 from pagedchat.engine.sampling_params import SamplingParams
-from pagedchat.engine.stats import EngineStats
 
 Advance = Callable[[int], None]
 OnStep = Callable[[EngineStats], None]

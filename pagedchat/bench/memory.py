@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pagedchat.bench.metrics import MB, resident_bytes
 from pagedchat.bench.sharegpt import Request
 from pagedchat.engine.llm_engine import LLMEngine
-from pagedchat.engine.stats import EngineStats
+from pagedchat.engine.outputs import EngineStats
 
 PARTS = ("token_states", "reserved", "internal_fragmentation", "external_fragmentation", "free")
 POLICIES = ("max-length", "power-of-two", "oracle")
@@ -158,9 +158,9 @@ def resident_figures(engine: LLMEngine) -> dict[str, float]:
     pool (written in full when the engine starts). ``beyond_weights_and_kv_mb`` is the
     rest: Python, torch, the tokenizer, activations and the buffers kept for reuse."""
     runner = engine.runner
-    pool = engine.block_manager.num_blocks * runner.block_bytes
+    pool = engine.scheduler.block_manager.num_blocks * runner.block_bytes
     rss = resident_bytes()
     return {"rss_mb": rss / MB, "weights_mb": runner.weight_bytes / MB,
-            "kv_written_mb": engine.block_manager.high_water * runner.block_bytes / MB,
+            "kv_written_mb": engine.scheduler.block_manager.high_water * runner.block_bytes / MB,
             "kv_pool_mb": pool / MB,
             "beyond_weights_and_kv_mb": (rss - runner.weight_bytes - pool) / MB}

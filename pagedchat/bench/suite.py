@@ -21,7 +21,7 @@ from pagedchat.bench.peers import (
 from pagedchat.bench.sharegpt import Request
 from pagedchat.engine.config import EngineConfig
 from pagedchat.engine.llm_engine import LLMEngine
-from pagedchat.engine.model_runner import DTYPES
+from pagedchat.engine.runner.model_runner import DTYPES
 
 WARMUP_TEXT = "Warm-up: say something short about paging, memory and the weather. " * 4
 

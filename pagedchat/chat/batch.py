@@ -1,25 +1,33 @@
 """``pagedchat batch``: JSONL requests in, JSONL results out, continuously batched.
 
-Every valid line goes into the engine at once; each result is appended and flushed the
-moment its request finishes, so a run killed at any point loses nothing finished. A rerun
-with the same output file skips every id already there (results and error records alike:
-each id appears exactly once; delete an error record to retry its line).
+Every valid line goes into the engine at once; each answer is appended and flushed the
+moment its request finishes, so a run killed at any point loses nothing finished.
+
+A rerun with the same output file resumes: it skips the requests answered there and runs
+the rest. An answer names its request by line number, id and a hash of the line's text;
+only an answer stands for a request. Error records are not kept across runs: each run
+writes one for every line it rejects, so a line fixed since (or one the engine now has
+room for) runs. When the input changed under an answer (its line edited, moved or
+removed), the rerun stops before running anything and names the line.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import IO
 
+from pagedchat.chat.batch_output import BatchError, key, load_done, write_record
 from pagedchat.chat.prompt import render
 from pagedchat.engine.errors import RequestError
 from pagedchat.engine.llm_engine import LLMEngine
 from pagedchat.engine.outputs import RequestOutput
 from pagedchat.engine.sampling_params import SamplingParams
+
+__all__ = ["BatchError", "describe", "load_done", "parse_file", "run_batch"]
 
 SAMPLING_FIELDS = frozenset({
     "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "n", "best_of", "stop",
@@ -40,17 +48,24 @@ class LineError(ValueError):
 class Job:
     request_id: object
     line: int
+    digest: str
     prompt: str | list[int]
     params: SamplingParams
 
 
 @dataclass
+class Rejected:
+    request_id: object
+    line: int
+    reason: str
+
+
+@dataclass
 class Summary:
     requests: int = 0
-    skipped: int = 0  # already in the output file
+    skipped: int = 0  # answered by an earlier run
     done: int = 0
     failed: int = 0
-    failed_before: int = 0  # error records left by an earlier run, for ids of this input
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
@@ -62,12 +77,12 @@ class Summary:
     def exit_code(self) -> int:
         if self.interrupted:
             return 130
-        return 1 if self.failed or self.failed_before else 0
+        return 1 if self.failed else 0
 
 
-def key(request_id: object) -> str:
-    """Ids compare by their JSON form, so 1 and "1" stay different ids."""
-    return json.dumps(request_id, sort_keys=True)
+def line_digest(text: str) -> str:
+    """What ties an answer to the text of its line: the first 16 hex digits of its SHA-256."""
+    return hashlib.sha256(text.strip().encode()).hexdigest()[:16]
 
 
 def parse_line(text: str, line: int, tokenizer, system: str | None,
@@ -98,7 +113,7 @@ def parse_line(text: str, line: int, tokenizer, system: str | None,
         params = SamplingParams(**fields)
     except (RequestError, TypeError) as error:
         raise LineError(request_id, str(error)) from None
-    return Job(request_id, line, prompt, params)
+    return Job(request_id, line, line_digest(text), prompt, params)
 
 
 def _messages(request_id: object, messages: object, system: str | None) -> list[dict]:
@@ -113,32 +128,81 @@ def _messages(request_id: object, messages: object, system: str | None) -> list[
     return messages
 
 
-def load_done(path: Path) -> dict[str, bool]:
-    """Ids already in an output file -> whether their record is an error. A last line cut
-    short by a kill is removed so that appending starts on a fresh line."""
-    if not path.exists():
-        return {}
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        data = data[: data.rfind(b"\n") + 1]
-        path.write_bytes(data)
-    done: dict[str, bool] = {}
-    for raw in data.decode("utf-8", errors="replace").splitlines():
-        try:
-            record = json.loads(raw)
-        except json.JSONDecodeError:
+def parse_file(lines: Iterable[str], tokenizer, system: str | None,
+               defaults: dict[str, object]) -> list[Job | Rejected]:
+    """Every non-blank line in order: its Job, or why it is rejected.
+
+    A line whose id an earlier line has (valid or not) is rejected, so each id names at
+    most one request; a line without an id takes its line number as id."""
+    entries: list[Job | Rejected] = []
+    first_line: dict[str, int] = {}
+    for line, text in enumerate(lines, 1):
+        if not text.strip():
             continue
-        if isinstance(record, dict) and "id" in record:
-            done[key(record["id"])] = "error" in record
-    return done
+        try:
+            entry: Job | Rejected = parse_line(text, line, tokenizer, system, defaults)
+        except LineError as error:
+            entry = Rejected(error.request_id, line, str(error))
+        id_key = key(entry.request_id)
+        if isinstance(entry, Job) and id_key in first_line:
+            entry = Rejected(entry.request_id, line,
+                             f"duplicate id (first on line {first_line[id_key]})")
+        first_line.setdefault(id_key, line)
+        entries.append(entry)
+    return entries
 
 
-def result_record(request_id: object, out: RequestOutput) -> dict[str, object]:
+def answered_lines(entries: list[Job | Rejected],
+                   done: Collection[dict[str, object]]) -> set[int]:
+    """The lines whose requests ``done`` (answer records) holds answers for.
+
+    BatchError when an answer fits no request of ``entries``: the input changed since it
+    was written, and going on would either lose that answer or write a second one."""
+    by_line = {entry.line: entry for entry in entries}
+    by_id = {key(entry.request_id): entry for entry in entries if isinstance(entry, Job)}
+    answered: set[int] = set()
+    stale: list[str] = []
+    for record in done:
+        line = record.get("line")
+        # records written before answers carried their line name the request by id alone
+        job = by_id.get(key(record["id"])) if line is None else by_line.get(line)
+        if (isinstance(job, Job) and key(job.request_id) == key(record["id"])
+                and record.get("line_hash", job.digest) == job.digest):
+            answered.add(job.line)
+        else:
+            stale.append(_stale(record, job))
+    if stale:
+        more = f" (and {len(stale) - 1} more)" if len(stale) > 1 else ""
+        raise BatchError(f"the output does not match the input: {stale[0]}{more}; nothing was "
+                         "run. Restore the input, delete those answers from the output, or "
+                         "write to a new output file")
+    return answered
+
+
+def _stale(record: dict[str, object], entry: Job | Rejected | None) -> str:
+    """Why an answer record fits no request, in words."""
+    head = f"the answer for id {key(record['id'])}"
+    line = record.get("line")
+    if line is None:
+        return f"{head} matches no request of the input"
+    head += f" was written for line {line}, which"
+    if entry is None:
+        return f"{head} is now blank or past the end"
+    if isinstance(entry, Rejected):
+        return f"{head} is now rejected ({entry.reason})"
+    if key(entry.request_id) != key(record["id"]):
+        return f"{head} now has id {key(entry.request_id)}"
+    return f"{head} was edited since"
+
+
+def result_record(job: Job, out: RequestOutput) -> dict[str, object]:
     texts = [c.text for c in out.outputs]
     reasons = [c.finish_reason for c in out.outputs]
     single = len(out.outputs) == 1
     return {
-        "id": request_id,
+        "id": job.request_id,
+        "line": job.line,
+        "line_hash": job.digest,
         "text": texts[0] if single else texts,
         "finish_reason": reasons[0] if single else reasons,
         "usage": {"prompt_tokens": len(out.prompt_token_ids),
@@ -147,48 +211,58 @@ def result_record(request_id: object, out: RequestOutput) -> dict[str, object]:
     }
 
 
-def run_batch(engine: LLMEngine, lines: Iterable[str], sink: IO[str], done: dict[str, bool],
-              system: str | None = None, defaults: dict[str, object] | None = None,
+def run_batch(engine: LLMEngine, lines: Iterable[str], sink: IO[str],
+              done: Collection[dict[str, object]], system: str | None = None,
+              defaults: dict[str, object] | None = None,
               warn: Callable[[str], None] = print,
               progress: Callable[[int], None] | None = None) -> Summary:
-    """Run every line not already in ``done``; write one record per line to ``sink``.
+    """Run every line not answered in ``done`` (from ``load_done``); one record per line
+    goes to ``sink``: an answer, or an error record for a rejected line.
 
     Requests admitted together share their common prefix (the system prompt, the chat
     template): the engine makes blocks findable as soon as they are scheduled."""
     start = time.perf_counter()
     summary = Summary()
+    entries = parse_file(lines, engine.tokenizer, system, defaults or {})
+    answered = answered_lines(entries, done)
     queued: dict[str, Job] = {}
 
-    def write(record: dict[str, object]) -> None:
-        sink.write(json.dumps(record, ensure_ascii=False) + "\n")
-        sink.flush()
+    def advance() -> None:
         if progress is not None:
             progress(1)
 
-    def fail(request_id: object, line: int, reason: str) -> None:
+    def fail(entry: Job | Rejected, reason: str) -> None:
         summary.failed += 1
-        warn(f"line {line}: {reason}")
-        write({"id": request_id, "line": line, "error": reason})
+        warn(f"line {entry.line}: {reason}")
+        write_record(sink, {"id": entry.request_id, "line": entry.line, "error": reason})
+        advance()
 
     def step() -> None:
         for out in engine.step():
             if out.finished:
-                record = result_record(queued.pop(out.request_id).request_id, out)
+                record = result_record(queued.pop(out.request_id), out)
                 summary.done += 1
                 summary.prompt_tokens += len(out.prompt_token_ids)
                 summary.cached_tokens += out.num_cached_tokens
                 summary.completion_tokens += record["usage"]["completion_tokens"]
-                write(record)
+                write_record(sink, record)
+                advance()
 
     try:
-        for job in _new_jobs(lines, engine.tokenizer, system, defaults or {}, done, summary,
-                             fail, progress):
-            try:
-                engine.add_request(f"batch-{job.line}", job.prompt, job.params)
-            except RequestError as error:
-                fail(job.request_id, job.line, str(error))
-                continue
-            queued[f"batch-{job.line}"] = job
+        for entry in entries:
+            summary.requests += 1
+            if isinstance(entry, Rejected):
+                fail(entry, entry.reason)
+            elif entry.line in answered:
+                summary.skipped += 1
+                advance()
+            else:
+                try:
+                    engine.add_request(f"batch-{entry.line}", entry.prompt, entry.params)
+                except RequestError as error:
+                    fail(entry, str(error))
+                    continue
+                queued[f"batch-{entry.line}"] = entry
         while engine.has_unfinished_requests():
             step()
     except KeyboardInterrupt:
@@ -200,42 +274,11 @@ def run_batch(engine: LLMEngine, lines: Iterable[str], sink: IO[str], done: dict
     return summary
 
 
-def _new_jobs(lines: Iterable[str], tokenizer, system: str | None, defaults: dict[str, object],
-              done: dict[str, bool], summary: Summary, fail: Callable[[object, int, str], None],
-              progress: Callable[[int], None] | None) -> Iterator[Job]:
-    """The valid lines whose ids are not in ``done``; the others are failed or skipped."""
-    seen: dict[str, int] = {}
-    for line, text in enumerate(lines, 1):
-        if not text.strip():
-            continue
-        summary.requests += 1
-        try:
-            job = parse_line(text, line, tokenizer, system, defaults)
-            request_id, reason = job.request_id, None
-        except LineError as error:
-            request_id, reason = error.request_id, str(error)
-        job_key = key(request_id)
-        if reason is None and job_key in seen:
-            reason = f"duplicate id (first on line {seen[job_key]})"
-        seen.setdefault(job_key, line)
-        if job_key in done:
-            summary.skipped += 1
-            summary.failed_before += done[job_key]
-            if progress is not None:
-                progress(1)
-        elif reason is not None:
-            fail(request_id, line, reason)
-        else:
-            yield job
-
-
 def describe(summary: Summary) -> str:
     """The closing line of a run, for stderr."""
     parts = [f"{summary.done} done", f"{summary.failed} failed"]
     if summary.skipped:
-        parts.append(f"{summary.skipped} skipped (already in the output"
-                     + (f", {summary.failed_before} of them errors" if summary.failed_before
-                        else "") + ")")
+        parts.append(f"{summary.skipped} skipped (answered by an earlier run)")
     text = (f"{summary.requests} lines: {', '.join(parts)}; {summary.prompt_tokens} prompt "
             f"tokens ({summary.cached_tokens} from the prefix cache), "
             f"{summary.completion_tokens} completion tokens in {summary.seconds:.1f} s")

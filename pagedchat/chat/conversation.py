@@ -19,8 +19,9 @@ DEFAULT_TITLE = "New chat"
 
 Role = Literal["user", "assistant"]
 # generating: the reply is being written; cancelled: the user stopped it;
-# interrupted: the app ended before it did; error: the engine refused it.
-Status = Literal["done", "generating", "cancelled", "interrupted", "error"]
+# interrupted: the app ended before it did; error: the engine refused it;
+# unanswered (a user message): no reply to it was saved, the app ended or failed first.
+Status = Literal["done", "generating", "cancelled", "interrupted", "error", "unanswered"]
 
 
 @dataclass

@@ -24,8 +24,8 @@ from pagedchat.chat.prompt import PLAIN_STOP, PromptTooLong, build_prompt, has_c
 
 if TYPE_CHECKING:
     from pagedchat.engine.llm_engine import LLMEngine
+    from pagedchat.engine.outputs import EngineStats
     from pagedchat.engine.sampling_params import SamplingParams
-    from pagedchat.engine.stats import EngineStats
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ from dataclasses import asdict
 
 from pagedchat.chat.conversation import Session
 
-_MARKS = {"cancelled": " (cancelled)", "interrupted": " (interrupted)", "error": " (failed)"}
+_MARKS = {"cancelled": " (cancelled)", "interrupted": " (interrupted)", "error": " (failed)",
+          "unanswered": " (no reply)"}
 
 
 def to_markdown(session: Session) -> str:

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pagedchat.chat.prompt import render
 from pagedchat.engine.errors import RequestError
 from pagedchat.engine.llm_engine import LLMEngine
+from pagedchat.engine.outputs import EngineStats
 from pagedchat.engine.sampling_params import SamplingParams
-from pagedchat.engine.stats import EngineStats
 
 SYSTEM_PROMPT = ("You are a patient teacher of computer systems. Answer in two or three short "
                  "sentences, with one concrete example, and never use jargon without saying "

@@ -160,6 +160,28 @@ class Store:
 
     def add_message(self, session: Session, message: Message) -> Message:
         """Insert ``message`` (it gets its id) and mark the session as just used."""
+        self._insert(session, message)
+        self._touch(session)
+        return message
+
+    def add_turn(self, session: Session, user: Message, reply: Message) -> None:
+        """Save a user message with the reply about to be written to it, both or neither.
+
+        So a user message is never stored without the reply that answers it or, by its
+        status, says why not; when this raises, neither has an id and nothing is stored."""
+        try:
+            self._run("BEGIN")
+            self._insert(session, user)
+            self._insert(session, reply)
+            self._touch(session)
+            self._run("COMMIT")
+        except StoreError:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            user.id = reply.id = None
+            raise
+
+    def _insert(self, session: Session, message: Message) -> None:
         values = tuple(getattr(message, name) for name in _MESSAGE_FIELDS)
         cursor = self._run(
             f"INSERT INTO messages (session_id, {', '.join(_MESSAGE_FIELDS)}) "
@@ -167,27 +189,43 @@ class Store:
             (session.id, *values),
         )
         message.id = cursor.lastrowid
+
+    def _touch(self, session: Session) -> None:
         session.updated_at = time.time()
         self._run("UPDATE sessions SET updated_at = ? WHERE id = ?",
                   (session.updated_at, session.id))
-        return message
 
     def update_message(self, message: Message) -> None:
+        """Write the message's content, status and figures; StoreError when it is not stored
+        (never saved, or deleted), rather than losing the write without a word."""
+        if message.id is None:
+            raise StoreError(f"{self.path}: the message was never saved, so it cannot be "
+                             "updated")
         names = _MESSAGE_FIELDS[1:]
-        self._run(
+        cursor = self._run(
             f"UPDATE messages SET {', '.join(f'{name} = ?' for name in names)} WHERE id = ?",
             (*(getattr(message, name) for name in names), message.id),
         )
+        if cursor.rowcount == 0:
+            raise StoreError(f"{self.path}: message {message.id} is no longer stored")
 
     def clear_messages(self, session_id: int) -> None:
         self._run("DELETE FROM messages WHERE session_id = ?", (session_id,))
 
     def mark_interrupted(self) -> int:
-        """Mark replies left 'generating' by an earlier exit as interrupted; returns how many."""
-        cursor = self._run(
-            "UPDATE messages SET status = 'interrupted' WHERE status = 'generating'"
-        )
-        return cursor.rowcount
+        """Mark what an earlier exit left unfinished; returns how many messages it marked.
+
+        A reply left 'generating' becomes 'interrupted'; a user message with no reply saved
+        after it (the app ended, or saving the reply failed, before one was) becomes
+        'unanswered'. Call it once at startup, before any reply is under way."""
+        replies = self._run(
+            "UPDATE messages SET status = 'interrupted' WHERE status = 'generating'").rowcount
+        users = self._run(
+            "UPDATE messages SET status = 'unanswered' WHERE role = 'user' AND status = 'done' "
+            "AND COALESCE((SELECT after.role FROM messages AS after "
+            "WHERE after.session_id = messages.session_id AND after.id > messages.id "
+            "ORDER BY after.id LIMIT 1), '') != 'assistant'").rowcount
+        return replies + users
 
 
 def _session(row: sqlite3.Row) -> Session:

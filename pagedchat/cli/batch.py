@@ -29,7 +29,7 @@ def batch(
     kv_memory: KvMemory = None,
     tp: TensorParallelSize = 1,
 ) -> None:
-    """Run a JSONL file of prompts through the engine; resumable (reruns skip done ids)."""
+    """Run a JSONL file of prompts through the engine; resumable (a rerun skips answered lines)."""
     from pagedchat.chat.batch import describe, load_done, run_batch
 
     with user_errors():

@@ -13,7 +13,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from pagedchat.engine.stats import EngineStats
+from pagedchat.engine.outputs import EngineStats
 
 PALETTE = ("cyan", "magenta", "yellow", "green", "blue", "red", "bright_cyan",
            "bright_magenta", "bright_yellow", "bright_green", "bright_blue", "bright_red")

@@ -30,12 +30,12 @@ class EngineConfig:
     swap_space: str | int = "1GiB"
     enable_prefix_caching: bool = True
     preemption_mode: str = "recompute"
-    # vLLM's default too: on this CPU, 256 gave 375 output tok/s on 200 ShareGPT requests
-    # against 302 at 64 (bigger matrix products, weights read once for more tokens)
+    # vLLM's default too: a larger batch makes bigger matrix products, which read the
+    # weights once for more tokens
     max_num_seqs: int = 256
-    # Activations (and the malloc heap that keeps them) scale with this: at 1024 the engine
-    # held about 35 MB less than at 2048 after 200 ShareGPT requests, at the same speed
-    # (369.7 and 368.6 against 370.0 output tok/s). A 1,000-token prompt still fits one step.
+    # Activations (and the malloc heap that keeps them) scale with this; a larger budget
+    # held more memory at the same speed. A chatbot prompt of the paper's length still
+    # fits one step.
     max_num_batched_tokens: int = 1024
     max_model_len: int | None = None
     dtype: str = "float32"

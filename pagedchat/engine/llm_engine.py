@@ -1,8 +1,10 @@
 """LLMEngine: add requests, step, stream outputs back.
 
 Data flows one way: ``add_request`` queues a SequenceGroup; each ``step`` asks the
-scheduler who runs, the model runner computes the logits, and the results are
-appended, detokenized, checked for stops and returned as RequestOutputs.
+scheduler who runs, hands the runner that step as a StepInput, and the logits it gives
+back are sampled, appended, detokenized, checked for stops and returned as
+RequestOutputs. Block tables change only in the scheduler: the engine asks it to fork
+samples and to finish sequences, and never touches the block manager itself.
 """
 
 from __future__ import annotations
@@ -13,23 +15,22 @@ from dataclasses import replace
 
 import torch
 
-from pagedchat.engine.beam_search import beam_step, fork_beams
 from pagedchat.engine.block_manager import BlockManager
 from pagedchat.engine.config import EngineConfig
-from pagedchat.engine.detokenizer import IncrementalDetokenizer
 from pagedchat.engine.errors import ModelLoadError, RequestError
-from pagedchat.engine.loader import ModelFiles, prepare_model
-from pagedchat.engine.model_config import ModelConfig
-from pagedchat.engine.model_runner import ModelRunner
-from pagedchat.engine.outputs import CompletionOutput, RequestOutput
-from pagedchat.engine.parallel import check_size
-from pagedchat.engine.parallel_runner import ParallelRunner
-from pagedchat.engine.sampler import SampleRow, apply_penalties, sample
+from pagedchat.engine.loading.detokenizer import IncrementalDetokenizer
+from pagedchat.engine.loading.loader import ModelFiles, prepare_model
+from pagedchat.engine.loading.model_config import ModelConfig
+from pagedchat.engine.loading.tokenizer import load_tokenizer
+from pagedchat.engine.outputs import CompletionOutput, EngineStats, RequestOutput
+from pagedchat.engine.parallel.parallel_runner import ParallelRunner
+from pagedchat.engine.parallel.tensor_parallel import check_size
+from pagedchat.engine.runner.beam_search import beam_step, fork_beams
+from pagedchat.engine.runner.model_runner import ModelRunner
+from pagedchat.engine.runner.sampler import SampleRow, apply_penalties, sample
 from pagedchat.engine.sampling_params import SamplingParams
 from pagedchat.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
-from pagedchat.engine.sequence import Sequence, SequenceGroup, SequenceStatus
-from pagedchat.engine.stats import EngineStats, snapshot
-from pagedchat.engine.tokenizer import load_tokenizer
+from pagedchat.engine.sequence import Sequence, SequenceGroup
 
 
 class LLMEngine:
@@ -51,11 +52,10 @@ class LLMEngine:
         except KeyError as error:
             raise ModelLoadError(f"{folder}: weights do not match the config ({error})") from error
         self.config = replace(self.config, num_kv_blocks=self.runner.num_blocks)
-        self.block_manager = BlockManager(
+        self.scheduler = Scheduler(self.config, BlockManager(
             self.runner.num_blocks, config.block_size, self.runner.num_host_blocks,
             config.enable_prefix_caching,
-        )
-        self.scheduler = Scheduler(self.config, self.block_manager)
+        ))
         self.eos_token_ids = _eos_ids(model_config, self.tokenizer)
         self.vocab_size = model_config.vocab_size
         self.model_config = model_config
@@ -90,20 +90,7 @@ class LLMEngine:
             raise RequestError(
                 f"the prompt has {len(token_ids)} tokens but the model's context is {limit} "
                 "tokens (it must leave room for at least one new token)")
-        if params.best_of > self.config.max_num_seqs:
-            raise RequestError(
-                f"the request runs {params.best_of} sequences (n/best_of) but the engine runs at "
-                f"most max_num_seqs={self.config.max_num_seqs} at once")
-        total = min(len(token_ids) + params.max_tokens, limit)
-        bm = self.block_manager
-        # counted unshared: a group preempted by recompute prefills each sequence on its own
-        need = params.best_of * bm.blocks_for(total)
-        if need > bm.num_blocks:
-            raise RequestError(
-                f"the request needs up to {need} KV blocks ({len(token_ids)} prompt tokens + "
-                f"{total - len(token_ids)} new, x{params.best_of} sequences, block size "
-                f"{bm.block_size}) but the whole pool has {bm.num_blocks}; lower max_tokens "
-                "or give the cache more memory")
+        self.scheduler.check_fits(len(token_ids), params)
         if params.use_beam_search and params.stop:
             raise RequestError("beam search does not take stop strings (stop_token_ids work)")
 
@@ -112,20 +99,18 @@ class LLMEngine:
         group = self.scheduler.find(request_id)
         if group is None:
             return
-        for seq in group.unfinished_seqs:
-            seq.status, seq.finish_reason = SequenceStatus.FINISHED, "abort"
-        self.scheduler.finish(group)
+        self.scheduler.abort(group)
         group.metrics.finished_time = time.time()
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached prefix (a benchmark's next round starts cold)."""
-        self.block_manager.reset_prefix_cache()
+        self.scheduler.reset_prefix_cache()
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
     def stats(self) -> EngineStats:
-        return snapshot(self.block_manager, self.scheduler)
+        return self.scheduler.stats()
 
     def shutdown(self) -> None:
         """Release the model's workers (tensor parallelism); safe to call twice."""
@@ -144,7 +129,9 @@ class LLMEngine:
         for item in out.scheduled:
             if item.group.metrics.first_scheduled_time is None:
                 item.group.metrics.first_scheduled_time = now
-        logits = self.runner.execute(out)
+        with timer.phase("prepare"):
+            step = out.step_input(self.config.block_size)
+        logits = self.runner.execute(step)
         with timer.phase("sample+detokenize"):
             return self._process(out, logits)
 
@@ -201,7 +188,7 @@ class LLMEngine:
         prompt_len = len(group.prompt_token_ids)
         max_new = min(prompt_len + params.max_tokens, self.config.max_model_len) - prompt_len
         running, done = beam_step(group, logprobs, eos, max_new)
-        group.seqs = fork_beams(self.block_manager, group.seqs, [] if done else running)
+        group.seqs = fork_beams(self.scheduler, group.seqs, [] if done else running)
 
     def _seqs_to_sample(self, item: ScheduledSeq) -> list[Sequence]:
         """The sequences sampled from this row: after the prompt of an n > 1 request,
@@ -212,9 +199,7 @@ class LLMEngine:
         parent = item.seq
         children = [parent]
         for index in range(1, group.params.best_of):
-            child = parent.fork(index)
-            self.block_manager.fork(parent, child)
-            children.append(child)
+            children.append(self.scheduler.fork(parent, index))
         group.seqs = children
         group.forked = True
         return children
@@ -241,8 +226,7 @@ class LLMEngine:
         ):
             reason = "length"
         if reason is not None:
-            seq.status, seq.finish_reason = SequenceStatus.FINISHED, reason
-            self.block_manager.free(seq)
+            self.scheduler.finish_seq(seq, reason)
 
     def _request_output(self, group: SequenceGroup) -> RequestOutput:
         if group.params.use_beam_search:

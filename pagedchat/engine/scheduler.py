@@ -12,8 +12,14 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from pagedchat.engine.block_manager import BlockManager
+import numpy as np
+
+from pagedchat.engine.block_manager import NO_HASH, BlockManager
 from pagedchat.engine.config import EngineConfig
+from pagedchat.engine.errors import RequestError
+from pagedchat.engine.outputs import BlockEntry, EngineStats, GroupSharing, SeqBlockTable
+from pagedchat.engine.runner.step_input import StepInput
+from pagedchat.engine.sampling_params import SamplingParams
 from pagedchat.engine.sequence import Sequence, SequenceGroup, SequenceStatus
 
 
@@ -41,6 +47,38 @@ class SchedulerOutput:
     def is_empty(self) -> bool:
         return not self.scheduled
 
+    def step_input(self, block_size: int) -> StepInput:
+        """The step as the runner takes it: the scheduled sequences flattened, prefill
+        chunks and decodes side by side."""
+        token_chunks, position_chunks, slot_chunks = [], [], []
+        context_lens, query_start, sample_rows = [], [0], []
+        max_blocks = max(len(item.seq.block_table) for item in self.scheduled)
+        tables = np.full((len(self.scheduled), max_blocks), -1, dtype=np.int32)
+        for i, item in enumerate(self.scheduled):
+            seq = item.seq
+            start = seq.num_computed_tokens
+            end = start + item.num_new_tokens
+            table = np.asarray(seq.block_table, dtype=np.int64)
+            tables[i, : len(table)] = table
+            positions = np.arange(start, end)
+            token_chunks.append(seq.token_ids[start:end])
+            position_chunks.append(positions)
+            slot_chunks.append(table[positions // block_size] * block_size + positions % block_size)
+            context_lens.append(end)
+            query_start.append(query_start[-1] + item.num_new_tokens)
+            if item.samples:
+                sample_rows.append(query_start[-1] - 1)
+        return StepInput(
+            input_ids=np.fromiter((t for chunk in token_chunks for t in chunk), dtype=np.int64),
+            positions=np.concatenate(position_chunks),
+            slot_mapping=np.concatenate(slot_chunks),
+            block_tables=tables,
+            context_lens=np.asarray(context_lens, dtype=np.int32),
+            query_start_loc=np.asarray(query_start, dtype=np.int32),
+            sample_rows=sample_rows,
+            copies=self.copies, swap_out=self.swap_out, swap_in=self.swap_in,
+        )
+
 
 class Scheduler:
     def __init__(self, config: EngineConfig, block_manager: BlockManager) -> None:
@@ -53,6 +91,24 @@ class Scheduler:
 
     def add(self, group: SequenceGroup) -> None:
         self.waiting.append(group)
+
+    def check_fits(self, num_prompt_tokens: int, params: SamplingParams) -> None:
+        """Raise RequestError for a group that could never be scheduled: more sequences
+        than run at once, or more blocks than the whole pool holds."""
+        if params.best_of > self.config.max_num_seqs:
+            raise RequestError(
+                f"the request runs {params.best_of} sequences (n/best_of) but the engine runs at "
+                f"most max_num_seqs={self.config.max_num_seqs} at once")
+        total = min(num_prompt_tokens + params.max_tokens, self.config.max_model_len)
+        bm = self.block_manager
+        # counted unshared: a group preempted by recompute prefills each sequence on its own
+        need = params.best_of * bm.blocks_for(total)
+        if need > bm.num_blocks:
+            raise RequestError(
+                f"the request needs up to {need} KV blocks ({num_prompt_tokens} prompt tokens + "
+                f"{total - num_prompt_tokens} new, x{params.best_of} sequences, block size "
+                f"{bm.block_size}) but the whole pool has {bm.num_blocks}; lower max_tokens "
+                "or give the cache more memory")
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
@@ -192,7 +248,19 @@ class Scheduler:
             out.scheduled.extend(plan)
             budget -= sum(item.num_new_tokens for item in plan)
 
-    # ---- endings ----------------------------------------------------------------
+    # ---- forks and endings: the only changes to block tables outside a schedule ---
+    def fork(self, parent: Sequence, index: int) -> Sequence:
+        """A new sequence continuing ``parent`` (a sample or a beam) that shares every block
+        of it; a later write into a shared block copies it."""
+        child = parent.fork(index)
+        self.block_manager.fork(parent, child)
+        return child
+
+    def finish_seq(self, seq: Sequence, reason: str) -> None:
+        """End one sequence (stop, length, a pruned beam) and free its blocks at once."""
+        seq.status, seq.finish_reason = SequenceStatus.FINISHED, reason
+        self.block_manager.free(seq)
+
     def finish(self, group: SequenceGroup) -> None:
         """Free every block of a group that ended and drop it from its queue."""
         for seq in group.seqs:
@@ -202,8 +270,88 @@ class Scheduler:
             if group in queue:
                 queue.remove(group)
 
+    def abort(self, group: SequenceGroup) -> None:
+        """End every unfinished sequence of ``group`` with "abort" and finish the group."""
+        for seq in group.unfinished_seqs:
+            seq.status, seq.finish_reason = SequenceStatus.FINISHED, "abort"
+        self.finish(group)
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix (a benchmark's next round starts cold)."""
+        self.block_manager.reset_prefix_cache()
+
     def find(self, request_id: str) -> SequenceGroup | None:
         for group in self.groups():
             if group.request_id == request_id:
                 return group
         return None
+
+    # ---- what the UI and benches read ----------------------------------------------
+    def stats(self) -> EngineStats:
+        """One snapshot of the pool, the running groups' block tables and the counters."""
+        bm = self.block_manager
+        bs = bm.block_size
+        filled: dict[int, int] = {}
+        owners: dict[int, list[str]] = {}
+        tables: list[SeqBlockTable] = []
+        groups: list[GroupSharing] = []
+        for group in self.running:
+            held: set[int] = set()
+            without = 0
+            seqs = group.unfinished_seqs
+            for seq in seqs:
+                entries = []
+                for logical, physical in enumerate(seq.block_table):
+                    fill = max(min(bs, seq.num_computed_tokens - logical * bs), 0)
+                    filled[physical] = max(filled.get(physical, 0), fill)
+                    names = owners.setdefault(physical, [])
+                    if group.request_id not in names:
+                        names.append(group.request_id)
+                    block = bm.blocks[physical]
+                    entries.append(BlockEntry(logical, physical, fill, block.ref_count,
+                                              block.hash != NO_HASH, block.ref_count > 1))
+                tables.append(SeqBlockTable(group.request_id, seq.index, entries))
+                held.update(seq.block_table)
+                without += len(seq.block_table)
+            if len(seqs) > 1:
+                groups.append(GroupSharing(group.request_id, len(seqs), without, len(held)))
+        pool = []
+        for block in bm.blocks:
+            if block.ref_count > 1:
+                pool.append("shared")
+            elif block.ref_count == 1:
+                pool.append("used")
+            elif block.block_id in bm.evictable:
+                pool.append("cached")
+            else:
+                pool.append("free")
+        used = sum(1 for state in pool if state in ("used", "shared"))
+        live = sum(filled.values())
+        allocated = used * bs
+        return EngineStats(
+            total_blocks=bm.num_blocks,
+            block_size=bs,
+            used_blocks=used,
+            free_blocks=len(bm.free_ids),
+            cached_blocks=len(bm.evictable),
+            live_tokens=live,
+            empty_slots=allocated - live,
+            utilization=live / allocated if allocated else 0.0,
+            internal_fragmentation=(allocated - live) / allocated if allocated else 0.0,
+            shared_blocks=sum(1 for state in pool if state == "shared"),
+            saved_blocks=sum(b.ref_count - 1 for b in bm.blocks if b.ref_count > 1),
+            prefix_queries=bm.prefix_queries,
+            prefix_hits=bm.prefix_hits,
+            prefix_hit_rate=bm.prefix_hits / bm.prefix_queries if bm.prefix_queries else 0.0,
+            preemptions=self.num_preemptions,
+            swapped_out=bm.swapped_out,
+            swapped_in=bm.swapped_in,
+            host_blocks_used=bm.host.num_blocks - bm.host.num_free,
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            num_swapped=len(self.swapped),
+            block_tables=tables,
+            groups=groups,
+            pool=pool,
+            owners=owners,
+        )

@@ -70,7 +70,7 @@ class Sequence:
         self.cumulative_logprob += logprob
 
     def fork(self, index: int) -> Sequence:
-        """A copy sharing this sequence's history; the caller shares its blocks."""
+        """A copy sharing this sequence's history; ``Scheduler.fork`` shares its blocks."""
         child = Sequence(self.token_ids, self.num_prompt_tokens, index)
         child.num_computed_tokens = self.num_computed_tokens
         child.block_hashes = list(self.block_hashes)

@@ -6,7 +6,7 @@ import pytest
 
 from pagedchat.bench.memory import PARTS, Tally, reservation, simulate_contiguous
 from pagedchat.bench.sharegpt import Request
-from pagedchat.engine.stats import EngineStats
+from pagedchat.engine.outputs import EngineStats
 
 
 def req(prompt: int, output: int, name: str = "r") -> Request:

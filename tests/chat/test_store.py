@@ -1,5 +1,9 @@
 import json
+import os
 import sqlite3
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -40,6 +44,106 @@ def test_generating_replies_become_interrupted(tmp_path):
     assert store.load_session(session.id).messages[0].status == "interrupted"
 
 
+def test_a_turn_is_saved_whole_or_not_at_all(tmp_path):
+    store = Store(tmp_path / "c.db")
+    session = store.create_session(Session())
+    user, reply = Message("user", "hello"), Message("assistant", "", status="generating")
+    store.add_turn(session, user, reply)
+    assert user.id is not None and reply.id == user.id + 1
+    broken = Message("robot", "")  # the schema refuses the second row
+    with pytest.raises(StoreError, match="CHECK constraint"):
+        store.add_turn(session, Message("user", "lost?"), broken)
+    assert broken.id is None
+    assert [(m.role, m.content) for m in store.load_messages(session.id)] == [
+        ("user", "hello"), ("assistant", "")]
+    store.add_turn(session, Message("user", "again"), Message("assistant", "", "generating"))
+    assert len(store.load_messages(session.id)) == 4  # no transaction was left open
+
+
+def _statuses(store: Store, session: Session) -> list[tuple[str, str]]:
+    return [(m.role, m.status) for m in store.load_messages(session.id)]
+
+
+def test_user_messages_left_without_a_reply_are_marked_unanswered(tmp_path):
+    store = Store(tmp_path / "c.db")
+    last, middle, generating, failed = (store.create_session(Session()) for _ in range(4))
+    store.add_message(last, Message("user", "the app ended before the reply was saved"))
+    for text in ("its reply could not be saved", "so the user asked again"):
+        store.add_message(middle, Message("user", text))
+    store.add_message(middle, Message("assistant", "an answer"))
+    store.add_message(generating, Message("user", "q"))
+    store.add_message(generating, Message("assistant", "half", status="generating"))
+    store.add_message(failed, Message("user", "q"))
+    store.add_message(failed, Message("assistant", "", status="error", error="too long"))
+    assert store.mark_interrupted() == 3
+    assert _statuses(store, last) == [("user", "unanswered")]
+    assert _statuses(store, middle) == [("user", "unanswered"), ("user", "done"),
+                                        ("assistant", "done")]
+    assert _statuses(store, generating) == [("user", "done"), ("assistant", "interrupted")]
+    assert _statuses(store, failed) == [("user", "done"), ("assistant", "error")]
+    assert store.mark_interrupted() == 0
+    assert store.load_session(last.id).history() == [
+        {"role": "user", "content": "the app ended before the reply was saved"}]
+
+
+def test_updating_a_message_that_is_not_stored_is_an_error(tmp_path):
+    store = Store(tmp_path / "c.db")
+    session = store.create_session(Session())
+    with pytest.raises(StoreError, match="never saved"):
+        store.update_message(Message("assistant", "text"))
+    reply = store.add_message(session, Message("assistant", "", status="generating"))
+    store.clear_messages(session.id)
+    with pytest.raises(StoreError, match="no longer stored"):
+        store.update_message(reply)
+
+
+KILLED_CHAT = """
+import os, signal, sys
+from pagedchat.chat.conversation import Message, Session
+from pagedchat.chat.store import Store
+
+def die(*args):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+store = Store(sys.argv[1])
+session = store.create_session(Session())
+user, reply = Message("user", "hello"), Message("assistant", "", status="generating")
+if sys.argv[2] == "inside a turn":
+    insert, calls = Store._insert, []
+    def insert_then_die(self, session, message):
+        insert(self, session, message)
+        calls.append(1)
+        if len(calls) == 2:
+            die()
+    Store._insert = insert_then_die
+    store.add_turn(session, user, reply)
+elif sys.argv[2] == "between two saves":  # the app before add_turn
+    store.add_message(session, user)
+    die()
+store.add_turn(session, user, reply)
+reply.content = "half a rep"
+store.update_message(reply)
+die()
+"""
+
+
+@pytest.mark.parametrize("where, left", [
+    ("inside a turn", []),
+    ("between two saves", [("user", "unanswered", "hello")]),
+    ("while generating", [("user", "done", "hello"), ("assistant", "interrupted", "half a rep")]),
+])
+def test_a_killed_app_leaves_every_user_message_answered_or_marked(tmp_path, where, left):
+    path = tmp_path / "c.db"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    killed = subprocess.run([sys.executable, "-c", KILLED_CHAT, str(path), where], env=env,
+                            capture_output=True, timeout=120)
+    assert killed.returncode == -9, killed.stderr.decode()[-2000:]
+    store = Store(path)
+    store.mark_interrupted()  # what the app does when it starts
+    session = store.list_sessions()[0]
+    assert [(m.role, m.status, m.content) for m in store.load_messages(session.id)] == left
+
+
 def test_delete_and_clear(tmp_path):
     store = Store(tmp_path / "c.db")
     a, b = store.create_session(Session()), store.create_session(Session())
@@ -78,10 +182,12 @@ def test_data_dir_overrides(monkeypatch, tmp_path):
 
 def test_exports():
     session = Session(title="T", system_prompt="S", messages=[
-        Message("user", "q"), Message("assistant", "partial", status="cancelled")])
+        Message("user", "q"), Message("assistant", "partial", status="cancelled"),
+        Message("user", "lost", status="unanswered")])
     md = to_markdown(session)
     assert md.startswith("# T\n") and "**System:** S" in md
     assert "## You\n\nq" in md and "## Assistant (cancelled)\n\npartial" in md
+    assert "## You (no reply)\n\nlost" in md
     data = json.loads(to_json(session))
     assert data["title"] == "T" and data["messages"][1]["status"] == "cancelled"
     assert data["settings"]["max_tokens"] == SamplingSettings().max_tokens

@@ -64,7 +64,7 @@ def test_errors(model, tmp_path):
 
 
 def test_pool_grid_letters_and_states():
-    from pagedchat.engine.stats import BlockEntry, EngineStats, SeqBlockTable
+    from pagedchat.engine.outputs import BlockEntry, EngineStats, SeqBlockTable
 
     entry = BlockEntry(0, 1, 16, 2, True, True)
     stats = EngineStats(

@@ -25,9 +25,9 @@ def test_n4_prefills_once_and_shares_the_prompt_until_written(llm, monkeypatch):
     steps = []
     execute = engine.runner.execute
 
-    def spy(out):
-        steps.append((out.num_batched_tokens, list(out.copies)))
-        return execute(out)
+    def spy(step):
+        steps.append((len(step.input_ids), list(step.copies)))
+        return execute(step)
 
     monkeypatch.setattr(engine.runner, "execute", spy)
     engine.add_request("n4", PROMPT, SamplingParams(n=4, temperature=1.0, seed=5, max_tokens=8))
@@ -37,7 +37,7 @@ def test_n4_prefills_once_and_shares_the_prompt_until_written(llm, monkeypatch):
     assert len(group.seqs) == 4
     tables = [list(seq.block_table) for seq in group.seqs]
     assert all(table == tables[0] for table in tables)
-    assert [engine.block_manager.blocks[b].ref_count for b in tables[0]] == [4, 4, 4]
+    assert [engine.scheduler.block_manager.blocks[b].ref_count for b in tables[0]] == [4, 4, 4]
     sharing = engine.stats().groups[0]
     assert (sharing.blocks_without_sharing, sharing.blocks_held) == (12, 3)
 
@@ -47,7 +47,7 @@ def test_n4_prefills_once_and_shares_the_prompt_until_written(llm, monkeypatch):
     # the shared, partly filled last block is copied for three samples, in one batch;
     # the fourth writes into it in place
     assert len(copies) == 3 and {src for src, _ in copies} == {tables[0][2]}
-    assert [engine.block_manager.blocks[b].ref_count for b in tables[0][:2]] == [4, 4]
+    assert [engine.scheduler.block_manager.blocks[b].ref_count for b in tables[0][:2]] == [4, 4]
     assert len({seq.block_table[2] for seq in group.seqs}) == 4
     sharing = engine.stats().groups[0]
     assert (sharing.blocks_without_sharing, sharing.blocks_held) == (12, 6)

@@ -13,8 +13,8 @@ import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import precondition, rule
 
-from pagedchat.engine.beam_search import Candidate, fork_beams
 from pagedchat.engine.config import EngineConfig
+from pagedchat.engine.runner.beam_search import Candidate, fork_beams
 from pagedchat.engine.sampling_params import SamplingParams
 from pagedchat.engine.scheduler import ScheduledSeq, Scheduler
 from pagedchat.engine.sequence import Sequence, SequenceGroup
@@ -85,7 +85,7 @@ class GroupMachine(BlockManagerMachine):
         tokens = data.draw(st.lists(st.integers(0, 2), min_size=len(group),
                                     max_size=len(group)))
         picks = [Candidate(p, t, 0.0, False) for p, t in zip(parents, tokens, strict=True)]
-        beams = fork_beams(self.bm, group, picks)
+        beams = fork_beams(self.scheduler, group, picks)
         for index, seq in enumerate(group):
             if index not in parents:
                 assert seq.block_table == []

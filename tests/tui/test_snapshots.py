@@ -10,7 +10,7 @@ from __future__ import annotations
 from pagedchat.chat.conversation import Message, SamplingSettings, Session
 from pagedchat.chat.driver import EngineReady, StatsUpdate
 from pagedchat.chat.store import Store
-from pagedchat.engine.stats import BlockEntry, EngineStats, SeqBlockTable
+from pagedchat.engine.outputs import BlockEntry, EngineStats, SeqBlockTable
 from pagedchat.tui.app import EngineEvent
 from tests.tui.conftest import ready, wait_until
 

@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagedchat.engine.model_config import ModelConfig
-from pagedchat.engine.models.llama import Linear
-from pagedchat.engine.parallel import TensorParallel
+from pagedchat.engine.layers.linear import Linear
+from pagedchat.engine.loading.model_config import ModelConfig
+from pagedchat.engine.parallel.tensor_parallel import TensorParallel
 
 
 class GeGLU(nn.Module):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from pagedchat.engine.models.llama import RMSNorm
+from pagedchat.engine.layers.norm import RMSNorm
 
 
 class OffsetRMSNorm(RMSNorm):

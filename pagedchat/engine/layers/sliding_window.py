@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from pagedchat.engine.models.llama import AttentionMetadata
+from pagedchat.engine.layers.attention import AttentionMetadata
 
 
 def window_metadata(meta: AttentionMetadata, positions: torch.Tensor, window: int,

@@ -15,18 +15,15 @@ from types import ModuleType
 import torch
 from torch import nn
 
+from pagedchat.engine.layers.attention import AttentionMetadata
+from pagedchat.engine.layers.embedding import Embedding
 from pagedchat.engine.layers.geglu import GeGLU
+from pagedchat.engine.layers.linear import Linear
 from pagedchat.engine.layers.offset_norm import OffsetRMSNorm
+from pagedchat.engine.layers.rotary import Rope, RotaryEmbedding
 from pagedchat.engine.layers.sliding_window import single_token_blocks, window_metadata
-from pagedchat.engine.model_config import ModelConfig
-from pagedchat.engine.models.llama import (
-    AttentionMetadata,
-    Embedding,
-    Linear,
-    Rope,
-    RotaryEmbedding,
-)
-from pagedchat.engine.parallel import TensorParallel
+from pagedchat.engine.loading.model_config import ModelConfig
+from pagedchat.engine.parallel.tensor_parallel import TensorParallel
 
 LOCAL = "sliding_attention"
 

@@ -1,4 +1,4 @@
-"""A Llama-family decoder (Llama, SmolLM, Mistral, Qwen2) with paged attention.
+"""A Llama-family decoder (Llama, SmolLM, Mistral, Qwen2) composed of the engine's layers.
 
 Attention reads and writes K/V only through :mod:`pagedchat.kernels`; the batch's
 attention metadata (slot mapping, block tables, context lengths) is passed in, so
@@ -15,142 +15,19 @@ collectives are no-ops.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from types import ModuleType
 
 import torch
 from torch import nn
 
-from pagedchat.engine.model_config import ModelConfig
-from pagedchat.engine.parallel import TensorParallel
-
-Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin: [tokens, head_dim]
-
-
-@dataclass
-class AttentionMetadata:
-    """Where each new token's K/V goes and which cached tokens each query reads."""
-
-    slot_mapping: torch.Tensor  # [num_tokens] int64, -1 = skip
-    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32, padded with -1
-    context_lens: torch.Tensor  # [num_seqs] int32, tokens in cache after this step
-    query_start_loc: torch.Tensor  # [num_seqs + 1] int32
-    max_query_len: int
-    max_context_len: int
-
-
-class Linear(nn.Linear):
-    """``nn.Linear``'s parameters, the kernels' product (a few rows in C on the CPU)."""
-
-    def __init__(self, in_features: int, out_features: int, bias: bool,
-                 kernels: ModuleType) -> None:
-        super().__init__(in_features, out_features, bias=bias)
-        self.kernels = kernels
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.kernels.linear(x, self.weight, self.bias)
-
-    def pack(self) -> None:
-        """Lay the weight out as the kernels' product reads it fastest (after loading: the
-        packed layout may be opaque, e.g. oneDNN's, and takes no more copies)."""
-        self.weight = nn.Parameter(self.kernels.pack_linear(self.weight.detach()),
-                                   requires_grad=False)
-
-
-class Embedding(nn.Module):
-    """The vocabulary's rows, looked up through the kernels. Where the head is tied to them
-    they are packed for the head's product (``pack``), and the lookup reads that layout:
-    one copy of the largest weight, in the form the step that reads all of it wants."""
-
-    def __init__(self, rows: int, width: int, kernels: ModuleType) -> None:
-        super().__init__()
-        # torch.empty: a random init, run on the meta device, would import torch._dynamo
-        # (about 140 MB resident) for nothing
-        self.weight = nn.Parameter(torch.empty(rows, width))
-        self.kernels = kernels
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.kernels.embedding(ids, self.weight)
-
-    def pack(self) -> None:
-        self.weight = nn.Parameter(self.kernels.pack_embedding(self.weight.detach()),
-                                   requires_grad=False)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float, kernels: ModuleType) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-        self.kernels = kernels
-
-    def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The normalised rows of ``x`` (of ``x + residual`` when given) and the rows
-        normalised: the residual stream the layer adds to next."""
-        return self.kernels.rms_norm(x, self.weight, self.eps, residual)
-
-
-class RotaryEmbedding(nn.Module):
-    """cos/sin tables computed as transformers does (float32), looked up by position."""
-
-    def __init__(self, inv_freq: torch.Tensor, scaling: float, max_positions: int) -> None:
-        super().__init__()
-        positions = torch.arange(max_positions, dtype=torch.float32)
-        freqs = positions[:, None] * inv_freq.float()[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self.register_buffer("cos", emb.cos() * scaling, persistent=False)
-        self.register_buffer("sin", emb.sin() * scaling, persistent=False)
-
-    def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> Rope:
-        """cos and sin rows for these positions; looked up once per step and shared by
-        every layer."""
-        return self.cos[positions].to(dtype), self.sin[positions].to(dtype)
-
-
-class Attention(nn.Module):
-    """Column-parallel QKV over this worker's heads, row-parallel output projection."""
-
-    def __init__(self, config: ModelConfig, kernels: ModuleType, tp: TensorParallel) -> None:
-        super().__init__()
-        self.tp = tp
-        self.head_dim = config.head_dim
-        self.num_heads = config.num_attention_heads // tp.size
-        self.num_kv_heads = config.num_key_value_heads // tp.size
-        self.q_size = self.num_heads * self.head_dim
-        self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size,
-                               config.attention_bias, kernels)
-        self.o_proj = Linear(self.q_size, config.hidden_size, False, kernels)
-        self.scale = self.head_dim**-0.5
-        self.kernels = kernels
-        self.k_cache = torch.empty(0)
-        self.v_cache = torch.empty(0)
-
-    def forward(self, x: torch.Tensor, rope: Rope, meta: AttentionMetadata) -> torch.Tensor:
-        q = self.kernels.rotary_store(self.qkv_proj(x), *rope, self.num_heads, self.k_cache,
-                                      self.v_cache, meta.slot_mapping)
-        out = self.kernels.paged_attention(
-            q, self.k_cache, self.v_cache, meta.block_tables, meta.context_lens,
-            meta.query_start_loc, self.scale,
-        )
-        return self.tp.all_reduce(self.o_proj(out.reshape(-1, self.q_size)))
-
-
-class MLP(nn.Module):
-    """Column-parallel gate/up, row-parallel down projection."""
-
-    def __init__(self, config: ModelConfig, kernels: ModuleType, tp: TensorParallel) -> None:
-        super().__init__()
-        self.tp = tp
-        self.kernels = kernels
-        self.intermediate = config.intermediate_size // tp.size
-        self.gate_up_proj = Linear(config.hidden_size, 2 * self.intermediate, False, kernels)
-        self.down_proj = Linear(self.intermediate, config.hidden_size, False, kernels)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_reduce(self.down_proj(self.kernels.silu_mul(self.gate_up_proj(x))))
+from pagedchat.engine.layers.attention import Attention, AttentionMetadata
+from pagedchat.engine.layers.embedding import Embedding
+from pagedchat.engine.layers.linear import Linear
+from pagedchat.engine.layers.mlp import MLP
+from pagedchat.engine.layers.norm import RMSNorm
+from pagedchat.engine.layers.rotary import Rope, RotaryEmbedding, rope_parameters
+from pagedchat.engine.loading.model_config import ModelConfig
+from pagedchat.engine.parallel.tensor_parallel import TensorParallel
 
 
 class DecoderLayer(nn.Module):
@@ -181,14 +58,13 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.tp = tp = tp or TensorParallel()
-        self.vocab_start, self.vocab_end = tp.part(config.vocab_size)
-        rows = self.vocab_rows
-        self.embed_tokens = Embedding(rows, config.hidden_size, kernels)
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, kernels, tp)
         self.layers = nn.ModuleList(
             DecoderLayer(config, kernels, tp) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, kernels)
         self.tied = config.tie_word_embeddings
-        self.lm_head = None if self.tied else Linear(config.hidden_size, rows, False, kernels)
+        self.lm_head = (None if self.tied else
+                        Linear(config.hidden_size, self.vocab_rows, False, kernels))
         self.kernels = kernels
         self.rotary: RotaryEmbedding | None = None  # see build_rotary
         self._stack = self._stack_caches = None  # see decoder_stack
@@ -205,13 +81,13 @@ class LlamaForCausalLM(nn.Module):
     def build_rotary(self, max_positions: int) -> None:
         """Compute the cos/sin tables, on the current device. A separate step because the
         model is built on the meta device, where the tables would be empty."""
-        inv_freq, scaling = _rope_parameters(self.config)
+        inv_freq, scaling = rope_parameters(self.config)
         self.rotary = RotaryEmbedding(inv_freq, scaling, max_positions)
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
-        x = self.embed(input_ids)
+        x = self.embed_tokens(input_ids)
         rope = self.rotary.lookup(positions, x.dtype)
         stack = self.decoder_stack()
         stacked = None if stack is None else stack(
@@ -246,16 +122,6 @@ class LlamaForCausalLM(nn.Module):
                 self.config.rms_norm_eps, self.layers[0].self_attn.scale)
         return self._stack
 
-    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Vocabulary-parallel lookup: ids outside this worker's rows give zeros, and the
-        all-reduce adds the one worker's row that holds each id (an exact sum)."""
-        if self.tp.size == 1:
-            return self.embed_tokens(input_ids)
-        outside = (input_ids < self.vocab_start) | (input_ids >= self.vocab_end)
-        local = (input_ids - self.vocab_start).masked_fill(outside, 0)
-        x = self.embed_tokens(local).masked_fill(outside.unsqueeze(-1), 0.0)
-        return self.tp.all_reduce(x)
-
     def compute_logits(self, hidden: torch.Tensor,
                        out: torch.Tensor | None = None) -> torch.Tensor | None:
         """Logits, in the model's dtype, for the rows that are sampled (and only those); under
@@ -263,14 +129,14 @@ class LlamaForCausalLM(nn.Module):
         Not widened here: the sampler's reduction reads bfloat16 as it is. ``out``: where
         to write this worker's ``[rows, vocab rows]`` (see ``vocab_rows``)."""
         hidden, _ = self.norm(hidden)
-        weight = self.embed_tokens.weight if self.tied else self.lm_head.weight
-        logits = self.kernels.linear(hidden, weight, out=out)
+        head = self.embed_tokens.logits if self.tied else self.lm_head
+        logits = head(hidden, out=out)
         return self.tp.gather_columns(logits, self.config.vocab_size)
 
     @property
     def vocab_rows(self) -> int:
         """This worker's rows of the vocabulary: the width of its logits."""
-        return self.vocab_end - self.vocab_start
+        return self.embed_tokens.rows
 
     @torch.no_grad()
     def load_hf_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
@@ -297,7 +163,7 @@ class LlamaForCausalLM(nn.Module):
                 own[f"layers.{i}.{name}"].copy_(shard(tensors.pop(prefix + name), dim=1))
             for name in ("input_layernorm.weight", "post_attention_layernorm.weight"):
                 own[f"layers.{i}.{name}"].copy_(tensors.pop(prefix + name))
-        vocab = slice(self.vocab_start, self.vocab_end)
+        vocab = slice(self.embed_tokens.start, self.embed_tokens.end)
         own["embed_tokens.weight"].copy_(tensors.pop("model.embed_tokens.weight")[vocab])
         own["norm.weight"].copy_(tensors.pop("model.norm.weight"))
         head = tensors.pop("lm_head.weight", None)
@@ -307,20 +173,3 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight.copy_(head[vocab])
         if tensors:
             raise KeyError(f"unexpected weights: {', '.join(sorted(tensors)[:5])}")
-
-
-def _rope_parameters(config: ModelConfig) -> tuple[torch.Tensor, float]:
-    """inv_freq and cos/sin scaling for the config's rope type, as transformers computes them.
-    Scaled rope types (llama3, yarn, ...) take transformers' own formulas and config."""
-    if config.rope_type == "default":
-        dim = config.head_dim
-        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
-        return inv_freq, 1.0
-    from transformers import AutoConfig
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-    if config.rope_type not in ROPE_INIT_FUNCTIONS:
-        raise ValueError(f"unsupported rope type {config.rope_type!r}")
-    inv_freq, scaling = ROPE_INIT_FUNCTIONS[config.rope_type](
-        AutoConfig.from_pretrained(config.folder))
-    return inv_freq, float(scaling)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from textual.widgets import DataTable
 
-from pagedchat.engine.stats import SeqBlockTable
+from pagedchat.engine.outputs import SeqBlockTable
 
 
 class BlockTable(DataTable):

@@ -8,7 +8,7 @@ from textual.app import ComposeResult
 from textual.containers import Grid
 from textual.widgets import Label, Sparkline
 
-from pagedchat.engine.stats import EngineStats
+from pagedchat.engine.outputs import EngineStats
 
 HISTORY = 60  # snapshots kept per figure
 

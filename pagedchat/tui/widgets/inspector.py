@@ -7,7 +7,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Label, Static
 
 from pagedchat.chat.driver import StatsUpdate
-from pagedchat.engine.stats import SeqBlockTable
+from pagedchat.engine.outputs import SeqBlockTable
 from pagedchat.tui.widgets.block_table import BlockTable
 from pagedchat.tui.widgets.figures import Figures, figures_of
 from pagedchat.tui.widgets.pool_map import PoolMap

@@ -1,6 +1,6 @@
 """The engine reads config.json and the tokenizer itself, as transformers would.
 
-Loading through transformers' config classes costs about 150 MB of imports (rope helpers,
+Loading through transformers' config classes costs heavy imports (rope helpers,
 torch._dynamo, sympy); these tests pin that the shortcut reads the same values, builds the
 same tokenizer, and that the heavy modules stay out of an engine process.
 """
@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from pagedchat import LLM, SamplingParams
-from pagedchat.engine.model_config import ModelConfig
-from pagedchat.engine.tokenizer import load_tokenizer
+from pagedchat.engine.loading.model_config import ModelConfig
+from pagedchat.engine.loading.tokenizer import load_tokenizer
 
 FIELDS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
           "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
@@ -105,8 +105,8 @@ def test_scaled_rope_matches_transformers(make_tiny_llama, rope):
 
 
 def test_an_engine_process_leaves_the_compiler_stack_unloaded(tiny_model_dir):
-    """What costs the 150 MB: torch._dynamo and transformers' model config classes; and
-    sympy (34 MB), which ``Module.to_empty`` on meta tensors imports."""
+    """What costs the memory: torch._dynamo and transformers' model config classes; and
+    sympy, which ``Module.to_empty`` on meta tensors imports."""
     script = (
         "import sys\n"
         "from pagedchat import LLM, SamplingParams\n"

@@ -14,7 +14,7 @@ import torch
 
 from pagedchat import LLM, SamplingParams
 from pagedchat.engine.errors import RequestError
-from tests.engine.test_engine import _prompts
+from tests.engine.test_llm_engine import _prompts
 
 CASES = [  # beam width, n returned, length_penalty, early_stopping, repetition_penalty
     (2, 2, 1.0, False, 1.0),
@@ -110,7 +110,7 @@ def test_beams_share_history_and_dying_beams_free_at_once(tiny_llm):
         pruned_seen += len(pruned)
         refs = Counter(b for seq in group.seqs for b in seq.block_table)
         assert engine.stats().used_blocks == len(refs)
-        assert all(engine.block_manager.blocks[b].ref_count == c for b, c in refs.items())
+        assert all(engine.scheduler.block_manager.blocks[b].ref_count == c for b, c in refs.items())
         shared_seen += sum(1 for c in refs.values() if c > 1)
     assert shared_seen and pruned_seen
     assert engine.stats().used_blocks == 0

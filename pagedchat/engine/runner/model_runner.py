@@ -8,23 +8,19 @@ tensor-parallel group, each holding its share of the heads and of every KV block
 from __future__ import annotations
 
 import ctypes
-import json
 import mmap
-from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file
 
 from pagedchat.engine.config import EngineConfig, parse_bytes
-from pagedchat.engine.errors import ModelLoadError
-from pagedchat.engine.model_config import ModelConfig
+from pagedchat.engine.layers.attention import AttentionMetadata
+from pagedchat.engine.loading.loader import read_weights
+from pagedchat.engine.loading.model_config import ModelConfig
 from pagedchat.engine.models import model_class
-from pagedchat.engine.models.llama import AttentionMetadata
-from pagedchat.engine.parallel import TensorParallel
-from pagedchat.engine.profiling import StepTimer
-from pagedchat.engine.scheduler import SchedulerOutput
-from pagedchat.engine.step_input import StepInput, build_step
+from pagedchat.engine.parallel.tensor_parallel import TensorParallel
+from pagedchat.engine.runner.profiling import StepTimer
+from pagedchat.engine.runner.step_input import StepInput
 from pagedchat.kernels import select_backend
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -43,8 +39,8 @@ def keep_freed_memory() -> None:
     """Hand back what loading the weights freed, then have glibc keep freed activation
     buffers for reuse instead of returning them to the OS. By default it maps every buffer
     over its (adaptive) threshold afresh and trims its heap, so each step's large
-    activations page-fault in again: 95,000 faults and 12% of a 1,000-token prefill on
-    this model. Process-wide; a no-op without glibc."""
+    activations page-fault in again, a large share of a long prefill's time. Process-wide;
+    a no-op without glibc."""
     try:
         libc = ctypes.CDLL("libc.so.6")
         libc.malloc_trim(0)
@@ -57,10 +53,9 @@ def keep_freed_memory() -> None:
 def anonymous_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """An uninitialised CPU tensor in a memory mapping of its own, in huge pages where the
     kernel gives them. Unlike torch's allocation, which malloc keeps for reuse once freed
-    (keep_freed_memory holds on to up to 1 GiB), the mapping goes back to the system when
-    the last view of it goes: a bench that builds one engine per request rate grew by a
-    KV pool (2 GiB) per engine. Huge pages save the scattered block reads of attention
-    their TLB misses (decode attention 5% faster where half the pool got them)."""
+    (see keep_freed_memory), the mapping goes back to the system when the last view of it
+    goes: otherwise a bench that builds one engine per request rate grows by a KV pool per
+    engine. Huge pages spare the scattered block reads of attention their TLB misses."""
     size = int(np.prod(shape)) * dtype.itemsize
     if size == 0:
         return torch.empty(shape, dtype=dtype)
@@ -74,8 +69,7 @@ def anonymous_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor
 def materialize(model: torch.nn.Module, device: torch.device) -> None:
     """Give every parameter and buffer of a model built on the meta device uninitialised
     storage on ``device``: what ``Module.to_empty`` does, without its ``empty_like`` of
-    meta tensors, which runs through torch's Python references and imports sympy (34 MB
-    resident)."""
+    meta tensors, which runs through torch's Python references and imports sympy."""
     for module in model.modules():
         for name, tensor in [*module.named_parameters(recurse=False),
                              *module.named_buffers(recurse=False)]:
@@ -87,8 +81,8 @@ def materialize(model: torch.nn.Module, device: torch.device) -> None:
 
 def to_host(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor`` on the CPU. From a GPU, into page-locked memory (torch keeps freed
-    page-locked blocks for reuse): on an H100 machine, 256 rows of logits (50 MB) took
-    41 ms through ``Tensor.cpu()`` and 1 ms this way."""
+    page-locked blocks for reuse): a large block of logits comes back far sooner this way
+    than through ``Tensor.cpu()``."""
     if tensor.device.type == "cpu":
         return tensor
     host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
@@ -116,7 +110,7 @@ class ModelRunner:
         materialize(model, self.device)
         with torch.device(self.device):
             model.build_rotary(self.max_model_len)
-        model.load_hf_state_dict(_read_weights(model_config.folder))
+        model.load_hf_state_dict(read_weights(model_config.folder))
         self.model = model.to(self.dtype).eval()
         self.model.rotary.float()
         self.model.pack()
@@ -161,9 +155,8 @@ class ModelRunner:
                   ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Per-layer K and V pools, views of one allocation. ``write``: zero it now, as
         transformers' paged cache and vLLM do, so that its memory is mapped before the
-        first request (left to the first write of each page, a 200-request ShareGPT run
-        that filled a 2 GiB pool spent 3 s of its 45 in page faults: the rotary-and-store
-        kernel took 25 ms a step instead of 6)."""
+        first request (left to the first write of each page, a run that fills the pool
+        spends a noticeable share of its time in page faults inside the K/V store)."""
         shape = (2 * len(self.model.layers), num_blocks, *self.kv_shape)
         if torch.device(device).type == "cpu":
             pool = anonymous_tensor(shape, self.dtype)
@@ -173,19 +166,14 @@ class ModelRunner:
             pool = (torch.zeros if write else torch.empty)(shape, dtype=self.dtype, device=device)
         return list(pool[0::2]), list(pool[1::2])
 
-    def execute(self, out: SchedulerOutput) -> torch.Tensor:
-        """Run one scheduled step; logits ``[num_sampling_seqs, vocab]`` in scheduled order."""
-        with self.timer.phase("prepare"):
-            step = build_step(out, self.block_size)
-        return self.execute_step(step)
-
     def shutdown(self) -> None:
         """Nothing to release in one process (the parallel runner stops its workers)."""
 
     @torch.inference_mode()
-    def execute_step(self, step: StepInput) -> torch.Tensor | None:
-        """Run one step; rank 0 gets the sampled rows' logits (on the CPU a view of a
-        buffer the next step overwrites), other workers None."""
+    def execute(self, step: StepInput) -> torch.Tensor | None:
+        """Run one step; rank 0 gets the sampled rows' logits ``[len(sample_rows), vocab]``
+        in the step's order (on the CPU a view of a buffer the next step overwrites), other
+        workers None."""
         self.tokens_forwarded += len(step.input_ids)
         self.steps_run += 1
         with self.timer.phase("prepare"):
@@ -204,11 +192,10 @@ class ModelRunner:
     def _logits_buffer(self, rows: int) -> torch.Tensor:
         """Where this step's logits go: the first ``rows`` rows of a buffer kept from step
         to step (so the logits a step returns are valid until the next step). Allocated
-        afresh every step, they were the largest block malloc saw come and go (256 rows:
-        50 MB), at a new size whenever the batch changed, and the heap crept through its
-        free gaps: the memory beyond weights and KV after a 200-request ShareGPT run read
-        432 to 526 MB in three runs, 432 to 447 with this buffer (50 MB of it). Grown to
-        the next power of two of rows, in a mapping of its own."""
+        afresh every step, they were the largest block malloc saw come and go, at a new
+        size whenever the batch changed, and the heap crept through its free gaps, so the
+        memory beyond weights and KV grew from run to run. Grown to the next power of two
+        of rows, in a mapping of its own."""
         if self._logits is None or self._logits.shape[0] < rows:
             shape = (1 << (rows - 1).bit_length(), self.model.vocab_rows)
             self._logits = None  # the old one goes before the new one is mapped
@@ -246,18 +233,3 @@ class ModelRunner:
         )
         input_ids = torch.from_numpy(step.input_ids).to(device)
         return input_ids, torch.from_numpy(step.positions).to(device), meta
-
-
-def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
-    files = sorted(folder.glob("*.safetensors"))
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        files = [folder / name for name in names]
-    tensors: dict[str, torch.Tensor] = {}
-    for path in files:
-        try:
-            tensors.update(load_file(path))
-        except Exception as error:
-            raise ModelLoadError(f"{path}: cannot read weights ({error})") from error
-    return tensors

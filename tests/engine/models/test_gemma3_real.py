@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pagedchat import LLM, SamplingParams
-from pagedchat.engine.loader import prepare_model
+from pagedchat.engine.loading.loader import prepare_model
 
 pytestmark = pytest.mark.slow
 

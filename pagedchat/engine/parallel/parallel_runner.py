@@ -1,9 +1,9 @@
 """Rank 0 of a tensor-parallel group: starts the workers, sends each step once, runs its
 own shard, and turns a dead worker into a clear error instead of a hang.
 
-The engine process is rank 0: it keeps the one scheduler and block manager, builds
-each step's :class:`StepInput`, broadcasts it, runs its shard of the model like every
-other worker, and is the only rank that gets the logits (and so samples).
+The engine process is rank 0: it keeps the one scheduler and block manager, gets
+each step's :class:`StepInput` from the engine, broadcasts it, runs its shard of the
+model like every other worker, and is the only rank that gets the logits (and so samples).
 """
 
 from __future__ import annotations
@@ -21,12 +21,11 @@ import torch.multiprocessing as mp
 
 from pagedchat.engine.config import EngineConfig
 from pagedchat.engine.errors import ModelLoadError, WorkerError
-from pagedchat.engine.model_config import ModelConfig
-from pagedchat.engine.model_runner import ModelRunner
-from pagedchat.engine.parallel import COLLECTIVE_TIMEOUT, TensorParallel
-from pagedchat.engine.scheduler import SchedulerOutput
-from pagedchat.engine.step_input import build_step
-from pagedchat.engine.worker import run_worker
+from pagedchat.engine.loading.model_config import ModelConfig
+from pagedchat.engine.parallel.tensor_parallel import COLLECTIVE_TIMEOUT, TensorParallel
+from pagedchat.engine.parallel.worker import run_worker
+from pagedchat.engine.runner.model_runner import ModelRunner
+from pagedchat.engine.runner.step_input import StepInput
 
 # Seconds to wait for the workers to load their shards before giving up.
 LOAD_TIMEOUT = 600.0
@@ -99,16 +98,14 @@ class ParallelRunner:
     def failure(self) -> str | None:
         return self.watchdog.failure
 
-    def execute(self, out: SchedulerOutput) -> torch.Tensor:
+    def execute(self, step: StepInput) -> torch.Tensor:
         """Send the step to every worker, run rank 0's shard, return the gathered logits."""
         if self.failure:
             raise WorkerError(self.failure)
         try:
-            with self.timer.phase("prepare"):
-                step = build_step(out, self.runner.block_size)
             with self.timer.phase("broadcast"):
                 self.tp.broadcast(step)
-            return self.runner.execute_step(step)
+            return self.runner.execute(step)
         except Exception as error:
             raise WorkerError(self.watchdog.explain(error)) from error
 

@@ -1,7 +1,7 @@
 """Load the model's tokenizer as ``AutoTokenizer`` would, without its detour.
 
 ``AutoTokenizer.from_pretrained`` first reads the model config through transformers' config
-classes (about 150 MB of imports, see ``model_config.py``) to decide among special cases.
+classes (heavy imports, see ``model_config.py``) to decide among special cases.
 When ``tokenizer_config.json`` names the generic tokenizers-backed class and none of those
 cases applies (remote code, a Mistral-format folder, a model type whose hub class is known
 wrong), AutoTokenizer ends in that generic class: load it directly. Otherwise ask
@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pagedchat.engine.model_config import ModelConfig
+from pagedchat.engine.loading.model_config import ModelConfig
 
 _GENERIC = {"TokenizersBackend", "PreTrainedTokenizerFast"}
 

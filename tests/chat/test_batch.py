@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from pagedchat.chat.batch import load_done
 from pagedchat.cli import app
 from pagedchat.engine.llm_engine import LLMEngine
 
@@ -132,40 +131,42 @@ def test_ctrl_c_stops_cleanly_and_a_rerun_finishes(opts, tmp_path, monkeypatch):
 KILLED_RUN = """
 import os, signal, sys
 from pagedchat.engine.llm_engine import LLMEngine
-step, calls = LLMEngine.step, []
+kill_at, step, calls = int(sys.argv[1]), LLMEngine.step, []
 def killing_step(self):
     calls.append(1)
-    if len(calls) == 7:
+    if len(calls) == kill_at:
         os.kill(os.getpid(), signal.SIGKILL)
     return step(self)
 LLMEngine.step = killing_step
 from pagedchat.cli import app
-app(sys.argv[1:])
+app(sys.argv[2:])
 """
 
 
 def test_killed_run_resumes_without_losing_or_repeating(opts, tmp_path):
-    source = _jsonl(tmp_path / "in.jsonl", *_counting_lines(6), "oops")
+    """Issue 26: line 10 repeats the id q3 and is rejected before q3 is answered; the kill
+    comes between the two, and the rerun must still answer q3."""
+    lines = [{**line, "id": f"q{i}"} for i, line in enumerate(_counting_lines(12))]
+    lines.insert(9, {"id": "q3", "prompt": "Count to 3 again."})
+    source = _jsonl(tmp_path / "in.jsonl", *lines, "oops")
     out = tmp_path / "out.jsonl"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
-    killed = subprocess.run([sys.executable, "-c", KILLED_RUN, "batch", str(source), "-o",
-                             str(out), *opts], env=env, capture_output=True, timeout=300)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    killed = subprocess.run([sys.executable, "-c", KILLED_RUN, "7", "batch", str(source),
+                             "-o", str(out), *opts], env=env, capture_output=True, timeout=300)
     assert killed.returncode == -9, killed.stderr.decode()[-2000:]
-    before = [r["id"] for r in _records(out)]
-    assert 7 in before  # the malformed line's error record came first
-    assert 1 < len(before) < 7
+    before = _records(out)
+    errors = {r["line"]: r for r in before if "error" in r}
+    assert set(errors) == {10, 14}  # the rejected lines' records came first
+    assert errors[10]["id"] == "q3" and "duplicate id (first on line 4)" in errors[10]["error"]
+    answered = [r["id"] for r in before if "text" in r]
+    assert 0 < len(answered) < 12 and "q3" not in answered
     result = runner.invoke(app, ["batch", str(source), "-o", str(out), *opts])
-    assert result.exit_code == 1  # the malformed line still counts as failed
-    assert Counter(r["id"] for r in _records(out)) == {**{f"r{i}": 1 for i in range(6)}, 7: 1}
-
-
-def test_partial_last_line_is_dropped_on_resume(tmp_path):
-    out = tmp_path / "out.jsonl"
-    out.write_text('{"id": "a", "text": "x"}\n'
-                   '{"id": "b", "error": "bad", "line": 2}\n'
-                   '{"id": "c", "te')
-    assert load_done(out) == {'"a"': False, '"b"': True}
-    assert out.read_text().endswith("2}\n")
+    assert result.exit_code == 1  # the rejected lines still count as failed
+    after = _records(out)
+    assert Counter(r["id"] for r in after if "text" in r) == {f"q{i}": 1 for i in range(12)}
+    assert f"{len(answered)} skipped (answered by an earlier run)" in result.stderr
+    assert Counter(r["line"] for r in after if "error" in r) == {10: 1, 14: 1}
+    assert all(lines[r["line"] - 1]["id"] == r["id"] for r in after if "text" in r)
 
 
 def test_tensor_parallel_batch_gives_the_same_text(tiny_tp_model_dir, tmp_path):

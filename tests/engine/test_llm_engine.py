@@ -100,18 +100,6 @@ def test_streamed_deltas_add_up_to_the_text(tiny_llm):
         final.outputs[0].token_ids, skip_special_tokens=True)
 
 
-def test_detokenizer_never_splits_a_multibyte_character(tiny_llm):
-    from pagedchat.engine.detokenizer import IncrementalDetokenizer
-
-    tokenizer = tiny_llm.tokenizer
-    text = "naïve café 🙂 世界 — ok"
-    ids = tokenizer.encode(text)
-    detok = IncrementalDetokenizer(tokenizer, ids[:1])
-    pieces = [detok.step(ids[: i + 1]) for i in range(1, len(ids))]
-    assert all("\ufffd" not in piece for piece in pieces)
-    assert tokenizer.decode(ids[:1]) + "".join(pieces) == text
-
-
 def test_seeded_sampling_repeats_whatever_the_batch(tiny_llm):
     params = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, seed=11, max_tokens=20)
     alone = tiny_llm.generate([[5, 6, 7]], params)[0].outputs[0].token_ids
@@ -224,53 +212,3 @@ def test_requests_admitted_in_one_step_share_their_common_prefix(tiny_llm):
     assert outputs["q"].num_cached_tokens == 64
     alone = tiny_llm.generate([system + [3, 4]], SamplingParams(temperature=0, max_tokens=4))
     assert alone[0].outputs[0].token_ids == outputs["q"].outputs[0].token_ids
-
-
-def test_linear_weights_are_packed_once_for_the_backend(tiny_model_dir):
-    """On the CPU backend every linear layer holds its weight in oneDNN's layout (where
-    torch has oneDNN), the tied head too where the C product reads that layout (the
-    embedding then reads its rows from it), and greedy output still matches the reference
-    backend's."""
-    from pagedchat.engine.models.llama import Linear
-    from pagedchat.kernels import cpu
-
-    llm = LLM(model=str(tiny_model_dir), num_kv_blocks=64, block_size=16)
-    model = llm.engine.runner.model
-    layers = [m for m in model.modules() if isinstance(m, Linear)]
-    assert layers and all(m.weight.is_mkldnn == cpu._onednn() for m in layers)
-    assert model.tied
-    head = model.embed_tokens.weight
-    assert head.is_mkldnn == (cpu._onednn() and cpu._linear_vectorised())
-    if head.is_mkldnn:
-        assert cpu.blocked_width(head) is not None
-    reference = LLM(model=str(tiny_model_dir), num_kv_blocks=64, block_size=16,
-                    attention_backend="torch")
-    assert not any(m.weight.is_mkldnn for m in reference.engine.runner.model.modules()
-                   if isinstance(m, Linear))
-    prompts = _prompts(3, seed=5)
-    ours = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
-    assert ours == [o.outputs[0].token_ids for o in reference.generate(prompts, GREEDY)]
-
-
-def test_logits_go_to_one_buffer_kept_across_steps(tiny_model_dir):
-    """A step's logits are written into rows of a buffer the runner keeps (grown to the next
-    power of two of rows), not a new allocation per step; outputs stay the reference's."""
-    llm = LLM(model=str(tiny_model_dir), num_kv_blocks=64, block_size=16)
-    runner = llm.engine.runner
-    seen = []
-    execute = runner.execute
-
-    def recording(out):
-        logits = execute(out)
-        seen.append((logits.shape[0], logits.untyped_storage().data_ptr()))
-        return logits
-
-    runner.execute = recording
-    prompts = _prompts(5, seed=11)
-    ours = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
-    assert {rows for rows, _ in seen} >= {5}
-    assert len({pointer for rows, pointer in seen if rows > 4}) == 1
-    assert runner._logits.shape[0] == 8
-    reference = LLM(model=str(tiny_model_dir), num_kv_blocks=64, block_size=16,
-                    attention_backend="torch")
-    assert ours == [o.outputs[0].token_ids for o in reference.generate(prompts, GREEDY)]

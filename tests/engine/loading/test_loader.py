@@ -9,7 +9,7 @@ import pytest
 
 from pagedchat import LLM
 from pagedchat.engine.errors import ModelLoadError
-from pagedchat.engine.loader import check_gguf, default_model_path, prepare_model
+from pagedchat.engine.loading.loader import check_gguf, default_model_path, prepare_model
 
 
 def test_missing_path_is_named(tmp_path):
@@ -73,7 +73,7 @@ def test_converted_gguf_is_cached_by_file_identity(real_model_dir):
 
 
 def test_a_named_model_resolves_to_its_packaged_gguf():
-    from pagedchat.engine.loader import named_model_path
+    from pagedchat.engine.loading.loader import named_model_path
 
     path = named_model_path("gemma-3-270m")
     assert path.name == "gemma-3-270m-Q4_K_M.gguf"
@@ -81,7 +81,7 @@ def test_a_named_model_resolves_to_its_packaged_gguf():
 
 
 def test_a_named_model_without_its_packages_names_them(tmp_path, monkeypatch):
-    from pagedchat.engine.loader import NAMED_MODELS, NamedModel
+    from pagedchat.engine.loading.loader import NAMED_MODELS, NamedModel
 
     monkeypatch.setenv("PAGEDCHAT_CACHE_DIR", str(tmp_path))
     monkeypatch.setitem(NAMED_MODELS, "gemma-3-270m",

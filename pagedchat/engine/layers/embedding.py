@@ -1,0 +1,51 @@
+"""Embedding: the vocabulary's rows, looked up, and read again by a tied head."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+from torch import nn
+
+from pagedchat.engine.parallel.tensor_parallel import TensorParallel
+
+
+class Embedding(nn.Module):
+    """This worker's rows ``[start, end)`` of the vocabulary, looked up through the kernels.
+
+    Where the head is tied to them they are packed for the head's product (``pack``) and
+    the lookup reads that layout: one copy of the largest weight, in the form the step
+    that reads all of it wants. The one place the vocabulary's weight is held."""
+
+    def __init__(self, vocab_size: int, width: int, kernels: ModuleType,
+                 tp: TensorParallel) -> None:
+        super().__init__()
+        self.tp = tp
+        self.start, self.end = tp.part(vocab_size)
+        # torch.empty: a random init, run on the meta device, would import torch._dynamo
+        # for nothing
+        self.weight = nn.Parameter(torch.empty(self.end - self.start, width))
+        self.kernels = kernels
+
+    @property
+    def rows(self) -> int:
+        """This worker's rows of the vocabulary: the width of its logits."""
+        return self.end - self.start
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """Vocabulary-parallel lookup: ids outside this worker's rows give zeros, and the
+        all-reduce adds the one worker's row that holds each id (an exact sum)."""
+        if self.tp.size == 1:
+            return self.kernels.embedding(ids, self.weight)
+        outside = (ids < self.start) | (ids >= self.end)
+        local = (ids - self.start).masked_fill(outside, 0)
+        x = self.kernels.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
+        return self.tp.all_reduce(x)
+
+    def logits(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The tied head: ``x`` against every row, written into ``out`` where given."""
+        return self.kernels.linear(x, self.weight, out=out)
+
+    def pack(self) -> None:
+        self.weight = nn.Parameter(self.kernels.pack_embedding(self.weight.detach()),
+                                   requires_grad=False)

@@ -1,0 +1,23 @@
+"""RMSNorm, with the residual add before it folded in."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float, kernels: ModuleType) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+        self.kernels = kernels
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The normalised rows of ``x`` (of ``x + residual`` when given) and the rows
+        normalised: the residual stream the layer adds to next."""
+        return self.kernels.rms_norm(x, self.weight, self.eps, residual)

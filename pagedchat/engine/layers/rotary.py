@@ -1,0 +1,44 @@
+"""Rotary position embedding: cos/sin tables as transformers computes them."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from pagedchat.engine.loading.model_config import ModelConfig
+
+Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin: [tokens, head_dim]
+
+
+class RotaryEmbedding(nn.Module):
+    """cos/sin tables computed as transformers does (float32), looked up by position."""
+
+    def __init__(self, inv_freq: torch.Tensor, scaling: float, max_positions: int) -> None:
+        super().__init__()
+        positions = torch.arange(max_positions, dtype=torch.float32)
+        freqs = positions[:, None] * inv_freq.float()[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos", emb.cos() * scaling, persistent=False)
+        self.register_buffer("sin", emb.sin() * scaling, persistent=False)
+
+    def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> Rope:
+        """cos and sin rows for these positions; looked up once per step and shared by
+        every layer."""
+        return self.cos[positions].to(dtype), self.sin[positions].to(dtype)
+
+
+def rope_parameters(config: ModelConfig) -> tuple[torch.Tensor, float]:
+    """inv_freq and cos/sin scaling for the config's rope type, as transformers computes them.
+    Scaled rope types (llama3, yarn, ...) take transformers' own formulas and config."""
+    if config.rope_type == "default":
+        dim = config.head_dim
+        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+        return inv_freq, 1.0
+    from transformers import AutoConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    if config.rope_type not in ROPE_INIT_FUNCTIONS:
+        raise ValueError(f"unsupported rope type {config.rope_type!r}")
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS[config.rope_type](
+        AutoConfig.from_pretrained(config.folder))
+    return inv_freq, float(scaling)

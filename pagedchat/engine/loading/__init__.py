@@ -1,0 +1,1 @@
+"""Reading a model's own files: weights, config, tokenizer."""

@@ -1,0 +1,1 @@
+"""Tensor parallelism: the group, rank 0's runner and the worker processes."""

@@ -1,0 +1,29 @@
+"""One step's inputs as flat arrays: what the scheduler decided, with no Python objects.
+
+The engine builds it from the scheduler's output (``SchedulerOutput.step_input``) and
+hands it to the runner. This is all a worker needs to run a step, so under tensor
+parallelism it is the one message rank 0 sends every worker each step. For each
+scheduled token: its id, its position and its cache slot (``block_table[pos //
+block_size] * block_size + pos % block_size``); for each sequence: its context length
+and padded block table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class StepInput:
+    input_ids: np.ndarray  # [num_tokens] int64
+    positions: np.ndarray  # [num_tokens] int64
+    slot_mapping: np.ndarray  # [num_tokens] int64
+    block_tables: np.ndarray  # [num_seqs, max_blocks] int32, padded with -1
+    context_lens: np.ndarray  # [num_seqs] int32
+    query_start_loc: np.ndarray  # [num_seqs + 1] int32
+    sample_rows: list[int]  # rows of the flat batch whose logits are sampled
+    copies: list[tuple[int, int]]  # copy-on-write (src, dst) block pairs
+    swap_out: list[tuple[int, int]]  # (device block, host block)
+    swap_in: list[tuple[int, int]]  # (host block, device block)

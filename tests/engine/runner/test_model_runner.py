@@ -1,0 +1,30 @@
+"""The model runner's step: logits written into one buffer kept across steps."""
+
+from __future__ import annotations
+
+from pagedchat import LLM
+from tests.engine.test_llm_engine import GREEDY, _prompts
+
+
+def test_logits_go_to_one_buffer_kept_across_steps(tiny_model_dir):
+    """A step's logits are written into rows of a buffer the runner keeps (grown to the next
+    power of two of rows), not a new allocation per step; outputs stay the reference's."""
+    llm = LLM(model=str(tiny_model_dir), num_kv_blocks=64, block_size=16)
+    runner = llm.engine.runner
+    seen = []
+    execute = runner.execute
+
+    def recording(step):
+        logits = execute(step)
+        seen.append((logits.shape[0], logits.untyped_storage().data_ptr()))
+        return logits
+
+    runner.execute = recording
+    prompts = _prompts(5, seed=11)
+    ours = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
+    assert {rows for rows, _ in seen} >= {5}
+    assert len({pointer for rows, pointer in seen if rows > 4}) == 1
+    assert runner._logits.shape[0] == 8
+    reference = LLM(model=str(tiny_model_dir), num_kv_blocks=64, block_size=16,
+                    attention_backend="torch")
+    assert ours == [o.outputs[0].token_ids for o in reference.generate(prompts, GREEDY)]
