@@ -121,8 +121,7 @@ class Gemma3ForCausalLM(nn.Module):
         if config.num_key_value_heads % tp.size:
             raise ValueError(f"{config.num_key_value_heads} KV heads cannot be split "
                              f"over {tp.size} workers")
-        self.vocab_start, self.vocab_end = tp.part(config.vocab_size)
-        self.embed_tokens = Embedding(self.vocab_rows, config.hidden_size, kernels)
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, kernels, tp)
         self.layers = nn.ModuleList(
             Gemma3DecoderLayer(config, kernels, tp, kind == LOCAL)
             for kind in config.layer_types)
@@ -136,7 +135,7 @@ class Gemma3ForCausalLM(nn.Module):
     @property
     def vocab_rows(self) -> int:
         """This worker's rows of the vocabulary: the width of its logits."""
-        return self.vocab_end - self.vocab_start
+        return self.embed_tokens.rows
 
     def pack(self) -> None:
         """Lay the products' weights out for the kernels, after loading; the embedding's
@@ -161,7 +160,7 @@ class Gemma3ForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """``local_meta``: the local layers' block tables where they keep their own (the
         same tensors as ``meta`` for slots and query starts); ``meta``'s tables otherwise."""
-        x = self.embed(input_ids)
+        x = self.embed_tokens(input_ids)
         normalizer = torch.tensor(self.config.hidden_size**0.5, dtype=torch.float32)
         x = x * normalizer.to(x.dtype)
         full_rope = self.rotary.full.lookup(positions, x.dtype)
@@ -177,23 +176,13 @@ class Gemma3ForCausalLM(nn.Module):
                 x, residual = layer(x, residual, full_rope, meta)
         return x + residual
 
-    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Vocabulary-parallel lookup: ids outside this worker's rows give zeros, and the
-        all-reduce adds the one worker's row that holds each id."""
-        if self.tp.size == 1:
-            return self.embed_tokens(input_ids)
-        outside = (input_ids < self.vocab_start) | (input_ids >= self.vocab_end)
-        local = (input_ids - self.vocab_start).masked_fill(outside, 0)
-        x = self.embed_tokens(local).masked_fill(outside.unsqueeze(-1), 0.0)
-        return self.tp.all_reduce(x)
-
     def compute_logits(self, hidden: torch.Tensor,
                        out: torch.Tensor | None = None) -> torch.Tensor | None:
         """Logits of the sampled rows, soft-capped where the config says so (in place, in
         the buffer ``out``); gathered on rank 0 under tensor parallelism."""
         hidden, _ = self.norm(hidden)
-        weight = self.embed_tokens.weight if self.tied else self.lm_head.weight
-        logits = self.kernels.linear(hidden, weight, out=out)
+        head = self.embed_tokens.logits if self.tied else self.lm_head
+        logits = head(hidden, out=out)
         cap = self.config.final_logit_softcapping
         if cap is not None:
             logits.div_(cap).tanh_().mul_(cap)
@@ -220,7 +209,7 @@ class Gemma3ForCausalLM(nn.Module):
                          "post_attention_layernorm", "pre_feedforward_layernorm",
                          "post_feedforward_layernorm"):
                 layer.get_submodule(name).load(tensors.pop(f"{prefix}{name}.weight"))
-        vocab = slice(self.vocab_start, self.vocab_end)
+        vocab = slice(self.embed_tokens.start, self.embed_tokens.end)
         self.embed_tokens.weight.copy_(tensors.pop("model.embed_tokens.weight")[vocab])
         self.norm.load(tensors.pop("model.norm.weight"))
         head = tensors.pop("lm_head.weight", None)
