@@ -29,6 +29,9 @@ def run(
         "--verbose", "-v", help="Print load time, token counts and speeds to stderr.")] = False,
 ) -> None:
     """Answer one prompt, streaming the reply to standard output (pipe friendly)."""
+    from dataclasses import replace
+
+    from pagedchat.chat.prompt import PLAIN_STOP, has_chat_template, render
     from pagedchat.engine.config import EngineConfig
     from pagedchat.engine.errors import PagedChatError
     from pagedchat.engine.llm_engine import LLMEngine
@@ -51,9 +54,10 @@ def run(
         else:
             messages = ([{"role": "system", "content": system}] if system else [])
             messages.append({"role": "user", "content": prompt})
-            encoded = engine.tokenizer.apply_chat_template(
-                messages, tokenize=True, add_generation_prompt=True)
-            request = list(encoded["input_ids"])
+            # a base model (no chat template) gets plain "User: / Assistant:" lines
+            request = render(engine.tokenizer, messages)
+            if not has_chat_template(engine.tokenizer):
+                params = replace(params, stop=[PLAIN_STOP])
         engine.add_request("run", request, params)
         final = None
         while engine.has_unfinished_requests():
