@@ -1,7 +1,9 @@
 """Shared fixtures: a tiny random Llama for fast tests, the real default model for slow ones.
 
-Models are built or converted once per session; the converted default model lives
-in a per-user cache (``PAGEDCHAT_CACHE_DIR``), so only the first run pays for it.
+The tiny models carry a small byte-level BPE tokenizer trained here on a fixed text, so
+the fast tests need no real model at all. Only tests marked slow may ask for
+``real_model_dir``: the default model converted from its GGUF once, into a per-user cache
+(``PAGEDCHAT_CACHE_DIR``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,66 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+TOKENIZER_TEXT = """\
+You are a helpful, concise assistant running in a terminal. Answer in plain language, use
+Markdown for lists and code, and say when you are not sure. Keep answers short unless the
+user asks for detail. A user writes a message, a question or a word; the assistant writes
+the reply. The system prompt comes first, then the newest messages that fit the window.
+The quick brown fox jumps over the lazy dog; tell me a story about a trip to Oslo.
+Once upon a time there was a model that read every token of the history again and again,
+until the engine kept the keys and values of each sequence in blocks of a shared pool.
+How do I square the numbers 0 to 9 in Python? Use a list comprehension: [n * n for n in x].
+What is the capital of France? Paris. Remember me, and cut me short; go on, and now stop.
+Hello, are you there? Yes: I am here, and this is the first, second and third answer.
+Count with me: one two three four five six seven eight nine ten eleven twelve.
+Naïve café, crème brûlée, 東京, Ελλάδα, 😀 — the bytes of other scripts decode whole.
+"""
+VOCAB_SIZE = 49152  # SmolLM2's: tests pick prompt token ids anywhere below it
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def build_tiny_tokenizer():
+    """A byte-level BPE trained on ``TOKENIZER_TEXT`` with a ChatML template, laid out as
+    SmolLM2's (bos ``<|im_start|>``, eos and pad ``<|im_end|>``, ``VOCAB_SIZE`` ids);
+    training is deterministic, so every session builds the same vocabulary.
+
+    The vocabulary is filled up to ``VOCAB_SIZE`` with plain tokens no merge produces:
+    encoding never yields them, but every id a test or the random model picks decodes."""
+    import json
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=1024, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    bpe.train_from_iterator(TOKENIZER_TEXT.splitlines(), trainer)
+    layout = json.loads(bpe.to_str())
+    vocab = layout["model"]["vocab"]
+    fillers = (f"tok{i}" for i in range(VOCAB_SIZE))
+    while len(vocab) < VOCAB_SIZE:
+        vocab.setdefault(next(fillers), len(vocab))
+    bpe = Tokenizer.from_str(json.dumps(layout))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=bpe, bos_token="<|im_start|>", eos_token="<|im_end|>",
+        pad_token="<|im_end|>", unk_token="<|endoftext|>", chat_template=CHATML_TEMPLATE)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    """The tokenizer of the tiny models, without a model."""
+    return build_tiny_tokenizer()
+
+
 @pytest.fixture(scope="session")
 def real_model_dir() -> Path:
     """The default SmolLM2-135M-Instruct, converted from its GGUF to an HF folder."""
@@ -26,15 +88,23 @@ def real_model_dir() -> Path:
     return prepare_model(None).folder
 
 
-def save_tiny_llama(folder: Path, tokenizer_dir: Path, rope_parameters: dict | None = None,
-                    **shape) -> Path:
-    """A 2-layer random Llama with the real SmolLM2 tokenizer, saved as an HF folder.
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """The fast suite must run where the real model is absent: a test that asks for
+    ``real_model_dir`` without the slow mark fails before anything converts."""
+    if "real_model_dir" in getattr(item, "fixturenames", ()) and not item.get_closest_marker(
+            "slow"):
+        pytest.fail("real_model_dir loads the real model: mark the test @pytest.mark.slow")
+
+
+def save_tiny_llama(folder: Path, rope_parameters: dict | None = None, **shape) -> Path:
+    """A 2-layer random Llama with the tiny tokenizer, saved as an HF folder.
 
     Weights are drawn with a wide init so that its next-token distributions are
     peaked (a near-uniform random model would make every greedy step a near-tie)."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tokenizer = build_tiny_tokenizer()
     config = LlamaConfig(
         vocab_size=len(tokenizer), num_hidden_layers=2, max_position_embeddings=1024,
         rope_parameters=rope_parameters or {"rope_type": "default", "rope_theta": 10000.0},
@@ -50,18 +120,18 @@ def save_tiny_llama(folder: Path, tokenizer_dir: Path, rope_parameters: dict | N
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory, real_model_dir: Path) -> Path:
+def tiny_model_dir(tmp_path_factory) -> Path:
     """4 query heads, 2 KV heads: the model of the fast tests."""
     return save_tiny_llama(
-        tmp_path_factory.mktemp("tiny-llama"), real_model_dir, hidden_size=64,
+        tmp_path_factory.mktemp("tiny-llama"), hidden_size=64,
         intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
 
 
 @pytest.fixture(scope="session")
-def tiny_tp_model_dir(tmp_path_factory, real_model_dir: Path) -> Path:
+def tiny_tp_model_dir(tmp_path_factory) -> Path:
     """8 query heads, 4 KV heads: splits over 1, 2 or 4 tensor-parallel workers."""
     return save_tiny_llama(
-        tmp_path_factory.mktemp("tiny-llama-tp"), real_model_dir, hidden_size=128,
+        tmp_path_factory.mktemp("tiny-llama-tp"), hidden_size=128,
         intermediate_size=256, num_attention_heads=8, num_key_value_heads=4, head_dim=16)
 
 
@@ -74,11 +144,10 @@ def tiny_llm(tiny_model_dir: Path):
 
 
 @pytest.fixture(scope="session")
-def make_tiny_llama(tmp_path_factory, real_model_dir: Path):
+def make_tiny_llama(tmp_path_factory):
     """Build another tiny Llama: ``make_tiny_llama(name, rope_parameters=..., **shape)``."""
     def make(name: str, rope_parameters: dict | None = None, **shape) -> Path:
         shape = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
                  "num_key_value_heads": 2, "head_dim": 16, **shape}
-        return save_tiny_llama(tmp_path_factory.mktemp(name), real_model_dir, rope_parameters,
-                               **shape)
+        return save_tiny_llama(tmp_path_factory.mktemp(name), rope_parameters, **shape)
     return make

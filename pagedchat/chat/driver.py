@@ -6,8 +6,8 @@ The engine is single-threaded, so a UI never calls it: it puts ``Submit`` and
 loads in the same thread, so a UI can start at once and queue its first message.
 
 Outputs are coalesced per request and handed over at most every ``flush_interval``
-seconds (a finished reply at once): a small model makes hundreds of steps a second,
-more than a UI wants to hear about.
+seconds (a finished reply at once): a small model steps far more often than a UI
+wants to hear about.
 """
 
 from __future__ import annotations

@@ -1,20 +1,19 @@
 """PagedAttention kernels behind one interface.
 
-Every backend exposes ``store_kv``, ``paged_attention``, ``copy_blocks``, ``swap_blocks``,
-``max_logsumexp`` (the sampler's per-row reduction), ``linear`` (with ``pack_linear``, which
-lays a weight out for it once at load), ``embedding`` (with ``pack_embedding``, for a weight
-the head shares) and the layer's small
-operations ``rms_norm``, ``rotary_store`` (rotation of queries and keys, then the store)
-and ``silu_mul``, with the signatures of :mod:`pagedchat.kernels.reference`, which
-defines what is right. A backend may also offer ``decoder_stack`` (with ``LayerTensors``):
-a whole decoder stack in one call where a step is small, built from the same kernels, so
-that the model's result does not change (the CPU backend has one).
+Every backend module keeps :class:`pagedchat.kernels.backend.KernelBackend`: the K/V store
+and block copies, paged attention, the sampler's reduction, linear layers and the embedding
+(with the layouts they pack once at load) and the layer's small operations.
+:mod:`pagedchat.kernels.reference` defines what each computes. A backend may also offer
+``decoder_stack`` (with ``LayerTensors``): a whole decoder stack in one call where a step is
+small, built from the same kernels, so that the model's result does not change (the CPU
+backend has one).
 
 - ``triton``: Triton kernels, picked on CUDA;
 - ``cpu``: compiled C kernels (attention for decode and short chunks, a tiled kernel or
   SDPA for long ones; the layer's small operations; products of a few rows; the decoder
-  stack of a small decode batch), picked on the CPU (it falls back to the reference when
-  no C compiler is found);
+  stack of a small decode batch) for the CPU's instruction-set level (AVX-512, AVX2,
+  portable), picked on the CPU (it falls back to the reference when no C compiler is
+  found);
 - ``torch``: the reference itself.
 """
 

@@ -1,4 +1,4 @@
-"""The Triton (GPU) backend of pagedchat's kernels, same API as ``reference``.
+"""The Triton (GPU) backend of pagedchat's kernels: it keeps ``KernelBackend`` (backend.py).
 
 Importing it requires Triton. On a machine without a GPU it only works under
 ``TRITON_INTERPRET=1`` (set before this module is first imported), which is how the tests

@@ -1,4 +1,7 @@
-"""The engine driver: one thread owns the engine; commands in, events out."""
+"""The engine driver: one thread owns the engine; commands in, events out.
+
+Most tests drive a ``FakeEngine``; cancelling runs on the tiny Llama, so that the real
+pool is seen to get its blocks back."""
 
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from pagedchat.chat.driver import (
 )
 from pagedchat.engine.errors import ModelLoadError
 from pagedchat.engine.sampling_params import SamplingParams
+from tests.fake_engine import FakeEngine
 
 
 class Events:
@@ -50,25 +54,30 @@ def submit(rid: str, text: str, max_tokens: int, window: int = 1024) -> Submit:
 
 
 @pytest.fixture
-def start(tiny_llm):
-    """``start(**options)``: a started driver over the shared tiny engine, and its events."""
-    drivers = []
+def start(request, tiny_tokenizer):
+    """``start(engine, **options)``: a started driver and its events, over a new
+    ``FakeEngine`` (``engine="fake"``) or the shared tiny engine (``engine="tiny"``)."""
+    runs = []
 
-    def start_driver(**options) -> tuple[EngineDriver, Events]:
+    def start_driver(engine: str = "fake", **options) -> tuple[EngineDriver, Events, object]:
+        if engine == "fake":
+            target = FakeEngine(tiny_tokenizer, num_kv_blocks=256)
+        else:
+            target = request.getfixturevalue("tiny_llm").engine
         events = Events()
-        driver = EngineDriver(lambda: tiny_llm.engine, events, **options)
+        driver = EngineDriver(lambda: target, events, **options)
         driver.start()
-        drivers.append(driver)
-        return driver, events
+        runs.append((driver, target))
+        return driver, events, target
 
     yield start_driver
-    for driver in drivers:
+    for driver, engine in runs:
         assert driver.stop()
-    assert not tiny_llm.engine.has_unfinished_requests()
+        assert not engine.has_unfinished_requests()
 
 
 def test_updates_are_coalesced_and_the_end_comes_at_once(start):
-    driver, events = start(flush_interval=30.0)
+    driver, events, _ = start(flush_interval=30.0)
     events.wait_for(lambda e: isinstance(e, EngineReady))
     driver.submit(submit("a", "hello", 40))
     ready = events.wait_for(lambda e: isinstance(e, PromptReady))
@@ -82,14 +91,17 @@ def test_updates_are_coalesced_and_the_end_comes_at_once(start):
 
 
 def test_stop_aborts_what_is_running(start):
-    driver, events = start()
+    driver, events, engine = start()
+    engine.hold()
     driver.submit(submit("a", "hello", 2000))
+    engine.allow(1)
     events.wait_for(lambda e: isinstance(e, ReplyUpdate) and e.output_tokens > 0)
     assert driver.stop()  # the fixture checks that the engine has nothing left
+    assert engine.is_shut_down
 
 
 def test_cancel_frees_the_blocks_and_silences_the_request(start):
-    driver, events = start()
+    driver, events, _ = start("tiny")
     driver.submit(submit("long", "go on", 2000))
     events.wait_for(lambda e: isinstance(e, ReplyUpdate) and e.output_tokens > 2)
     driver.cancel("long")
@@ -102,7 +114,7 @@ def test_cancel_frees_the_blocks_and_silences_the_request(start):
 
 
 def test_a_prompt_that_cannot_fit_fails_alone(start):
-    driver, events = start()
+    driver, events, _ = start()
     driver.submit(submit("big", "hi", 4, window=20))
     driver.submit(submit("ok", "hi", 4))
     failed = events.wait_for(lambda e: isinstance(e, RequestFailed))

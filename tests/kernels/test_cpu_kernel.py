@@ -1,4 +1,6 @@
-"""The compiled CPU paged-attention kernel (and its SDPA path) against the torch reference."""
+"""The compiled CPU kernels (and the SDPA path) against the torch reference, on every
+instruction-set level this CPU runs (portable, AVX2, AVX-512), each level's library loaded
+in turn."""
 
 from __future__ import annotations
 
@@ -10,8 +12,19 @@ from paged_cases import TOL, paged_batch, rel_err
 
 from pagedchat.kernels import cpu
 from pagedchat.kernels import reference as ref
+from pagedchat.kernels.cpu import attention, build
+from pagedchat.kernels.cpu.linear import _onednn_bfloat16
 
 pytestmark = pytest.mark.skipif(cpu.kernel_library() is None, reason="no C compiler")
+
+
+@pytest.fixture(autouse=True, scope="module", params=cpu.runnable_isas())
+def isa(request):
+    """Every test of this module, once per level: the dispatch calls that level's library."""
+    cpu.set_isa(request.param)
+    assert cpu.isa() == request.param
+    yield request.param
+    cpu.set_isa(None)
 
 
 def compare(batch: dict, dtype: torch.dtype) -> None:
@@ -50,9 +63,7 @@ def test_prompt_chunks_match_reference_without_sdpa(monkeypatch, block_size, gro
     whole prompt, chunks after a cached prefix, one of 1,024 keys (the stride that once
     aliased in L1), item tiles cut short (q_len not a multiple of the positions per item,
     e.g. 24 / 4 = 6 for group 4), next to decode rows."""
-    if not cpu._prefill_vectorised():
-        pytest.skip("the chunked-prefill kernel needs AVX-512")
-    monkeypatch.setattr(cpu, "_sdpa", lambda *args: pytest.fail("SDPA was used"))
+    monkeypatch.setattr(attention, "_sdpa", lambda *args: pytest.fail("SDPA was used"))
     ctx = [300, 1024, 50, 77, 9]
     q_lens = [300, 61, 8, 1, 9]
     compare(paged_batch(ctx, q_lens, block_size, 2 * group, 2, head_dim, dtype,
@@ -62,8 +73,8 @@ def test_prompt_chunks_match_reference_without_sdpa(monkeypatch, block_size, gro
 def test_prompt_chunks_take_sdpa_where_the_kernel_does_not_apply(monkeypatch):
     """Head sizes that are not a multiple of 16 go to SDPA."""
     calls = []
-    sdpa = cpu._sdpa
-    monkeypatch.setattr(cpu, "_sdpa", lambda *args: calls.append(1) or sdpa(*args))
+    sdpa = attention._sdpa
+    monkeypatch.setattr(attention, "_sdpa", lambda *args: calls.append(1) or sdpa(*args))
     for dtype in (torch.float32, torch.bfloat16):
         calls.clear()
         head_dim = 72
@@ -97,8 +108,8 @@ def test_step_plan_is_reused_across_layers_and_never_across_steps():
         for _layer in range(3):  # the same tensors, as every layer of a step passes them
             assert rel_err(cpu.paged_attention(**batch, scale=scale), expected) < TOL[torch.float32]
         meta = (batch["block_tables"], batch["context_lens"], batch["query_start_loc"])
-        assert cpu._plan(*meta) is cpu._plan(*meta)
-        assert cpu._plan(*(t.clone() for t in meta)) is not cpu._plan(*meta)
+        assert attention._plan(*meta) is attention._plan(*meta)
+        assert attention._plan(*(t.clone() for t in meta)) is not attention._plan(*meta)
         del batch, meta
 
 
@@ -294,8 +305,8 @@ def test_product_on_onednn_blocked_layout_matches_reference(rows, shape, with_bi
     packed = cpu.pack_linear(weight)
     k_padded = cpu.blocked_width(packed) if packed.is_mkldnn else None
     if k_padded is None:
-        pytest.skip("oneDNN's layout for this shape is not the blocked one (or no AVX-512)")
-    cpu._kernel("linear_blocked", x)(
+        pytest.skip("oneDNN's layout for this shape is not the blocked one")
+    build.kernel("linear_blocked", x)(
         x.data_ptr(), torch.ops.mkldnn.data_ptr(packed),
         None if bias is None else bias.data_ptr(), out.data_ptr(), rows, k_dim, k_padded,
         n_dim, threads)
@@ -310,8 +321,10 @@ def test_product_on_onednn_blocked_layout_matches_reference(rows, shape, with_bi
 def test_this_models_layer_shapes_take_the_blocked_product(dtype):
     """Where the C product is built and torch has oneDNN, the model's layer weights are
     read by the C product (a layout check that failed would send them to oneDNN quietly)."""
-    if not (cpu._linear_vectorised() and cpu._onednn()):
-        pytest.skip("needs the AVX-512 C product and oneDNN")
+    if not cpu._onednn():
+        pytest.skip("needs torch's oneDNN")
+    if dtype == torch.bfloat16 and not _onednn_bfloat16():
+        pytest.skip("oneDNN has no bfloat16 product on this CPU (AVX2): the weights stay plain")
     for n_dim, k_dim in [(960, 576), (576, 576), (3072, 576), (576, 1536)]:
         packed = cpu.pack_linear(torch.randn(n_dim, k_dim).to(dtype))
         assert cpu.blocked_width(packed) == k_dim
@@ -320,8 +333,8 @@ def test_this_models_layer_shapes_take_the_blocked_product(dtype):
 def test_a_weight_of_zeros_leaves_the_layout_check_to_the_next_of_its_shape():
     """Zeros multiply the same in any layout: such a weight goes to oneDNN, and the first
     real weight of its shape decides (a wrong layout must never pass for zeros)."""
-    if not (cpu._linear_vectorised() and cpu._onednn()):
-        pytest.skip("needs the AVX-512 C product and oneDNN")
+    if not cpu._onednn():
+        pytest.skip("needs torch's oneDNN")
     zeros = cpu.pack_linear(torch.zeros(208, 48))
     assert cpu.blocked_width(zeros) is None
     x = torch.randn(2, 48)
@@ -371,7 +384,7 @@ def test_embedding_reads_rows_of_a_packed_tied_weight(shape, count, dtype, seed)
 def test_pack_embedding_packs_only_what_the_lookup_can_read():
     weight = torch.randn(70, 40, dtype=torch.float64)
     assert cpu.pack_embedding(weight) is weight
-    if cpu._onednn() and cpu._linear_vectorised():
+    if cpu._onednn():
         packed = cpu.pack_embedding(torch.randn(70, 40))
         assert packed.is_mkldnn and cpu.blocked_width(packed) is not None
 

@@ -1,4 +1,9 @@
-"""Helpers for the app tests: an app on a fresh database and the tiny model, and waiting."""
+"""Helpers for the app tests: an app on a fresh database and an engine, and waiting.
+
+Most tests run the app on a ``FakeEngine`` (a fixed reply, no model); the tests that pin
+the app against the engine itself (its blocks, prefix sharing, a failed load) ask for the
+tiny random Llama with ``engine="tiny"``.
+"""
 
 from __future__ import annotations
 
@@ -13,28 +18,44 @@ from pagedchat.chat.conversation import SamplingSettings
 from pagedchat.chat.driver import load_engine
 from pagedchat.chat.store import Store
 from pagedchat.tui.app import ChatApp
+from tests.fake_engine import FakeEngine
 
 
 @pytest.fixture
-def make_app(tmp_path, tiny_model_dir) -> Iterator[Callable[..., ChatApp]]:
-    """``make_app(**options)``: a ChatApp on ``tmp_path/chats.db`` and the tiny model,
-    greedy, with short replies unless ``settings`` says otherwise. With ``engine=False``
-    the model never finishes loading (for tests of the UI alone: no CPU spent on it)."""
+def fake_engine(tiny_tokenizer) -> FakeEngine:
+    """The engine of ``make_app()``; ``hold()`` it to keep replies mid-stream."""
+    return FakeEngine(tiny_tokenizer, num_kv_blocks=256)
+
+
+@pytest.fixture
+def make_app(request, tmp_path, fake_engine) -> Iterator[Callable[..., ChatApp]]:
+    """``make_app(**options)``: a ChatApp on ``tmp_path/chats.db``, greedy, with short
+    replies unless ``settings`` says otherwise. ``engine`` is ``"fake"`` (the
+    ``fake_engine`` fixture), ``"tiny"`` (the tiny Llama, or the folder ``model``, with
+    ``kv_blocks`` blocks and every step ``step_delay`` seconds slower) or False (the model
+    never finishes loading: the UI alone, no CPU spent on an engine)."""
     never = threading.Event()
 
     def no_engine():
         never.wait()
         raise RuntimeError("the test ended")
 
-    def make(settings: SamplingSettings | None = None, kv_blocks: int = 256,
-             model: str | None = None, engine: bool = True, step_delay: float = 0.0,
+    def fake() -> FakeEngine:
+        return fake_engine
+
+    def make(settings: SamplingSettings | None = None, engine: str | bool = "fake",
+             kv_blocks: int = 256, model: str | None = None, step_delay: float = 0.0,
              **options) -> ChatApp:
         settings = settings or SamplingSettings(temperature=0.0, max_tokens=8, seed=0)
-        loader = partial(load_engine, model or str(tiny_model_dir), num_kv_blocks=kv_blocks)
-        if step_delay:
-            loader = partial(slowed, loader, step_delay)
-        return ChatApp(Store(tmp_path / "chats.db"), loader if engine else no_engine,
-                       "tiny-llama", settings=settings, **options)
+        if engine == "tiny":
+            folder = model or str(request.getfixturevalue("tiny_model_dir"))
+            loader = partial(load_engine, folder, num_kv_blocks=kv_blocks)
+            if step_delay:
+                loader = partial(slowed, loader, step_delay)
+        else:
+            loader = fake if engine == "fake" else no_engine
+        return ChatApp(Store(tmp_path / "chats.db"), loader, "tiny-llama", settings=settings,
+                       **options)
 
     yield make
     never.set()
@@ -65,7 +86,7 @@ async def wait_until(pilot, condition: Callable[[], bool], timeout: float = 60.0
 
 
 async def ready(pilot) -> None:
-    await wait_until(pilot, lambda: pilot.app.engine_ready)
+    await wait_until(pilot, lambda: pilot.app.replies.engine_ready)
 
 
 async def say(pilot, text: str) -> None:
@@ -77,4 +98,4 @@ async def say(pilot, text: str) -> None:
 
 
 async def replies_done(pilot) -> None:
-    await wait_until(pilot, lambda: not pilot.app.turns)
+    await wait_until(pilot, lambda: not pilot.app.replies.turns)

@@ -19,7 +19,7 @@ def record_notifications(app) -> list[tuple[str, str]]:
 
 
 async def test_model_that_fails_to_load(make_app, tmp_path):
-    app = make_app(model=str(tmp_path / "missing-model"))
+    app = make_app(engine="tiny", model=str(tmp_path / "missing-model"))
     seen = record_notifications(app)
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_until(pilot, lambda: "failed" in str(app.query_one("#model-state").content))
@@ -39,7 +39,7 @@ async def test_message_that_cannot_be_saved_stays_in_the_input(make_app):
         def disk_full(*args):
             raise StoreError("chats.db: database or disk is full")
 
-        app.store.add_message = disk_full
+        app.store.add_turn = disk_full
         await say(pilot, "an important thought")
         assert app.query_one("#input").text == "an important thought"
         assert app.session.messages == []

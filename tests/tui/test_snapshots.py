@@ -1,6 +1,6 @@
 """Snapshots of the main screen, the inspector and the help screen (fixed size, no blink).
 
-The main screen runs the real tiny engine (greedy, nothing generated in view); the
+The main screen runs the fake engine (nothing generated in view); the
 inspector is fed fixed engine snapshots through the app's own message path, so its
 figures and sparklines do not depend on timing.
 """
@@ -11,7 +11,7 @@ from pagedchat.chat.conversation import Message, SamplingSettings, Session
 from pagedchat.chat.driver import EngineReady, StatsUpdate
 from pagedchat.chat.store import Store
 from pagedchat.engine.outputs import BlockEntry, EngineStats, SeqBlockTable
-from pagedchat.tui.app import EngineEvent
+from pagedchat.tui.replies import EngineEvent
 from tests.tui.conftest import ready, wait_until
 
 ANSWER = """\
@@ -80,7 +80,7 @@ def test_inspector(snap_compare, make_app, tmp_path):
 
     async def run_before(pilot) -> None:
         still(pilot)
-        app.session_of.update({"s1-r1": 1, "s2-r2": 2})
+        app.replies.session_of.update({"s1-r1": 1, "s2-r2": 2})
         app.post_message(EngineEvent(EngineReady(num_blocks=64, block_size=16)))
         for step in range(5):
             app.post_message(EngineEvent(stats(step)))

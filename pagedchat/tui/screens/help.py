@@ -8,7 +8,7 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Markdown
 
-from pagedchat.tui.slash import COMMANDS
+from pagedchat.tui.commands import COMMANDS
 
 ABOUT = """\
 ## About
@@ -31,7 +31,7 @@ def help_markdown(bindings: list[Binding]) -> str:
              ("Y / C", "copy the focused message / its last code block"),
              ("Ctrl+P", "command palette")]
     key_rows = "\n".join(f"| `{key}` | {does} |" for key, does in keys)
-    command_rows = "\n".join(f"| `{c.usage}` | {c.help} |" for c in COMMANDS)
+    command_rows = "\n".join(f"| `{c.usage}` | {c.help} |" for c in COMMANDS.values())
     return (f"## Keys\n\n| Key | Does |\n|---|---|\n{key_rows}\n\n"
             f"## Commands\n\n| Command | Does |\n|---|---|\n{command_rows}\n\n{ABOUT}")
 

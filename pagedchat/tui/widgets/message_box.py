@@ -16,7 +16,7 @@ from pagedchat.chat.conversation import Message
 
 FLUSH_SECONDS = 0.1
 _STATUS_WORDS = {"generating": "writing…", "cancelled": "cancelled",
-                 "interrupted": "interrupted", "error": "failed"}
+                 "interrupted": "interrupted", "error": "failed", "unanswered": "no reply"}
 
 
 class MessageBox(Vertical, can_focus=True):

@@ -177,7 +177,7 @@ def test_blocksize_and_preemption(tiny, tmp_path):
     assert result.exit_code == 0, result.output
     assert set(json.loads(out.read_text())["engines"]["pagedchat"]) == {"8", "32"}
     out = tmp_path / "p.json"
-    result = bench("preemption", *tiny, "-n", "4", "--max-tokens", "16", "--kv-blocks", "12",
+    result = bench("preemption", *tiny, "-n", "4", "--max-tokens", "16", "--kv-blocks", "20",
                    "--block-size", "8", "--json", str(out))
     assert result.exit_code == 0, result.output
     modes = json.loads(out.read_text())["engines"]

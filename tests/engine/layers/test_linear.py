@@ -20,7 +20,7 @@ def test_linear_weights_are_packed_once_for_the_backend(tiny_model_dir):
     assert layers and all(m.weight.is_mkldnn == cpu._onednn() for m in layers)
     assert model.tied
     head = model.embed_tokens.weight
-    assert head.is_mkldnn == (cpu._onednn() and cpu._linear_vectorised())
+    assert head.is_mkldnn == (cpu._onednn() and cpu.kernel_library() is not None)
     if head.is_mkldnn:
         assert cpu.blocked_width(head) is not None
     reference = LLM(model=str(tiny_model_dir), num_kv_blocks=64, block_size=16,

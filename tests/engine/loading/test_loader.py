@@ -66,6 +66,7 @@ def test_hf_folder_without_weights(tmp_path, tiny_model_dir):
         prepare_model(folder)
 
 
+@pytest.mark.slow
 def test_converted_gguf_is_cached_by_file_identity(real_model_dir):
     again = prepare_model(None)
     assert again.from_cache and again.folder == real_model_dir

@@ -23,9 +23,9 @@ FIELDS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_h
           "max_position_embeddings", "tie_word_embeddings", "attention_bias", "eos_token_id")
 
 
-@pytest.fixture(params=["tiny", "real"])
-def folder(request, tiny_model_dir, real_model_dir):
-    return tiny_model_dir if request.param == "tiny" else real_model_dir
+@pytest.fixture(params=["tiny", pytest.param("real", marks=pytest.mark.slow)])
+def folder(request, tiny_model_dir):
+    return tiny_model_dir if request.param == "tiny" else request.getfixturevalue("real_model_dir")
 
 
 def test_config_reads_what_transformers_reads(folder):

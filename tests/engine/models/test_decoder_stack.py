@@ -9,7 +9,7 @@ from pagedchat import LLM, SamplingParams
 from pagedchat.kernels import cpu
 
 needs_stack = pytest.mark.skipif(
-    not (cpu.kernel_library() is not None and cpu._linear_vectorised() and cpu._onednn()),
+    not (cpu.kernel_library() is not None and cpu._onednn()),
     reason="the stack needs the AVX-512 C kernels and torch's oneDNN")
 
 

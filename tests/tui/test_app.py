@@ -76,10 +76,8 @@ async def test_new_rename_delete(make_app):
         assert app.current == first
 
 
-async def test_sessions_and_messages_survive_a_restart(make_app):
-    # A slowed model: the long reply cannot finish before the app quits, however fast
-    # the machine (the tiny model would otherwise write its 1,000 tokens in a second).
-    app = make_app(settings=SamplingSettings(temperature=0.0, max_tokens=6), step_delay=0.05)
+async def test_sessions_and_messages_survive_a_restart(make_app, fake_engine):
+    app = make_app(settings=SamplingSettings(temperature=0.0, max_tokens=6))
     async with app.run_test(size=(100, 30)) as pilot:
         await ready(pilot)
         await say(pilot, "remember me")
@@ -87,7 +85,9 @@ async def test_sessions_and_messages_survive_a_restart(make_app):
         kept = app.session.id, app.session.messages[-1].content
         await pilot.press("ctrl+n")
         await say(pilot, "/set max_tokens 2000")
+        fake_engine.hold()  # the long reply cannot finish before the app quits
         await say(pilot, "cut me short")
+        fake_engine.allow(2)
         await wait_until(pilot, lambda: app.session.messages[-1].output_tokens > 0)
         interrupted = app.session.id
     # quitting mid-reply keeps the text so far, marked interrupted

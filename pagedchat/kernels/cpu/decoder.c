@@ -1,20 +1,20 @@
 /* A small decode batch through every decoder layer in one call (float32 or bfloat16).
  *
  * A layer is nine kernels: the two norms, four products, rotary-and-store, attention and
- * SiLU-and-multiply. Called one by one from Python, each call costs 5 to 15 us of
- * dispatch, a third of a single-stream step on this model once its products read the
- * weights at the memory's speed. Here the same kernels, with the same arguments, run
+ * SiLU-and-multiply. Called one by one from Python, each call pays for its dispatch, a
+ * large share of a single-stream step once the products read the weights at the memory's
+ * speed. Here the same kernels, with the same arguments, run
  * back to back in C, so the result is bit for bit the one the calls from Python give
- * (the tests compare the two). The caller (cpu.py) sends a step here only when every
+ * (the tests compare the two). The caller (decoder.py) sends a step here only when every
  * product can be the blocked one and every query row goes to the row-by-row attention.
  */
 #include <stdint.h>
 #include <string.h>
 
-#include "cpu_kernels.h"
+#include "kernels.h"
 
 /* One layer's weights (products in oneDNN's blocked layout, with their padded input
- * widths) and KV caches, all of the step's element type. Mirrors _DecoderLayer in cpu.py. */
+ * widths) and KV caches, all of the step's element type. Mirrors _DecoderLayer in decoder.py. */
 typedef struct {
     const void *input_norm, *post_norm;
     const void *qkv, *qkv_bias, *o, *gate_up, *down;
@@ -23,7 +23,7 @@ typedef struct {
 } DecoderLayer;
 
 /* The step: shapes, the attention metadata shared by every layer, scratch buffers sized
- * for its rows (of the element type). Mirrors _DecoderStep in cpu.py. */
+ * for its rows (of the element type). Mirrors _DecoderStep in decoder.py. */
 typedef struct {
     int rows, hidden, heads, kv_heads, head_dim, intermediate, block_size, max_blocks;
     int attention_rows, num_threads;
@@ -78,3 +78,6 @@ int NAME(const DecoderLayer *layers, int count, const DecoderStep *s, T *x, T *r
 
 DEFINE_DECODER(decoder_layers_f32, float, f32)
 DEFINE_DECODER(decoder_layers_bf16, bf16_t, bf16)
+
+/* The instruction-set level this library was built for (build.py names it). */
+const char *kernels_isa(void) { return VF_ISA; }

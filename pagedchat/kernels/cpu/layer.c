@@ -3,7 +3,7 @@
  * In torch each is five to eight separate operations (RMSNorm: pow, mean, add, rsqrt, two
  * multiplies, plus the residual add; rotary: two multiplies, a negation, a concatenation
  * and an add; SiLU-and-multiply: two), and at one decoding sequence those calls, not the
- * arithmetic, are the cost: about a third of a single-stream step on this model.
+ * arithmetic, are the cost.
  * The rotary pass also writes the step's keys and values into their cache slots.
  * Each comes in float32 and bfloat16 (the arithmetic in float32 either way; bfloat16
  * results are rounded where torch's bfloat16 operations round: the residual sum, the
@@ -16,8 +16,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "cpu_kernels.h"
-#include "cpu_vector.h"
+#include "kernels.h"
+#include "vector.h"
 
 /* Below this many elements a call stays on the calling thread. */
 #define PARALLEL_MIN_ELEMENTS (1 << 15)
@@ -26,72 +26,43 @@ static int threads_for(int64_t elements, int num_threads) {
     return elements >= PARALLEL_MIN_ELEMENTS ? num_threads : 1;
 }
 
-/* Per element type P (F32, BF16; the kernels below take P and paste these names): scalar
- * load / store (rounding), and with AVX-512 a masked load of 16 lanes as float32, a masked
- * store, and the rounding a store would do. */
-#define F32_LOAD(p, i) ((p)[i])
-#define F32_STORE(x) (x)
-#define F32_ROUND(x) (x)
-#define BF16_LOAD(p, i) bf16_load((p), (i))
-#define BF16_STORE(x) bf16_round(x)
-#define BF16_ROUND(x) bf16_load((bf16_t[]){bf16_round(x)}, 0)
-#if defined(HAVE_AVX512)
-#define F32_LOAD16(p, m) _mm512_maskz_loadu_ps((m), (p))
-#define F32_STORE16(p, m, v) _mm512_mask_storeu_ps((p), (m), (v))
+/* Per element type P (F32, BF16; the kernels below take P and paste these names): a masked
+ * load of 16 lanes as float32, a masked store (rounding), and the rounding a store would
+ * do. */
+#define F32_LOAD16(p, m) vf_load_mask((p), (m))
+#define F32_STORE16(p, m, v) vf_store_mask((p), (m), (v))
 #define F32_ROUND16(v) (v)
-#define BF16_LOAD16(p, m) load16_bf16((p), (m))
-#define BF16_STORE16(p, m, v) store16_bf16((p), (m), (v))
-#define BF16_ROUND16(v) round16_bf16(v)
+#define BF16_LOAD16(p, m) vf_load_bf16((p), (m))
+#define BF16_STORE16(p, m, v) vf_store_bf16((p), (m), (v))
+#define BF16_ROUND16(v) vf_round_bf16(v)
 
-/* silu(g) * up for 16 lanes. e^-g kept finite: -ffast-math divides by way of a
- * reciprocal, which turns g / (1 + inf) into NaN; silu(g) for g < -80 is then ~1e-33
- * instead of -0. */
-static inline __m512 silu_mul16(__m512 g, __m512 up) {
-    const __m512 e = exp16(_mm512_min_ps(_mm512_sub_ps(_mm512_setzero_ps(), g),
-                                         _mm512_set1_ps(80.0f)));
-    return _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), up);
+/* silu(g) for 16 lanes. e^-g kept finite: -ffast-math divides by way of a reciprocal,
+ * which turns g / (1 + inf) into NaN; silu(g) for g < -80 is then ~1e-33 instead of -0. */
+static inline vf silu16(vf g) {
+    const vf e = vf_exp(vf_min(vf_sub(vf_zero(), g), vf_set1(80.0f)));
+    return vf_div(g, vf_add(vf_set1(1.0f), e));
 }
-#endif
 
 /* out = weight * ROUND(h / sqrt(mean(h^2) + eps)) with h = x (or ROUND(x + residual), also
  * written to sum_out). x, residual, out, sum_out: [rows, dim] contiguous; weight: [dim]. */
-#if defined(HAVE_AVX512)
 #define RMS_NORM_ROW(T, P)                                                                 \
-    __m512 squares = _mm512_setzero_ps();                                                  \
+    vf squares = vf_zero();                                                                \
     for (int i = 0; i < dim; i += 16) {                                                    \
-        const __mmask16 m = tail_mask(dim - i);                                            \
-        __m512 v = P##_LOAD16(xr + i, m);                                                  \
+        const vmask m = tail_mask(dim - i);                                                \
+        vf v = P##_LOAD16(xr + i, m);                                                      \
         if (residual != NULL) {                                                            \
-            v = P##_ROUND16(_mm512_add_ps(v, P##_LOAD16(residual + base + i, m)));         \
+            v = P##_ROUND16(vf_add(v, P##_LOAD16(residual + base + i, m)));                \
             P##_STORE16(sum_out + base + i, m, v);                                         \
         }                                                                                  \
-        squares = _mm512_fmadd_ps(v, v, squares);                                          \
+        squares = vf_fmadd(v, v, squares);                                                 \
     }                                                                                      \
     const T *h = residual != NULL ? sum_out + base : xr;                                   \
-    const __m512 inverse = _mm512_set1_ps(                                                 \
-        1.0f / sqrtf(_mm512_reduce_add_ps(squares) / (float)dim + eps));                   \
+    const vf inverse = vf_set1(1.0f / sqrtf(vf_reduce_add(squares) / (float)dim + eps));   \
     for (int i = 0; i < dim; i += 16) {                                                    \
-        const __mmask16 m = tail_mask(dim - i);                                            \
-        const __m512 normed = P##_ROUND16(_mm512_mul_ps(P##_LOAD16(h + i, m), inverse));   \
-        P##_STORE16(out + base + i, m, _mm512_mul_ps(P##_LOAD16(weight + i, m), normed));  \
+        const vmask m = tail_mask(dim - i);                                                \
+        const vf normed = P##_ROUND16(vf_mul(P##_LOAD16(h + i, m), inverse));              \
+        P##_STORE16(out + base + i, m, vf_mul(P##_LOAD16(weight + i, m), normed));         \
     }
-#else
-#define RMS_NORM_ROW(T, P) RMS_NORM_ROW_SCALAR(T, P)
-#endif
-#define RMS_NORM_ROW_SCALAR(T, P)                                                          \
-    float squares = 0.0f;                                                                  \
-    for (int i = 0; i < dim; i++) {                                                        \
-        float v = P##_LOAD(xr, i);                                                         \
-        if (residual != NULL) {                                                            \
-            v = P##_ROUND(v + P##_LOAD(residual + base, i));                               \
-            sum_out[base + i] = P##_STORE(v);                                              \
-        }                                                                                  \
-        squares += v * v;                                                                  \
-    }                                                                                      \
-    const T *h = residual != NULL ? sum_out + base : xr;                                   \
-    const float inverse = 1.0f / sqrtf(squares / (float)dim + eps);                        \
-    for (int i = 0; i < dim; i++)                                                          \
-        out[base + i] = P##_STORE(P##_LOAD(weight, i) * P##_ROUND(P##_LOAD(h, i) * inverse));
 
 #define DEFINE_RMS_NORM(NAME, T, P)                                                        \
 void NAME(const T *x, const T *residual, const T *weight, T *out, T *sum_out, int rows,    \
@@ -106,26 +77,15 @@ void NAME(const T *x, const T *residual, const T *weight, T *out, T *sum_out, in
 
 /* Rotate-half rotary embedding of one head: out[i] = x[i] cos[i] - x[i + half] sin[i],
  * out[i + half] = x[i + half] cos[i + half] + x[i] sin[i + half]. */
-#if defined(HAVE_AVX512)
 #define ROTATE_HEAD(P)                                                                     \
     for (int i = 0; i < half; i += 16) {                                                   \
-        const __mmask16 m = tail_mask(half - i);                                           \
-        const __m512 lo = P##_LOAD16(x + i, m), hi = P##_LOAD16(x + half + i, m);          \
-        P##_STORE16(out + i, m, _mm512_sub_ps(_mm512_mul_ps(lo, P##_LOAD16(cos + i, m)),   \
-                                          _mm512_mul_ps(hi, P##_LOAD16(sin + i, m))));     \
-        P##_STORE16(out + half + i, m,                                                     \
-                _mm512_add_ps(_mm512_mul_ps(hi, P##_LOAD16(cos + half + i, m)),            \
-                              _mm512_mul_ps(lo, P##_LOAD16(sin + half + i, m))));          \
+        const vmask m = tail_mask(half - i);                                               \
+        const vf lo = P##_LOAD16(x + i, m), hi = P##_LOAD16(x + half + i, m);              \
+        P##_STORE16(out + i, m, vf_sub(vf_mul(lo, P##_LOAD16(cos + i, m)),                 \
+                                       vf_mul(hi, P##_LOAD16(sin + i, m))));               \
+        P##_STORE16(out + half + i, m, vf_add(vf_mul(hi, P##_LOAD16(cos + half + i, m)),   \
+                                              vf_mul(lo, P##_LOAD16(sin + half + i, m)))); \
     }
-#else
-#define ROTATE_HEAD(P)                                                                     \
-    for (int i = 0; i < half; i++) {                                                       \
-        out[i] = P##_STORE(P##_LOAD(x, i) * P##_LOAD(cos, i)                               \
-                           - P##_LOAD(x, i + half) * P##_LOAD(sin, i));                    \
-        out[i + half] = P##_STORE(P##_LOAD(x, i + half) * P##_LOAD(cos, i + half)          \
-                              + P##_LOAD(x, i) * P##_LOAD(sin, i + half));                 \
-    }
-#endif
 
 /* The step before attention, per token: rotate its query and key heads, write the rotated
  * keys and the values straight into the token's cache slot (slot -1: not stored), and the
@@ -165,20 +125,12 @@ void NAME(const T *qkv, int64_t row_stride, const T *cos, const T *sin,         
 
 /* out = silu(gate) * up, gate and up the two halves of each row of gate_up
  * ([rows, 2 * width] contiguous); out: [rows, width]. */
-#if defined(HAVE_AVX512)
 #define SILU_MUL_ROW(P)                                                                    \
     for (int i = 0; i < width; i += 16) {                                                  \
-        const __mmask16 m = tail_mask(width - i);                                          \
-        const __m512 silu = silu_mul16(P##_LOAD16(gate + i, m), _mm512_set1_ps(1.0f));     \
-        P##_STORE16(o + i, m, _mm512_mul_ps(P##_ROUND16(silu), P##_LOAD16(up + i, m)));    \
+        const vmask m = tail_mask(width - i);                                              \
+        const vf silu = silu16(P##_LOAD16(gate + i, m));                                   \
+        P##_STORE16(o + i, m, vf_mul(P##_ROUND16(silu), P##_LOAD16(up + i, m)));           \
     }
-#else
-#define SILU_MUL_ROW(P)                                                                    \
-    for (int i = 0; i < width; i++) {                                                      \
-        const float g = P##_LOAD(gate, i);                                                 \
-        o[i] = P##_STORE(P##_ROUND(g / (1.0f + expf(fminf(-g, 80.0f)))) * P##_LOAD(up, i)); \
-    }
-#endif
 
 #define DEFINE_SILU_MUL(NAME, T, P)                                                        \
 void NAME(const T *gate_up, T *out, int rows, int width, int num_threads) {                \

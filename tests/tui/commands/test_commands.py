@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from pagedchat.chat.conversation import Message
-from pagedchat.tui.screens.help import HelpScreen
-from pagedchat.tui.slash import parse
+from pagedchat.tui.commands import COMMANDS, parse
+from pagedchat.tui.screens.help import HelpScreen, help_markdown
 from tests.tui.conftest import say
 
 
@@ -15,6 +15,12 @@ def test_parse():
     assert parse("/HELP") == ("help", "")
     assert parse("hello") is None
     assert parse("//not a command") is None
+
+
+def test_help_lists_every_command_from_its_one_table():
+    assert list(COMMANDS) == ["new", "system", "set", "clear", "rename", "export", "help"]
+    markdown = help_markdown([])
+    assert all(f"| `{found.usage}` | {found.help} |" in markdown for found in COMMANDS.values())
 
 
 async def test_slash_commands(make_app, tmp_path):

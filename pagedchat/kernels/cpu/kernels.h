@@ -1,11 +1,11 @@
-/* The kernels the decoder (cpu_decoder.c) calls, declared once; the files that
+/* The kernels the decoder (decoder.c) calls, declared once; the files that
  * define them include this too, so a changed signature fails to compile. */
 #ifndef PAGEDCHAT_CPU_KERNELS_H
 #define PAGEDCHAT_CPU_KERNELS_H
 
 #include <stdint.h>
 
-#include "cpu_vector.h"
+#include "vector.h"
 
 /* Per element type T (float: _f32, bf16_t: _bf16). */
 #define DECLARE_LAYER_KERNELS(T, S)                                                        \

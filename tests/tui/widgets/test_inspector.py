@@ -1,4 +1,6 @@
-"""The inspector: the focused session's blocks, blocks shared across sessions, cache reuse."""
+"""The inspector: the focused session's blocks, blocks shared across sessions, cache reuse.
+
+These run the tiny Llama: prefix sharing and cache reuse are the engine's own."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ def rows(table: BlockTable) -> list[list]:
 
 async def test_inspector_shows_blocks_shared_by_two_sessions(make_app):
     app = make_app(settings=SamplingSettings(temperature=0.0, max_tokens=1000),
-                   step_delay=0.1)
+                   engine="tiny", step_delay=0.1)
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
         inspector = app.query_one(Inspector)
@@ -31,7 +33,7 @@ async def test_inspector_shows_blocks_shared_by_two_sessions(make_app):
 
         def both_live() -> bool:
             stats = inspector.latest.stats
-            return len({app.session_of[t.request_id] for t in stats.block_tables}) == 2
+            return len({app.replies.session_of[t.request_id] for t in stats.block_tables}) == 2
 
         await wait_until(pilot, both_live)
         await pilot.pause(0.1)
@@ -43,15 +45,16 @@ async def test_inspector_shows_blocks_shared_by_two_sessions(make_app):
         assert "live" in str(inspector.query_one("#table-title").content)
         stats = inspector.latest.stats
         assert stats.shared_blocks >= 2 and "shared" in stats.pool
-        beta_tables = [t for t in stats.block_tables if app.session_of[t.request_id] != alpha]
-        alpha_tables = [t for t in stats.block_tables if app.session_of[t.request_id] == alpha]
+        session_of = app.replies.session_of
+        beta_tables = [t for t in stats.block_tables if session_of[t.request_id] != alpha]
+        alpha_tables = [t for t in stats.block_tables if session_of[t.request_id] == alpha]
         assert beta_tables[0].blocks[0].physical == alpha_tables[0].blocks[0].physical
         await wait_until(pilot, lambda: beta_reply.cached_tokens >= 32)
 
         await pilot.press("escape")
         await app.open_session(alpha)
         await pilot.press("escape")
-        assert not app.turns
+        assert not app.replies.turns
         await wait_until(pilot, lambda: inspector.latest.stats.num_running == 0)
         await pilot.pause(0.1)
         assert "last seen" in str(inspector.query_one("#table-title").content)
@@ -61,7 +64,7 @@ async def test_inspector_shows_blocks_shared_by_two_sessions(make_app):
 
 
 async def test_next_turn_reuses_the_cached_blocks_of_the_last(make_app):
-    app = make_app(settings=SamplingSettings(temperature=0.0, max_tokens=8))
+    app = make_app(settings=SamplingSettings(temperature=0.0, max_tokens=8), engine="tiny")
     async with app.run_test(size=(100, 30)) as pilot:
         await ready(pilot)
         await say(pilot, "a first question that is long enough to fill a block or two")

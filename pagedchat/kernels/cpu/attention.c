@@ -11,12 +11,10 @@
  * A decode step reads every sequence's K/V from memory, in scattered blocks, and that sets
  * its pace: items go to threads round-robin, and while a thread computes one item it
  * prefetches the rows of its next one (besides its own tiles a little ahead), so that
- * memory stays busy through the arithmetic. On AMD Zen 5 (2 cores), 256 sequences of 65-245
- * tokens in bfloat16 went from 20 to 32 GB/s, what scattered 6 KB reads give there (48
- * GB/s streaming). It runs on num_threads threads, torch's own intra-op count, so one
+ * memory stays busy through the arithmetic. It runs on num_threads threads, torch's own intra-op count, so one
  * setting governs both (tensor-parallel workers each take their share of the cores).
  * Layout (DESIGN.md): caches [num_blocks, block_size, num_kv_heads, head_dim].
- * Built by pagedchat/kernels/cpu.py with the machine's C compiler; torch's reference
+ * Built by pagedchat/kernels/cpu with the machine's C compiler; torch's reference
  * kernel is the definition of what is right and the tests compare the two.
  */
 #include <math.h>
@@ -24,8 +22,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "cpu_kernels.h"
-#include "cpu_vector.h"
+#include "kernels.h"
+#include "vector.h"
 
 #define TILE 16
 
@@ -44,8 +42,8 @@ static inline int tile_rows(const char *cache, int64_t token_bytes, const int32_
 }
 
 /* How many tiles ahead an item asks for its own rows: the blocks of a sequence are
- * scattered, so the hardware prefetcher cannot see them coming (1 to 16 tiles ahead
- * measured the same; without it, and with the next item's prefetch alone, 10-20% slower). */
+ * scattered, so the hardware prefetcher cannot see them coming; how far ahead matters
+ * little, that it is done at all matters. */
 #define PREFETCH_TILES 2
 
 /* Tile j of an item's walk (its K tiles 0..tiles-1, then its V tiles): find its rows,
@@ -72,11 +70,11 @@ static inline int prefetch_tile(int j, int tiles, const char *k_first, const cha
  * them, and their accumulators are independent chains. One head at a time, the loads and
  * the FMA chain of a lone accumulator set the pace, not memory. Each head's arithmetic is
  * the same, in the same order, as on its own. */
-#define SHARED_HEADS 4
-
 /* EXPR evaluated with S, a literal from 1 to SHARED_HEADS, equal to `shared`: the tile
  * functions inline with their loops over heads unrolled and their accumulators in
- * registers. */
+ * registers (four heads' where there are 32 vector registers, two where there are 16). */
+#if VF_REGISTERS >= 32
+#define SHARED_HEADS 4
 #define SHARED_CALL(EXPR)                                                                   \
     switch (shared) {                                                                       \
         case 1: { enum { S = 1 }; EXPR; break; }                                            \
@@ -84,33 +82,23 @@ static inline int prefetch_tile(int j, int tiles, const char *k_first, const cha
         case 3: { enum { S = 3 }; EXPR; break; }                                            \
         default: { enum { S = 4 }; EXPR; break; }                                           \
     }
+#else
+#define SHARED_HEADS 2
+#define SHARED_CALL(EXPR)                                                                   \
+    switch (shared) {                                                                       \
+        case 1: { enum { S = 1 }; EXPR; break; }                                            \
+        default: { enum { S = 2 }; EXPR; break; }                                           \
+    }
+#endif
 
-#if defined(HAVE_AVX512)
+static inline vf load16_f32(const float *p) { return vf_load(p); }
 
-static inline __m512 load16_f32(const float *p) { return _mm512_loadu_ps(p); }
+static inline vf load16_bf16_all(const bf16_t *p) { return vf_load_bf16(p, 0xFFFF); }
 
-static inline __m512 load16_bf16_all(const bf16_t *p) { return load16_bf16(p, 0xFFFF); }
-
-/* 16 vectors of partial dot products -> one vector of their 16 horizontal sums. */
-static inline __m512 sum16(__m512 p[16]) {
-    __m512 a[8], b[4], c[2];
-    for (int i = 0; i < 8; i++)
-        a[i] = _mm512_add_ps(_mm512_unpacklo_ps(p[2 * i], p[2 * i + 1]),
-                             _mm512_unpackhi_ps(p[2 * i], p[2 * i + 1]));
-    for (int i = 0; i < 4; i++)
-        b[i] = _mm512_add_ps(_mm512_shuffle_ps(a[2 * i], a[2 * i + 1], 0x44),
-                             _mm512_shuffle_ps(a[2 * i], a[2 * i + 1], 0xEE));
-    for (int i = 0; i < 2; i++)
-        c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x44),
-                             _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xEE));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88),
-                         _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
-}
-
-/* How a score tile reads K: float32 rows, bfloat16 rows widened to float32, or bfloat16
- * rows multiplied by vdpbf16ps (AVX512-BF16) with the raw query, 32 lanes at a time (exact
- * products, float32 sums, no widening), the scale then going on the sums as the reference
- * computes them, (q . k) * scale. */
+/* How a score tile reads K: float32 rows, bfloat16 rows widened to float32, or (AVX-512
+ * builds with AVX512-BF16) bfloat16 rows multiplied by vdpbf16ps with the raw query, 32
+ * lanes at a time (exact products, float32 sums, no widening), the scale then going on
+ * the sums as the reference computes them, (q . k) * scale. */
 enum { KEYS_F32, KEYS_BF16, KEYS_BF16_DOT };
 
 /* Scores of `shared` heads against up to 16 tokens: K rows rows[t] + head (in elements);
@@ -121,26 +109,25 @@ static inline __attribute__((always_inline)) void score_tile(
         const float *q, const void *raw, float scale, const char *const rows[TILE],
         int64_t head, int count, int head_dim, float *scores, int64_t n, const int shared,
         const int keys) {
-    __m512 partial[SHARED_HEADS][16];
+    vf partial[SHARED_HEADS][16];
+    (void)raw;
     for (int t = 0; t < 16; t++) {
-        __m512 dot[SHARED_HEADS];
-        for (int g = 0; g < shared; g++) dot[g] = _mm512_setzero_ps();
+        vf dot[SHARED_HEADS];
+        for (int g = 0; g < shared; g++) dot[g] = vf_zero();
         if (t < count && keys == KEYS_F32) {
             const float *k = (const float *)rows[t] + head;
             for (int d = 0; d < head_dim; d += 16)
                 for (int g = 0; g < shared; g++)
-                    dot[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * head_dim + d),
-                                             _mm512_loadu_ps(k + d), dot[g]);
+                    dot[g] = vf_fmadd(vf_load(q + g * head_dim + d), vf_load(k + d), dot[g]);
         } else if (t < count && keys == KEYS_BF16) {
             const bf16_t *k = (const bf16_t *)rows[t] + head;
             for (int d = 0; d < head_dim; d += 16) {
-                const __m512 key = load16_bf16(k + d, 0xFFFF);
+                const vf key = vf_load_bf16(k + d, 0xFFFF);
                 for (int g = 0; g < shared; g++)
-                    dot[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * head_dim + d), key,
-                                             dot[g]);
+                    dot[g] = vf_fmadd(vf_load(q + g * head_dim + d), key, dot[g]);
             }
         }
-#if defined(__AVX512BF16__)
+#if defined(VF_AVX512) && defined(__AVX512BF16__)
         else if (t < count && keys == KEYS_BF16_DOT) {
             const bf16_t *k = (const bf16_t *)rows[t] + head;
             for (int d = 0; d < head_dim; d += 32) {
@@ -153,11 +140,11 @@ static inline __attribute__((always_inline)) void score_tile(
 #endif
         for (int g = 0; g < shared; g++) partial[g][t] = dot[g];
     }
-    const __mmask16 mask = (__mmask16)((1u << count) - 1u);
+    const vmask mask = tail_mask(count);
     for (int g = 0; g < shared; g++) {
-        const __m512 sums = sum16(partial[g]);
-        _mm512_mask_storeu_ps(scores + g * n, mask, keys == KEYS_BF16_DOT
-                              ? _mm512_mul_ps(sums, _mm512_set1_ps(scale)) : sums);
+        const vf sums = vf_sums16(partial[g]);
+        vf_store_mask(scores + g * n, mask, keys == KEYS_BF16_DOT
+                      ? vf_mul(sums, vf_set1(scale)) : sums);
     }
 }
 
@@ -170,7 +157,7 @@ static inline __attribute__((always_inline)) void score_tile_f32(
 static inline __attribute__((always_inline)) void score_tile_bf16(
         const float *q, const bf16_t *raw, float scale, const char *const rows[TILE],
         int64_t head, int count, int head_dim, float *scores, int64_t n, const int shared) {
-#if defined(__AVX512BF16__)
+#if defined(VF_AVX512) && defined(__AVX512BF16__)
     if (head_dim % 32 == 0) {
         score_tile(q, raw, scale, rows, head, count, head_dim, scores, n, shared,
                    KEYS_BF16_DOT);
@@ -189,25 +176,24 @@ static inline __attribute__((always_inline)) void NAME(                         
         int head_dim, float *acc, int64_t n, const int shared) {                            \
     for (int d = 0; d < head_dim; d += 64) {                                                \
         const int chunks = head_dim - d >= 64 ? 4 : (head_dim - d) / 16;                    \
-        __m512 a[SHARED_HEADS][4];                                                          \
+        vf a[SHARED_HEADS][4];                                                              \
         for (int g = 0; g < shared; g++)                                                    \
             for (int c = 0; c < 4; c++)                                                     \
-                a[g][c] = c < chunks ? _mm512_loadu_ps(acc + g * head_dim + d + 16 * c)     \
-                                     : _mm512_setzero_ps();                                 \
+                a[g][c] = c < chunks ? vf_load(acc + g * head_dim + d + 16 * c) : vf_zero(); \
         for (int t = 0; t < count; t++) {                                                   \
             const T *row = (const T *)rows[t] + head + d;                                   \
-            __m512 value[4];                                                                \
+            vf value[4];                                                                    \
             for (int c = 0; c < 4; c++)                                                     \
-                value[c] = c < chunks ? LOAD16(row + 16 * c) : _mm512_setzero_ps();         \
+                value[c] = c < chunks ? LOAD16(row + 16 * c) : vf_zero();                   \
             for (int g = 0; g < shared; g++) {                                              \
-                const __m512 weight = _mm512_set1_ps(p[g * n + t]);                         \
+                const vf weight = vf_set1(p[g * n + t]);                                    \
                 for (int c = 0; c < 4; c++)                                                 \
-                    if (c < chunks) a[g][c] = _mm512_fmadd_ps(weight, value[c], a[g][c]);   \
+                    if (c < chunks) a[g][c] = vf_fmadd(weight, value[c], a[g][c]);          \
             }                                                                               \
         }                                                                                   \
         for (int g = 0; g < shared; g++)                                                    \
             for (int c = 0; c < chunks; c++)                                                \
-                _mm512_storeu_ps(acc + g * head_dim + d + 16 * c, a[g][c]);                 \
+                vf_store(acc + g * head_dim + d + 16 * c, a[g][c]);                         \
     }                                                                                       \
 }
 DEFINE_VALUE_TILE(value_tile_f32, float, load16_f32)
@@ -215,36 +201,25 @@ DEFINE_VALUE_TILE(value_tile_bf16, bf16_t, load16_bf16_all)
 
 /* s[0:n] <- softmax(s[0:n]), in place. */
 static inline void softmax_row(float *s, int n) {
-    __m512 peak = _mm512_set1_ps(-INFINITY);
+    vf peak = vf_set1(-INFINITY);
     for (int t = 0; t < n; t += 16) {
-        const __mmask16 m = tail_mask(n - t);
-        peak = _mm512_mask_max_ps(peak, m, peak, _mm512_maskz_loadu_ps(m, s + t));
+        const vmask m = tail_mask(n - t);
+        peak = vf_blend(m, peak, vf_max(peak, vf_load_mask(s + t, m)));
     }
-    const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(peak));
-    __m512 sum = _mm512_setzero_ps();
+    const vf top = vf_set1(vf_reduce_max(peak));
+    vf sum = vf_zero();
     for (int t = 0; t < n; t += 16) {
-        const __mmask16 m = tail_mask(n - t);
-        const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + t), top));
-        _mm512_mask_storeu_ps(s + t, m, e);
-        sum = _mm512_mask_add_ps(sum, m, sum, e);
+        const vmask m = tail_mask(n - t);
+        const vf e = vf_exp(vf_sub(vf_load_mask(s + t, m), top));
+        vf_store_mask(s + t, m, e);
+        sum = vf_add(sum, vf_keep(m, e));
     }
-    const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
+    const vf inv = vf_set1(1.0f / vf_reduce_add(sum));
     for (int t = 0; t < n; t += 16) {
-        const __mmask16 m = tail_mask(n - t);
-        _mm512_mask_storeu_ps(s + t, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, s + t), inv));
+        const vmask m = tail_mask(n - t);
+        vf_store_mask(s + t, m, vf_mul(vf_load_mask(s + t, m), inv));
     }
 }
-#else
-/* Without AVX-512: plain loops (the compiler vectorises what it can). */
-static inline void softmax_row(float *s, int n) {
-    float peak = s[0];
-    for (int t = 1; t < n; t++) peak = s[t] > peak ? s[t] : peak;
-    float sum = 0.0f;
-    for (int t = 0; t < n; t++) { s[t] = expf(s[t] - peak); sum += s[t]; }
-    const float inv = 1.0f / sum;
-    for (int t = 0; t < n; t++) s[t] *= inv;
-}
-#endif
 
 /* Shapes and step metadata shared by every work item of one call. */
 typedef struct {
@@ -292,7 +267,7 @@ static inline __attribute__((always_inline)) int NAME##_item(                   
     const int group = num_heads / num_kv_heads;                                             \
     const int heads_per_item = num_kv_heads / split;                                        \
     const int64_t token_stride = (int64_t)num_kv_heads * head_dim;                          \
-    const int vector_path = HAVE_VECTOR_PATH && head_dim % 16 == 0;                         \
+    const int vector_path = head_dim % 16 == 0;                                                              \
     const int row = b->rows[item / split];                                                  \
     int n, kv_first;                                                                        \
     const int32_t *table = item_walk(b, item, &n, &kv_first);                               \
@@ -419,17 +394,7 @@ int NAME(const T *query, const T *k_cache, const T *v_cache, T *out,            
     return failed ? 2 : 0;                                                                  \
 }
 
-#if defined(HAVE_AVX512)
-#define HAVE_VECTOR_PATH 1
 DEFINE_PAGED_ATTENTION(paged_attention_f32, float, F32_LOAD, F32_STORE, score_tile_f32,
                        value_tile_f32)
 DEFINE_PAGED_ATTENTION(paged_attention_bf16, bf16_t, BF16_LOAD, BF16_STORE, score_tile_bf16,
                        value_tile_bf16)
-#else
-#define HAVE_VECTOR_PATH 0
-/* never called (vector_path is 0); takes the tile's arguments so that they count as used */
-static inline void no_tile(int first, ...) { (void)first; }
-#define NO_TILE(...) no_tile(0, __VA_ARGS__)
-DEFINE_PAGED_ATTENTION(paged_attention_f32, float, F32_LOAD, F32_STORE, NO_TILE, NO_TILE)
-DEFINE_PAGED_ATTENTION(paged_attention_bf16, bf16_t, BF16_LOAD, BF16_STORE, NO_TILE, NO_TILE)
-#endif

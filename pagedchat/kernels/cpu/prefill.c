@@ -2,20 +2,18 @@
  * through the block table.
  *
  * A chunk of new queries attends causally to its sequence's cached prefix and to itself.
- * Row by row (cpu_attention.c) each query row reads the whole context again; here a work
+ * Row by row (attention.c) each query row reads the whole context again; here a work
  * item is MAX_ROWS query rows (a few positions times the query heads that share one KV
  * head), and each 16-key tile of K and V serves all of them. The scores are a small
  * matrix product: K, transposed once per call, gives one 16-key vector per dimension, and
  * each row takes one fused multiply-add per dimension, its vector in a register. Each
- * row's scores (the item's keys, 24 rows of a few KB, in L2) then get their softmax, and
- * the weighted sum of V is another small product: V, gathered into token order once per
- * call, is read a key at a time for as many rows as keep all their output vectors in
- * registers (6 at head size 64). On this model's 1,000-token prompt it ran at 2.8x
- * torch's SDPA (AMD Zen 5, 238 against 84 GFLOP/s) with V read through the block table
- * for each 16 dimensions; gathering V made it 1.7x faster again (7.4 -> 4.4 ms a layer,
- * the same bits). It needs no mask. Float32 or bfloat16 (computed in float32), AVX-512 and head
- * sizes that are multiples of 16 only; cpu.py sends the rest to SDPA. The torch reference
- * kernel is the definition; the tests compare the two.
+ * row's scores (the item's keys, in L2) then get their softmax, and the weighted sum of V
+ * is another small product: V, gathered into token order once per call (rather than read
+ * through the block table for every 16 dimensions), is read a key at a time for as many
+ * rows as keep all their output vectors in registers. It needs no mask. Float32 or
+ * bfloat16 (computed in float32), head sizes that are multiples of 16 up to MAX_HEAD_DIM
+ * and groups of up to MAX_ROWS query heads only; attention.py sends the rest to SDPA. The
+ * torch reference kernel is the definition; the tests compare the two.
  * Layout (DESIGN.md): caches [num_blocks, block_size, num_kv_heads, head_dim].
  */
 #include <math.h>
@@ -23,11 +21,15 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "cpu_vector.h"
+#include "vector.h"
 
 /* Query rows (positions x heads of one KV group) per item: their score vectors, one
  * register each, stay in registers while K's tile streams past. */
+#if VF_REGISTERS >= 32
 #define MAX_ROWS 24
+#else
+#define MAX_ROWS 8
+#endif
 #define KEY_TILE 16
 #define MAX_HEAD_DIM 256
 /* Loops over the rows are unrolled, so that each row's vector is a register of its own
@@ -40,8 +42,6 @@
     const int32_t *block_tables, const int32_t *context_lens, const int32_t *query_start, \
     const int32_t *seqs, int num_seqs, int max_blocks, int num_heads, int num_kv_heads,   \
     int head_dim, int block_size, float scale, int num_threads
-
-#if defined(HAVE_AVX512)
 
 typedef struct {
     const void *query;  /* float or bf16_t: see the bf16 flag below */
@@ -76,12 +76,12 @@ static inline __attribute__((always_inline)) float load_at(const void *p, int64_
     return bf16 ? bf16_load((const bf16_t *)p, i) : ((const float *)p)[i];
 }
 
-static inline __attribute__((always_inline)) void store16_at(void *p, int64_t i, __m512 v,
+static inline __attribute__((always_inline)) void store16_at(void *p, int64_t i, vf v,
                                                              const int bf16) {
     if (bf16)
-        store16_bf16((bf16_t *)p + i, 0xFFFF, v);
+        vf_store_bf16((bf16_t *)p + i, 0xFFFF, v);
     else
-        _mm512_storeu_ps((float *)p + i, v);
+        vf_store((float *)p + i, v);
 }
 
 /* keys_t[kv][d][t] = K of token t, head kv, dimension d, and values[kv][t][d] = V of it
@@ -131,57 +131,50 @@ static inline __attribute__((always_inline)) void prefill_item(
     /* scores, 16 keys a vector for every row; keys past a row's position get -3e38 (finite:
      * -ffast-math assumes no infinities), so that their weight is 0 */
     for (int start = 0; start < keys; start += KEY_TILE) {
-        __m512 s[MAX_ROWS];
+        vf s[MAX_ROWS];
         UNROLLED
-        for (int r = 0; r < rows; r++) s[r] = _mm512_setzero_ps();
+        for (int r = 0; r < rows; r++) s[r] = vf_zero();
         for (int d = 0; d < head_dim; d++) {
-            const __m512 k = _mm512_load_ps(keys_t + (int64_t)d * width + start);
+            const vf k = vf_load(keys_t + (int64_t)d * width + start);
             UNROLLED
-            for (int r = 0; r < rows; r++)
-                s[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r][d]), k, s[r]);
+            for (int r = 0; r < rows; r++) s[r] = vf_fmadd(vf_set1(q[r][d]), k, s[r]);
         }
-        const __m512i lanes = _mm512_add_epi32(_mm512_set1_epi32(start),
-            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-        for (int r = 0; r < rows; r++) {
-            const __mmask16 seen = _mm512_cmple_epi32_mask(
-                lanes, _mm512_set1_epi32(prefix + first + r / group));
-            _mm512_store_ps(scores + r * width + start,
-                            _mm512_mask_mov_ps(_mm512_set1_ps(-3.0e38f), seen, s[r]));
+        for (int r = 0; r < rows; r++) {  /* row r sees keys up to its own position */
+            const vmask seen = tail_mask(prefix + first + r / group - start + 1);
+            vf_store(scores + r * width + start, vf_blend(seen, vf_set1(-3.0e38f), s[r]));
         }
     }
     const int64_t span = padded(keys);
     for (int r = 0; r < rows; r++) {  /* softmax over the row's keys */
         float *row = scores + r * width;
-        __m512 peak = _mm512_set1_ps(-3.0e38f);
-        for (int t = 0; t < span; t += 16) peak = _mm512_max_ps(peak, _mm512_load_ps(row + t));
-        const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(peak));
-        __m512 sum = _mm512_setzero_ps();
+        vf peak = vf_set1(-3.0e38f);
+        for (int t = 0; t < span; t += 16) peak = vf_max(peak, vf_load(row + t));
+        const vf top = vf_set1(vf_reduce_max(peak));
+        vf sum = vf_zero();
         for (int t = 0; t < span; t += 16) {
-            const __m512 e = exp16(_mm512_sub_ps(_mm512_load_ps(row + t), top));
-            _mm512_store_ps(row + t, e);
-            sum = _mm512_add_ps(sum, e);
+            const vf e = vf_exp(vf_sub(vf_load(row + t), top));
+            vf_store(row + t, e);
+            sum = vf_add(sum, e);
         }
-        const __m512 inverse = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
-        for (int t = 0; t < span; t += 16)
-            _mm512_store_ps(row + t, _mm512_mul_ps(_mm512_load_ps(row + t), inverse));
+        const vf inverse = vf_set1(1.0f / vf_reduce_add(sum));
+        for (int t = 0; t < span; t += 16) vf_store(row + t, vf_mul(vf_load(row + t), inverse));
     }
     /* out = probs V: a few rows at a time (as many as keep all their head_dim / 16
      * vectors in registers), each key's V row loaded once for them */
     const int per_pass = MAX_ROWS / chunks > 0 ? MAX_ROWS / chunks : 1;
     for (int r0 = 0; r0 < rows; r0 += per_pass) {
         const int n = rows - r0 < per_pass ? rows - r0 : per_pass;
-        __m512 a[MAX_ROWS];
+        vf a[MAX_ROWS];
         UNROLLED
-        for (int j = 0; j < n * chunks; j++) a[j] = _mm512_setzero_ps();
+        for (int j = 0; j < n * chunks; j++) a[j] = vf_zero();
         for (int t = 0; t < keys; t++) {
             const float *v = values + (int64_t)t * head_dim;
             UNROLLED
             for (int r = 0; r < n; r++) {
-                const __m512 weight = _mm512_set1_ps(scores[(r0 + r) * width + t]);
+                const vf weight = vf_set1(scores[(r0 + r) * width + t]);
                 UNROLLED
                 for (int c = 0; c < chunks; c++)
-                    a[r * chunks + c] = _mm512_fmadd_ps(weight, _mm512_load_ps(v + 16 * c),
-                                                        a[r * chunks + c]);
+                    a[r * chunks + c] = vf_fmadd(weight, vf_load(v + 16 * c), a[r * chunks + c]);
             }
         }
         for (int r = 0; r < n; r++) {
@@ -283,12 +276,3 @@ static inline __attribute__((always_inline)) int paged_prefill(
 
 int paged_prefill_f32(PREFILL_ARGS) { return PREFILL_CALL(0); }
 int paged_prefill_bf16(PREFILL_ARGS) { return PREFILL_CALL(1); }
-int paged_prefill_vectorised(void) { return 1; }
-
-#else
-
-int paged_prefill_f32(PREFILL_ARGS) { return 1; }
-int paged_prefill_bf16(PREFILL_ARGS) { return 1; }
-int paged_prefill_vectorised(void) { return 0; }
-
-#endif

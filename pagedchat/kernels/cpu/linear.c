@@ -3,17 +3,15 @@
  *
  * With a few rows (2 to 16 are sent here) a step is bound by reading W once from memory,
  * as with one row; but the BLAS torch uses packs W for a general matrix product and, at
- * these sizes, takes 1.1 to 2.3 times as long as for one row (measured on this model's
- * shapes). Here each
- * pair of W's rows is read from memory once, prefetched ahead, and multiplied into every
+ * these sizes, takes longer than for one row. Here each pair of W's rows is read from memory once, prefetched ahead, and multiplied into every
  * row of x (eight at a time, from the cache). The torch reference is F.linear; the tests
  * compare the two.
  */
 #include <omp.h>
 #include <stdint.h>
 
-#include "cpu_kernels.h"
-#include "cpu_vector.h"
+#include "kernels.h"
+#include "vector.h"
 
 #define MAX_ROWS 8        /* rows of x per pass over a pair of W's rows (registers) */
 #define PREFETCH_ROWS 4   /* how far ahead W is prefetched: two pairs */
@@ -23,38 +21,26 @@
 static inline __attribute__((always_inline)) void
 two_columns(const float *x, const float *w0, const float *w1, int rows, int k_dim,
             float sums[MAX_ROWS][2]) {
-#if defined(HAVE_AVX512)
-    __m512 acc0[MAX_ROWS], acc1[MAX_ROWS];
-    for (int m = 0; m < rows; m++) acc0[m] = acc1[m] = _mm512_setzero_ps();
+    vf acc0[MAX_ROWS], acc1[MAX_ROWS];
+    for (int m = 0; m < rows; m++) acc0[m] = acc1[m] = vf_zero();
     for (int k = 0; k < k_dim; k += 16) {
-        const __mmask16 mask = tail_mask(k_dim - k);
+        const vmask mask = tail_mask(k_dim - k);
         /* the hardware prefetcher alone left these loads waiting on memory; non-temporal,
-         * as in load_block_row */
-        _mm_prefetch((const char *)(w0 + PREFETCH_ROWS * k_dim + k), _MM_HINT_NTA);
-        _mm_prefetch((const char *)(w1 + PREFETCH_ROWS * k_dim + k), _MM_HINT_NTA);
-        const __m512 a = _mm512_maskz_loadu_ps(mask, w0 + k);
-        const __m512 b = _mm512_maskz_loadu_ps(mask, w1 + k);
+         * as in prefetch_block_row */
+        __builtin_prefetch(w0 + PREFETCH_ROWS * k_dim + k, 0, 0);
+        __builtin_prefetch(w1 + PREFETCH_ROWS * k_dim + k, 0, 0);
+        const vf a = vf_load_mask(w0 + k, mask);
+        const vf b = vf_load_mask(w1 + k, mask);
         for (int m = 0; m < rows; m++) {
-            const __m512 v = _mm512_maskz_loadu_ps(mask, x + (int64_t)m * k_dim + k);
-            acc0[m] = _mm512_fmadd_ps(a, v, acc0[m]);
-            acc1[m] = _mm512_fmadd_ps(b, v, acc1[m]);
+            const vf v = vf_load_mask(x + (int64_t)m * k_dim + k, mask);
+            acc0[m] = vf_fmadd(a, v, acc0[m]);
+            acc1[m] = vf_fmadd(b, v, acc1[m]);
         }
     }
     for (int m = 0; m < rows; m++) {
-        sums[m][0] = _mm512_reduce_add_ps(acc0[m]);
-        sums[m][1] = _mm512_reduce_add_ps(acc1[m]);
+        sums[m][0] = vf_reduce_add(acc0[m]);
+        sums[m][1] = vf_reduce_add(acc1[m]);
     }
-#else
-    for (int m = 0; m < rows; m++) {
-        float s0 = 0.0f, s1 = 0.0f;
-        for (int k = 0; k < k_dim; k++) {
-            s0 += x[(int64_t)m * k_dim + k] * w0[k];
-            s1 += x[(int64_t)m * k_dim + k] * w1[k];
-        }
-        sums[m][0] = s0;
-        sums[m][1] = s1;
-    }
-#endif
 }
 
 #define TWO_COLUMNS(ROWS) two_columns(x + (int64_t)first * k_dim, w0, w1, ROWS, k_dim, sums)
@@ -95,59 +81,43 @@ void linear_f32(const float *x, const float *w, const float *bias, float *out, i
 /* The same product on a weight packed by oneDNN (pack_linear), in blocks of 64 output
  * columns: float32 as [k_padded][64] per block, the 64 columns of one input index side
  * by side; bfloat16 as [k_padded / 2][64][2], each column's pair of input indices side by
- * side (the operand order of vdpbf16ps). The layout is oneDNN's choice, not ours: cpu.py
+ * side (the operand order of vdpbf16ps). The layout is oneDNN's choice, not ours: linear.py
  * checks it for each shape and type, by a product against F.linear, before sending a
  * weight here.
  *
  * Read that way a matrix-vector product is a plain stream: each input index broadcast
- * times 256 contiguous bytes, no horizontal sums. At one row it reads this model's layer
- * weights at the machine's read bandwidth (AMD Zen 5: 39 GB/s where a read-only loop
- * gave 40 and oneDNN's own product on the same packed weights 32), and the call skips
- * oneDNN's dispatch (about 10 us of a decode step's 120 products). Threads take equal
- * runs of 16-column vectors, so a 576-wide output splits 18 / 18 rather than 5 blocks
- * against 4. */
+ * times 256 contiguous bytes, no horizontal sums, so that at one row it reads the weights
+ * about as fast as a read-only loop, and the call skips oneDNN's dispatch. Threads take
+ * equal runs of 16-column vectors rather than whole blocks, so that an output width that
+ * is not a multiple of 64 times the threads still splits evenly. */
 #define BLOCK_COLUMNS 64
 #define BLOCK_VECTORS (BLOCK_COLUMNS / 16)
-#define ROW_GROUP 6       /* rows of x per pass over a block: 6 x 4 accumulators */
+/* Rows of x per pass over a block: ROW_GROUP x 4 accumulators (and as many partial sums)
+ * in registers, fewer rows where there are fewer registers. */
+#if VF_REGISTERS >= 32
+#define ROW_GROUP 6
+#define BLOCK_CASES(BF16) BLOCK_CASE(1, BF16) BLOCK_CASE(2, BF16) BLOCK_CASE(3, BF16) \
+                          BLOCK_CASE(4, BF16) BLOCK_CASE(5, BF16) BLOCK_CASE(6, BF16)
+#else
+#define ROW_GROUP 2
+#define BLOCK_CASES(BF16) BLOCK_CASE(1, BF16) BLOCK_CASE(2, BF16)
+#endif
 #define BLOCK_ROW_BYTES 256 /* 64 columns of one float32 index or one bfloat16 pair */
-#define BLOCK_PREFETCH 48   /* rows ahead: 12 KB, see load_block_row */
-/* In float32 each column sums runs of this many products, then the runs: a chain of k_dim
- * roundings (1,536 for this model's down projection) erred 2e-4 against F.linear on unit
- * normals. bfloat16 sums one chain: its output is rounded to bfloat16 (steps of 2^-8),
- * far coarser than the chain's error, and the runs' second set of accumulators, past the
- * 32 vector registers, cost 4-5% of its product from 64 to 256 rows (AMD Zen 5, two
- * builds alternated). */
+#define BLOCK_PREFETCH 48   /* rows ahead, see prefetch_block_row */
+/* In float32 each column sums runs of this many products, then the runs: one chain of
+ * k_dim roundings drifts past the tests' tolerance against F.linear on long inputs.
+ * bfloat16 sums one chain: its output is rounded to bfloat16, far coarser than the
+ * chain's error, and the runs' second set of accumulators would not fit the registers. */
 #define BLOCK_RUN 64
 
-#if defined(HAVE_AVX512)
-/* The 16-column vectors [0, vecs) of one row of a block, prefetching the row
- * BLOCK_PREFETCH rows on, non-temporal (prefetchnta): a step reads each weight once, and
- * kept out of the outer caches it evicts nothing a later read wants (on AMD, whose L3
- * takes every line L2 lets go, it also spares that write). Measured on AMD Zen 5 against
- * T0 at 16 rows, the two builds alternated in one process: single-stream float32 decode
- * 2-10% faster (the more the memory gives, the more it wins), batches of 16 and 64 rows
- * 2-4%, bfloat16 even. */
-static inline __attribute__((always_inline)) void
-load_block_row(const char *row, int vecs, __m512i out[BLOCK_VECTORS]) {
-    for (int v = 0; v < vecs; v++) {
-        _mm_prefetch(row + BLOCK_PREFETCH * BLOCK_ROW_BYTES + 64 * v, _MM_HINT_NTA);
-        out[v] = _mm512_loadu_si512(row + 64 * v);
-    }
-}
-
-/* part += x[k] w[k] + x[k + 1] w[k + 1] for the 16 columns of a bfloat16 pair vector, in
- * vdpbf16ps's order (the odd index first); x0, x1 widened, x_pair the two as bits. */
-static inline __m512 pair_product(__m512 part, __m512i w, __m512 x0, __m512 x1,
-                                  __m512i x_pair) {
-#if defined(__AVX512BF16__)
-    (void)x0; (void)x1;
-    return _mm512_dpbf16_ps(part, (__m512bh)x_pair, (__m512bh)w);
-#else
-    (void)x_pair;
-    const __m512 odd = _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32(-65536)));
-    part = _mm512_fmadd_ps(x1, odd, part);
-    return _mm512_fmadd_ps(x0, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)), part);
-#endif
+/* Prefetch one row of a block BLOCK_PREFETCH rows on, non-temporal (prefetchnta on x86):
+ * a step reads each weight once, and kept out of the outer caches it evicts nothing a
+ * later read wants (on AMD, whose L3 takes every line L2 lets go, it also spares that
+ * write). */
+static inline __attribute__((always_inline)) void prefetch_block_row(const void *row,
+                                                                     int vecs) {
+    for (int v = 0; v < vecs; v++)
+        __builtin_prefetch((const char *)row + BLOCK_PREFETCH * BLOCK_ROW_BYTES + 64 * v, 0, 0);
 }
 
 /* out[m][0, 16 * vecs) = x[m] . columns of w for `rows` rows of x, w pointing at the first
@@ -156,55 +126,69 @@ static inline __m512 pair_product(__m512 part, __m512i w, __m512 x0, __m512 x1,
 static inline __attribute__((always_inline)) void
 block_columns(const void *x, const void *w, const void *bias, void *out, int rows, int vecs,
               int bf16, int k_dim, int n_dim, int n_left) {
-    __m512 acc[ROW_GROUP][BLOCK_VECTORS], part[ROW_GROUP][BLOCK_VECTORS];
+    vf acc[ROW_GROUP][BLOCK_VECTORS], part[ROW_GROUP][BLOCK_VECTORS];
     for (int m = 0; m < rows; m++)
-        for (int v = 0; v < vecs; v++) acc[m][v] = _mm512_setzero_ps();
+        for (int v = 0; v < vecs; v++) acc[m][v] = vf_zero();
     const int run = bf16 ? k_dim : BLOCK_RUN;
     for (int k0 = 0; k0 < k_dim; k0 += run) {
         const int k_end = k0 + run < k_dim ? k0 + run : k_dim;
         for (int m = 0; m < rows; m++)
-            for (int v = 0; v < vecs; v++) part[m][v] = _mm512_setzero_ps();
+            for (int v = 0; v < vecs; v++) part[m][v] = vf_zero();
         for (int k = k0; k < k_end; k += bf16 ? 2 : 1) {
             /* row k of float32, the pair (k, k + 1) of bfloat16 */
-            __m512i wv[BLOCK_VECTORS];
-            load_block_row((const char *)w + (int64_t)(bf16 ? k / 2 : k) * BLOCK_ROW_BYTES,
-                           vecs, wv);
+            const char *row = (const char *)w + (int64_t)(bf16 ? k / 2 : k) * BLOCK_ROW_BYTES;
+            prefetch_block_row(row, vecs);
             if (bf16) {
                 const int second = k + 1 < k_dim;
+#if defined(VF_AVX512) && defined(__AVX512BF16__)
+                /* vdpbf16ps: both products of a pair, exact, summed in float32 */
+                __m512i wv[BLOCK_VECTORS];
+                for (int v = 0; v < vecs; v++) wv[v] = _mm512_loadu_si512(row + 64 * v);
                 for (int m = 0; m < rows; m++) {
                     const bf16_t *xm = (const bf16_t *)x + (int64_t)m * k_dim + k;
-                    const bf16_t x1 = second ? xm[1] : 0;
-                    const __m512 x0v = _mm512_set1_ps(bf16_load(xm, 0));
-                    const __m512 x1v = _mm512_set1_ps(bf16_load(&x1, 0));
-                    const __m512i xp = _mm512_set1_epi32((int)(xm[0] | (uint32_t)x1 << 16));
+                    const uint32_t x1 = second ? xm[1] : 0;
+                    const __m512bh xp = (__m512bh)_mm512_set1_epi32((int)(xm[0] | x1 << 16));
                     for (int v = 0; v < vecs; v++)
-                        part[m][v] = pair_product(part[m][v], wv[v], x0v, x1v, xp);
+                        part[m][v] = _mm512_dpbf16_ps(part[m][v], xp, (__m512bh)wv[v]);
                 }
-            } else {
+#else
+                /* the odd index first, in vdpbf16ps's order */
+                vf even[BLOCK_VECTORS], odd[BLOCK_VECTORS];
+                for (int v = 0; v < vecs; v++)
+                    vf_load_bf16_pairs((const bf16_t *)row + 32 * v, &even[v], &odd[v]);
                 for (int m = 0; m < rows; m++) {
-                    const __m512 xv = _mm512_set1_ps(((const float *)x)[(int64_t)m * k_dim + k]);
+                    const bf16_t *xm = (const bf16_t *)x + (int64_t)m * k_dim + k;
+                    const vf x0 = vf_set1(bf16_load(xm, 0));
+                    const vf x1 = vf_set1(second ? bf16_load(xm, 1) : 0.0f);
                     for (int v = 0; v < vecs; v++)
-                        part[m][v] = _mm512_fmadd_ps(xv, _mm512_castsi512_ps(wv[v]),
-                                                     part[m][v]);
+                        part[m][v] = vf_fmadd(x0, even[v], vf_fmadd(x1, odd[v], part[m][v]));
+                }
+#endif
+            } else {
+                vf wv[BLOCK_VECTORS];
+                for (int v = 0; v < vecs; v++) wv[v] = vf_load((const float *)row + 16 * v);
+                for (int m = 0; m < rows; m++) {
+                    const vf xv = vf_set1(((const float *)x)[(int64_t)m * k_dim + k]);
+                    for (int v = 0; v < vecs; v++) part[m][v] = vf_fmadd(xv, wv[v], part[m][v]);
                 }
             }
         }
         for (int m = 0; m < rows; m++)
-            for (int v = 0; v < vecs; v++) acc[m][v] = _mm512_add_ps(acc[m][v], part[m][v]);
+            for (int v = 0; v < vecs; v++) acc[m][v] = vf_add(acc[m][v], part[m][v]);
     }
     for (int v = 0; v < vecs; v++) {
-        const __mmask16 mask = tail_mask(n_left - 16 * v);
-        __m512 b = _mm512_setzero_ps();
+        const vmask mask = tail_mask(n_left - 16 * v);
+        vf b = vf_zero();
         if (bias != NULL)
-            b = bf16 ? load16_bf16((const bf16_t *)bias + 16 * v, mask)
-                     : _mm512_maskz_loadu_ps(mask, (const float *)bias + 16 * v);
+            b = bf16 ? vf_load_bf16((const bf16_t *)bias + 16 * v, mask)
+                     : vf_load_mask((const float *)bias + 16 * v, mask);
         for (int m = 0; m < rows; m++) {
-            const __m512 y = _mm512_add_ps(acc[m][v], b);
+            const vf y = vf_add(acc[m][v], b);
             const int64_t at = (int64_t)m * n_dim + 16 * v;
             if (bf16)
-                store16_bf16((bf16_t *)out + at, mask, y);
+                vf_store_bf16((bf16_t *)out + at, mask, y);
             else
-                _mm512_mask_storeu_ps((float *)out + at, mask, y);
+                vf_store_mask((float *)out + at, mask, y);
         }
     }
 }
@@ -241,23 +225,13 @@ void NAME(const T *x, const T *w, const T *bias, T *out, int rows, int k_dim,   
                 const T *xs = x + (int64_t)m * k_dim;                                      \
                 T *ys = out + (int64_t)m * n_dim + column;                                 \
                 switch (rows - m < ROW_GROUP ? rows - m : ROW_GROUP) {                     \
-                    BLOCK_CASE(1, BF16) BLOCK_CASE(2, BF16) BLOCK_CASE(3, BF16)            \
-                    BLOCK_CASE(4, BF16) BLOCK_CASE(5, BF16) BLOCK_CASE(6, BF16)            \
+                    BLOCK_CASES(BF16)                                                      \
                 }                                                                          \
             }                                                                              \
             first += vecs;                                                                 \
         }                                                                                  \
     }                                                                                      \
 }
-#else  /* without AVX-512 cpu.py never calls these: oneDNN's product beats plain loops */
-#define DEFINE_LINEAR_BLOCKED(NAME, T, BF16)                                               \
-void NAME(const T *x, const T *w, const T *bias, T *out, int rows, int k_dim,             \
-          int k_padded, int n_dim, int num_threads) {                                      \
-    (void)x; (void)w; (void)bias; (void)out; (void)rows; (void)k_dim; (void)k_padded;      \
-    (void)n_dim; (void)num_threads;                                                        \
-}
-#endif
-
 DEFINE_LINEAR_BLOCKED(linear_blocked_f32, float, 0)
 DEFINE_LINEAR_BLOCKED(linear_blocked_bf16, bf16_t, 1)
 
@@ -283,12 +257,3 @@ void NAME(const int64_t *ids, const T *w, T *out, int count, int k_dim, int k_pa
 
 DEFINE_EMBEDDING_BLOCKED(embedding_blocked_f32, float, 0)
 DEFINE_EMBEDDING_BLOCKED(embedding_blocked_bf16, bf16_t, 1)
-
-/* Whether linear_f32 was built with its vector path: without it torch's BLAS is faster. */
-int linear_f32_vectorised(void) {
-#if defined(HAVE_AVX512)
-    return 1;
-#else
-    return 0;
-#endif
-}

@@ -1,0 +1,45 @@
+"""The CPU backend: compiled C kernels for paged attention (row by row for decodes and
+short chunks, tiled for longer prompt chunks), the sampler's pass over the logits, RMSNorm,
+rotary-and-store and SiLU-and-multiply (float32 and bfloat16), linear layers on weights
+packed once into oneDNN's layout (a compiled product reads that layout for up to 256 rows,
+oneDNN's own product takes the rest; a tied head is packed too, and the embedding reads its
+rows from that layout), a small decode batch through all the layers in one compiled call,
+the reference for everything else.
+
+The kernels are built for the best instruction-set level the CPU runs (AVX-512, AVX2 or
+portable C; ``PAGEDCHAT_CPU_ISA`` forces one): see :mod:`.build`. Without a C compiler the
+backend is the torch reference, after one warning.
+"""
+
+from pagedchat.kernels.cpu.attention import PREFILL_MIN_QUERY_LEN, paged_attention, store_kv
+from pagedchat.kernels.cpu.build import (
+    ISA_VARIABLE,
+    ISAS,
+    chosen_isa,
+    isa,
+    kernel_library,
+    runnable_isas,
+    set_isa,
+)
+from pagedchat.kernels.cpu.decoder import DecoderStack, LayerTensors, decoder_stack
+from pagedchat.kernels.cpu.layer import rms_norm, rotary_store, silu_mul
+from pagedchat.kernels.cpu.linear import (
+    BLOCKED_ROWS,
+    LINEAR_ROWS,
+    _onednn,
+    blocked_width,
+    embedding,
+    linear,
+    onednn_rows,
+    pack_embedding,
+    pack_linear,
+)
+from pagedchat.kernels.cpu.sampling import max_logsumexp
+from pagedchat.kernels.reference import copy_blocks, swap_blocks
+
+__all__ = ["BLOCKED_ROWS", "ISAS", "ISA_VARIABLE", "LINEAR_ROWS", "PREFILL_MIN_QUERY_LEN",
+           "DecoderStack", "LayerTensors", "_onednn", "blocked_width", "chosen_isa",
+           "copy_blocks", "decoder_stack", "embedding", "isa", "kernel_library", "linear",
+           "max_logsumexp", "onednn_rows", "pack_embedding", "pack_linear", "paged_attention",
+           "rms_norm", "rotary_store", "runnable_isas", "set_isa", "silu_mul", "store_kv",
+           "swap_blocks"]

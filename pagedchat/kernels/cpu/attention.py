@@ -1,0 +1,163 @@
+"""Paged attention on the CPU: the row-by-row kernel (attention.c) for decodes and short
+chunks, the tiled kernel (prefill.c) for longer prompt chunks, torch's SDPA for the shapes
+the tiled kernel does not take, the reference where no kernels are built."""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from pagedchat.kernels import reference
+from pagedchat.kernels.cpu.build import FLOAT, INT, P, declare, kernel
+from pagedchat.kernels.reference import gather_kv, write_slots
+
+# Chunks of at least this many queries go to the chunked-prefill kernel, which reads each
+# tile of K and V once for a tile of query rows (from 8 rows on it beats the row-by-row
+# kernel).
+PREFILL_MIN_QUERY_LEN = 8
+
+declare({
+    "paged_attention": (INT, [P] * 9 + [INT] * 6 + [FLOAT, INT]),
+    "paged_prefill": (INT, [P] * 8 + [INT] * 6 + [FLOAT, INT]),
+})
+
+
+def paged_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Same contract as :func:`pagedchat.kernels.reference.paged_attention`."""
+    attention = kernel("paged_attention", query, k_cache, v_cache)
+    if attention is None:
+        return reference.paged_attention(
+            query, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale)
+    query = query.contiguous()
+    out = torch.empty_like(query)
+    plan = _plan(block_tables, context_lens, query_start_loc)
+    if len(plan.rows):
+        status = attention(
+            query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
+            plan.tables.data_ptr(), plan.context_lens.data_ptr(),
+            plan.query_start_loc.data_ptr(), plan.rows.data_ptr(), plan.row_seqs.data_ptr(),
+            len(plan.rows), plan.tables.shape[1], query.shape[1], k_cache.shape[2],
+            query.shape[2], k_cache.shape[1], scale, torch.get_num_threads())
+        if status != 0:
+            raise MemoryError("paged attention: out of memory for the score buffer")
+    long_chunks = plan.long_chunks
+    if long_chunks:
+        status = kernel("paged_prefill", query)(
+            query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
+            plan.tables.data_ptr(), plan.context_lens.data_ptr(),
+            plan.query_start_loc.data_ptr(), plan.long_seqs.data_ptr(), len(long_chunks),
+            plan.tables.shape[1], query.shape[1], k_cache.shape[2], query.shape[2],
+            k_cache.shape[1], scale, torch.get_num_threads())
+        if status == 2:
+            raise MemoryError("paged attention: out of memory for the transposed keys")
+        if status == 0:
+            long_chunks = []
+    for seq, begin, end, context_len in long_chunks:
+        out[begin:end] = _sdpa(query[begin:end], k_cache, v_cache, block_tables[seq],
+                               context_len, scale)
+    return out
+
+
+class _Plan(NamedTuple):
+    """How one step's batch splits between the row-by-row kernel (decodes, short chunks)
+    and the chunked-prefill kernel or SDPA (long chunks), in the kernels' types."""
+
+    rows: torch.Tensor  # int32: the query rows of short chunks (decodes, short prefills)
+    row_seqs: torch.Tensor  # int32: the sequence of each of those rows
+    tables: torch.Tensor
+    context_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+    long_chunks: list[tuple[int, int, int, int]]  # (seq, first row, end row, context len)
+    long_seqs: torch.Tensor  # int32: the sequences of the long chunks
+
+
+def _per_step(make):
+    """Memoise ``make`` on the identity of its tensor arguments, one entry deep. Every layer
+    of a step is given the very same metadata tensors, never changed in place, so the first
+    layer computes and the others reuse; weak references mean a freed tensor (a past step)
+    never matches, even if a new one reuses its address."""
+    last: list = [(), None]
+
+    @functools.wraps(make)
+    def memoised(*tensors: torch.Tensor):
+        refs, value = last
+        if len(refs) == len(tensors) and all(
+                ref() is tensor for ref, tensor in zip(refs, tensors, strict=True)):
+            return value
+        value = make(*tensors)
+        last[:] = [tuple(weakref.ref(tensor) for tensor in tensors), value]
+        return value
+
+    return memoised
+
+
+@_per_step
+def _slots(slot_mapping: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The int64 slots to write and, when some rows are skipped (-1), the rows kept."""
+    valid = slot_mapping >= 0
+    if bool(valid.all()):
+        return slot_mapping.long(), None
+    return slot_mapping[valid].long(), valid
+
+
+def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
+             v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Same contract as :func:`pagedchat.kernels.reference.store_kv`, with the slot check
+    done once per step."""
+    slots, kept = _slots(slot_mapping)
+    if kept is not None:
+        key, value = key[kept], value[kept]
+    write_slots(key, value, k_cache, v_cache, slots)
+
+
+@_per_step
+def _plan(block_tables: torch.Tensor, context_lens: torch.Tensor,
+          query_start_loc: torch.Tensor) -> _Plan:
+    """How this step's batch splits between the row-by-row kernel and the long chunks."""
+    q_lens = query_start_loc[1:] - query_start_loc[:-1]
+    short = q_lens < PREFILL_MIN_QUERY_LEN
+    total = int(query_start_loc[-1])
+    starts, lens = query_start_loc.tolist(), context_lens.tolist()
+    long = (~short).nonzero().flatten().tolist()
+    return _Plan(
+        rows=torch.arange(total, dtype=torch.int32)[torch.repeat_interleave(short, q_lens)],
+        row_seqs=torch.repeat_interleave(torch.arange(len(q_lens), dtype=torch.int32),
+                                         q_lens * short),
+        tables=block_tables.to(torch.int32).contiguous(),
+        context_lens=context_lens.to(torch.int32).contiguous(),
+        query_start_loc=query_start_loc.to(torch.int32).contiguous(),
+        long_chunks=[(seq, starts[seq], starts[seq + 1], lens[seq]) for seq in long],
+        long_seqs=torch.tensor(long, dtype=torch.int32),
+    )
+
+
+def _sdpa(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+          block_table: torch.Tensor, context_len: int, scale: float) -> torch.Tensor:
+    """A long chunk of one sequence: gather its context once, then torch's fused SDPA
+    (causal, aligned to the end of the context). The inputs are 4-D on purpose: with 3-D
+    ones torch falls back to its slow path on the CPU."""
+    q_len = q.shape[0]
+    k = gather_kv(k_cache, block_table, context_len).transpose(0, 1).unsqueeze(0)
+    v = gather_kv(v_cache, block_table, context_len).transpose(0, 1).unsqueeze(0)
+    q4 = q.transpose(0, 1).unsqueeze(0)
+    if q_len == context_len:
+        out = F.scaled_dot_product_attention(q4, k, v, is_causal=True, scale=scale,
+                                             enable_gqa=True)
+    else:
+        q_pos = torch.arange(context_len - q_len, context_len).unsqueeze(1)
+        allowed = torch.arange(context_len).unsqueeze(0) <= q_pos
+        out = F.scaled_dot_product_attention(q4, k, v, attn_mask=allowed, scale=scale,
+                                             enable_gqa=True)
+    return out[0].transpose(0, 1)

@@ -1,0 +1,244 @@
+"""Building and loading the CPU kernels: the C sources of this package, compiled once per
+instruction-set level with the system C compiler into the cache folder and loaded with
+ctypes (which releases the GIL), and the choice of the level in use.
+
+Each kernel module declares its C functions' signatures (:func:`declare`) and finds them
+through :func:`kernel`. Without a compiler every kernel is None and the modules fall back
+to the torch reference, after one warning.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from pagedchat.paths import cache_root
+
+log = logging.getLogger("pagedchat.kernels.cpu")
+
+# The C sources, built into one library per level: a new kernel file is one line here.
+SOURCES = (
+    "attention.c",
+    "prefill.c",
+    "sampling.c",
+    "layer.c",
+    "linear.c",
+    "decoder.c",
+)
+HEADERS = ("vector.h", "kernels.h")
+COMPILE_FLAGS = ["-O3", "-ffast-math", "-fopenmp", "-fPIC", "-std=c11"]
+# The instruction-set levels the kernels are built for, from the least to the most the CPU
+# must have: plain C (x86-64's baseline, or the compiler's default elsewhere), AVX2 with
+# FMA, AVX-512 (F, BW, VL, DQ). PAGEDCHAT_CPU_ISA picks one; else the best the CPU runs.
+ISAS = ("portable", "avx2", "avx512")
+ISA_VARIABLE = "PAGEDCHAT_CPU_ISA"
+_ISA_FLAGS = {
+    "portable": [],
+    "avx2": ["-march=x86-64-v3", "-mtune=generic"],
+    "avx512": ["-march=x86-64-v4", "-mtune=native", "-mprefer-vector-width=512"],
+}
+# The C kernels come per element type, named with these suffixes.
+_SUFFIXES = {torch.float32: "f32", torch.bfloat16: "bf16"}
+P, INT, INT64, FLOAT = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
+# name -> (restype, argtypes) of every C function, declared by the modules that call them
+# once, so calls pass plain ints (tensor.data_ptr(), sizes) with no conversions written
+# out: at one decoding sequence each call's Python time counts.
+_SIGNATURES: dict[str, tuple[object, list]] = {"kernels_isa": (ctypes.c_char_p, [])}
+_LOADED: dict[str, ctypes.CDLL | None] = {}  # level -> its library (None: not buildable)
+_ON_SWITCH: list[Callable[[], None]] = []  # what set_isa resets
+
+
+def declare(per_type: dict[str, tuple[object, list]],
+            plain: dict[str, tuple[object, list]] | None = None) -> None:
+    """Declare C functions: ``per_type`` ones exist once per element type (``name_f32``,
+    ``name_bf16``), ``plain`` ones as named."""
+    found = {f"{name}_{suffix}": signature for name, signature in per_type.items()
+             for suffix in _SUFFIXES.values()}
+    _SIGNATURES.update(found | (plain or {}))
+    for library in _LOADED.values():
+        if library is not None:
+            _set_signatures(library, found | (plain or {}))
+
+
+def on_isa_change(reset: Callable[[], None]) -> None:
+    """Call ``reset`` whenever :func:`set_isa` switches the level (a cache that depends on
+    the level's kernels)."""
+    _ON_SWITCH.append(reset)
+
+
+@functools.cache
+def runnable_isas() -> tuple[str, ...]:
+    """The levels of :data:`ISAS` this CPU runs, as CPUID reports them (through torch's
+    cpuinfo, which an emulator answers for the CPU it emulates)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return ("portable",)
+    checks = {"avx2": "_is_avx2_supported", "avx512": "_is_avx512_supported"}
+    flags = _cpu_flags().split()
+    fallback = {"avx2": {"avx2", "fma", "f16c"} <= set(flags),
+                "avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= set(flags)}
+    return ("portable", *(level for level, check in checks.items()
+                          if (getattr(torch.cpu, check)() if hasattr(torch.cpu, check)
+                              else fallback[level])))
+
+
+@functools.cache
+def chosen_isa() -> str:
+    """The level asked for: ``PAGEDCHAT_CPU_ISA`` where the CPU runs it, else the best it
+    runs (after one warning line naming the problem)."""
+    runnable = runnable_isas()
+    wanted = os.environ.get(ISA_VARIABLE, "").strip().lower()
+    if not wanted:
+        return runnable[-1]
+    if wanted not in ISAS:
+        log.warning("%s=%s is not one of %s: using %s", ISA_VARIABLE, wanted,
+                    ", ".join(ISAS), runnable[-1])
+        return runnable[-1]
+    if wanted not in runnable:
+        log.warning("%s=%s: this CPU cannot run it (it runs %s): using %s", ISA_VARIABLE,
+                    wanted, ", ".join(runnable), runnable[-1])
+        return runnable[-1]
+    return wanted
+
+
+_active_isa: list[str] = []  # set_isa's choice, for this process
+
+
+def set_isa(level: str | None) -> None:
+    """Use the kernels built for ``level`` (one of :func:`runnable_isas`; None: the one
+    :func:`chosen_isa` picks) from now on, in this process; the tests run every level this
+    way. Each level checks oneDNN's layouts with its own product again: weights packed
+    before go to oneDNN's product; a decoder stack built before keeps its kernels."""
+    if level is not None and level not in runnable_isas():
+        raise ValueError(f"this CPU cannot run the {level!r} kernels "
+                         f"(it runs {', '.join(runnable_isas())})")
+    _active_isa[:] = [] if level is None else [level]
+    _FUNCTIONS.clear()
+    for reset in _ON_SWITCH:
+        reset()
+
+
+def isa() -> str:
+    """The level of the C kernels in use (``portable``, ``avx2``, ``avx512``), or ``none``
+    where none could be built (the backend then runs the torch reference)."""
+    library = kernel_library()
+    return "none" if library is None else library.kernels_isa().decode()
+
+
+def kernel_library(level: str | None = None) -> ctypes.CDLL | None:
+    """The compiled kernels of ``level`` (by default the one in use), built on first use
+    and cached; a level that cannot be built falls back to the next one down, with a
+    warning; None where none can be built."""
+    if level is None:
+        level = _active_isa[0] if _active_isa else chosen_isa()
+    return _library(level)
+
+
+def _library(level: str) -> ctypes.CDLL | None:
+    if level not in _LOADED:
+        _LOADED[level] = _load(level)
+    return _LOADED[level]
+
+
+def _load(level: str) -> ctypes.CDLL | None:
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        log.warning("no C compiler found: using the (slower) torch reference kernels")
+        return None
+    flags = [*COMPILE_FLAGS, *_ISA_FLAGS[level]]
+    if level == "avx512" and getattr(torch.cpu, "_is_avx512_bf16_supported", bool)():
+        flags.append("-mavx512bf16")
+    here = Path(__file__).parent
+    identity = "|".join([*((here / name).read_text() for name in SOURCES + HEADERS), compiler,
+                         *flags, platform.machine(), _cpu_flags()])
+    target = cache_root() / "kernels" / f"cpu_kernels-{level}-{_digest(identity)}.so"
+    try:
+        if not target.is_file():
+            _build(compiler, flags, target)
+        library = ctypes.CDLL(str(target))
+        _set_signatures(library, _SIGNATURES)
+    except (OSError, AttributeError, subprocess.CalledProcessError) as error:
+        lower = ISAS[ISAS.index(level) - 1] if level != ISAS[0] else None
+        detail = getattr(error, "stderr", b"") or b""
+        log.warning("could not build or load the %s CPU kernels (%s%s): using %s", level,
+                    error, f": {detail.decode(errors='replace').strip().splitlines()[0]}"
+                    if detail.strip() else "", lower or "the torch reference")
+        return None if lower is None else _library(lower)
+    return library
+
+
+def _set_signatures(library: ctypes.CDLL, signatures: dict[str, tuple[object, list]]) -> None:
+    for name, (restype, argtypes) in signatures.items():
+        function = getattr(library, name)
+        function.restype, function.argtypes = restype, argtypes
+
+
+def _build(compiler: str, flags: list[str], target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        sources = [Path(__file__).with_name(name) for name in SOURCES]
+        objects = [Path(tmp) / f"{source.stem}.o" for source in sources]
+        lib = Path(tmp) / "kernels.so"
+        # -ffast-math only when compiling: linking with it would set flush-to-zero for
+        # the whole process (crtfastmath), changing torch's own numerics. The sources
+        # compile side by side, one process each.
+        jobs = [(subprocess.Popen([compiler, *flags, "-c", str(source), "-o", str(obj)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE), source)
+                for source, obj in zip(sources, objects, strict=True)]
+        for job, source in jobs:
+            _, errors = job.communicate()
+            if job.returncode != 0:
+                raise subprocess.CalledProcessError(job.returncode, f"{compiler} {source.name}",
+                                                    stderr=errors)
+        subprocess.run([compiler, "-shared", "-fopenmp", *map(str, objects), "-o", str(lib),
+                        "-lm"], check=True, capture_output=True)
+        os.replace(lib, target)
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def kernel(name: str, *tensors: torch.Tensor | None):
+    """The C kernel ``name`` for these tensors' element type (float32 or bfloat16, the same
+    for all, on the CPU; None stands for an absent optional tensor, never the first), else
+    None (also where the kernel has no version for that type)."""
+    dtype = tensors[0].dtype
+    for tensor in tensors:
+        if tensor is not None and (tensor.dtype != dtype or not tensor.is_cpu):
+            return None
+    return typed_kernel(name, dtype)
+
+
+# (name, dtype) -> the active library's C function, or None; emptied by set_isa
+_FUNCTIONS: dict[tuple[str, torch.dtype], object] = {}
+
+
+def typed_kernel(name: str, dtype: torch.dtype):
+    key = (name, dtype)
+    if key not in _FUNCTIONS:
+        suffix = _SUFFIXES.get(dtype)
+        function = f"{name}_{suffix}"
+        library = kernel_library() if suffix is not None and function in _SIGNATURES else None
+        _FUNCTIONS[key] = None if library is None else getattr(library, function)
+    return _FUNCTIONS[key]

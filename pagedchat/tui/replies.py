@@ -1,0 +1,225 @@
+"""The turn lifecycle: a message goes to the engine, its reply streams back, ends or is cancelled.
+
+The engine lives in an ``EngineDriver`` thread; its events reach the UI thread as
+``EngineEvent`` messages, and the app hands them to ``Replies.take``, so every widget is
+touched from the UI thread only. A reply's text is saved while it streams and when it ends,
+so quitting or a crash loses at most the last moment of it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from textual.message import Message as TextualMessage
+
+from pagedchat.chat.conversation import DEFAULT_TITLE, Message, Session, title_from
+from pagedchat.chat.driver import (
+    EngineFailed,
+    EngineReady,
+    Event,
+    PromptReady,
+    ReplyUpdate,
+    RequestFailed,
+    StatsUpdate,
+    Submit,
+)
+from pagedchat.chat.prompt import PLAIN_FORMAT_NOTE
+from pagedchat.chat.store import StoreError
+from pagedchat.tui.widgets.inspector import Inspector
+from pagedchat.tui.widgets.status_line import StatusLine
+
+if TYPE_CHECKING:
+    from pagedchat.chat.driver import EngineDriver
+    from pagedchat.tui.app import ChatApp
+    from pagedchat.tui.widgets.message_box import MessageBox
+
+SAVE_EVERY = 1.0  # seconds between saves of a streaming reply
+
+
+class EngineEvent(TextualMessage):
+    """An event of the engine driver, posted from its thread."""
+
+    def __init__(self, event: Event) -> None:
+        super().__init__()
+        self.event = event
+
+
+@dataclass
+class Turn:
+    """A reply being generated."""
+
+    session: Session
+    reply: Message
+    saved_at: float = 0.0
+
+
+class Replies:
+    """The replies being generated, by request id, and what the engine said of them."""
+
+    def __init__(self, app: ChatApp, driver: EngineDriver, context_window: int,
+                 raw: bool = False) -> None:
+        self.app = app
+        self.driver = driver
+        self.context_window = context_window
+        self.raw = raw  # plain continuation, no chat format
+        self.turns: dict[str, Turn] = {}
+        self.session_of: dict[str, int] = {}  # every request id of this run -> its session
+        self.engine_ready = False
+        self._request_numbers = itertools.count(1)
+
+    def busy_sessions(self) -> set[int]:
+        return {turn.session.id for turn in self.turns.values()}
+
+    def reply_of(self, session_id: int | None) -> str | None:
+        """The request id of the reply ``session_id`` is generating, if any."""
+        return next((rid for rid, t in self.turns.items() if t.session.id == session_id), None)
+
+    async def send(self, session: Session, text: str) -> bool:
+        """Save ``text`` as the session's next message and ask for a reply.
+
+        Returns False (the text stays in the input) when it could not be sent."""
+        app = self.app
+        if self.reply_of(session.id) is not None:
+            app.notify("This session is still answering: wait, or press Esc to stop it",
+                       severity="warning")
+            return False
+        try:
+            params = session.settings.to_params()
+        except ValueError as error:  # settings edited outside the app
+            app.notify(f"{error}; fix it with /set", title="Not sent", severity="error")
+            return False
+        user = Message("user", text)
+        reply = Message("assistant", "", status="generating")
+        try:
+            app.store.add_turn(session, user, reply)
+        except StoreError as error:
+            app.notify(f"The message was not sent: {error}", title="Could not save",
+                       severity="error")
+            return False
+        session.messages.append(user)
+        if session.title == DEFAULT_TITLE:
+            session.title = app.sub_title = title_from(text)
+            app.save(lambda: app.store.save_session(session))
+        rid = f"s{session.id}-r{next(self._request_numbers)}"
+        self.turns[rid] = Turn(session, reply, time.monotonic())
+        self.session_of[rid] = session.id
+        self.driver.submit(Submit(rid, session.system_prompt, session.history(), params,
+                                  self.context_window, self.raw))
+        session.messages.append(reply)
+        view = app.view(session.id)
+        await view.add(user)
+        box = await view.add(reply)
+        box.refresh_info("" if self.engine_ready else "waiting for the model")
+        app.show_sessions()
+        return True
+
+    def cancel(self, session_id: int | None) -> bool:
+        """Stop the session's reply; its blocks are freed, its text kept."""
+        rid = self.reply_of(session_id)
+        if rid is None:
+            return False
+        self.driver.cancel(rid)
+        self.finish(rid, "cancelled")
+        return True
+
+    def drop(self, session: Session) -> None:
+        """Stop the session's reply without saving it: its messages are going away."""
+        for rid, turn in list(self.turns.items()):
+            if turn.session is session:
+                self.driver.cancel(rid)
+                del self.turns[rid]
+
+    def interrupt_all(self) -> None:
+        """The app quits: every reply keeps its text so far, marked interrupted."""
+        for turn in self.turns.values():
+            turn.reply.status = "interrupted"
+            self.app.save(lambda reply=turn.reply: self.app.store.update_message(reply))
+
+    def finish(self, rid: str, status: str, error: str = "") -> None:
+        turn = self.turns.pop(rid)
+        turn.reply.status = status
+        turn.reply.error = error
+        self.app.save(lambda: self.app.store.update_message(turn.reply))
+        if (box := self._box(turn)) is not None:
+            box.finish()
+        self.app.show_sessions()
+
+    def take(self, event: Event) -> None:
+        """Show what the engine said."""
+        app = self.app
+        match event:
+            case ReplyUpdate() as update:
+                self._take_reply(update)
+            case StatsUpdate() as update:
+                self._take_stats(update)
+            case PromptReady() as ready:
+                self._take_prompt(ready)
+            case RequestFailed(request_id=rid, error=error):
+                if rid in self.turns:
+                    self.finish(rid, "error", error)
+                    app.notify(error, title="The reply failed", severity="error", timeout=8)
+            case EngineReady() as ready:
+                self._take_ready(ready)
+            case EngineFailed(error=error):
+                app.query_one(StatusLine).show_state(f"✗ {app.model_name}: failed to load")
+                app.notify(error, title="The model failed to load", severity="error",
+                           timeout=15)
+
+    def _box(self, turn: Turn) -> MessageBox | None:
+        view = self.app.view(turn.session.id)
+        return view.box_for(turn.reply) if view is not None else None
+
+    def _take_prompt(self, ready: PromptReady) -> None:
+        turn = self.turns.get(ready.request_id)
+        if turn is None:
+            return
+        turn.reply.prompt_tokens = ready.prompt_tokens
+        turn.reply.dropped_messages = ready.dropped_messages
+        if (box := self._box(turn)) is not None:
+            box.refresh_info()
+        if ready.truncated:
+            self.app.notify(f"Only the end of your message fits the context window of "
+                            f"{self.context_window} tokens; the rest was not sent",
+                            severity="warning", timeout=8)
+
+    def _take_ready(self, ready: EngineReady) -> None:
+        self.engine_ready = True
+        if not ready.chat_template and not self.raw:
+            self.app.notify(PLAIN_FORMAT_NOTE, title=self.app.model_name, timeout=10)
+        self.app.query_one(StatusLine).show_state(
+            f"● {self.app.model_name} · {ready.num_blocks} blocks x {ready.block_size} tokens")
+        for turn in self.turns.values():
+            if (box := self._box(turn)) is not None:
+                box.refresh_info()
+
+    def _take_reply(self, update: ReplyUpdate) -> None:
+        turn = self.turns.get(update.request_id)
+        if turn is None:  # cancelled or deleted meanwhile
+            return
+        reply = turn.reply
+        reply.content = update.text
+        reply.prompt_tokens = update.prompt_tokens
+        reply.cached_tokens = update.cached_tokens
+        reply.output_tokens = update.output_tokens
+        if update.finished:
+            self.finish(update.request_id,
+                        "cancelled" if update.finish_reason == "abort" else "done")
+            return
+        if (box := self._box(turn)) is not None:
+            box.refresh_info()
+        if time.monotonic() - turn.saved_at >= SAVE_EVERY:
+            turn.saved_at = time.monotonic()
+            self.app.save(lambda: self.app.store.update_message(reply))
+
+    def _take_stats(self, update: StatsUpdate) -> None:
+        self.app.query_one(Inspector).add_snapshot(update)
+        self.app.show_inspector_focus()
+        s = update.stats
+        parts = [f"{len(self.turns)} answering"] if self.turns else []
+        parts.append(f"KV {s.used_blocks}/{s.total_blocks} blocks")
+        if update.tokens_per_second:
+            parts.append(f"{update.tokens_per_second:.0f} tok/s")
+        self.app.query_one(StatusLine).load = " · ".join(parts)

@@ -1,0 +1,72 @@
+"""Which instruction-set level of the CPU kernels runs: the best the CPU reports, or the one
+PAGEDCHAT_CPU_ISA asks for, with one warning line where it cannot be had."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from pagedchat.kernels import cpu
+from pagedchat.kernels.cpu import build
+
+pytestmark = pytest.mark.skipif(cpu.kernel_library() is None, reason="no C compiler")
+
+
+def choose(monkeypatch, value: str | None, runnable: tuple[str, ...]) -> str:
+    monkeypatch.setattr(build, "runnable_isas", lambda: runnable)
+    if value is None:
+        monkeypatch.delenv(cpu.ISA_VARIABLE, raising=False)
+    else:
+        monkeypatch.setenv(cpu.ISA_VARIABLE, value)
+    return cpu.chosen_isa.__wrapped__()
+
+
+def test_each_level_this_cpu_runs_has_its_own_library():
+    levels = cpu.runnable_isas()
+    assert levels[0] == "portable" and set(levels) <= set(cpu.ISAS)
+    libraries = {level: cpu.kernel_library(level) for level in levels}
+    for level, library in libraries.items():
+        assert library.kernels_isa().decode() == level
+    assert len({id(library) for library in libraries.values()}) == len(levels)
+    assert cpu.isa() in levels
+
+
+def test_the_best_level_is_picked_and_the_switch_forces_one(monkeypatch, caplog):
+    everything = ("portable", "avx2", "avx512")
+    with caplog.at_level(logging.WARNING, logger=cpu.__name__):
+        assert choose(monkeypatch, None, everything) == "avx512"
+        assert choose(monkeypatch, None, ("portable", "avx2")) == "avx2"
+        assert choose(monkeypatch, "portable", everything) == "portable"
+        assert choose(monkeypatch, " AVX2 ", everything) == "avx2"
+    assert not caplog.records
+
+
+@pytest.mark.parametrize(("value", "problem"), [("avx512", "this CPU cannot run it"),
+                                                ("sse9", "is not one of portable")])
+def test_a_level_that_cannot_be_had_warns_once_and_takes_the_best(monkeypatch, caplog, value,
+                                                                  problem):
+    with caplog.at_level(logging.WARNING, logger=cpu.__name__):
+        assert choose(monkeypatch, value, ("portable", "avx2")) == "avx2"
+    assert len(caplog.records) == 1
+    assert problem in caplog.records[0].getMessage()
+    assert cpu.ISA_VARIABLE in caplog.records[0].getMessage()
+
+
+def test_set_isa_refuses_a_level_the_cpu_cannot_run(monkeypatch):
+    monkeypatch.setattr(build, "runnable_isas", lambda: ("portable",))
+    with pytest.raises(ValueError, match="cannot run the 'avx2' kernels"):
+        cpu.set_isa("avx2")
+
+
+def test_a_level_that_cannot_be_built_falls_back_one_line_each(monkeypatch, caplog):
+    """A compiler that fails every file: avx2 falls back to portable, portable to the torch
+    reference, one warning line each, no traceback."""
+    monkeypatch.setattr(build, "_LOADED", {})
+    monkeypatch.setenv("CC", "false")
+    with caplog.at_level(logging.WARNING, logger=cpu.__name__):
+        assert build._library("avx2") is None
+    lines = [record.getMessage() for record in caplog.records]
+    assert len(lines) == 2 and all("\n" not in line for line in lines)
+    assert "avx2 CPU kernels" in lines[0] and lines[0].endswith("using portable")
+    assert "portable CPU kernels" in lines[1] and lines[1].endswith("the torch reference")
