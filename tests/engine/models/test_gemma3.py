@@ -18,12 +18,11 @@ WINDOW = 16
 LAYER_TYPES = ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]
 
 
-def save_tiny_gemma3(folder: Path, tokenizer_dir: Path, **shape) -> Path:
-    """A 4-layer random Gemma 3 with the SmolLM2 tokenizer. Norm weights are drawn too
-    (checkpoints start them at zero), so ``1 + w`` is exercised."""
-    from transformers import AutoTokenizer, Gemma3ForCausalLM, Gemma3TextConfig
+def save_tiny_gemma3(folder: Path, tokenizer, **shape) -> Path:
+    """A 4-layer random Gemma 3 with the tiny models' tokenizer. Norm weights are drawn
+    too (checkpoints start them at zero), so ``1 + w`` is exercised."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     options = {
         "vocab_size": len(tokenizer), "hidden_size": 64, "intermediate_size": 128,
         "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 1,
@@ -49,14 +48,14 @@ def save_tiny_gemma3(folder: Path, tokenizer_dir: Path, **shape) -> Path:
 
 
 @pytest.fixture(scope="module")
-def tiny_gemma_dir(tmp_path_factory, real_model_dir: Path) -> Path:
-    return save_tiny_gemma3(tmp_path_factory.mktemp("tiny-gemma3"), real_model_dir)
+def tiny_gemma_dir(tmp_path_factory, tiny_tokenizer) -> Path:
+    return save_tiny_gemma3(tmp_path_factory.mktemp("tiny-gemma3"), tiny_tokenizer)
 
 
 @pytest.fixture(scope="module")
-def wide_head_gemma_dir(tmp_path_factory, real_model_dir: Path) -> Path:
+def wide_head_gemma_dir(tmp_path_factory, tiny_tokenizer) -> Path:
     """head_dim 256 with 4 query heads and one KV head, as the real model."""
-    return save_tiny_gemma3(tmp_path_factory.mktemp("tiny-gemma3-256"), real_model_dir,
+    return save_tiny_gemma3(tmp_path_factory.mktemp("tiny-gemma3-256"), tiny_tokenizer,
                             head_dim=256)
 
 
@@ -64,7 +63,7 @@ def prompts(count: int = 6, seed: int = 0) -> list[list[int]]:
     """Prompts from 3 to 90 tokens: inside, across and far beyond the window."""
     generator = torch.Generator().manual_seed(seed)
     lengths = [3, 15, 17, 33, 60, 90][:count]
-    return [torch.randint(10, 4000, (n,), generator=generator).tolist() for n in lengths]
+    return [torch.randint(10, 500, (n,), generator=generator).tolist() for n in lengths]
 
 
 def reference(folder: Path, prompt_sets: list[list[int]], max_tokens: int) -> list[list[int]]:
