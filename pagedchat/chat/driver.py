@@ -17,10 +17,10 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from pagedchat.chat.prompt import PromptTooLong, build_prompt
+from pagedchat.chat.prompt import PLAIN_STOP, PromptTooLong, build_prompt, has_chat_template
 
 if TYPE_CHECKING:
     from pagedchat.engine.llm_engine import LLMEngine
@@ -35,6 +35,7 @@ class Submit:
     messages: list[dict[str, str]]  # oldest first; the last one is answered
     params: SamplingParams
     context_window: int
+    raw: bool = False  # plain continuation of the messages' text (see chat/prompt.py)
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class Cancel:
 class EngineReady:
     num_blocks: int
     block_size: int
+    chat_template: bool = True  # False: a base model, chatting in the plain format
 
 
 @dataclass(frozen=True)
@@ -145,7 +147,8 @@ class EngineDriver:
             self._refuse_all(f"the model failed to load: {reason}")
             return
         config = engine.config
-        self._emit(EngineReady(config.num_kv_blocks, config.block_size))
+        self._emit(EngineReady(config.num_kv_blocks, config.block_size,
+                               has_chat_template(engine.tokenizer)))
         self._emit(StatsUpdate(engine.stats(), 0.0))
         self._serve(engine)
 
@@ -183,8 +186,11 @@ class EngineDriver:
         rid = command.request_id
         try:
             prompt = build_prompt(engine.tokenizer, command.system_prompt, command.messages,
-                                  command.context_window)
-            engine.add_request(rid, prompt.token_ids, command.params)
+                                  command.context_window, command.raw)
+            params = command.params
+            if not command.raw and not has_chat_template(engine.tokenizer):
+                params = replace(params, stop=[*params.stop, PLAIN_STOP])
+            engine.add_request(rid, prompt.token_ids, params)
         except (PromptTooLong, ValueError) as error:  # RequestError is a ValueError
             self._emit(RequestFailed(rid, str(error)))
             return

@@ -5,6 +5,10 @@ history. Cutting tokens blindly would split the chat template's markup, so here 
 messages drop off instead, oldest first: the system prompt always stays, then the
 newest messages that fit. Only when the newest message alone is too long is it cut,
 keeping its end (the question is usually at the end).
+
+A model without a chat template (a base model) is given the conversation as plain
+"User: ... / Assistant: ..." lines, and stops where it would begin the user's next line;
+``raw`` gives no markup at all: the model continues the transcript's text.
 """
 
 from __future__ import annotations
@@ -13,6 +17,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 DEFAULT_CONTEXT_WINDOW = 1024
+PLAIN_FORMAT_NOTE = ("this model has no chat template: the chat uses a plain "
+                     "\"User: / Assistant:\" format (--raw: plain continuation)")
+PLAIN_STOP = "\nUser:"  # where a base model would begin to write the user's next turn
 
 
 class Tokenizer(Protocol):
@@ -40,46 +47,57 @@ def build_prompt(
     system_prompt: str,
     messages: list[dict[str, str]],
     context_window: int = DEFAULT_CONTEXT_WINDOW,
+    raw: bool = False,
 ) -> Prompt:
-    """Render ``messages`` (oldest first, the newest is answered) within ``context_window``."""
+    """Render ``messages`` (oldest first, the newest is answered) within ``context_window``;
+    ``raw``: their text alone, without the system prompt or any markup."""
     if not messages:
         raise ValueError("a prompt needs at least one message")
-    head = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    head = [{"role": "system", "content": system_prompt}] if system_prompt and not raw else []
     kept: list[int] | None = None
     count = 0
     for start in range(len(messages) - 1, -1, -1):
-        ids = render(tokenizer, head + messages[start:])
+        ids = render(tokenizer, head + messages[start:], raw)
         if len(ids) > context_window:
             break
         kept, count = ids, len(messages) - start
     if kept is not None:
         return Prompt(kept, count, len(messages) - count, truncated=False)
-    return Prompt(_cut_newest(tokenizer, head, messages[-1], context_window),
+    return Prompt(_cut_newest(tokenizer, head, messages[-1], context_window, raw),
                   1, len(messages) - 1, truncated=True)
 
 
-def render(tokenizer: Tokenizer, conversation: list[dict[str, str]]) -> list[int]:
-    """Token ids of ``conversation`` in the chat template, ready for the assistant's turn."""
-    if getattr(tokenizer, "chat_template", None):
+def has_chat_template(tokenizer: Tokenizer) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def render(tokenizer: Tokenizer, conversation: list[dict[str, str]],
+           raw: bool = False) -> list[int]:
+    """Token ids of ``conversation`` in the chat template, ready for the assistant's turn
+    (plain "User: / Assistant:" lines without a template; ``raw``: the text alone)."""
+    if raw:
+        return list(tokenizer.encode("".join(m["content"] for m in conversation)))
+    if has_chat_template(tokenizer):
         ids = tokenizer.apply_chat_template(
             conversation, add_generation_prompt=True, tokenize=True
         )
         return list(ids["input_ids"] if not isinstance(ids, list) else ids)
-    # A model without a template (a base or test model): plain "role: text" lines.
-    text = "".join(f"{m['role']}: {m['content']}\n" for m in conversation) + "assistant:"
-    return list(tokenizer.encode(text))
+    text = "".join(f"{m['content']}\n\n" if m["role"] == "system"
+                   else f"{m['role'].capitalize()}: {m['content']}\n" for m in conversation)
+    return list(tokenizer.encode(text + "Assistant:"))
 
 
 def _cut_newest(
-    tokenizer: Tokenizer, head: list[dict[str, str]], newest: dict[str, str], window: int
+    tokenizer: Tokenizer, head: list[dict[str, str]], newest: dict[str, str], window: int,
+    raw: bool = False,
 ) -> list[int]:
-    overhead = len(render(tokenizer, head + [{**newest, "content": ""}]))
+    overhead = len(render(tokenizer, head + [{**newest, "content": ""}], raw))
     budget = window - overhead
     content_ids = tokenizer.encode(newest["content"], add_special_tokens=False)
     # Re-tokenizing decoded text can merge or split tokens; shrink until it fits.
     while budget > 0:
         text = tokenizer.decode(content_ids[-budget:])
-        ids = render(tokenizer, head + [{**newest, "content": text}])
+        ids = render(tokenizer, head + [{**newest, "content": text}], raw)
         if len(ids) <= window:
             return ids
         budget -= len(ids) - window

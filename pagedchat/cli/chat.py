@@ -14,7 +14,8 @@ from pagedchat.tui.main import DEFAULT_KV_BLOCKS, run_chat
 
 def chat(
     model: Annotated[str | None, typer.Option(
-        "--model", "-m", help="HF folder or GGUF file (default: SmolLM2-135M-Instruct).")] = None,
+        "--model", "-m",
+        help="HF folder, GGUF file or gemma-3-270m (default: SmolLM2-135M-Instruct).")] = None,
     db: Annotated[Path | None, typer.Option(
         help="SQLite file of the sessions (default: chats.db in $PAGEDCHAT_DATA_DIR, "
              "else in $XDG_DATA_HOME/pagedchat).")] = None,
@@ -30,7 +31,10 @@ def chat(
         "--tensor-parallel-size", "-tp", min=1,
         help="Workers that split the model's heads (one process each).")] = 1,
     weights: Weights = None,
+    raw: Annotated[bool, typer.Option(
+        "--raw", help="Plain continuation: the model continues your text, no chat format."
+    )] = False,
 ) -> None:
     """Chat in the terminal with a model served by the paged engine."""
     run_chat(model, db, continue_last, session, context_window, kv_blocks, tensor_parallel_size,
-             weights)
+             weights, raw)

@@ -13,7 +13,7 @@ from pagedchat.bench import report
 from pagedchat.engine.errors import PagedChatError
 
 Model = Annotated[str | None, typer.Option(
-    "--model", help="HF folder or GGUF file (default: SmolLM2-135M-Instruct).")]
+    "--model", help="HF folder, GGUF file or gemma-3-270m (default: SmolLM2-135M-Instruct).")]
 JsonPath = Annotated[Path | None, typer.Option("--json", help="Write figures + metadata.")]
 BlockSize = Annotated[int, typer.Option("--block-size", help="Tokens per KV block.")]
 KvBlocks = Annotated[int | None, typer.Option("--kv-blocks", min=1,

@@ -15,7 +15,8 @@ def run(
     prompt: Annotated[str | None, typer.Argument(
         help="The question; '-' or nothing reads it from standard input.")] = None,
     model: Annotated[str | None, typer.Option(
-        "--model", "-m", help="HF folder or GGUF file [default: SmolLM2-135M-Instruct]")] = None,
+        "--model", "-m",
+        help="HF folder, GGUF file or gemma-3-270m [default: SmolLM2-135M-Instruct]")] = None,
     system: Annotated[str | None, typer.Option(help="A system prompt.")] = None,
     max_tokens: Annotated[int, typer.Option(min=1, help="Most tokens to generate.")] = 512,
     temperature: Annotated[float, typer.Option(min=0.0, help="0 is greedy.")] = 0.0,
@@ -34,6 +35,9 @@ def run(
                             "tokens to stderr.")] = None,
 ) -> None:
     """Answer one prompt, streaming the reply to standard output (pipe friendly)."""
+    from dataclasses import replace
+
+    from pagedchat.chat.prompt import PLAIN_STOP, has_chat_template, render
     from pagedchat.engine.config import EngineConfig
     from pagedchat.engine.errors import PagedChatError
     from pagedchat.engine.llm_engine import LLMEngine
@@ -57,9 +61,10 @@ def run(
         else:
             messages = ([{"role": "system", "content": system}] if system else [])
             messages.append({"role": "user", "content": prompt})
-            encoded = engine.tokenizer.apply_chat_template(
-                messages, tokenize=True, add_generation_prompt=True)
-            request = list(encoded["input_ids"])
+            # a base model (no chat template) gets plain "User: / Assistant:" lines
+            request = render(engine.tokenizer, messages)
+            if not has_chat_template(engine.tokenizer):
+                params = replace(params, stop=[PLAIN_STOP])
         engine.add_request("run", request, params)
         final = None
         while engine.has_unfinished_requests():

@@ -19,7 +19,7 @@ from pagedchat.engine.block_manager import BlockManager
 from pagedchat.engine.config import EngineConfig
 from pagedchat.engine.errors import ModelLoadError, RequestError
 from pagedchat.engine.loading.detokenizer import IncrementalDetokenizer
-from pagedchat.engine.loading.loader import ModelFiles, is_gguf, prepare_model
+from pagedchat.engine.loading.loader import ModelFiles, prepare_model, reads_quantized
 from pagedchat.engine.loading.model_config import ModelConfig
 from pagedchat.engine.loading.tokenizer import load_tokenizer
 from pagedchat.engine.outputs import CompletionOutput, EngineStats, RequestOutput
@@ -331,7 +331,7 @@ def resolve_weights(config: EngineConfig) -> EngineConfig:
     weights = config.weights
     on_cpu = resolve_device(config.device) == "cpu"
     if weights is None:
-        gguf = is_gguf(config.model) and on_cpu and config.dtype == "float32"
+        gguf = reads_quantized(config.model) and on_cpu and config.dtype == "float32"
         weights = "gguf" if gguf else config.dtype
     if weights == "gguf" and not on_cpu:
         raise ModelLoadError("--weights gguf runs on the CPU: use --weights float32 or "

@@ -71,6 +71,7 @@ class ChatApp(App):
         model_name: str,
         *,
         context_window: int = DEFAULT_CONTEXT_WINDOW,
+        raw: bool = False,
         session_id: int | None = None,
         continue_last: bool = False,
         settings: SamplingSettings | None = None,
@@ -83,7 +84,7 @@ class ChatApp(App):
         self.new_settings = settings or SamplingSettings()
         self.new_system_prompt = system_prompt
         self.driver = EngineDriver(load_engine, lambda event: self.post_message(EngineEvent(event)))
-        self.replies = Replies(self, self.driver, context_window)
+        self.replies = Replies(self, self.driver, context_window, raw)
         self.sessions: dict[int, Session] = {}
         self.current: int | None = None
         self.engine_stopped = False

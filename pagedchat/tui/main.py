@@ -26,6 +26,7 @@ def run_chat(
     kv_blocks: int = DEFAULT_KV_BLOCKS,
     tensor_parallel_size: int = 1,
     weights: str | None = None,
+    raw: bool = False,
 ) -> None:
     """Open the store, check the asked-for session, and run the app until the user quits."""
     from pagedchat.tui.app import ChatApp  # Textual loads only when the app runs
@@ -40,7 +41,8 @@ def run_chat(
     name = Path(model).name if model else DEFAULT_MODEL_NAME
     load = partial(load_engine, model, num_kv_blocks=kv_blocks,
                    tensor_parallel_size=tensor_parallel_size, weights=weights)
-    app = ChatApp(store, load, name, context_window=context_window, session_id=session_id,
+    app = ChatApp(store, load, name, context_window=context_window, raw=raw,
+                  session_id=session_id,
                   continue_last=continue_last)
     app.run()
     if not app.engine_stopped:

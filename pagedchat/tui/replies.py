@@ -26,6 +26,7 @@ from pagedchat.chat.driver import (
     StatsUpdate,
     Submit,
 )
+from pagedchat.chat.prompt import PLAIN_FORMAT_NOTE
 from pagedchat.chat.store import StoreError
 from pagedchat.tui.widgets.inspector import Inspector
 from pagedchat.tui.widgets.status_line import StatusLine
@@ -58,10 +59,12 @@ class Turn:
 class Replies:
     """The replies being generated, by request id, and what the engine said of them."""
 
-    def __init__(self, app: ChatApp, driver: EngineDriver, context_window: int) -> None:
+    def __init__(self, app: ChatApp, driver: EngineDriver, context_window: int,
+                 raw: bool = False) -> None:
         self.app = app
         self.driver = driver
         self.context_window = context_window
+        self.raw = raw  # plain continuation, no chat format
         self.turns: dict[str, Turn] = {}
         self.session_of: dict[str, int] = {}  # every request id of this run -> its session
         self.engine_ready = False
@@ -104,7 +107,7 @@ class Replies:
         self.turns[rid] = Turn(session, reply, time.monotonic())
         self.session_of[rid] = session.id
         self.driver.submit(Submit(rid, session.system_prompt, session.history(), params,
-                                  self.context_window))
+                                  self.context_window, self.raw))
         session.messages.append(reply)
         view = app.view(session.id)
         await view.add(user)
@@ -184,6 +187,8 @@ class Replies:
 
     def _take_ready(self, ready: EngineReady) -> None:
         self.engine_ready = True
+        if not ready.chat_template and not self.raw:
+            self.app.notify(PLAIN_FORMAT_NOTE, title=self.app.model_name, timeout=10)
         self.app.query_one(StatusLine).show_state(
             f"● {self.app.model_name} · {ready.num_blocks} blocks x {ready.block_size} tokens")
         for turn in self.turns.values():

@@ -75,3 +75,32 @@ def test_no_system_prompt():
     tok = WordTokenizer()
     prompt = build_prompt(tok, "", [user("hi")], context_window=10)
     assert tok.decode(prompt.token_ids) == "<user> hi </> <assistant>"
+
+
+class PlainTokenizer(WordTokenizer):
+    """A base model's tokenizer: no chat template."""
+
+    chat_template = None
+
+
+def test_without_a_template_the_chat_is_plain_user_and_assistant_lines():
+    tok = PlainTokenizer()
+    ids = render(tok, [{"role": "system", "content": "be brief"}, user("hi there"),
+                       assistant("hello"), user("why?")])
+    assert tok.decode(ids) == "be brief User: hi there Assistant: hello User: why? Assistant:"
+
+
+def test_raw_is_the_text_alone_without_system_prompt_or_markup():
+    tok = PlainTokenizer()
+    prompt = build_prompt(tok, "be brief", [user("once upon"), assistant(" a ti"),
+                                            user("me there")], raw=True)
+    # joined as they are: a reply continues the text before it, word pieces and all
+    assert tok.decode(prompt.token_ids) == "once upon a time there"
+
+
+def test_raw_keeps_the_newest_messages_within_the_window():
+    tok = PlainTokenizer()
+    history = [user(words(6, "a")), assistant(" " + words(6, "b")), user(" " + words(3, "c"))]
+    prompt = build_prompt(tok, "sys", history, context_window=10, raw=True)
+    assert prompt.dropped_messages == 1
+    assert tok.decode(prompt.token_ids) == f"{words(6, 'b')} {words(3, 'c')}"

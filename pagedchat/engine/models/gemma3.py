@@ -1,0 +1,239 @@
+"""Gemma 3 (text) with paged attention: local layers over a sliding window, global ones
+over the whole context, in the config's pattern.
+
+What sets it apart from Llama, each from a shared layer or one of its own: RMSNorm with
+``1 + w``, norms before and after both attention and MLP, QK-norm, GeGLU with tanh GELU,
+embeddings scaled by ``sqrt(hidden)``, a query scale of its own, a head_dim that is not
+hidden / heads, two rope tables (local and global bases) and an optional soft cap on the
+final logits.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+from torch import nn
+
+from pagedchat.engine.layers.attention import AttentionMetadata
+from pagedchat.engine.layers.embedding import Embedding
+from pagedchat.engine.layers.geglu import GeGLU
+from pagedchat.engine.layers.linear import Linear
+from pagedchat.engine.layers.offset_norm import OffsetRMSNorm
+from pagedchat.engine.layers.rotary import Rope, RotaryEmbedding
+from pagedchat.engine.layers.sliding_window import single_token_blocks, window_metadata
+from pagedchat.engine.loading.model_config import ModelConfig
+from pagedchat.engine.parallel.tensor_parallel import TensorParallel
+
+LOCAL = "sliding_attention"
+
+
+class Gemma3Attention(nn.Module):
+    """QKV, the per-head norms of Q and K, rotary and the K/V store, then paged attention:
+    over the window for a local layer (see ``layers/sliding_window.py``)."""
+
+    def __init__(self, config: ModelConfig, kernels: ModuleType, tp: TensorParallel,
+                 local: bool) -> None:
+        super().__init__()
+        self.tp = tp
+        self.local = local
+        self.head_dim = config.head_dim
+        self.num_heads = config.num_attention_heads // tp.size
+        self.num_kv_heads = config.num_key_value_heads // tp.size
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size,
+                               config.attention_bias, kernels)
+        self.o_proj = Linear(self.q_size, config.hidden_size, False, kernels)
+        self.q_norm = OffsetRMSNorm(self.head_dim, config.rms_norm_eps, kernels)
+        self.k_norm = OffsetRMSNorm(self.head_dim, config.rms_norm_eps, kernels)
+        self.scale = float(config.query_pre_attn_scalar or self.head_dim) ** -0.5
+        self.kernels = kernels
+        self.k_cache = torch.empty(0)
+        self.v_cache = torch.empty(0)
+
+    def forward(self, x: torch.Tensor, rope: Rope, meta: AttentionMetadata) -> torch.Tensor:
+        tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, _ = self.q_norm(q.reshape(-1, self.head_dim))
+        k, _ = self.k_norm(k.reshape(-1, self.head_dim))
+        qkv = torch.cat((q.view(tokens, -1), k.view(tokens, -1), v), dim=-1)
+        q = self.kernels.rotary_store(qkv, *rope, self.num_heads, self.k_cache, self.v_cache,
+                                      meta.slot_mapping)
+        k_cache, v_cache = self.k_cache, self.v_cache
+        if self.local:
+            k_cache, v_cache = single_token_blocks(k_cache), single_token_blocks(v_cache)
+        out = self.kernels.paged_attention(
+            q, k_cache, v_cache, meta.block_tables, meta.context_lens, meta.query_start_loc,
+            self.scale)
+        return self.tp.all_reduce(self.o_proj(out.reshape(-1, self.q_size)))
+
+
+class Gemma3DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, kernels: ModuleType, tp: TensorParallel,
+                 local: bool) -> None:
+        super().__init__()
+        size, eps = config.hidden_size, config.rms_norm_eps
+        self.local = local
+        self.input_layernorm = OffsetRMSNorm(size, eps, kernels)
+        self.self_attn = Gemma3Attention(config, kernels, tp, local)
+        self.post_attention_layernorm = OffsetRMSNorm(size, eps, kernels)
+        self.pre_feedforward_layernorm = OffsetRMSNorm(size, eps, kernels)
+        self.mlp = GeGLU(config, kernels, tp)
+        self.post_feedforward_layernorm = OffsetRMSNorm(size, eps, kernels)
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None, rope: Rope, meta: AttentionMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """transformers' ``r + post(attn(pre(r)))`` then the same for the MLP, each residual
+        add folded into the norm after it, as in Llama's layer: it takes and returns its
+        last sublayer's (post-normed) output and the residual stream still to be added."""
+        h, residual = self.input_layernorm(x, residual)
+        h, _ = self.post_attention_layernorm(self.self_attn(h, rope, meta))
+        h, residual = self.pre_feedforward_layernorm(h, residual)
+        h, _ = self.post_feedforward_layernorm(self.mlp(h))
+        return h, residual
+
+
+class Gemma3Rotary(nn.Module):
+    """The global layers' rope table and the local layers' one."""
+
+    def __init__(self, full: RotaryEmbedding, local: RotaryEmbedding) -> None:
+        super().__init__()
+        self.full = full
+        self.local = local
+
+
+class Gemma3ForCausalLM(nn.Module):
+    """The embedding and the head hold this worker's rows of the vocabulary; the head is
+    the embedding's (tied) unless the checkpoint has its own."""
+
+    def __init__(
+        self, config: ModelConfig, kernels: ModuleType, tp: TensorParallel | None = None
+    ) -> None:
+        super().__init__()
+        if config.attn_logit_softcapping is not None:
+            raise ValueError("Gemma 3 configs with attn_logit_softcapping are not supported")
+        if not config.sliding_window:
+            raise ValueError("a Gemma 3 config needs its sliding_window")
+        self.config = config
+        self.tp = tp = tp or TensorParallel()
+        if config.num_key_value_heads % tp.size:
+            raise ValueError(f"{config.num_key_value_heads} KV heads cannot be split "
+                             f"over {tp.size} workers")
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, kernels, tp)
+        self.layers = nn.ModuleList(
+            Gemma3DecoderLayer(config, kernels, tp, kind == LOCAL)
+            for kind in config.layer_types)
+        self.norm = OffsetRMSNorm(config.hidden_size, config.rms_norm_eps, kernels)
+        self.tied = config.tie_word_embeddings
+        self.lm_head = (None if self.tied
+                        else Linear(config.hidden_size, self.vocab_rows, False, kernels))
+        self.kernels = kernels
+        self.rotary: Gemma3Rotary | None = None  # see build_rotary
+
+    @property
+    def vocab_rows(self) -> int:
+        """This worker's rows of the vocabulary: the width of its logits."""
+        return self.embed_tokens.rows
+
+    def pack(self) -> None:
+        """Lay the products' weights out for the kernels, after loading; the embedding's
+        too where the head reads it."""
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.pack()
+        if self.tied:
+            self.embed_tokens.pack()
+
+    def build_rotary(self, max_positions: int) -> None:
+        """The two cos/sin tables, on the current device (the model is built on meta)."""
+        self.rotary = Gemma3Rotary(
+            RotaryEmbedding(*_rope(self.config, self.config.rope_parameters, "full_attention"),
+                            max_positions),
+            RotaryEmbedding(*_rope(self.config, self.config.local_rope_parameters, LOCAL),
+                            max_positions))
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+        local_meta: AttentionMetadata | None = None,
+    ) -> torch.Tensor:
+        """``local_meta``: the local layers' block tables where they keep their own (the
+        same tensors as ``meta`` for slots and query starts); ``meta``'s tables otherwise."""
+        x = self.embed_tokens(input_ids)
+        normalizer = torch.tensor(self.config.hidden_size**0.5, dtype=torch.float32)
+        x = x * normalizer.to(x.dtype)
+        full_rope = self.rotary.full.lookup(positions, x.dtype)
+        local_rope = self.rotary.local.lookup(positions, x.dtype)
+        block_size = self.layers[0].self_attn.k_cache.shape[1]
+        window = window_metadata(local_meta or meta, positions, self.config.sliding_window,
+                                 block_size)
+        residual = None
+        for layer in self.layers:
+            if layer.local:
+                x, residual = layer(x, residual, local_rope, window)
+            else:
+                x, residual = layer(x, residual, full_rope, meta)
+        return x + residual
+
+    def compute_logits(self, hidden: torch.Tensor,
+                       out: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Logits of the sampled rows, soft-capped where the config says so (in place, in
+        the buffer ``out``); gathered on rank 0 under tensor parallelism."""
+        hidden, _ = self.norm(hidden)
+        head = self.embed_tokens.logits if self.tied else self.lm_head
+        logits = head(hidden, out=out)
+        cap = self.config.final_logit_softcapping
+        if cap is not None:
+            logits.div_(cap).tanh_().mul_(cap)
+        return self.tp.gather_columns(logits, self.config.vocab_size)
+
+    @torch.no_grad()
+    def load_hf_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Copy a transformers-named state dict in, fusing q/k/v and gate/up, keeping this
+        worker's shard; norms store ``1 + w``."""
+        shard = self.tp.shard
+        for i, layer in enumerate(self.layers):
+            prefix = f"model.layers.{i}."
+            attn, mlp = layer.self_attn, layer.mlp
+            qkv = [shard(tensors.pop(prefix + f"self_attn.{n}_proj.weight")) for n in "qkv"]
+            attn.qkv_proj.weight.copy_(torch.cat(qkv))
+            if attn.qkv_proj.bias is not None:
+                attn.qkv_proj.bias.copy_(torch.cat(
+                    [shard(tensors.pop(prefix + f"self_attn.{n}_proj.bias")) for n in "qkv"]))
+            mlp.gate_up_proj.weight.copy_(torch.cat(
+                [shard(tensors.pop(prefix + f"mlp.{n}_proj.weight")) for n in ("gate", "up")]))
+            attn.o_proj.weight.copy_(shard(tensors.pop(prefix + "self_attn.o_proj.weight"), dim=1))
+            mlp.down_proj.weight.copy_(shard(tensors.pop(prefix + "mlp.down_proj.weight"), dim=1))
+            for name in ("self_attn.q_norm", "self_attn.k_norm", "input_layernorm",
+                         "post_attention_layernorm", "pre_feedforward_layernorm",
+                         "post_feedforward_layernorm"):
+                layer.get_submodule(name).load(tensors.pop(f"{prefix}{name}.weight"))
+        vocab = slice(self.embed_tokens.start, self.embed_tokens.end)
+        self.embed_tokens.weight.copy_(tensors.pop("model.embed_tokens.weight")[vocab])
+        self.norm.load(tensors.pop("model.norm.weight"))
+        head = tensors.pop("lm_head.weight", None)
+        if self.lm_head is not None:
+            if head is None:
+                raise KeyError("lm_head.weight (the model's head is not tied to its embeddings)")
+            self.lm_head.weight.copy_(head[vocab])
+        if tensors:
+            raise KeyError(f"unexpected weights: {', '.join(sorted(tensors)[:5])}")
+
+
+def _rope(config: ModelConfig, params: dict, layer_type: str) -> tuple[torch.Tensor, float]:
+    """inv_freq and cos/sin scaling of one layer type's rope, as transformers computes
+    them; a scaled type (e.g. the global layers' linear scaling) takes transformers' own
+    formula and config."""
+    if params["rope_type"] == "default":
+        dim = config.head_dim
+        base = float(params["rope_theta"])
+        return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)), 1.0
+    from transformers import AutoConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    if params["rope_type"] not in ROPE_INIT_FUNCTIONS:
+        raise ValueError(f"unsupported rope type {params['rope_type']!r}")
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS[params["rope_type"]](
+        AutoConfig.from_pretrained(config.folder), layer_type=layer_type)
+    return inv_freq, float(scaling)
