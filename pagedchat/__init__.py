@@ -9,16 +9,14 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-# MKL's own allocator keeps every buffer it ever packed a matrix into (about 130 MB after
-# a ShareGPT run); without it they go back to malloc, which the engine keeps warm anyway
-# (model_runner.keep_freed_memory), at no cost in speed. MKL reads this once, when torch
-# loads it: here it comes before any of pagedchat imports torch. A user's setting wins.
+# MKL's own allocator keeps every buffer it ever packed a matrix into; without it they go
+# back to malloc, which the engine keeps warm anyway (model_runner.keep_freed_memory). MKL
+# reads this once, when torch loads it: here it comes before any of pagedchat imports
+# torch. A user's setting wins.
 os.environ.setdefault("MKL_DISABLE_FAST_MM", "1")
-# torch's oneDNN glue (ideep) keeps the last 1,024 products it set up, one per shape; the
-# engine's row count changes from step to step, and those entries, spread through the
-# heap, kept another 220-330 MB of freed activations from being reused after a 200-request
-# run (free heap 330 MB against 100 with one entry; throughput the same within this
-# machine's noise: oneDNN's own primitive cache, which holds the compiled kernels, stays).
+# torch's oneDNN glue (ideep) keeps one set-up product per shape it sees; the engine's row
+# count changes from step to step, and those entries, spread through the heap, keep freed
+# activations from being reused. oneDNN's own cache of compiled kernels stays.
 os.environ.setdefault("LRU_CACHE_CAPACITY", "1")
 
 if TYPE_CHECKING:
