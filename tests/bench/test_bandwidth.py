@@ -38,8 +38,15 @@ def test_gguf_bytes_are_its_tensors_and_a_float16_kv_cache(tiny_gguf):
     assert gguf_bytes_per_token(tiny_gguf, 100) == stored + 100 * kv_per_token
 
 
+def test_quantized_weights_read_the_bytes_the_file_stores(tiny_gguf):
+    engine = LLM(model=str(tiny_gguf), num_kv_blocks=32, weights="gguf").engine
+    kv_per_token = 2 * TINY.layers * TINY.kv_heads * TINY.head_dim * 4
+    assert (pagedchat_bytes_per_token(engine, 64)
+            == gguf_bytes_per_token(tiny_gguf, 0) + 64 * kv_per_token)
+
+
 def test_pagedchat_bytes_are_its_weights_and_kv_cache(tiny_gguf):
-    engine = LLM(model=str(tiny_gguf), num_kv_blocks=32).engine
+    engine = LLM(model=str(tiny_gguf), num_kv_blocks=32, weights="float32").engine
     vocab = len(engine.tokenizer)
     weights = TINY.parameters(vocab) * 4  # float32, the head tied to the embedding
     assert pagedchat_bytes_per_token(engine, 0) == weights
