@@ -62,8 +62,8 @@ def compare_offline(options: EngineOptions, num_requests: int, alone: int, seed:
     if served["output_tokens"] != offline["output_tokens"]:
         report.note(f"[red]the server made {served['output_tokens']} output tokens, the engine "
                     f"{offline['output_tokens']}[/red]")
-    rows, targets = comparison(offline, offline_alone, served,
-                               [r.ttft for r in served_alone])
+    served_ttfts = [r.ttft for r in served_alone]
+    rows, targets = comparison(offline, offline_alone, served, served_ttfts)
     report.emit_table("serve vs offline", rows, [
         "engine", "requests", "output_tokens", "duration_s", "output_tokens_per_s",
         "ttft_alone_ms_median", "ttft_alone_ms_mean", "ttft_added_ms_median",
@@ -74,8 +74,13 @@ def compare_offline(options: EngineOptions, num_requests: int, alone: int, seed:
                 "to its first token; ttft_added = the server's time to first token minus the "
                 "engine's, request by request (the client's clock against the engine's)")
     if json_path:
-        report.write_json(json_path, meta, {row["engine"]: row for row in rows},
-                          targets=targets, requests=[r.record() for r in results])
+        alone_pairs = [{"id": r.id, "prompt_len": r.prompt_len, "offline_ttft_s": o,
+                        "served_ttft_s": s}
+                       for r, o, s in zip(singles, offline_alone, served_ttfts, strict=True)]
+        report.write_json(json_path, meta, {OFFLINE: {**offline, **rows[0]},
+                                            SERVED: {**served, **rows[1]}},
+                          targets=targets, alone=alone_pairs,
+                          requests=[r.record() for r in results])
     return targets
 
 
