@@ -90,9 +90,10 @@ class ServerProcess:
         """The end of what the server printed."""
         if self.log is None or self.log.closed:
             return ""
-        self.log.seek(0, os.SEEK_END)
-        self.log.seek(max(0, self.log.tell() - chars))
-        return self.log.read().decode(errors="replace").strip() or "(it printed nothing)"
+        # pread leaves alone the file offset the server shares and writes at
+        fd = self.log.fileno()
+        tail = os.pread(fd, chars, max(0, os.fstat(fd).st_size - chars))
+        return tail.decode(errors="replace").strip() or "(it printed nothing)"
 
     def stop(self) -> int | None:
         """SIGTERM, then wait; SIGKILL to its process group after ``stop_timeout``. Returns

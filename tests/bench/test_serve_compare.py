@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from pagedchat.bench.serve_llama import (
     LLAMA,
     PAGEDCHAT,
+    ratio_target,
     ratio_text,
     sustained_summary,
     sustains,
@@ -75,15 +76,24 @@ def test_the_ratio_of_highest_sustained_rates():
     summary = sustained_summary({PAGEDCHAT: sweep(rates, None), LLAMA: sweep([0.25], 0.5)},
                                 rates)
     assert summary["ratio"] == pytest.approx(8.0) and ratio_text(summary) == ">= 8.00"
+    assert ratio_target(summary)["met"] is True
     # pagedchat held nothing: zero
     summary = sustained_summary({PAGEDCHAT: sweep([], 0.25), LLAMA: sweep([0.25], 0.5)}, rates)
-    assert summary["ratio"] == 0.0
+    assert summary["ratio"] == 0.0 and ratio_target(summary)["met"] is False
+    # a lower bound under the target says nothing either way
+    summary = sustained_summary({PAGEDCHAT: sweep([0.5, 1.0], None),
+                                 LLAMA: sweep([0.5], 1.0)}, [0.5, 1.0])
+    assert ratio_text(summary) == ">= 2.00" and ratio_target(summary)["met"] is True
+    summary = sustained_summary({PAGEDCHAT: sweep([0.5, 0.75], None),
+                                 LLAMA: sweep([0.5], 0.75)}, [0.5, 0.75])
+    assert ratio_target(summary)["met"] == "unknown"
 
 
 def test_no_ratio_when_llama_servers_limit_is_outside_the_sweep():
     rates = [0.5, 1.0]
     none = sustained_summary({PAGEDCHAT: sweep([0.5], 1.0), LLAMA: sweep([], 0.5)}, rates)
     assert none["ratio"] is None and "add lower rates" in ratio_text(none)
+    assert ratio_target(none)["met"] == "unknown"
     every = sustained_summary({PAGEDCHAT: sweep(rates, None), LLAMA: sweep(rates, None)}, rates)
     assert every["ratio"] is None and "add higher rates" in ratio_text(every)
 
@@ -158,4 +168,5 @@ def test_compare_llama_server_end_to_end(tiny_gguf, tmp_path):
             assert run["figures"]["completed"] == 2
             assert [r["error"] for r in run["requests"]] == [None, None]
     assert saved["sustained"]["ratio"] is None
-    assert "add higher rates" in result.output
+    (target,) = lines(result.stdout, "targets")
+    assert target["met"] == "unknown" and "add_higher_rates" in target["measured"]
