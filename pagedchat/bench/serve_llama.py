@@ -3,7 +3,9 @@ against llama-cpp-python's server, on the same GGUF file with the same number of
 
 Both servers get the same Poisson trace at each rate, lowest first, until a rate is not
 sustained: every request completed and the p99 of each objective in the SLO (TTFT, TPOT,
-e2e) within its bound. A TPOT bound alone cannot tell a server that keeps up from one
+e2e) within its bound. Each run starts a fresh server (so no prompt is cached from an
+earlier rate), the two servers in turn at each rate (so a drift of the machine's speed
+touches both). A TPOT bound alone cannot tell a server that keeps up from one
 whose queue grows: llama-cpp-python serves one request at a time, so its TPOT stays
 flat at any rate while waiting requests pile up in its TTFT; so the SLO bounds both.
 Prompts go as text (llama-cpp-python takes no token ids) and EOS is banned through
@@ -51,24 +53,23 @@ def compare_llama_server(options: EngineOptions, num_requests: int, rates: list[
         PAGEDCHAT: partial(pagedchat_command, options),
         LLAMA: partial(llama_server_command, gguf, threads, LLAMA_CONTEXT),
     }
-    sweeps: dict[str, list[dict[str, object]]] = {}
+    sweeps: dict[str, list[dict[str, object]]] = {name: [] for name in servers}
     rows = []
-    for server_name, command in servers.items():
-        report.note(f"starting {server_name} on {gguf.name}")
-        with ServerProcess(server_name, command) as server:
-            name = asyncio.run(served_model(server.url))
-            asyncio.run(run_load(server.url, name, [warmup], [0.0], texts=[WARMUP_TEXT],
-                                 extra=extra))
-            sweeps[server_name] = runs = []
-            for rate in sorted(rates):
-                report.note(f"{server_name}: {len(requests)} requests at {rate:g} req/s")
+    for rate in sorted(rates):
+        for server_name, command in servers.items():
+            runs = sweeps[server_name]
+            if runs and not runs[-1]["figures"]["sustained"]:
+                continue  # it stopped at a lower rate
+            report.note(f"{server_name}: {len(requests)} requests at {rate:g} req/s")
+            with ServerProcess(server_name, command) as server:
+                name = asyncio.run(served_model(server.url))
+                asyncio.run(run_load(server.url, name, [warmup], [0.0], texts=[WARMUP_TEXT],
+                                     extra=extra))
                 run = run_at_rate(server.url, name, requests, rate, burstiness, seed, slo,
                                   max_concurrency, texts=texts, extra=extra)
-                run["figures"]["sustained"] = sustains(run["figures"], slo)
-                runs.append(run)
-                rows.append({"server": server_name, **report.flatten(run["figures"])})
-                if not run["figures"]["sustained"]:
-                    break
+            run["figures"]["sustained"] = sustains(run["figures"], slo)
+            runs.append(run)
+            rows.append({"server": server_name, **report.flatten(run["figures"])})
     report.emit_table("serve rates", rows, [
         "server", "request_rate", "completed", "requests_per_s", "output_tokens_per_s",
         "ttft_ms_median", "ttft_ms_p99", "tpot_ms_median", "tpot_ms_p99", "sustained"])

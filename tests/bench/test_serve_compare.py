@@ -150,23 +150,24 @@ needs_llama_server = pytest.mark.skipif(
 
 @needs_llama_server
 def test_compare_llama_server_end_to_end(tiny_gguf, tmp_path):
-    """Both servers on the same tiny GGUF take every rate: an SLO no run can miss keeps
-    both going to the top of the sweep, so llama-server's limit lies above it and no ratio
-    is claimed; every request gets its full length from both (EOS banned, text prompts)."""
+    """Both servers on the same tiny GGUF, each started afresh for its run: an SLO no run
+    can meet stops both at the lowest rate, so no ratio is claimed; every request of
+    both completes (pagedchat, which counts its tokens in the usage, with its full
+    length: text prompts, EOS banned)."""
     out = tmp_path / "llama.json"
     result = bench("--model", str(tiny_gguf), "--compare", "llama-server", "-n", "2",
-                   "--max-tokens", "4", "--rate", "50,inf", "--slo",
-                   "ttft=100000000,tpot=100000000", "--json", str(out))
+                   "--max-tokens", "4", "--rate", "inf,20", "--slo", "ttft=0.000001",
+                   "--kv-blocks", "160", "--json", str(out))
     assert result.exit_code == 0, result.output
     rows = lines(result.stdout, "serve_rates")
     assert [(r["server"], r["request_rate"], r["sustained"]) for r in rows] == [
-        ("pagedchat_serve", "50", "True"), ("pagedchat_serve", "inf", "True"),
-        ("llama-server", "50", "True"), ("llama-server", "inf", "True")]
+        ("pagedchat_serve", "20", "False"), ("llama-server", "20", "False")]
     saved = json.loads(out.read_text())
-    for runs in saved["engines"].values():
-        for run in runs:
-            assert run["figures"]["completed"] == 2
-            assert [r["error"] for r in run["requests"]] == [None, None]
+    for name, (run,) in saved["engines"].items():
+        assert run["figures"]["completed"] == 2
+        assert [r["error"] for r in run["requests"]] == [None, None]
+        if name == "pagedchat serve":
+            assert [r["output_len"] for r in run["requests"]] == [4, 4]
     assert saved["sustained"]["ratio"] is None
     (target,) = lines(result.stdout, "targets")
-    assert target["met"] == "unknown" and "add_higher_rates" in target["measured"]
+    assert target["met"] == "unknown" and "add_lower_rates" in target["measured"]
