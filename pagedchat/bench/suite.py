@@ -8,7 +8,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from pagedchat.bench import llamacpp, report, sharegpt
+from pagedchat.bench import llamacpp, report, sharegpt, vllm_cpu
 from pagedchat.bench.engines import PagedChat
 from pagedchat.bench.metrics import RequestResult, latency_figures, throughput_figures
 from pagedchat.bench.peers import (
@@ -81,7 +81,7 @@ def parse_list(text: str, convert=str) -> list:
 
 def parse_peers(text: str) -> list[str]:
     names = parse_list(text)
-    known = (*PEERS, llamacpp.NAME, *[OWN_PEER_PREFIX + dtype for dtype in DTYPES])
+    known = (*PEERS, llamacpp.NAME, vllm_cpu.NAME, *[OWN_PEER_PREFIX + dtype for dtype in DTYPES])
     unknown = [name for name in names if name not in known]
     if unknown:
         raise ValueError(f"unknown engine {unknown[0]!r} (choose from {', '.join(known)})")
@@ -141,10 +141,11 @@ HF_MAX_BATCH_TOKENS = 2048
 
 def make_peers(names: list[str], engine: LLMEngine, hf_batch_sizes: list[int],
                hf_page_size: int, hf_max_requests: Sequence[int] = HF_MAX_REQUESTS,
-               llamacpp_seqs: Sequence[int] = llamacpp.SEQUENCES) -> list:
+               llamacpp_seqs: Sequence[int] = llamacpp.SEQUENCES,
+               vllm_python: str | None = None) -> list:
     """The peers asked for, on the weights the engine loaded, with pagedchat's KV memory;
     each static batch size, continuous request limit and llama.cpp sequence count is a
-    peer of its own."""
+    peer of its own; vLLM runs with pagedchat's batch limit, under ``vllm_python``."""
     hf_names = [name for name in names if name in PEERS]
     if hf_names:
         model = load_hf_model(engine.model_files.weights_folder(), engine.config.dtype)
@@ -158,6 +159,14 @@ def make_peers(names: list[str], engine: LLMEngine, hf_batch_sizes: list[int],
             peers.append(PagedChat(LLMEngine(replace(engine.config, dtype=dtype)), name=name))
         elif name == llamacpp.NAME:
             peers += llamacpp.batched_peers(engine, llamacpp_seqs)
+        elif name == vllm_cpu.NAME:
+            if not vllm_python:
+                raise ValueError("the vllm-cpu peer runs in vLLM's own virtualenv: pass "
+                                 "--vllm-python PATH (or set PAGEDCHAT_VLLM_PYTHON)")
+            cfg = engine.config
+            peers.append(vllm_cpu.VllmCpu(
+                vllm_python, engine.model_files.weights_folder(), cfg.dtype,
+                cfg.num_kv_blocks * engine.runner.block_bytes, cfg.max_num_seqs))
         elif name == "hf-generate":
             peers += [HFGenerate(model, pad, size) for size in hf_batch_sizes]
         else:

