@@ -54,13 +54,15 @@ class ServedRequest:
 
 
 async def stream_completion(client: httpx.AsyncClient, model: str, request: Request,
+                            text: str | None = None, extra: dict | None = None,
                             ) -> ServedRequest:
-    """POST /v1/completions with the prompt's token ids, stream: true, ignore_eos and the
-    trace's output length; errors are recorded, never raised."""
+    """POST /v1/completions with the prompt's token ids (or ``text``, for a server that
+    takes no ids), stream: true, ignore_eos, the trace's output length and the ``extra``
+    fields; errors are recorded, never raised."""
     result = ServedRequest(request.id, request.prompt_len, request.output_len)
-    body = {"model": model, "prompt": request.prompt_ids, "max_tokens": request.output_len,
-            "temperature": 0, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {"model": model, "prompt": request.prompt_ids if text is None else text,
+            "max_tokens": request.output_len, "temperature": 0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}, **(extra or {})}
     result.sent = time.perf_counter()
     try:
         async with client.stream("POST", "/v1/completions", json=body) as reply:

@@ -32,9 +32,11 @@ def arrival_offsets(count: int, rate: float, burstiness: float = 1.0, seed: int 
 
 async def run_load(base_url: str, model: str, requests: list[Request], offsets: list[float],
                    max_concurrency: int | None = None, api_key: str | None = None,
+                   texts: list[str] | None = None, extra: dict | None = None,
                    ) -> tuple[list[ServedRequest], float]:
-    """Each request sent at its offset (later when ``max_concurrency`` are in flight);
-    returns the results in trace order and the wall time from first send to last reply."""
+    """Each request sent at its offset (later when ``max_concurrency`` are in flight), as
+    its text when ``texts`` are given, with the ``extra`` body fields; returns the results
+    in trace order and the wall time from first send to last reply."""
     gate = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     limits = httpx.Limits(max_connections=max_concurrency or len(requests) or 1,
@@ -44,14 +46,15 @@ async def run_load(base_url: str, model: str, requests: list[Request], offsets: 
                                  timeout=timeout) as client:
         start = time.perf_counter()
 
-        async def one(request: Request, offset: float) -> ServedRequest:
+        async def one(request: Request, offset: float, text: str | None) -> ServedRequest:
             await asyncio.sleep(max(0.0, start + offset - time.perf_counter()))
             if gate is None:
-                return await stream_completion(client, model, request)
+                return await stream_completion(client, model, request, text, extra)
             async with gate:
-                return await stream_completion(client, model, request)
+                return await stream_completion(client, model, request, text, extra)
 
-        results = await asyncio.gather(*(one(r, o) for r, o in zip(requests, offsets)))
+        results = await asyncio.gather(*(one(r, o, t) for r, o, t in zip(
+            requests, offsets, texts or [None] * len(requests))))
         return list(results), time.perf_counter() - start
 
 

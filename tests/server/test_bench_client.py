@@ -58,6 +58,17 @@ async def test_run_load_against_a_live_server(live_server):
     assert all(r.ok and r.ttft > 0 and len(r.chunk_times) <= r.output_len for r in results)
 
 
+async def test_run_load_sends_texts_and_extra_fields(live_server):
+    """A server that takes no token ids gets the text; extra fields go into every body."""
+    no_ids = [sharegpt.Request(f"t{i}", [], 6) for i in range(2)]
+    results, _ = await run_load(live_server.url, "tiny", no_ids, [0.0, 0.0],
+                                texts=["Tell me about paged attention."] * 2,
+                                extra={"max_tokens": 2})
+    assert [(r.error, r.output_len) for r in results] == [(None, 2), (None, 2)]
+    results, _ = await run_load(live_server.url, "tiny", no_ids[:1], [0.0])
+    assert results[0].error.startswith("HTTP 400")  # the empty ids themselves are refused
+
+
 def test_bench_serve_base_url_writes_per_request_json(live_server, tiny_model_dir, tmp_path,
                                                       monkeypatch):
     from pagedchat.cli import app

@@ -8,6 +8,10 @@ from typing import Annotated
 import typer
 
 from pagedchat.bench.online import serve_rates
+from pagedchat.bench.remote import bench_remote
+from pagedchat.bench.serve_llama import DEFAULT_SLO, compare_llama_server
+from pagedchat.bench.serve_offline import CONCURRENCY, compare_offline
+from pagedchat.bench.serve_stats import parse_slo
 from pagedchat.bench.suite import (
     parse_list,
     parse_peers,
@@ -15,14 +19,12 @@ from pagedchat.bench.suite import (
 )
 from pagedchat.cli.bench.options import (
     MAX_SEQS,
-    Compare,
     DType,
     Dtype,
     HfBatch,
     HfPage,
     MaxSeqs,
     MaxTokens,
-    NumRequests,
     Plot,
     Rates,
     Seed,
@@ -44,19 +46,59 @@ BaseUrl = Annotated[str | None, typer.Option(
                        "here, e.g. http://127.0.0.1:8000 (pagedchat serve, llama-server, "
                        "vllm serve).")]
 MaxConcurrency = Annotated[int | None, typer.Option(
-    "--max-concurrency", min=1, help="With --base-url: most requests in flight at once.")]
+    "--max-concurrency", min=1, help="With --base-url or a server comparison: most requests "
+                                     "in flight at once.")]
 Burstiness = Annotated[float, typer.Option(
-    "--burstiness", min=0.01, help="With --base-url: shape of the gamma arrival gaps; 1 is "
-                                   "Poisson, lower is burstier.")]
+    "--burstiness", min=0.01, help="With --base-url or --compare llama-server: shape of the "
+                                   "gamma arrival gaps; 1 is Poisson, lower is burstier.")]
 Slo = Annotated[str, typer.Option(
-    "--slo", help="With --base-url: goodput counts requests within these milliseconds, e.g. "
-                  "ttft=500,tpot=50 (e2e= too).")]
+    "--slo", help="Milliseconds, e.g. ttft=500,tpot=50 (e2e= too). With --base-url: goodput "
+                  "counts the requests within them; with --compare llama-server: the p99s a "
+                  f"sustained rate keeps within them [default there: {DEFAULT_SLO}].")]
 ApiKey = Annotated[str | None, typer.Option(
     "--api-key", envvar="OPENAI_API_KEY", help="With --base-url: sent as a bearer token.")]
+# server comparisons, each run alone: `pagedchat serve` against the engine in this process,
+# or against llama-cpp-python's server; the requests each one samples unless -n says
+SERVER_COMPARISONS = {"offline": 64, "llama-server": 32}
+TRACE_REQUESTS = 200
 
 
-def serve(num_requests: NumRequests = 200, model: Model = None, max_tokens: MaxTokens = None,
-          rate: Rates = "0.5,1,2", compare: Compare = "", hf_batch_size: HfBatch = "8",
+def _check_compare(value: str) -> str:
+    names = parse_list(value)
+    if any(name in SERVER_COMPARISONS for name in names):
+        if len(names) > 1:
+            raise typer.BadParameter("offline and llama-server are compared alone")
+        return value
+    try:
+        parse_peers(value)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from error
+    return value
+
+
+ServeCompare = Annotated[str, typer.Option(
+    "--compare", callback=_check_compare,
+    help="Peers run in this process (hf-generate, hf-continuous, llama.cpp, pagedchat-DTYPE), "
+         "or one server comparison: offline (pagedchat serve, a child process with these "
+         "engine options, against the engine here on the same requests: output tokens/s "
+         f"with all sent at once, --max-concurrency in flight [default: {CONCURRENCY}], and "
+         "the time to first token of --alone-requests sent one at a time) or llama-server "
+         "(pagedchat "
+         "serve against llama-cpp-python's server on the same GGUF and threads: each takes "
+         "--rate, lowest first, until the p99s miss --slo; the highest rate each sustains).")]
+ServeRequests = Annotated[int | None, typer.Option(
+    "-n", "--num-requests", min=1,
+    help=f"Requests sampled from the trace [default: {TRACE_REQUESTS}; "
+         + ", ".join(f"{n} with --compare {name}" for name, n in SERVER_COMPARISONS.items())
+         + "].")]
+AloneRequests = Annotated[int, typer.Option(
+    "--alone-requests", min=1,
+    help="With --compare offline: requests sent one at a time, timed to the first token.")]
+
+
+def serve(num_requests: ServeRequests = None, model: Model = None,
+          max_tokens: MaxTokens = None, rate: Rates = "0.5,1,2", compare: ServeCompare = "",
+          hf_batch_size: HfBatch = "8",
           hf_page_size: HfPage = 256, seed: Seed = 0, block_size: BlockSize = 16,
           kv_blocks: KvBlocks = None, kv_memory: KvMemory = None, max_num_seqs: MaxSeqs = MAX_SEQS,
           dtype: Dtype = DType.float32,
@@ -64,20 +106,30 @@ def serve(num_requests: NumRequests = 200, model: Model = None, max_tokens: MaxT
           json_path: JsonPath = None,
           tp: TensorParallelSize = 1, base_url: BaseUrl = None,
           max_concurrency: MaxConcurrency = None, burstiness: Burstiness = 1.0, slo: Slo = "",
-          api_key: ApiKey = None) -> None:
+          api_key: ApiKey = None, alone_requests: AloneRequests = 8) -> None:
     """Online serving: Poisson arrivals; TTFT, TPOT, ITL, e2e and normalized latency."""
     with user_errors():
-        if base_url:
-            from pagedchat.bench.remote import bench_remote
-            from pagedchat.bench.serve_stats import parse_slo
-
-            bench_remote(base_url, model, num_requests, parse_list(rate, float), seed,
-                         max_tokens, max_concurrency, burstiness, parse_slo(slo), api_key,
-                         json_path)
+        names, rates = parse_list(compare), parse_list(rate, float)
+        options = engine_options(model, dtype, block_size, kv_blocks, kv_memory, max_num_seqs,
+                                 tp, weights=weights)
+        if names and names[0] in SERVER_COMPARISONS:
+            if base_url:
+                raise ValueError(f"--compare {names[0]} starts its own servers: leave out "
+                                 "--base-url")
+            count = num_requests or SERVER_COMPARISONS[names[0]]
+            if names[0] == "offline":
+                compare_offline(options, count, alone_requests, seed, max_tokens,
+                                max_concurrency or CONCURRENCY, json_path)
+            else:
+                compare_llama_server(options, count, rates, burstiness, seed, max_tokens,
+                                     parse_slo(slo or DEFAULT_SLO), max_concurrency, json_path)
             return
-        options = engine_options(model, dtype, block_size, kv_blocks, kv_memory, max_num_seqs, tp,
-                                 weights=weights)
+        num_requests = num_requests or TRACE_REQUESTS
+        if base_url:
+            bench_remote(base_url, model, num_requests, rates, seed, max_tokens,
+                         max_concurrency, burstiness, parse_slo(slo), api_key, json_path)
+            return
         serve_rates("serve", options,
-               lambda engine: sample_trace(engine, num_requests, seed, max_tokens),
-               parse_list(rate, float), parse_peers(compare), parse_list(hf_batch_size, int),
-               hf_page_size, seed, plot, json_path)
+                    lambda engine: sample_trace(engine, num_requests, seed, max_tokens),
+                    rates, names, parse_list(hf_batch_size, int), hf_page_size, seed, plot,
+                    json_path)
