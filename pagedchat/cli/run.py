@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from pagedchat.cli.options import Weights
+from pagedchat.cli.options import KvBlocks, KvMemory, Weights
 
 
 def run(
@@ -25,6 +25,8 @@ def run(
     raw: Annotated[bool, typer.Option(help="Send the prompt as is, no chat template.")] = False,
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
     weights: Weights = None,
+    kv_blocks: KvBlocks = None,
+    kv_memory: KvMemory = None,
     tensor_parallel_size: Annotated[int, typer.Option(
         "--tensor-parallel-size", "-tp", min=1,
         help="Workers that split the model's heads (one process each).")] = 1,
@@ -40,7 +42,7 @@ def run(
     from pagedchat.chat.prompt import PLAIN_STOP, has_chat_template, render
     from pagedchat.engine.config import EngineConfig
     from pagedchat.engine.errors import PagedChatError
-    from pagedchat.engine.llm_engine import LLMEngine
+    from pagedchat.engine.llm_engine import LLMEngine, open_model
     from pagedchat.engine.sampling_params import SamplingParams
 
     if prompt is None or prompt == "-":
@@ -51,21 +53,28 @@ def run(
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                                 seed=seed, logprobs=logprobs)
         start = time.perf_counter()
-        engine = LLMEngine(EngineConfig(model=model, dtype=dtype, weights=weights,
-                                        kv_cache_memory="512MiB",
-                                        swap_space="0B",
-                                        tensor_parallel_size=tensor_parallel_size))
-        loaded = time.perf_counter()
+        opened = open_model(EngineConfig(model=model, dtype=dtype, weights=weights,
+                                         num_kv_blocks=kv_blocks, kv_cache_memory=kv_memory,
+                                         swap_space="0B",
+                                         tensor_parallel_size=tensor_parallel_size))
         if raw:
-            request: str | list[int] = prompt
+            prompt_ids = list(opened.tokenizer.encode(prompt))
         else:
             messages = ([{"role": "system", "content": system}] if system else [])
             messages.append({"role": "user", "content": prompt})
             # a base model (no chat template) gets plain "User: / Assistant:" lines
-            request = render(engine.tokenizer, messages)
-            if not has_chat_template(engine.tokenizer):
+            prompt_ids = render(opened.tokenizer, messages)
+            if not has_chat_template(opened.tokenizer):
                 params = replace(params, stop=[PLAIN_STOP])
-        engine.add_request("run", request, params)
+        if kv_blocks is None and kv_memory is None:
+            # the pool serves this one request: sized to what it can need, not to the
+            # engine's budget for many
+            blocks = opened.config.request_kv_blocks(len(prompt_ids), params.max_tokens,
+                                                     params.best_of)
+            opened = replace(opened, config=replace(opened.config, num_kv_blocks=blocks))
+        engine = LLMEngine(opened)
+        loaded = time.perf_counter()
+        engine.add_request("run", prompt_ids, params)
         final = None
         while engine.has_unfinished_requests():
             for output in engine.step():
@@ -111,6 +120,9 @@ def _print_run_stats(engine, final, load_seconds: float) -> None:
         f"load duration:        {load_seconds:.2f}s ({source})",
         f"prompt eval count:    {len(final.prompt_token_ids)} token(s)",
         f"cached prompt tokens: {final.num_cached_tokens}",
+        f"kv cache:             {engine.config.num_kv_blocks} blocks of "
+        f"{engine.config.block_size} tokens "
+        f"({engine.config.num_kv_blocks * engine.runner.block_bytes / 2**20:.1f} MiB)",
         f"time to first token:  {ttft * 1000:.1f}ms",
         f"eval count:           {len(out.token_ids)} token(s)",
         f"eval rate:            {rate:.2f} tokens/s",

@@ -49,6 +49,9 @@ class EngineConfig:
     seed: int = 0
 
     DEFAULT_KV_CACHE_MEMORY = "2GiB"
+    # the least a pool sized for one request holds (see request_kv_blocks): a few blocks
+    # more than a short request needs cost little next to the model
+    MIN_REQUEST_POOL_TOKENS = 256
 
     def __post_init__(self) -> None:
         bs = self.block_size
@@ -81,3 +84,16 @@ class EngineConfig:
         if self.kv_cache_memory is not None:
             parse_bytes(self.kv_cache_memory)
         parse_bytes(self.swap_space)
+
+    def request_kv_blocks(self, num_prompt_tokens: int, max_tokens: int,
+                          sequences: int = 1) -> int:
+        """Blocks for a pool that serves one request and nothing else: each of its
+        ``sequences`` (n or best_of, the beam width) up to prompt + ``max_tokens`` tokens,
+        or the context (``max_model_len``) where that is less, counted unshared as the
+        scheduler counts a request that must fit the pool; at least
+        ``MIN_REQUEST_POOL_TOKENS`` tokens' worth."""
+        tokens = num_prompt_tokens + max_tokens
+        if self.max_model_len is not None:
+            tokens = min(tokens, self.max_model_len)
+        blocks = sequences * -(-tokens // self.block_size)
+        return max(blocks, -(-self.MIN_REQUEST_POOL_TOKENS // self.block_size))

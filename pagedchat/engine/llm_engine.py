@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
@@ -34,20 +35,45 @@ from pagedchat.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from pagedchat.engine.sequence import Sequence, SequenceGroup
 
 
+@dataclass(frozen=True)
+class OpenedModel:
+    """A model opened without its weights: its files, shape and tokenizer, and the engine's
+    config with the weights and the context resolved (see :func:`open_model`)."""
+
+    config: EngineConfig
+    files: ModelFiles
+    model_config: ModelConfig
+    tokenizer: Any
+
+
+def open_model(config: EngineConfig) -> OpenedModel:
+    """Everything the engine reads of a model before its weights. Cheap next to them, so a
+    caller can tokenize first and size the engine from what it found (``pagedchat run``
+    fits the KV pool to its one request), then hand the result to :class:`LLMEngine`."""
+    config = resolve_weights(config)
+    files = prepare_model(config.model, config.weights)
+    try:
+        model_config = replace(ModelConfig.from_folder(files.folder), gguf=files.gguf)
+        tokenizer = load_tokenizer(model_config)
+    except Exception as error:
+        raise ModelLoadError(
+            f"{files.folder}: cannot read config or tokenizer ({error})") from error
+    context = model_config.max_position_embeddings
+    config = replace(config, max_model_len=min(config.max_model_len or context, context))
+    check_size(config.tensor_parallel_size, model_config)
+    return OpenedModel(config, files, model_config, tokenizer)
+
+
 class LLMEngine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig | OpenedModel) -> None:
+        """``config``: the engine's, or a model :func:`open_model` opened with it."""
         start = time.perf_counter()
-        config = resolve_weights(config)
-        self.model_files: ModelFiles = prepare_model(config.model, config.weights)
+        opened = config if isinstance(config, OpenedModel) else open_model(config)
+        self.model_files: ModelFiles = opened.files
+        self.tokenizer = opened.tokenizer
+        self.config = config = opened.config
+        model_config = opened.model_config
         folder = self.model_files.folder
-        try:
-            model_config = replace(ModelConfig.from_folder(folder), gguf=self.model_files.gguf)
-            self.tokenizer = load_tokenizer(model_config)
-        except Exception as error:
-            raise ModelLoadError(f"{folder}: cannot read config or tokenizer ({error})") from error
-        context = model_config.max_position_embeddings
-        self.config = replace(config, max_model_len=min(config.max_model_len or context, context))
-        check_size(config.tensor_parallel_size, model_config)
         runner_class = ParallelRunner if config.tensor_parallel_size > 1 else ModelRunner
         try:
             self.runner = runner_class(self.config, model_config)

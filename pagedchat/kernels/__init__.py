@@ -2,7 +2,8 @@
 
 Every backend module keeps :class:`pagedchat.kernels.backend.KernelBackend`: the K/V store
 and block copies, paged attention, the sampler's reduction, linear layers and the embedding
-(with the layouts they pack once at load) and the layer's small operations.
+(with the layouts they pack once at load, or on a GGUF's quantized blocks) and the layer's
+small operations.
 :mod:`pagedchat.kernels.reference` defines what each computes. A backend may also offer
 ``decoder_stack`` (with ``LayerTensors``): a whole decoder stack in one call where a step is
 small, built from the same kernels, so that the model's result does not change (the CPU

@@ -9,6 +9,8 @@ from typing import Protocol
 
 import torch
 
+from pagedchat.kernels.quant import QuantizedWeight
+
 
 class KernelBackend(Protocol):
     """The operations the model and the engine call, with their signatures."""
@@ -47,6 +49,13 @@ class KernelBackend(Protocol):
     def embedding(self, ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor: ...
 
     def pack_embedding(self, weight: torch.Tensor) -> torch.Tensor: ...
+
+    def quantized_linear(self, x: torch.Tensor, weight: QuantizedWeight,
+                         bias: torch.Tensor | None = None,
+                         out: torch.Tensor | None = None) -> torch.Tensor: ...
+
+    def quantized_embedding(self, ids: torch.Tensor, weight: QuantizedWeight,
+                            dtype: torch.dtype = torch.float32) -> torch.Tensor: ...
 
 
 def operations() -> list[str]:

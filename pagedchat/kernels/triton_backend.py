@@ -6,7 +6,8 @@ run it on CPU. ``swap_blocks`` is a plain device <-> host copy, ``max_logsumexp`
 reductions over the logits, ``linear`` and ``embedding`` torch's own (``pack_linear`` and
 ``pack_embedding`` leave weights as they are), and ``rms_norm``, ``silu_mul`` and the
 rotation in ``rotary_store`` elementwise work that torch launches as a few kernels each:
-those come from the reference.
+those come from the reference. So do the products on quantized weights, which the engine
+keeps on the CPU only: here they serve the Triton kernels interpreted on the CPU.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from pagedchat.kernels.reference import (
     max_logsumexp,
     pack_embedding,
     pack_linear,
+    quantized_embedding,
+    quantized_linear,
     rms_norm,
     silu_mul,
     split_rotary,
@@ -45,6 +48,8 @@ __all__ = [
     "paged_attention",
     "paged_attention_decode",
     "paged_attention_prefill",
+    "quantized_embedding",
+    "quantized_linear",
     "rms_norm",
     "rotary_store",
     "silu_mul",

@@ -51,3 +51,25 @@ def test_the_installed_command_freezes_what_imports_made():
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           check=True)
     assert int(done.stdout.strip()) > 10_000  # torch alone brings far more
+
+
+def _stat(output: str, label: str) -> int:
+    (line,) = [line for line in output.splitlines() if line.startswith(label)]
+    return int(line.split(":", 1)[1].split()[0])
+
+
+def test_run_sizes_the_kv_pool_to_its_request(tiny_model_dir):
+    """One request: the pool holds its prompt and max_tokens (whole blocks of 16), not the
+    engine's default budget; an explicit --kv-blocks or --kv-memory wins."""
+    prompt = "Count with me: " + " ".join(["one two three four five six seven"] * 12)
+    result = runner.invoke(app, ["run", "--model", str(tiny_model_dir), "--max-tokens", "260",
+                                 "-v", prompt])
+    assert result.exit_code == 0, result.output
+    prompt_tokens = _stat(result.output, "prompt eval count:")
+    assert prompt_tokens > 40
+    assert _stat(result.output, "kv cache:") == -(-(prompt_tokens + 260) // 16)
+    for option in (["--kv-blocks", "40"], ["--kv-memory", "320KiB"]):
+        result = runner.invoke(app, ["run", "--model", str(tiny_model_dir), "--max-tokens", "2",
+                                     "-v", *option, "hi"])
+        assert result.exit_code == 0, result.output
+        assert _stat(result.output, "kv cache:") == 40

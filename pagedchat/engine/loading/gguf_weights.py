@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from pagedchat.engine.errors import ModelLoadError
+from pagedchat.engine.loading.gguf_file import GGUFFile, TensorInfo, read_gguf_header
 from pagedchat.kernels.quant import FORMATS, QuantizedWeight
 
 Weight = torch.Tensor | QuantizedWeight
@@ -70,20 +71,14 @@ def unpermute_rows(rows: int, heads: int) -> torch.Tensor:
 def read_gguf_weights(path: Path, num_heads: int, num_kv_heads: int) -> dict[str, Weight]:
     """Every tensor transformers loads from ``path``, by its transformers name: quantized
     ones as :class:`QuantizedWeight`, the others as float32 tensors."""
-    import gguf
-
-    try:
-        reader = gguf.GGUFReader(path)
-    except Exception as error:  # the reader raises many kinds on a damaged file
-        raise ModelLoadError(f"{path}: corrupt or truncated GGUF ({error})") from error
-    field = reader.fields.get("general.architecture")
-    permuted = field is not None and bytes(field.parts[field.data[0]]).decode() == "llama"
+    header = read_gguf_header(path)
+    permuted = header.fields.get("general.architecture") == "llama"
     weights: dict[str, Weight] = {}
-    for tensor in reader.tensors:
+    for tensor in header.tensors:
         name = hf_name(tensor.name)
         if name is None:
             continue
-        weight = _read_tensor(path, tensor)
+        weight = _read_tensor(header, tensor)
         if permuted and (".q_proj." in name or ".k_proj." in name):
             heads = num_heads if ".q_proj." in name else num_kv_heads
             order = unpermute_rows(weight.shape[0], heads)
@@ -93,18 +88,18 @@ def read_gguf_weights(path: Path, num_heads: int, num_kv_heads: int) -> dict[str
     return weights
 
 
-def _read_tensor(path: Path, tensor) -> Weight:
-    kind = tensor.tensor_type.name
+def _read_tensor(header: GGUFFile, tensor: TensorInfo) -> Weight:
+    kind = tensor.type_name
     width = int(tensor.shape[0])  # GGUF lists the innermost dimension first
     if kind in _PLAIN:
         import gguf
 
-        values = gguf.quants.dequantize(np.asarray(tensor.data), tensor.tensor_type)
+        values = gguf.quants.dequantize(header.read(tensor), gguf.GGMLQuantizationType[kind])
         shape = [int(n) for n in reversed(tensor.shape)]
-        return torch.from_numpy(np.array(values, dtype=np.float32)).reshape(shape)
+        return torch.from_numpy(np.asarray(values, dtype=np.float32)).reshape(shape)
     if kind not in FORMATS:
         raise ModelLoadError(
-            f"{path}: tensor {tensor.name} is {kind}, which --weights gguf does not keep "
-            f"quantized (it reads {', '.join(FORMATS)}); use --weights float32")
-    blocks = torch.from_numpy(np.array(tensor.data, dtype=np.uint8))
+            f"{header.path}: tensor {tensor.name} is {kind}, which --weights gguf does not "
+            f"keep quantized (it reads {', '.join(FORMATS)}); use --weights float32")
+    blocks = torch.from_numpy(header.read(tensor))
     return QuantizedWeight.from_blocks(kind, blocks.reshape(-1, blocks.shape[-1]), width)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pagedchat.engine.errors import ModelLoadError
+from pagedchat.engine.loading.gguf_file import SCALARS, STRING
 from pagedchat.engine.loading.gguf_weights import Weight, read_gguf_weights, write_metadata
 from pagedchat.paths import cache_root
 
@@ -92,12 +93,6 @@ def reads_quantized(spec: str | os.PathLike | None) -> bool:
     return path.is_file() and gguf_architecture(path) in QUANTIZED_ARCHITECTURES
 
 
-# GGUF metadata value types of fixed size, as struct formats
-_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q",
-                 11: "q", 12: "d"}
-_GGUF_STRING = 8
-
-
 def gguf_architecture(path: Path) -> str | None:
     """A GGUF file's ``general.architecture``, read from the start of its header without
     parsing the rest (the tokenizer's arrays); None where it is not found there."""
@@ -109,12 +104,12 @@ def gguf_architecture(path: Path) -> str | None:
             for _ in range(count):
                 key = handle.read(struct.unpack("<Q", handle.read(8))[0])
                 kind = struct.unpack("<I", handle.read(4))[0]
-                if kind == _GGUF_STRING:
+                if kind == STRING:
                     value = handle.read(struct.unpack("<Q", handle.read(8))[0])
                     if key == b"general.architecture":
                         return value.decode()
-                elif kind in _GGUF_SCALARS:
-                    handle.read(struct.calcsize("<" + _GGUF_SCALARS[kind]))
+                elif kind in SCALARS:
+                    handle.read(struct.calcsize("<" + SCALARS[kind]))
                 else:  # an array comes before the architecture: the header is unusual
                     return None
     except (OSError, struct.error, UnicodeDecodeError):
