@@ -30,6 +30,12 @@ def _hf_greedy(hf, ids: list[int], max_new: int) -> list[int]:
     return out[0, len(ids):].tolist()
 
 
+@pytest.fixture(scope="module")
+def hf_references(hf_tiny) -> list[list[int]]:
+    """transformers' greedy tokens for ``_prompts(6)``, made once for every engine option."""
+    return [_hf_greedy(hf_tiny, ids, 24) for ids in _prompts(6)]
+
+
 @pytest.mark.parametrize("options", [
     dict(block_size=16),
     dict(block_size=1),
@@ -39,7 +45,7 @@ def _hf_greedy(hf, ids: list[int], max_new: int) -> list[int]:
     dict(block_size=4, num_kv_blocks=80, preemption_mode="swap"),
     dict(block_size=16, enable_prefix_caching=False),
 ], ids=["bs16", "bs1", "bs256", "budget7", "preempt-recompute", "preempt-swap", "no-prefix"])
-def test_tiny_greedy_matches_transformers(options, tiny_model_dir, hf_tiny):
+def test_tiny_greedy_matches_transformers(options, tiny_model_dir, hf_references):
     """The tiny model's EOS is masked on both sides (ignore_eos / min_new_tokens)."""
     prompts = _prompts(6)
     llm = LLM(model=str(tiny_model_dir), swap_space="16MiB",
@@ -47,8 +53,7 @@ def test_tiny_greedy_matches_transformers(options, tiny_model_dir, hf_tiny):
     eos = llm.engine.eos_token_ids
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True,
                                                    stop_token_ids=[]))
-    for ids, out in zip(prompts, outputs):
-        ref = _hf_greedy(hf_tiny, ids, 24)
+    for ref, out in zip(hf_references, outputs, strict=True):
         ours = out.outputs[0].token_ids
         assert not eos & set(ref), "the reference must not have met EOS"
         assert ours == ref

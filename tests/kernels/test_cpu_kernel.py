@@ -4,6 +4,8 @@ in turn."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -27,13 +29,36 @@ def isa(request):
     cpu.set_isa(None)
 
 
-def compare(batch: dict, dtype: torch.dtype) -> None:
+# The fixed attention grids take the level innermost (each case on every level in turn),
+# so that a case's batch and reference, which cost far more than the kernel, are made once.
+on_each_level = pytest.mark.parametrize("isa", cpu.runnable_isas(), indirect=True,
+                                        scope="function")
+
+
+def compare(batch: dict, dtype: torch.dtype, expected: torch.Tensor | None = None) -> None:
     scale = batch["query"].shape[-1] ** -0.5
-    expected = ref.paged_attention(**batch, scale=scale)
+    if expected is None:
+        expected = ref.paged_attention(**batch, scale=scale)
     out = cpu.paged_attention(**batch, scale=scale)
     assert rel_err(out, expected) < TOL[dtype]
 
 
+@functools.lru_cache(maxsize=1)
+def _reference_case(context_lens: tuple, query_lens: tuple, *shape) -> tuple[dict, torch.Tensor]:
+    batch = paged_batch(list(context_lens), list(query_lens), *shape)
+    return batch, ref.paged_attention(**batch, scale=batch["query"].shape[-1] ** -0.5)
+
+
+def compare_case(context_lens: list[int], query_lens: list[int], block_size: int,
+                 num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+                 seed: int) -> None:
+    """``compare(paged_batch(...))``, the batch and its reference kept for the next level."""
+    batch, expected = _reference_case(tuple(context_lens), tuple(query_lens), block_size,
+                                      num_heads, num_kv_heads, head_dim, dtype, seed)
+    compare(batch, dtype, expected)
+
+
+@on_each_level
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("group", [1, 3, 8])
 @pytest.mark.parametrize("head_dim", [64, 128])
@@ -41,19 +66,21 @@ def compare(batch: dict, dtype: torch.dtype) -> None:
 def test_decode_matches_reference(block_size, head_dim, group, dtype):
     kv_heads = 2 if group < 8 else 1
     ctx = [1, 7, 33, 300]
-    compare(paged_batch(ctx, [1] * 4, block_size, kv_heads * group, kv_heads, head_dim,
-                        dtype, seed=block_size + head_dim + group), dtype)
+    compare_case(ctx, [1] * 4, block_size, kv_heads * group, kv_heads, head_dim, dtype,
+                 seed=block_size + head_dim + group)
 
 
+@on_each_level
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_mixed_batch_of_decodes_short_and_long_chunks(dtype):
     # decode rows, a short chunk after a cached prefix (kernel), a long chunk after a
     # cached prefix and a whole prompt (both SDPA), and a sequence with no query
     ctx = [40, 50, 90, 64, 12]
     q_lens = [1, 10, 60, 64, 0]
-    compare(paged_batch(ctx, q_lens, 16, 9, 3, 64, dtype, seed=4), dtype)
+    compare_case(ctx, q_lens, 16, 9, 3, 64, dtype, seed=4)
 
 
+@on_each_level
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("group", "head_dim"), [(1, 64), (3, 64), (8, 128), (4, 64)])
 @pytest.mark.parametrize("block_size", [1, 16, 32])
@@ -66,8 +93,8 @@ def test_prompt_chunks_match_reference_without_sdpa(monkeypatch, block_size, gro
     monkeypatch.setattr(attention, "_sdpa", lambda *args: pytest.fail("SDPA was used"))
     ctx = [300, 1024, 50, 77, 9]
     q_lens = [300, 61, 8, 1, 9]
-    compare(paged_batch(ctx, q_lens, block_size, 2 * group, 2, head_dim, dtype,
-                        seed=block_size + group), dtype)
+    compare_case(ctx, q_lens, block_size, 2 * group, 2, head_dim, dtype,
+                 seed=block_size + group)
 
 
 def test_prompt_chunks_take_sdpa_where_the_kernel_does_not_apply(monkeypatch):

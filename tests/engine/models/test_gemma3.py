@@ -79,6 +79,12 @@ def reference(folder: Path, prompt_sets: list[list[int]], max_tokens: int) -> li
     return outs
 
 
+@pytest.fixture(scope="module")
+def tiny_gemma_references(tiny_gemma_dir) -> list[list[int]]:
+    """transformers' 24 greedy tokens for ``prompts()``, made once for every engine option."""
+    return reference(tiny_gemma_dir, prompts(), 24)
+
+
 def generate(folder: Path, prompt_sets: list[list[int]], max_tokens: int, **options):
     return generate_counting(folder, prompt_sets, max_tokens, **options)[0]
 
@@ -105,19 +111,21 @@ def test_config_reads_the_layer_pattern_and_both_ropes(tiny_gemma_dir):
 
 @pytest.mark.parametrize("backend", ["cpu", "torch"])
 @pytest.mark.parametrize("block_size", [4, 16])
-def test_greedy_matches_transformers(tiny_gemma_dir, backend, block_size):
+def test_greedy_matches_transformers(tiny_gemma_dir, tiny_gemma_references, backend,
+                                     block_size):
     batch = prompts()
-    expected = reference(tiny_gemma_dir, batch, 24)
+    expected = tiny_gemma_references
     got = generate(tiny_gemma_dir, batch, 24, attention_backend=backend,
                    block_size=block_size, num_kv_blocks=256)
     assert got == expected
 
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
-def test_chunked_prefill_and_preemption_match_transformers(tiny_gemma_dir, mode):
+def test_chunked_prefill_and_preemption_match_transformers(tiny_gemma_dir,
+                                                           tiny_gemma_references, mode):
     """A token budget that chunks the prompts and a pool that forces preemption."""
     batch = prompts()
-    expected = reference(tiny_gemma_dir, batch, 24)
+    expected = tiny_gemma_references
     got, preemptions = generate_counting(tiny_gemma_dir, batch, 24, block_size=4,
                                          num_kv_blocks=40, max_num_batched_tokens=24,
                                          preemption_mode=mode)
