@@ -36,10 +36,11 @@ class Events:
     def __call__(self, event) -> None:
         self.queue.put(event)
 
-    def wait_for(self, test, timeout: float = 60.0):
+    def wait_for(self, test, timeout: float = 60.0, since: int = 0):
+        """The first event from ``seen[since]`` on that passes ``test``, waiting for more."""
         deadline = time.monotonic() + timeout
         while True:
-            for event in self.seen:
+            for event in self.seen[since:]:
                 if test(event):
                     return event
             try:
@@ -104,8 +105,12 @@ def test_cancel_frees_the_blocks_and_silences_the_request(start):
     driver, events, _ = start("tiny")
     driver.submit(submit("long", "go on", 2000))
     events.wait_for(lambda e: isinstance(e, ReplyUpdate) and e.output_tokens > 2)
+    cancelled_at = len(events.seen)
     driver.cancel("long")
-    events.wait_for(lambda e: isinstance(e, StatsUpdate) and e.stats.used_blocks == 0)
+    # the pool is empty again only once the cancel is served (the first StatsUpdate, before
+    # "long" was added, showed an empty pool too)
+    events.wait_for(lambda e: isinstance(e, StatsUpdate) and e.stats.used_blocks == 0,
+                    since=cancelled_at)
     count = len(events.seen)
     driver.submit(submit("next", "and now", 3))
     events.wait_for(lambda e: isinstance(e, ReplyUpdate) and e.finished)
