@@ -34,13 +34,6 @@ class KVGroups:
     def num_groups(self) -> int:
         return len(self.windows)
 
-    def kind(self, group: int) -> str:
-        """``global`` or ``local``: what the inspector and the memory bench call a group."""
-        return "global" if self.windows[group] is None else "local"
-
-    def layers_of_kind(self, kind: str) -> int:
-        return sum(1 for group in self.layer_group if self.kind(group) == kind)
-
 
 def kv_groups(config: ModelConfig) -> KVGroups:
     """The layer groups of ``config``: one for a model without sliding-window layers."""

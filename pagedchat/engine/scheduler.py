@@ -224,7 +224,7 @@ class Scheduler:
             seqs = group.unfinished_seqs
             if self.num_running_seqs() + len(seqs) > self.config.max_num_seqs:
                 break
-            if not bm.can_swap_in(seqs, reserve=2 * len(seqs) * bm.num_groups):
+            if not bm.can_swap_in(seqs, reserve=2 * len(seqs)):
                 break
             self.swapped.popleft()
             out.swap_in.extend(bm.swap_in(seqs))
