@@ -68,7 +68,7 @@ def test_parallel_samples_share_and_fork_local_blocks(gemma_dir):
     batch = prompts()[2:]
     expected = reference(gemma_dir, batch, 20)
     params = SamplingParams(n=3, temperature=0, max_tokens=20, ignore_eos=True)
-    with LLM(model=str(gemma_dir), block_size=BLOCK_SIZE, num_kv_blocks=256) as llm:
+    with LLM(model=str(gemma_dir), block_size=BLOCK_SIZE, num_kv_blocks=512) as llm:
         outs = llm.generate(batch, params)
         assert llm.engine.stats().used_blocks == 0
     for out, tokens in zip(outs, expected, strict=True):
@@ -80,7 +80,7 @@ def test_parallel_samples_survive_preemption(gemma_dir, mode):
     batch = prompts()[3:]
     expected = reference(gemma_dir, batch, 20)
     params = SamplingParams(n=2, temperature=0, max_tokens=20, ignore_eos=True)
-    with LLM(model=str(gemma_dir), block_size=BLOCK_SIZE, num_kv_blocks=120,
+    with LLM(model=str(gemma_dir), block_size=BLOCK_SIZE, num_kv_blocks=136,
              max_num_batched_tokens=32, preemption_mode=mode) as llm:
         outs = llm.generate(batch, params)
         assert llm.engine.scheduler.num_preemptions > 0
