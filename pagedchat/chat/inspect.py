@@ -104,4 +104,7 @@ def _changes(before: EngineStats, after: EngineStats) -> list[str]:
         events.append(f"{after.swapped_out - before.swapped_out} blocks swapped out to CPU")
     if after.swapped_in > before.swapped_in:
         events.append(f"{after.swapped_in - before.swapped_in} blocks swapped back in")
+    if after.window_freed_blocks > before.window_freed_blocks:
+        events.append(f"{after.window_freed_blocks - before.window_freed_blocks} local blocks "
+                      "slid out of the window, back to the pool")
     return events

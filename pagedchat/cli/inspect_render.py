@@ -13,7 +13,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from pagedchat.engine.outputs import EngineStats
+from pagedchat.engine.outputs import EngineStats, SeqBlockTable
 
 PALETTE = ("cyan", "magenta", "yellow", "green", "blue", "red", "bright_cyan",
            "bright_magenta", "bright_yellow", "bright_green", "bright_blue", "bright_red")
@@ -81,12 +81,23 @@ def legend(stats: EngineStats) -> Text:
     return text
 
 
+def group_label(table: SeqBlockTable) -> str:
+    """``global`` or ``local 2 (window 512, 30 slid out)``: a table's layer group."""
+    if table.window is None:
+        return f"global {table.layer_group}"
+    return f"local {table.layer_group} (window {table.window}, {table.slid_out} slid out)"
+
+
 def block_tables(stats: EngineStats) -> Table:
-    """Each running sequence: logical -> physical, fill / block size, reference count."""
+    """Each running sequence: logical -> physical, fill / block size, reference count; one
+    row per layer group where the model has sliding-window layers."""
     table = Table(title="block tables (logical:physical fill ref)", title_justify="left",
                   show_edge=False, pad_edge=False)
     table.add_column("request")
     table.add_column("seq", justify="right")
+    windowed = stats.has_windows
+    if windowed:
+        table.add_column("layer group")
     table.add_column("blocks")
     for seq in stats.block_tables:
         blocks = Text()
@@ -95,8 +106,10 @@ def block_tables(stats: EngineStats) -> Table:
             blocks.append(f"{entry.logical}:{entry.physical} "
                           f"{entry.filled}/{stats.block_size} x{entry.ref_count}", style)
             blocks.append("  ")
-        table.add_row(seq.request_id, str(seq.seq_index), blocks)
+        group = [group_label(seq)] if windowed else []
+        table.add_row(seq.request_id, str(seq.seq_index), *group, blocks)
     return table
+
 
 
 def figures(stats: EngineStats) -> dict[str, object]:
@@ -113,6 +126,19 @@ def figures(stats: EngineStats) -> dict[str, object]:
         "swapped_out_in": f"{stats.swapped_out}/{stats.swapped_in}",
         "running_waiting_swapped": f"{stats.num_running}/{stats.num_waiting}/"
                                    f"{stats.num_swapped}",
+        **(window_figures(stats) if stats.has_windows else {}),
+    }
+
+
+def window_figures(stats: EngineStats) -> dict[str, object]:
+    """For a model with sliding-window layers: the blocks held by each kind of layer group
+    and those given back to the pool as they slid out of the window."""
+    held_global, held_local = stats.held_by_kind()
+    groups = stats.group_windows
+    return {
+        "layer_groups_global_local": f"{groups.count(None)}/{len(groups) - groups.count(None)}",
+        "blocks_held_global_local": f"{held_global}/{held_local}",
+        "blocks_freed_by_window": stats.window_freed_blocks,
     }
 
 

@@ -1,5 +1,11 @@
 """The KV block pool: free list, reference counts, copy-on-write, prefix cache, swap pool.
 
+A sequence has one block table per layer group (see ``kv_groups.py``; one group for a
+model without sliding-window layers), all drawing on this one pool. A table's index is
+the block's position in the sequence. In a group with a sliding window, a block whose
+tokens all lie before the window of the next token to compute is never read again: it
+goes back to the pool and its entry becomes ``HOLE``, so the holes are always a prefix.
+
 Every physical block is in exactly one of three states:
 - referenced: ``ref_count > 0``, in one or more block tables;
 - cached-evictable: ``ref_count == 0`` but it holds a full block found again by its
@@ -21,6 +27,7 @@ import xxhash
 from pagedchat.engine.sequence import Sequence
 
 NO_HASH = -1
+HOLE = -1  # a table entry whose block slid out of its group's window
 
 
 def block_hash(parent_hash: int, token_ids: list[int] | tuple[int, ...]) -> int:
@@ -38,6 +45,27 @@ class Block:
     hash: int = NO_HASH
     parent_hash: int = NO_HASH
     token_ids: tuple[int, ...] = ()
+    group: int = 0  # the layer group whose table holds it (its prefix-cache key)
+
+
+@dataclass(frozen=True)
+class PrefixHit:
+    """Cached blocks holding the start of a sequence: per group, a table as long as the
+    hit, with ``HOLE`` where a windowed group's block lies wholly before the window of the
+    first token left to compute; and the blocks' chain hashes."""
+
+    tables: tuple[tuple[int, ...], ...] = ()
+    hashes: tuple[int, ...] = ()
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.hashes)
+
+    def block_ids(self) -> set[int]:
+        return {block_id for table in self.tables for block_id in table if block_id != HOLE}
+
+
+NO_HIT = PrefixHit()
 
 
 class HostPool:
@@ -56,7 +84,8 @@ class HostPool:
     def allocate(self, source: Block) -> int:
         block_id = self.free_ids.pop()
         self.ref_counts[block_id] = 1
-        self.saved[block_id] = Block(block_id, 0, source.hash, source.parent_hash, source.token_ids)
+        self.saved[block_id] = Block(block_id, 0, source.hash, source.parent_hash,
+                                     source.token_ids, source.group)
         return block_id
 
     def release(self, block_id: int) -> None:
@@ -73,23 +102,28 @@ class BlockManager:
         block_size: int,
         num_host_blocks: int = 0,
         enable_prefix_caching: bool = True,
+        windows: tuple[int | None, ...] = (None,),
     ) -> None:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.enable_prefix_caching = enable_prefix_caching
+        self.windows = tuple(windows)  # per layer group: its sliding window, None for global
+        self.num_groups = len(self.windows)
+        self.has_windows = any(w is not None for w in self.windows)
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_ids = list(range(num_blocks - 1, -1, -1))
         # Free ids are handed out lowest first and reused last-freed first, so blocks at or
         # above this mark were never used: how much of the pool a run needed.
         self.high_water = 0
         self.evictable: OrderedDict[int, None] = OrderedDict()
-        self.hash_to_block: dict[int, int] = {}
+        self.hash_to_block: dict[tuple[int, int], int] = {}  # (group, chain hash) -> block
         self.host = HostPool(num_host_blocks)
         self.pending_copies: list[tuple[int, int]] = []
         self.prefix_queries = 0
         self.prefix_hits = 0
         self.swapped_out = 0
         self.swapped_in = 0
+        self.window_freed = 0  # blocks that went back to the pool by sliding out of a window
 
     # ---- capacity -------------------------------------------------------------
     @property
@@ -100,28 +134,76 @@ class BlockManager:
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    def window_start(self, group: int, position: int) -> int:
+        """The first block of ``group`` that a query at ``position`` reads (0 for a group
+        without a window): blocks before it are never read again once ``position`` is
+        the next token to compute."""
+        window = self.windows[group]
+        if window is None:
+            return 0
+        return max(position - window + 1, 0) // self.block_size
+
+    def max_blocks(self, num_tokens: int, chunk: int) -> int:
+        """The most blocks one sequence of ``num_tokens`` tokens holds at once, computing at
+        most ``chunk`` tokens a step: a windowed group holds its window and one chunk."""
+        full = self.blocks_for(num_tokens)
+        return sum(full if window is None
+                   else min(full, self.blocks_for(window - 1 + chunk) + 1)
+                   for window in self.windows)
+
     # ---- prefix cache ---------------------------------------------------------
-    def find_cached_prefix(self, seq: Sequence) -> list[int]:
+    def find_cached_prefix(self, seq: Sequence) -> PrefixHit:
         """Cached blocks holding the start of ``seq`` (read only, nothing taken).
 
-        The last token is always left to compute, so its logits exist."""
-        if not self.enable_prefix_caching or seq.block_table:
-            return []
-        found: list[int] = []
-        parent = NO_HASH
+        The hit is the longest run of full blocks that every global group has cached and
+        whose blocks inside the window of the first token left to compute every windowed
+        group has cached too. The last token is always left to compute, so its logits
+        exist."""
+        if not self.enable_prefix_caching or seq.block_tables:
+            return NO_HIT
         bs = self.block_size
+        hashes: list[int] = []
+        found: list[list[int]] = [[] for _ in self.windows]
+        parent = NO_HASH
         for start in range(0, seq.num_tokens - 1 - bs + 1, bs):
             tokens = tuple(seq.token_ids[start : start + bs])
             h = block_hash(parent, tokens)
-            block_id = self.hash_to_block.get(h)
-            if block_id is None:
+            row = [self._lookup(group, h, parent, tokens) for group in range(self.num_groups)]
+            if any(block_id == HOLE and window is None
+                   for block_id, window in zip(row, self.windows, strict=True)):
                 break
-            block = self.blocks[block_id]
-            if block.token_ids != tokens or block.parent_hash != parent:
-                break
-            found.append(block_id)
+            hashes.append(h)
+            for table, block_id in zip(found, row, strict=True):
+                table.append(block_id)
             parent = h
-        return found
+        count = len(hashes)
+        while count and not all(self._window_cached(group, found[group], count)
+                                for group in range(self.num_groups)):
+            count -= 1
+        if not count:
+            return NO_HIT
+        tables = []
+        for group, table in enumerate(found):
+            start = self.window_start(group, count * bs)
+            tables.append((HOLE,) * start + tuple(table[start:count]))
+        return PrefixHit(tuple(tables), tuple(hashes[:count]))
+
+    def _window_cached(self, group: int, found: list[int], count: int) -> bool:
+        """Whether ``found`` holds every block of ``group`` that the first ``count`` blocks'
+        successor reads."""
+        start = self.window_start(group, count * self.block_size)
+        return all(block_id != HOLE for block_id in found[start:count])
+
+    def _lookup(self, group: int, h: int, parent: int, tokens: tuple[int, ...]) -> int:
+        """The block of ``group`` cached under ``h`` with exactly these tokens and parent,
+        else HOLE (a hash collision is never a hit)."""
+        block_id = self.hash_to_block.get((group, h))
+        if block_id is None:
+            return HOLE
+        block = self.blocks[block_id]
+        if block.token_ids != tokens or block.parent_hash != parent:
+            return HOLE
+        return block_id
 
     def cache_full_blocks(self, seq: Sequence, num_tokens: int | None = None) -> None:
         """Give every completed block of ``seq`` its hash so others can find it.
@@ -139,14 +221,18 @@ class BlockManager:
             tokens = tuple(seq.token_ids[index * bs : (index + 1) * bs])
             h = block_hash(parent, tokens)
             seq.block_hashes.append(h)
-            block = self.blocks[seq.block_table[index]]
-            if block.hash == NO_HASH and h not in self.hash_to_block:
-                block.hash, block.parent_hash, block.token_ids = h, parent, tokens
-                self.hash_to_block[h] = block.block_id
+            for group, table in enumerate(seq.block_tables):
+                block_id = table[index]
+                if block_id == HOLE:
+                    continue
+                block = self.blocks[block_id]
+                if block.hash == NO_HASH and (group, h) not in self.hash_to_block:
+                    block.hash, block.parent_hash, block.token_ids = h, parent, tokens
+                    self.hash_to_block[(group, h)] = block_id
 
     # ---- allocation -----------------------------------------------------------
     def blocks_needed(
-        self, seq: Sequence, num_new_tokens: int, num_cached_blocks: int = 0,
+        self, seq: Sequence, num_new_tokens: int, hit: PrefixHit = NO_HIT,
         refs: dict[int, int] | None = None,
     ) -> int:
         """Fresh blocks ``allocate_slots`` would pop for ``seq`` (cached hits not counted).
@@ -154,76 +240,102 @@ class BlockManager:
         ``refs`` (block id -> ref count) lets a caller count several sequences that
         share blocks as if they were allocated one after another."""
         refs = refs if refs is not None else {}
-        computed = seq.num_computed_tokens + num_cached_blocks * self.block_size
-        have = len(seq.block_table) + num_cached_blocks
-        need = max(self.blocks_for(computed + num_new_tokens) - have, 0)
-        if num_new_tokens and computed % self.block_size and seq.block_table:
-            last = seq.block_table[-1]
-            count = refs.get(last, self.blocks[last].ref_count)
-            if count > 1:
-                need += 1
-                refs[last] = count - 1
+        bs = self.block_size
+        computed = seq.num_computed_tokens + hit.num_blocks * bs
+        count = self.blocks_for(computed + num_new_tokens)
+        have = len(seq.block_tables[0]) if seq.block_tables else 0
+        have += hit.num_blocks
+        need = 0
+        for group in range(self.num_groups):
+            need += max(count - max(have, self.window_start(group, computed)), 0)
+        if num_new_tokens and computed % bs and seq.block_tables:
+            for table in seq.block_tables:
+                last = table[-1]
+                ref_count = refs.get(last, self.blocks[last].ref_count)
+                if ref_count > 1:
+                    need += 1
+                    refs[last] = ref_count - 1
         return need
 
     def evictable_taken(self, cached: set[int] | list[int]) -> int:
         """How many of these cached blocks would leave the evictable list when taken."""
         return sum(1 for block_id in set(cached) if self.blocks[block_id].ref_count == 0)
 
-    def allocate_slots(
-        self, seq: Sequence, num_new_tokens: int, cached: list[int] | tuple[int, ...] = ()
-    ) -> bool:
+    def allocate_slots(self, seq: Sequence, num_new_tokens: int, hit: PrefixHit = NO_HIT) -> bool:
         """Make room for ``num_new_tokens`` more tokens of ``seq``; False if blocks ran out.
 
-        Takes the ``cached`` prefix blocks first (their tokens count as computed),
-        copies a shared, partly filled last block before it is written (copy-on-write),
-        then appends fresh blocks. Nothing changes when it returns False."""
-        need = self.blocks_needed(seq, num_new_tokens, len(cached)) + self.evictable_taken(cached)
+        Takes the prefix ``hit``'s blocks first (their tokens count as computed), copies a
+        shared, partly filled last block before it is written (copy-on-write), then
+        appends fresh blocks (``HOLE`` before a windowed group's window). Nothing changes
+        when it returns False."""
+        need = self.blocks_needed(seq, num_new_tokens, hit) + self.evictable_taken(
+            hit.block_ids())
         if need > self.num_free_blocks:
             return False
-        if cached:
-            self.prefix_queries += seq.num_tokens
-            self.prefix_hits += len(cached) * self.block_size
-            for block_id in cached:
-                self._take(block_id)
-                seq.block_table.append(block_id)
-                seq.block_hashes.append(self.blocks[block_id].hash)
-            seq.num_computed_tokens = len(cached) * self.block_size
-        elif not seq.block_table and self.enable_prefix_caching:
-            self.prefix_queries += seq.num_tokens
+        if not seq.block_tables:
+            if self.enable_prefix_caching:
+                self.prefix_queries += seq.num_tokens
+            seq.block_tables = [[] for _ in self.windows]
+        if hit.num_blocks:
+            self.prefix_hits += hit.num_blocks * self.block_size
+            for table, cached in zip(seq.block_tables, hit.tables, strict=True):
+                for block_id in cached:
+                    if block_id != HOLE:
+                        self._take(block_id)
+                    table.append(block_id)
+            seq.block_hashes.extend(hit.hashes)
+            seq.num_computed_tokens = hit.num_blocks * self.block_size
         computed = seq.num_computed_tokens
-        if num_new_tokens and computed % self.block_size:
-            last = seq.block_table[-1]
-            if self.blocks[last].ref_count > 1:
-                fresh = self._pop_free()
-                self.blocks[last].ref_count -= 1
-                self.pending_copies.append((last, fresh))
-                seq.block_table[-1] = fresh
-        while len(seq.block_table) < self.blocks_for(computed + num_new_tokens):
-            seq.block_table.append(self._pop_free())
+        count = self.blocks_for(computed + num_new_tokens)
+        for group, table in enumerate(seq.block_tables):
+            if num_new_tokens and computed % self.block_size:
+                last = table[-1]
+                if self.blocks[last].ref_count > 1:
+                    fresh = self._pop_free(group)
+                    self.blocks[last].ref_count -= 1
+                    self.pending_copies.append((last, fresh))
+                    table[-1] = fresh
+            start = self.window_start(group, computed)
+            while len(table) < count:
+                table.append(HOLE if len(table) < start else self._pop_free(group))
         return True
+
+    def slide(self, seq: Sequence) -> int:
+        """Give back the blocks of ``seq``'s windowed groups that lie wholly before the
+        window of its next token (``num_computed_tokens``); call it only once the steps
+        that read them have run. Returns how many went back to the pool."""
+        returned = 0
+        for group, table in enumerate(seq.block_tables):
+            index = min(self.window_start(group, seq.num_computed_tokens), len(table)) - 1
+            while index >= 0 and table[index] != HOLE:
+                returned += self._release(table[index])
+                table[index] = HOLE
+                index -= 1
+        self.window_freed += returned
+        return returned
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """``child`` shares every block of ``parent`` (ref counts go up, nothing is copied)."""
-        child.block_table = list(parent.block_table)
-        for block_id in child.block_table:
-            self.blocks[block_id].ref_count += 1
+        child.block_tables = [list(table) for table in parent.block_tables]
+        for table in child.block_tables:
+            for block_id in table:
+                if block_id != HOLE:
+                    self.blocks[block_id].ref_count += 1
 
     def free(self, seq: Sequence) -> None:
         """Drop ``seq``'s references, tail first, so its tail is evicted before its head."""
-        for block_id in reversed(seq.block_table):
-            block = self.blocks[block_id]
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                if block.hash != NO_HASH:
-                    self.evictable[block_id] = None
-                else:
-                    self.free_ids.append(block_id)
-        seq.block_table = []
+        for table in seq.block_tables:
+            for block_id in reversed(table):
+                if block_id != HOLE:
+                    self._release(block_id)
+        seq.block_tables = []
         seq.block_hashes = []
         seq.num_computed_tokens = 0
-        for block_id in seq.cpu_block_table:
-            self.host.release(block_id)
-        seq.cpu_block_table = []
+        for table in seq.cpu_block_tables:
+            for block_id in table:
+                if block_id != HOLE:
+                    self.host.release(block_id)
+        seq.cpu_block_tables = []
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached prefix: unreferenced cached blocks become free, and blocks
@@ -241,54 +353,61 @@ class BlockManager:
 
     # ---- swapping -------------------------------------------------------------
     def can_swap_out(self, seqs: list[Sequence]) -> bool:
-        unique = {b for seq in seqs for b in seq.block_table}
-        return len(unique) <= self.host.num_free
+        return len(_held(seq.block_tables for seq in seqs)) <= self.host.num_free
 
     def swap_out(self, seqs: list[Sequence]) -> list[tuple[int, int]]:
         """Move the blocks of ``seqs`` to the host pool, each shared block once."""
-        mapping: dict[int, int] = {}
+        mapping: dict[int, int] = {HOLE: HOLE}
         for seq in seqs:
-            table = []
-            for block_id in seq.block_table:
-                if block_id not in mapping:
-                    mapping[block_id] = self.host.allocate(self.blocks[block_id])
-                else:
-                    self.host.ref_counts[mapping[block_id]] += 1
-                table.append(mapping[block_id])
+            tables = []
+            for table in seq.block_tables:
+                for block_id in table:
+                    if block_id not in mapping:
+                        mapping[block_id] = self.host.allocate(self.blocks[block_id])
+                    elif block_id != HOLE:
+                        self.host.ref_counts[mapping[block_id]] += 1
+                tables.append([mapping[block_id] for block_id in table])
             hashes, computed = seq.block_hashes, seq.num_computed_tokens
             self.free(seq)
-            seq.cpu_block_table, seq.block_hashes, seq.num_computed_tokens = table, hashes, computed
+            seq.cpu_block_tables, seq.block_hashes, seq.num_computed_tokens = (
+                tables, hashes, computed)
+        del mapping[HOLE]
         self.swapped_out += len(mapping)
         return list(mapping.items())
 
     def can_swap_in(self, seqs: list[Sequence], reserve: int = 0) -> bool:
-        unique = {b for seq in seqs for b in seq.cpu_block_table}
+        unique = _held(seq.cpu_block_tables for seq in seqs)
         return len(unique) + reserve <= self.num_free_blocks
 
     def swap_in(self, seqs: list[Sequence]) -> list[tuple[int, int]]:
         """Bring the blocks of ``seqs`` back into the device pool, sharing preserved."""
-        mapping: dict[int, int] = {}
+        mapping: dict[int, int] = {HOLE: HOLE}
         for seq in seqs:
-            table = []
-            for host_id in seq.cpu_block_table:
-                if host_id not in mapping:
-                    mapping[host_id] = self._restore(self.host.saved[host_id])
-                else:
-                    self.blocks[mapping[host_id]].ref_count += 1
-                table.append(mapping[host_id])
-                self.host.release(host_id)
-            seq.block_table, seq.cpu_block_table = table, []
+            tables = []
+            for table in seq.cpu_block_tables:
+                for host_id in table:
+                    if host_id == HOLE:
+                        continue
+                    if host_id not in mapping:
+                        mapping[host_id] = self._restore(self.host.saved[host_id])
+                    else:
+                        self.blocks[mapping[host_id]].ref_count += 1
+                    self.host.release(host_id)
+                tables.append([mapping[host_id] for host_id in table])
+            seq.block_tables, seq.cpu_block_tables = tables, []
+        del mapping[HOLE]
         self.swapped_in += len(mapping)
         return list(mapping.items())
 
     # ---- internals ------------------------------------------------------------
     def _restore(self, saved: Block) -> int:
-        block_id = self._pop_free()
-        if saved.hash != NO_HASH and saved.hash not in self.hash_to_block:
+        block_id = self._pop_free(saved.group)
+        key = (saved.group, saved.hash)
+        if saved.hash != NO_HASH and key not in self.hash_to_block:
             block = self.blocks[block_id]
             block.hash, block.parent_hash, block.token_ids = (
                 saved.hash, saved.parent_hash, saved.token_ids)
-            self.hash_to_block[saved.hash] = block_id
+            self.hash_to_block[key] = block_id
         return block_id
 
     def _take(self, block_id: int) -> None:
@@ -297,14 +416,33 @@ class BlockManager:
             del self.evictable[block_id]
         block.ref_count += 1
 
-    def _pop_free(self) -> int:
+    def _release(self, block_id: int) -> int:
+        """Drop one reference; 1 if the block went back to the pool (free or cached)."""
+        block = self.blocks[block_id]
+        block.ref_count -= 1
+        if block.ref_count:
+            return 0
+        if block.hash != NO_HASH:
+            self.evictable[block_id] = None
+        else:
+            self.free_ids.append(block_id)
+        return 1
+
+    def _pop_free(self, group: int) -> int:
         if self.free_ids:
             block_id = self.free_ids.pop()
         else:
             block_id, _ = self.evictable.popitem(last=False)
             block = self.blocks[block_id]
-            del self.hash_to_block[block.hash]
+            del self.hash_to_block[(block.group, block.hash)]
             block.hash, block.parent_hash, block.token_ids = NO_HASH, NO_HASH, ()
         self.blocks[block_id].ref_count = 1
+        self.blocks[block_id].group = group
         self.high_water = max(self.high_water, block_id + 1)
         return block_id
+
+
+def _held(tables_per_seq) -> set[int]:
+    """The distinct blocks named by these sequences' tables (holes left out)."""
+    return {block_id for tables in tables_per_seq for table in tables for block_id in table
+            if block_id != HOLE}

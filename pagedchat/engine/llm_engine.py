@@ -82,7 +82,7 @@ class LLMEngine:
         self.config = replace(self.config, num_kv_blocks=self.runner.num_blocks)
         self.scheduler = Scheduler(self.config, BlockManager(
             self.runner.num_blocks, config.block_size, self.runner.num_host_blocks,
-            config.enable_prefix_caching,
+            config.enable_prefix_caching, self.runner.kv_groups.windows,
         ))
         self.eos_token_ids = _eos_ids(model_config, self.tokenizer)
         self.vocab_size = model_config.vocab_size

@@ -56,9 +56,15 @@ class BlockEntry:
 
 @dataclass
 class SeqBlockTable:
+    """One sequence's table in one layer group (one group unless the model has sliding-window
+    layers); ``blocks`` leaves out the entries whose blocks slid out of the window."""
+
     request_id: str
     seq_index: int
     blocks: list[BlockEntry]
+    layer_group: int = 0
+    window: int | None = None  # the group's sliding window, None for global layers
+    slid_out: int = 0  # leading entries given back to the pool by the window
 
 
 @dataclass
@@ -94,7 +100,22 @@ class EngineStats:
     num_running: int
     num_waiting: int
     num_swapped: int
+    window_freed_blocks: int = 0  # blocks given back to the pool as they slid out of a window
+    # per layer group its sliding window, None for global layers (one None: no windows)
+    group_windows: list[int | None] = field(default_factory=lambda: [None])
     block_tables: list[SeqBlockTable] = field(default_factory=list)
     groups: list[GroupSharing] = field(default_factory=list)
     pool: list[str] = field(default_factory=list)  # per block: free | cached | used | shared
     owners: dict[int, list[str]] = field(default_factory=dict)
+
+    @property
+    def has_windows(self) -> bool:
+        """Whether the model has sliding-window layers (local layer groups)."""
+        return any(window is not None for window in self.group_windows)
+
+    def held_by_kind(self) -> tuple[int, int]:
+        """Distinct blocks the running sequences hold in global and in local layer groups."""
+        held: tuple[set[int], set[int]] = (set(), set())
+        for table in self.block_tables:
+            held[table.window is not None].update(entry.physical for entry in table.blocks)
+        return len(held[0]), len(held[1])

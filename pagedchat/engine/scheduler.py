@@ -5,6 +5,8 @@ a step spends a token budget on running groups first (oldest first), then on
 swapped groups, then on waiting ones, first come first served. A long prompt is
 prefilled in chunks alongside running decodes. When blocks run out, the newest
 running group is preempted, all or nothing, and nothing new is admitted that step.
+Before anything is allocated, every running sequence gives back the blocks that slid
+out of its local layers' windows (the step that last read them has run).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pagedchat.engine.block_manager import NO_HASH, BlockManager
+from pagedchat.engine.block_manager import HOLE, NO_HASH, NO_HIT, BlockManager, PrefixHit
 from pagedchat.engine.config import EngineConfig
 from pagedchat.engine.errors import RequestError
 from pagedchat.engine.outputs import BlockEntry, EngineStats, GroupSharing, SeqBlockTable
@@ -49,21 +51,25 @@ class SchedulerOutput:
 
     def step_input(self, block_size: int) -> StepInput:
         """The step as the runner takes it: the scheduled sequences flattened, prefill
-        chunks and decodes side by side."""
-        token_chunks, position_chunks, slot_chunks = [], [], []
+        chunks and decodes side by side, with slots and tables per layer group."""
+        token_chunks, position_chunks = [], []
         context_lens, query_start, sample_rows = [], [0], []
-        max_blocks = max(len(item.seq.block_table) for item in self.scheduled)
-        tables = np.full((len(self.scheduled), max_blocks), -1, dtype=np.int32)
+        num_groups = len(self.scheduled[0].seq.block_tables)
+        slot_chunks: list[list[np.ndarray]] = [[] for _ in range(num_groups)]
+        max_blocks = max(len(item.seq.block_tables[0]) for item in self.scheduled)
+        tables = np.full((num_groups, len(self.scheduled), max_blocks), -1, dtype=np.int32)
         for i, item in enumerate(self.scheduled):
             seq = item.seq
             start = seq.num_computed_tokens
             end = start + item.num_new_tokens
-            table = np.asarray(seq.block_table, dtype=np.int64)
-            tables[i, : len(table)] = table
             positions = np.arange(start, end)
+            index, offset = positions // block_size, positions % block_size
+            for group, block_table in enumerate(seq.block_tables):
+                table = np.asarray(block_table, dtype=np.int64)
+                tables[group, i, : len(table)] = table
+                slot_chunks[group].append(table[index] * block_size + offset)
             token_chunks.append(seq.token_ids[start:end])
             position_chunks.append(positions)
-            slot_chunks.append(table[positions // block_size] * block_size + positions % block_size)
             context_lens.append(end)
             query_start.append(query_start[-1] + item.num_new_tokens)
             if item.samples:
@@ -71,7 +77,7 @@ class SchedulerOutput:
         return StepInput(
             input_ids=np.fromiter((t for chunk in token_chunks for t in chunk), dtype=np.int64),
             positions=np.concatenate(position_chunks),
-            slot_mapping=np.concatenate(slot_chunks),
+            slot_mapping=np.stack([np.concatenate(chunks) for chunks in slot_chunks]),
             block_tables=tables,
             context_lens=np.asarray(context_lens, dtype=np.int32),
             query_start_loc=np.asarray(query_start, dtype=np.int32),
@@ -102,7 +108,7 @@ class Scheduler:
         total = min(num_prompt_tokens + params.max_tokens, self.config.max_model_len)
         bm = self.block_manager
         # counted unshared: a group preempted by recompute prefills each sequence on its own
-        need = params.best_of * bm.blocks_for(total)
+        need = params.best_of * bm.max_blocks(total, self.config.max_num_batched_tokens)
         if need > bm.num_blocks:
             raise RequestError(
                 f"the request needs up to {need} KV blocks ({num_prompt_tokens} prompt tokens + "
@@ -123,6 +129,10 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
+        if self.block_manager.has_windows:
+            for group in self.running:
+                for seq in group.unfinished_seqs:
+                    self.block_manager.slide(seq)
         index = 0
         while index < len(self.running) and budget > 0:
             group = self.running[index]
@@ -145,7 +155,7 @@ class Scheduler:
         return out
 
     def _plan(
-        self, group: SequenceGroup, budget: int, cached: dict[int, list[int]] | None = None
+        self, group: SequenceGroup, budget: int, cached: dict[int, PrefixHit] | None = None
     ) -> list[ScheduledSeq]:
         """How many tokens each sequence of ``group`` computes this step.
 
@@ -153,8 +163,8 @@ class Scheduler:
         A group samples only when all its sequences are caught up in the same step;
         a lone sequence may take a chunk of its prompt instead."""
         seqs = group.unfinished_seqs
-        hit = {seq_id: len(blocks) * self.block_manager.block_size
-               for seq_id, blocks in (cached or {}).items()}
+        hit = {seq_id: prefix.num_blocks * self.block_manager.block_size
+               for seq_id, prefix in (cached or {}).items()}
         remaining = [s.num_tokens - s.num_computed_tokens - hit.get(s.seq_id, 0) for s in seqs]
         if sum(remaining) <= budget:
             return [ScheduledSeq(group, s, r, True) for s, r in zip(seqs, remaining, strict=True)]
@@ -169,22 +179,22 @@ class Scheduler:
         return plan
 
     def _allocate(
-        self, plan: list[ScheduledSeq], cached: dict[int, list[int]] | None = None
+        self, plan: list[ScheduledSeq], cached: dict[int, PrefixHit] | None = None
     ) -> bool:
-        """Allocate slots for every sequence of ``plan`` or for none of them."""
+        """Allocate slots for every sequence of ``plan`` (in every layer group) or for none."""
         bm = self.block_manager
         cached = cached or {}
         refs: dict[int, int] = {}
-        hits = {block_id for blocks in cached.values() for block_id in blocks}
+        hits = {block_id for prefix in cached.values() for block_id in prefix.block_ids()}
         need = bm.evictable_taken(hits)
         for item in plan:
-            num_cached = len(cached.get(item.seq.seq_id, []))
-            need += bm.blocks_needed(item.seq, item.num_new_tokens, num_cached, refs)
+            prefix = cached.get(item.seq.seq_id, NO_HIT)
+            need += bm.blocks_needed(item.seq, item.num_new_tokens, prefix, refs)
         if need > bm.num_free_blocks:
             return False
         for item in plan:
-            blocks = cached.get(item.seq.seq_id, [])
-            if not bm.allocate_slots(item.seq, item.num_new_tokens, blocks):
+            prefix = cached.get(item.seq.seq_id, NO_HIT)
+            if not bm.allocate_slots(item.seq, item.num_new_tokens, prefix):
                 raise AssertionError("block accounting disagreed with allocation")
             bm.cache_full_blocks(item.seq, item.seq.num_computed_tokens + item.num_new_tokens)
         return True
@@ -242,7 +252,7 @@ class Scheduler:
             group.status = SequenceStatus.RUNNING
             for seq in group.unfinished_seqs:
                 seq.status = SequenceStatus.RUNNING
-            hits = max(len(blocks) for blocks in cached.values()) * bm.block_size
+            hits = max(prefix.num_blocks for prefix in cached.values()) * bm.block_size
             group.num_cached_tokens = max(group.num_cached_tokens, hits)
             self.running.append(group)
             out.scheduled.extend(plan)
@@ -300,19 +310,24 @@ class Scheduler:
             without = 0
             seqs = group.unfinished_seqs
             for seq in seqs:
-                entries = []
-                for logical, physical in enumerate(seq.block_table):
-                    fill = max(min(bs, seq.num_computed_tokens - logical * bs), 0)
-                    filled[physical] = max(filled.get(physical, 0), fill)
-                    names = owners.setdefault(physical, [])
-                    if group.request_id not in names:
-                        names.append(group.request_id)
-                    block = bm.blocks[physical]
-                    entries.append(BlockEntry(logical, physical, fill, block.ref_count,
-                                              block.hash != NO_HASH, block.ref_count > 1))
-                tables.append(SeqBlockTable(group.request_id, seq.index, entries))
-                held.update(seq.block_table)
-                without += len(seq.block_table)
+                for layer_group, table in enumerate(seq.block_tables):
+                    entries = []
+                    for logical, physical in enumerate(table):
+                        if physical == HOLE:
+                            continue
+                        fill = max(min(bs, seq.num_computed_tokens - logical * bs), 0)
+                        filled[physical] = max(filled.get(physical, 0), fill)
+                        names = owners.setdefault(physical, [])
+                        if group.request_id not in names:
+                            names.append(group.request_id)
+                        block = bm.blocks[physical]
+                        entries.append(BlockEntry(logical, physical, fill, block.ref_count,
+                                                  block.hash != NO_HASH, block.ref_count > 1))
+                        held.add(physical)
+                    tables.append(SeqBlockTable(group.request_id, seq.index, entries,
+                                                layer_group, bm.windows[layer_group],
+                                                len(table) - len(entries)))
+                    without += len(entries)
             if len(seqs) > 1:
                 groups.append(GroupSharing(group.request_id, len(seqs), without, len(held)))
         pool = []
@@ -347,6 +362,8 @@ class Scheduler:
             swapped_out=bm.swapped_out,
             swapped_in=bm.swapped_in,
             host_blocks_used=bm.host.num_blocks - bm.host.num_free,
+            window_freed_blocks=bm.window_freed,
+            group_windows=list(bm.windows),
             num_running=len(self.running),
             num_waiting=len(self.waiting),
             num_swapped=len(self.swapped),

@@ -27,7 +27,8 @@ _seq_ids = itertools.count()
 
 
 class Sequence:
-    """One stream of tokens with its own block table.
+    """One stream of tokens with its own block tables, one per layer group (see
+    ``kv_groups.py``; one for a model without sliding-window layers).
 
     ``num_computed_tokens`` counts the tokens whose K/V are in the cache; the tokens
     after it (a prompt chunk, or the last sampled token) are computed next step.
@@ -39,9 +40,9 @@ class Sequence:
         self.token_ids = list(token_ids)
         self.num_prompt_tokens = num_prompt_tokens
         self.num_computed_tokens = 0
-        self.block_table: list[int] = []
+        self.block_tables: list[list[int]] = []  # empty while the sequence holds no blocks
         self.block_hashes: list[int] = []
-        self.cpu_block_table: list[int] = []
+        self.cpu_block_tables: list[list[int]] = []
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None
         self.cumulative_logprob = 0.0
@@ -53,6 +54,16 @@ class Sequence:
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def block_table(self) -> list[int]:
+        """The first group's table: the only one of a model without sliding windows."""
+        return self.block_tables[0] if self.block_tables else []
+
+    @property
+    def cpu_block_table(self) -> list[int]:
+        """The first group's table in the host pool while the sequence is swapped out."""
+        return self.cpu_block_tables[0] if self.cpu_block_tables else []
 
     @property
     def output_token_ids(self) -> list[int]:

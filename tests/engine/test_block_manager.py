@@ -8,7 +8,7 @@ import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from pagedchat.engine.block_manager import NO_HASH, BlockManager, block_hash
+from pagedchat.engine.block_manager import HOLE, NO_HASH, NO_HIT, BlockManager, block_hash
 from pagedchat.engine.sequence import Sequence
 
 BLOCK_SIZE = 4
@@ -16,11 +16,15 @@ NUM_BLOCKS = 24
 
 
 class BlockManagerMachine(RuleBasedStateMachine):
-    """Drives a BlockManager as the scheduler and engine would, checking every invariant."""
+    """Drives a BlockManager as the scheduler and engine would, checking every invariant.
+    ``WINDOWS``: the layer groups' sliding windows (one global group here)."""
+
+    WINDOWS: tuple[int | None, ...] = (None,)
 
     def __init__(self) -> None:
         super().__init__()
-        self.bm = BlockManager(NUM_BLOCKS, BLOCK_SIZE, num_host_blocks=16)
+        self.bm = BlockManager(NUM_BLOCKS, BLOCK_SIZE, num_host_blocks=16,
+                               windows=self.WINDOWS)
         self.running: list[Sequence] = []
         self.swapped: list[list[Sequence]] = []
 
@@ -29,8 +33,8 @@ class BlockManagerMachine(RuleBasedStateMachine):
     def add_sequence(self, prompt):
         seq = Sequence(prompt, len(prompt))
         cached = self.bm.find_cached_prefix(seq)
-        if self.bm.allocate_slots(seq, len(prompt) - len(cached) * BLOCK_SIZE, cached):
-            self._written_blocks_are_private(seq, len(cached) * BLOCK_SIZE)
+        if self.bm.allocate_slots(seq, len(prompt) - cached.num_blocks * BLOCK_SIZE, cached):
+            self._written_blocks_are_private(seq, cached.num_blocks * BLOCK_SIZE)
             self._compute(seq)
             self.running.append(seq)
 
@@ -70,11 +74,11 @@ class BlockManagerMachine(RuleBasedStateMachine):
             return
         computed = [seq.num_computed_tokens for seq in group]
         mapping = self.bm.swap_out(group)
-        assert len(mapping) == len({b for s in group for b in s.cpu_block_table})
+        assert len(mapping) == len(_held(group, "cpu_block_tables"))
         assert [seq.num_computed_tokens for seq in group] == computed
         for seq in group:
             self.running.remove(seq)
-            assert seq.block_table == []
+            assert seq.block_tables == []
         self.swapped.append(group)
 
     @precondition(lambda self: self.swapped)
@@ -83,9 +87,9 @@ class BlockManagerMachine(RuleBasedStateMachine):
         group = self.swapped[0]
         if not self.bm.can_swap_in(group):
             return
-        shared_before = _sharing_shape(group, "cpu_block_table")
+        shared_before = _sharing_shape(group, "cpu_block_tables")
         self.bm.swap_in(group)
-        assert _sharing_shape(group, "block_table") == shared_before
+        assert _sharing_shape(group, "block_tables") == shared_before
         self.swapped.pop(0)
         self.running.extend(group)
 
@@ -97,8 +101,9 @@ class BlockManagerMachine(RuleBasedStateMachine):
     def _written_blocks_are_private(self, seq: Sequence, start: int) -> None:
         """Copy-on-write: no block that receives new tokens is read by another table."""
         first, last = start // BLOCK_SIZE, (seq.num_tokens - 1) // BLOCK_SIZE
-        for block_id in seq.block_table[first : last + 1]:
-            assert self.bm.blocks[block_id].ref_count == 1
+        for table in seq.block_tables:
+            for block_id in table[first : last + 1]:
+                assert block_id != HOLE and self.bm.blocks[block_id].ref_count == 1
 
     @invariant()
     def each_block_in_exactly_one_state(self):
@@ -115,17 +120,19 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
     @invariant()
     def ref_counts_equal_table_references(self):
-        refs = Counter(b for seq in self.running for b in seq.block_table)
+        refs = Counter(b for seq in self.running for t in seq.block_tables for b in t if b != HOLE)
         for block in self.bm.blocks:
             assert block.ref_count == refs.get(block.block_id, 0)
-        host_refs = Counter(b for group in self.swapped for s in group for b in s.cpu_block_table)
+        host_refs = Counter(b for group in self.swapped for s in group for t in s.cpu_block_tables
+                            for b in t if b != HOLE)
         for block_id, count in enumerate(self.bm.host.ref_counts):
             assert count == host_refs.get(block_id, 0)
 
     @invariant()
     def hashes_match_contents(self):
-        for h, block_id in self.bm.hash_to_block.items():
+        for (group, h), block_id in self.bm.hash_to_block.items():
             block = self.bm.blocks[block_id]
+            assert block.group == group
             assert block.hash == h == block_hash(block.parent_hash, block.token_ids)
             assert len(block.token_ids) == BLOCK_SIZE
 
@@ -140,10 +147,16 @@ class BlockManagerMachine(RuleBasedStateMachine):
         assert self.bm.host.num_free == self.bm.host.num_blocks
 
 
-def _sharing_shape(group: list[Sequence], attr: str) -> list[list[int]]:
-    """Block tables renamed by first appearance: equal shapes mean equal sharing."""
-    names: dict[int, int] = {}
-    return [[names.setdefault(b, len(names)) for b in getattr(s, attr)] for s in group]
+def _sharing_shape(group: list[Sequence], attr: str) -> list[list[list[int]]]:
+    """Block tables (``attr``: every group's) renamed by first appearance, holes kept:
+    equal shapes mean equal sharing."""
+    names: dict[int, int] = {HOLE: HOLE}
+    return [[[names.setdefault(b, len(names)) for b in table] for table in getattr(s, attr)]
+            for s in group]
+
+
+def _held(group: list[Sequence], attr: str) -> set[int]:
+    return {b for s in group for table in getattr(s, attr) for b in table if b != HOLE}
 
 
 TestBlockManager = BlockManagerMachine.TestCase
@@ -160,7 +173,7 @@ def test_prefix_blocks_found_again_with_exact_ids_and_ref_counts():
     assert [bm.blocks[b].hash != NO_HASH for b in first.block_table] == [True, True, False]
     second = Sequence(list(range(8)) + [99, 98], 10)
     cached = bm.find_cached_prefix(second)
-    assert cached == [0, 1]
+    assert cached.tables == ((0, 1),) and cached.num_blocks == 2
     assert bm.allocate_slots(second, 2, cached)
     assert second.block_table[:2] == [0, 1] and second.num_computed_tokens == 8
     assert [bm.blocks[b].ref_count for b in (0, 1, 2)] == [2, 2, 1]
@@ -173,7 +186,7 @@ def test_prefix_hit_never_covers_the_last_token():
     seq.num_computed_tokens = 8
     bm.cache_full_blocks(seq)
     again = Sequence(list(range(8)), 8)
-    assert bm.find_cached_prefix(again) == [0]
+    assert bm.find_cached_prefix(again).tables == ((0,),)
 
 
 def test_eviction_is_lru_and_tail_first():
@@ -201,8 +214,8 @@ def test_collision_with_different_tokens_is_not_a_hit():
     seq.num_computed_tokens = 3
     bm.cache_full_blocks(seq)
     h = seq.block_hashes[0]
-    bm.blocks[bm.hash_to_block[h]].token_ids = (7, 7)  # forge a colliding entry
-    assert bm.find_cached_prefix(Sequence([1, 2, 3], 3)) == []
+    bm.blocks[bm.hash_to_block[(0, h)]].token_ids = (7, 7)  # forge a colliding entry
+    assert bm.find_cached_prefix(Sequence([1, 2, 3], 3)) == NO_HIT
 
 
 def test_reset_prefix_cache_forgets_every_prefix():
@@ -219,5 +232,5 @@ def test_reset_prefix_cache_forgets_every_prefix():
     assert len(bm.evictable) == 1
     bm.reset_prefix_cache()
     assert not bm.evictable and not bm.hash_to_block
-    assert bm.find_cached_prefix(Sequence([1, 2, 3, 4, 5, 6], 6)) == []
+    assert bm.find_cached_prefix(Sequence([1, 2, 3, 4, 5, 6], 6)) == NO_HIT
     assert bm.num_free_blocks == 3 and len(bm.free_ids) == 3

@@ -18,7 +18,12 @@ from pagedchat.engine.runner.beam_search import Candidate, fork_beams
 from pagedchat.engine.sampling_params import SamplingParams
 from pagedchat.engine.scheduler import ScheduledSeq, Scheduler
 from pagedchat.engine.sequence import Sequence, SequenceGroup
-from tests.engine.test_block_manager import BLOCK_SIZE, BlockManagerMachine, _sharing_shape
+from tests.engine.test_block_manager import (
+    BLOCK_SIZE,
+    BlockManagerMachine,
+    _held,
+    _sharing_shape,
+)
 
 
 class GroupMachine(BlockManagerMachine):
@@ -49,16 +54,17 @@ class GroupMachine(BlockManagerMachine):
     def start_group(self, prompt, n):
         parent = Sequence(prompt, len(prompt))
         cached = self.bm.find_cached_prefix(parent)
-        if not self.bm.allocate_slots(parent, len(prompt) - len(cached) * BLOCK_SIZE, cached):
+        if not self.bm.allocate_slots(parent, len(prompt) - cached.num_blocks * BLOCK_SIZE,
+                                      cached):
             return
-        self._written_blocks_are_private(parent, len(cached) * BLOCK_SIZE)
+        self._written_blocks_are_private(parent, cached.num_blocks * BLOCK_SIZE)
         self._compute(parent)
-        before = [self.bm.blocks[b].ref_count for b in parent.block_table]
+        before = [self.bm.blocks[b].ref_count for b in _held([parent], "block_tables")]
         group = [parent]
         for index in range(1, n):
             group.append(parent.fork(index))
             self.bm.fork(parent, group[-1])
-        after = [self.bm.blocks[b].ref_count for b in parent.block_table]
+        after = [self.bm.blocks[b].ref_count for b in _held([parent], "block_tables")]
         assert after == [count + n - 1 for count in before]
         self.running.extend(group[1:])
         self.running.append(parent)
@@ -88,7 +94,7 @@ class GroupMachine(BlockManagerMachine):
         beams = fork_beams(self.scheduler, group, picks)
         for index, seq in enumerate(group):
             if index not in parents:
-                assert seq.block_table == []
+                assert seq.block_tables == []
                 self.running.remove(seq)
         self.running.extend(seq for seq in beams if seq not in self.running)
         self.groups[self.groups.index(group)] = beams
@@ -104,9 +110,9 @@ class GroupMachine(BlockManagerMachine):
         group = data.draw(st.sampled_from(self._live_groups()))
         if not self.bm.can_swap_out(group):
             return
-        shape = _sharing_shape(group, "block_table")
+        shape = _sharing_shape(group, "block_tables")
         self.bm.swap_out(group)
-        assert _sharing_shape(group, "cpu_block_table") == shape
+        assert _sharing_shape(group, "cpu_block_tables") == shape
         for seq in group:
             self.running.remove(seq)
         self.swapped.append(group)

@@ -1,4 +1,6 @@
-"""`pagedchat bench memory`: where the KV cache's memory goes (the paper's Fig. 2)."""
+"""`pagedchat bench memory`: KV bytes per token of context against a cache that keeps every
+layer (what sliding-window layers save), and where the KV cache's memory goes over a
+ShareGPT trace (the paper's Fig. 2)."""
 
 from __future__ import annotations
 
@@ -7,11 +9,12 @@ from typing import Annotated
 
 import typer
 
-from pagedchat.bench import report
+from pagedchat.bench import context_memory, report
 from pagedchat.bench.engines import PagedChat
 from pagedchat.bench.memory import PARTS, POLICIES, Tally, simulate_contiguous
 from pagedchat.bench.suite import (
     measure,
+    parse_list,
     sample_trace,
     warmup_prompt,
 )
@@ -21,9 +24,9 @@ from pagedchat.cli.bench.options import (
     Dtype,
     MaxSeqs,
     MaxTokens,
-    NumRequests,
     Plot,
     Seed,
+    check_sizes,
     engine_options,
 )
 from pagedchat.cli.options import (
@@ -36,37 +39,85 @@ from pagedchat.cli.options import (
     user_errors,
 )
 
+TraceRequests = Annotated[int | None, typer.Option(
+    "-n", "--num-requests", min=0,
+    help="Requests sampled from the trace for Fig. 2; 0 skips it. Default: 200, or 0 for a "
+         "model with sliding-window layers (the contiguous policies know no windows).")]
+Contexts = Annotated[str, typer.Option(
+    "--contexts", callback=check_sizes,
+    help="Context lengths at which to count the KV bytes one sequence holds per token.")]
+RunModel = Annotated[bool, typer.Option(
+    "--run-model/--no-run-model",
+    help="Count the blocks held in the engine running the model (prefill and a decode "
+         "step; needs --kv-blocks to hold the longest context) instead of driving the "
+         "engine's scheduler and block manager alone (the same counts, no forward pass).")]
 
-def memory(num_requests: NumRequests = 200, model: Model = None, max_tokens: MaxTokens = None,
+
+def memory(num_requests: TraceRequests = None, model: Model = None,
+           max_tokens: MaxTokens = None,
            max_len: Annotated[int, typer.Option(
                "--max-len", help="What the max-length policy reserves per request.")] = 2048,
            seed: Seed = 0, block_size: BlockSize = 16, kv_blocks: KvBlocks = 512,
            max_num_seqs: MaxSeqs = MAX_SEQS, dtype: Dtype = DType.float32,
-           weights: Weights = None,
+           weights: Weights = None, contexts: Contexts = "1024,4096,16384",
+           run_model: RunModel = False,
            plot: Plot = Path("bench-memory.png"), json_path: JsonPath = None,
            tp: TensorParallelSize = 1) -> None:
-    """The paper's Fig. 2: KV memory holding token states vs reserved vs fragmented."""
+    """KV bytes per token by context length, against keeping every layer; then the paper's
+    Fig. 2: KV memory holding token states vs reserved vs fragmented."""
     with user_errors():
         engine = engine_options(model, dtype, block_size, kv_blocks, None, max_num_seqs, tp,
                                 weights=weights).build()
-        requests = sample_trace(engine, num_requests, seed, max_tokens)
-        cfg = engine.config
-        capacity = cfg.num_kv_blocks * cfg.block_size
-        tally = Tally(capacity)
-        measure(PagedChat(engine, on_step=tally.add_paged), requests,
-                warmup_prompt(engine.tokenizer))
-        shares = {"pagedchat": tally.figures()}
-        for policy in POLICIES:
-            shares[policy] = simulate_contiguous(requests, policy, capacity, max_len,
-                                                 cfg.max_num_seqs, cfg.max_num_batched_tokens)
-        report.emit_table("memory", [{"engine": name, **f} for name, f in shares.items()],
-                          ["engine", *PARTS, "live_of_allocated", "mean_batch_size",
-                           "max_batch_size"])
-        report.note(f"KV budget {capacity} token slots; pagedchat measured in the engine, the "
-                    "reservation policies simulated on the same trace (see bench/memory.py); "
-                    "shares averaged over steps with requests waiting")
-        report.plot_stacked(plot, shares, list(PARTS), f"KV cache memory, {len(requests)} "
-                            f"ShareGPT requests, {capacity} slots")
+        by_context = _by_context(engine, parse_list(contexts, int), run_model)
+        windowed = engine.scheduler.block_manager.has_windows
+        num_requests = num_requests if num_requests is not None else (0 if windowed else 200)
+        shares = _trace_shares(engine, num_requests, seed, max_tokens, max_len, plot)
         if json_path:
+            cfg = engine.config
             report.write_json(json_path, report.engine_metadata(engine), shares,
-                              capacity_tokens=capacity, max_len=max_len)
+                              capacity_tokens=cfg.num_kv_blocks * cfg.block_size,
+                              max_len=max_len, by_context=by_context)
+
+
+def _by_context(engine, lengths: list[int], run_model: bool) -> list[dict[str, object]]:
+    """The per-context table, printed; lengths past the model's context are left out."""
+    limit = engine.config.max_model_len
+    fits = [n for n in lengths if n + 3 <= limit]
+    if len(fits) < len(lengths):
+        report.note(f"left out {', '.join(str(n) for n in lengths if n not in fits)} tokens: "
+                    f"the model's context is {limit} tokens")
+    rows = [context_memory.measure(engine, n, run_model).row() for n in fits]
+    if rows:
+        report.emit_table("kv per token", rows, context_memory.COLUMNS)
+        how = ("the engine running the model" if run_model else
+               "the engine's scheduler and block manager on the model's layer groups, with "
+               "no forward pass (allocation does not depend on the values)")
+        report.note(f"one sequence's blocks while it computes the token at each context "
+                    f"length, counted in {how}; full: every layer's K and V for every token")
+    return rows
+
+
+def _trace_shares(engine, num_requests: int, seed: int, max_tokens: int | None,
+                  max_len: int, plot: Path) -> dict[str, dict[str, float]]:
+    """Fig. 2 over ``num_requests`` ShareGPT requests (none: nothing run)."""
+    if not num_requests:
+        return {}
+    requests = sample_trace(engine, num_requests, seed, max_tokens)
+    cfg = engine.config
+    capacity = cfg.num_kv_blocks * cfg.block_size
+    tally = Tally(capacity)
+    measure(PagedChat(engine, on_step=tally.add_paged), requests,
+            warmup_prompt(engine.tokenizer))
+    shares = {"pagedchat": tally.figures()}
+    for policy in POLICIES:
+        shares[policy] = simulate_contiguous(requests, policy, capacity, max_len,
+                                             cfg.max_num_seqs, cfg.max_num_batched_tokens)
+    report.emit_table("memory", [{"engine": name, **f} for name, f in shares.items()],
+                      ["engine", *PARTS, "live_of_allocated", "mean_batch_size",
+                       "max_batch_size"])
+    report.note(f"KV budget {capacity} token slots; pagedchat measured in the engine, the "
+                "reservation policies simulated on the same trace (see bench/memory.py); "
+                "shares averaged over steps with requests waiting")
+    report.plot_stacked(plot, shares, list(PARTS), f"KV cache memory, {len(requests)} "
+                        f"ShareGPT requests, {capacity} slots")
+    return shares

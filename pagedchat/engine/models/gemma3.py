@@ -15,13 +15,18 @@ from types import ModuleType
 import torch
 from torch import nn
 
+from pagedchat.engine.kv_groups import kv_groups
 from pagedchat.engine.layers.attention import AttentionMetadata
 from pagedchat.engine.layers.embedding import Embedding
 from pagedchat.engine.layers.geglu import GeGLU
 from pagedchat.engine.layers.linear import Linear
 from pagedchat.engine.layers.offset_norm import OffsetRMSNorm
 from pagedchat.engine.layers.rotary import Rope, RotaryEmbedding
-from pagedchat.engine.layers.sliding_window import single_token_blocks, window_metadata
+from pagedchat.engine.layers.sliding_window import (
+    single_token_blocks,
+    window_metadata,
+    window_rows,
+)
 from pagedchat.engine.loading.model_config import ModelConfig
 from pagedchat.engine.parallel.tensor_parallel import TensorParallel
 
@@ -131,6 +136,7 @@ class Gemma3ForCausalLM(nn.Module):
                         else Linear(config.hidden_size, self.vocab_rows, False, kernels))
         self.kernels = kernels
         self.rotary: Gemma3Rotary | None = None  # see build_rotary
+        self.kv_groups = kv_groups(config)
 
     @property
     def vocab_rows(self) -> int:
@@ -156,24 +162,26 @@ class Gemma3ForCausalLM(nn.Module):
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-        local_meta: AttentionMetadata | None = None,
+        group_metas: list[AttentionMetadata] | None = None,
     ) -> torch.Tensor:
-        """``local_meta``: the local layers' block tables where they keep their own (the
-        same tensors as ``meta`` for slots and query starts); ``meta``'s tables otherwise."""
+        """``group_metas``: per layer group (see ``engine/kv_groups.py``) the slots and block
+        tables its layers store and read through; None when there is one group (``meta``)."""
         x = self.embed_tokens(input_ids)
         normalizer = torch.tensor(self.config.hidden_size**0.5, dtype=torch.float32)
         x = x * normalizer.to(x.dtype)
         full_rope = self.rotary.full.lookup(positions, x.dtype)
         local_rope = self.rotary.local.lookup(positions, x.dtype)
         block_size = self.layers[0].self_attn.k_cache.shape[1]
-        window = window_metadata(local_meta or meta, positions, self.config.sliding_window,
-                                 block_size)
+        metas = group_metas or [meta]
+        windows = self.kv_groups.windows
+        if any(window is not None for window in windows):
+            rows = window_rows(meta, positions, self.config.sliding_window)
+            metas = [m if w is None else window_metadata(rows, m, block_size)
+                     for m, w in zip(metas, windows, strict=True)]
         residual = None
-        for layer in self.layers:
-            if layer.local:
-                x, residual = layer(x, residual, local_rope, window)
-            else:
-                x, residual = layer(x, residual, full_rope, meta)
+        for layer, group in zip(self.layers, self.kv_groups.layer_group, strict=True):
+            rope = local_rope if layer.local else full_rope
+            x, residual = layer(x, residual, rope, metas[group])
         return x + residual
 
     def compute_logits(self, hidden: torch.Tensor,

@@ -68,6 +68,7 @@ class ParallelRunner:
         self.kernels = self.runner.kernels
         self.num_blocks = self.runner.num_blocks
         self.num_host_blocks = self.runner.num_host_blocks
+        self.kv_groups = self.runner.kv_groups
         self.watchdog.start()
 
     def _wait_ready(self, ready) -> None:

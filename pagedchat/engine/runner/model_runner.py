@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from pagedchat.engine.config import EngineConfig, parse_bytes
+from pagedchat.engine.kv_groups import kv_groups
 from pagedchat.engine.layers.attention import AttentionMetadata
 from pagedchat.engine.loading.loader import load_weights
 from pagedchat.engine.loading.model_config import ModelConfig
@@ -117,13 +118,16 @@ class ModelRunner:
         self.model.pack()
         attn = self.model.layers[0].self_attn
         self.kv_shape = (self.block_size, attn.num_kv_heads, attn.head_dim)
+        self.kv_groups = kv_groups(model_config)
         self.num_blocks = self._num_blocks()
         self.num_host_blocks = parse_bytes(config.swap_space) // self.block_bytes
+        # one K and one V tensor per slot of a page: a layer's K/V live in its slot's tensors
         self.k_caches, self.v_caches = self._allocate(self.num_blocks, self.device, write=True)
         # the host pool, used only when swapping, is left to fill as blocks are swapped out
         self.host_k_caches, self.host_v_caches = self._allocate(self.num_host_blocks, "cpu")
-        for layer, k, v in zip(self.model.layers, self.k_caches, self.v_caches):
-            layer.self_attn.k_cache, layer.self_attn.v_cache = k, v
+        for layer, slot in zip(self.model.layers, self.kv_groups.layer_slot, strict=True):
+            layer.self_attn.k_cache = self.k_caches[slot]
+            layer.self_attn.v_cache = self.v_caches[slot]
         self.tokens_forwarded = self.steps_run = 0
         self._logits: torch.Tensor | None = None  # see _logits_buffer
         if self.device.type == "cpu":
@@ -131,9 +135,10 @@ class ModelRunner:
 
     @property
     def block_bytes(self) -> int:
-        """Bytes of K and V for one block across all layers (this worker's heads)."""
+        """Bytes of K and V for one block of the pool (this worker's heads): one block of
+        tokens for each of its group's layers (every layer, with one group)."""
         per_layer = 2 * int(np.prod(self.kv_shape)) * torch.finfo(self.dtype).bits // 8
-        return per_layer * len(self.model.layers)
+        return per_layer * self.kv_groups.layers_per_page
 
     @property
     def weight_bytes(self) -> int:
@@ -161,7 +166,7 @@ class ModelRunner:
         transformers' paged cache and vLLM do, so that its memory is mapped before the
         first request (left to the first write of each page, a run that fills the pool
         spends a noticeable share of its time in page faults inside the K/V store)."""
-        shape = (2 * len(self.model.layers), num_blocks, *self.kv_shape)
+        shape = (2 * self.kv_groups.layers_per_page, num_blocks, *self.kv_shape)
         if torch.device(device).type == "cpu":
             pool = anonymous_tensor(shape, self.dtype)
             if write:
@@ -182,9 +187,10 @@ class ModelRunner:
         self.steps_run += 1
         with self.timer.phase("prepare"):
             self._move_blocks(step)
-            input_ids, positions, meta = self._to_tensors(step)
+            input_ids, positions, metas = self._to_tensors(step)
         with self.timer.phase("forward"):
-            hidden = self.model(input_ids, positions, meta)
+            hidden = (self.model(input_ids, positions, metas[0]) if len(metas) == 1
+                      else self.model(input_ids, positions, metas[0], metas))
         if not step.sample_rows:
             return torch.empty(0, self.model.config.vocab_size)
         with self.timer.phase("logits"):
@@ -225,15 +231,17 @@ class ModelRunner:
             self.kernels.copy_blocks(self.k_caches, self.v_caches, mapping)
 
     def _to_tensors(self, step: StepInput):
+        """The step's tensors and one AttentionMetadata per layer group."""
         device = self.device
         query_lens = np.diff(step.query_start_loc)
-        meta = AttentionMetadata(
-            slot_mapping=torch.from_numpy(step.slot_mapping).to(device),
-            block_tables=torch.from_numpy(step.block_tables).to(device),
-            context_lens=torch.from_numpy(step.context_lens).to(device),
-            query_start_loc=torch.from_numpy(step.query_start_loc).to(device),
-            max_query_len=int(query_lens.max()),
+        slots = torch.from_numpy(step.slot_mapping).to(device)
+        tables = torch.from_numpy(step.block_tables).to(device)
+        context_lens = torch.from_numpy(step.context_lens).to(device)
+        query_start = torch.from_numpy(step.query_start_loc).to(device)
+        metas = [AttentionMetadata(
+            slot_mapping=slots[group], block_tables=tables[group], context_lens=context_lens,
+            query_start_loc=query_start, max_query_len=int(query_lens.max()),
             max_context_len=int(step.context_lens.max()),
-        )
+        ) for group in range(self.kv_groups.num_groups)]
         input_ids = torch.from_numpy(step.input_ids).to(device)
-        return input_ids, torch.from_numpy(step.positions).to(device), meta
+        return input_ids, torch.from_numpy(step.positions).to(device), metas

@@ -3,9 +3,10 @@
 The engine builds it from the scheduler's output (``SchedulerOutput.step_input``) and
 hands it to the runner. This is all a worker needs to run a step, so under tensor
 parallelism it is the one message rank 0 sends every worker each step. For each
-scheduled token: its id, its position and its cache slot (``block_table[pos //
-block_size] * block_size + pos % block_size``); for each sequence: its context length
-and padded block table.
+scheduled token: its id, its position and, in each layer group, its cache slot
+(``block_table[pos // block_size] * block_size + pos % block_size``); for each sequence:
+its context length and, in each layer group, its padded block table (one group unless
+the model has sliding-window layers, see ``engine/kv_groups.py``).
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ import numpy as np
 class StepInput:
     input_ids: np.ndarray  # [num_tokens] int64
     positions: np.ndarray  # [num_tokens] int64
-    slot_mapping: np.ndarray  # [num_tokens] int64
-    block_tables: np.ndarray  # [num_seqs, max_blocks] int32, padded with -1
+    slot_mapping: np.ndarray  # [num_groups, num_tokens] int64
+    block_tables: np.ndarray  # [num_groups, num_seqs, max_blocks] int32, -1: padding or a hole
     context_lens: np.ndarray  # [num_seqs] int32
     query_start_loc: np.ndarray  # [num_seqs + 1] int32
     sample_rows: list[int]  # rows of the flat batch whose logits are sampled

@@ -18,5 +18,9 @@ class BlockTable(DataTable):
             for entry in table.blocks:
                 marks = [word for word, on in (("shared", entry.shared), ("cached", entry.cached))
                          if on]
+                if table.window is not None:
+                    marks.append(f"local {table.layer_group}")
+                elif any(t.window is not None for t in tables):
+                    marks.append(f"global {table.layer_group}")
                 self.add_row(entry.logical, entry.physical, entry.filled, entry.ref_count,
                              " ".join(marks))

@@ -7,7 +7,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Label, Static
 
 from pagedchat.chat.driver import StatsUpdate
-from pagedchat.engine.outputs import SeqBlockTable
+from pagedchat.engine.outputs import EngineStats, SeqBlockTable
 from pagedchat.tui.widgets.block_table import BlockTable
 from pagedchat.tui.widgets.figures import Figures, figures_of
 from pagedchat.tui.widgets.pool_map import PoolMap
@@ -41,6 +41,7 @@ class Inspector(VerticalScroll):
             f"seqs    {s.num_running} run · {s.num_waiting} wait · {s.num_swapped} swapped\n"
             f"shared  {s.shared_blocks} blocks · {s.saved_blocks} saved\n"
             f"prefix  {s.prefix_hits} of {s.prefix_queries} prompt tokens cached"
+            + (_window_line(s) if s.has_windows else "")
         )
 
     def show_focus(self, session_of: dict[str, int], titles: dict[int, str],
@@ -62,6 +63,14 @@ class Inspector(VerticalScroll):
         self.query_one(BlockTable).show(tables)
         self.query_one("#sharing", Static).update(sharing)
         self.query_one(PoolMap).show(s.pool, s.owners, session_of, titles, focused)
+
+
+def _window_line(s: EngineStats) -> str:
+    """Blocks held by the global and the local (sliding-window) layer groups, and those the
+    window gave back."""
+    held_global, held_local = s.held_by_kind()
+    return (f"\nwindow  {held_global} global · {held_local} local held · "
+            f"{s.window_freed_blocks} freed by the window")
 
 
 def _sharing(tables: list[SeqBlockTable], owners: dict[int, list[str]],

@@ -123,11 +123,12 @@ def test_greedy_matches_transformers(tiny_gemma_dir, tiny_gemma_references, back
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_chunked_prefill_and_preemption_match_transformers(tiny_gemma_dir,
                                                            tiny_gemma_references, mode):
-    """A token budget that chunks the prompts and a pool that forces preemption."""
+    """A token budget that chunks the prompts and a pool that forces preemption (its
+    blocks hold one layer each: the config's layers make four groups of one)."""
     batch = prompts()
     expected = tiny_gemma_references
     got, preemptions = generate_counting(tiny_gemma_dir, batch, 24, block_size=4,
-                                         num_kv_blocks=40, max_num_batched_tokens=24,
+                                         num_kv_blocks=64, max_num_batched_tokens=24,
                                          preemption_mode=mode)
     assert preemptions > 0
     assert got == expected
