@@ -42,6 +42,7 @@ def run(
     from pagedchat.chat.prompt import PLAIN_STOP, has_chat_template, render
     from pagedchat.engine.config import EngineConfig
     from pagedchat.engine.errors import PagedChatError
+    from pagedchat.engine.kv_groups import kv_groups
     from pagedchat.engine.llm_engine import LLMEngine, open_model
     from pagedchat.engine.sampling_params import SamplingParams
 
@@ -69,8 +70,9 @@ def run(
         if kv_blocks is None and kv_memory is None:
             # the pool serves this one request: sized to what it can need, not to the
             # engine's budget for many
-            blocks = opened.config.request_kv_blocks(len(prompt_ids), params.max_tokens,
-                                                     params.best_of)
+            blocks = opened.config.request_kv_blocks(
+                len(prompt_ids), params.max_tokens, params.best_of,
+                kv_groups(opened.model_config).windows)
             opened = replace(opened, config=replace(opened.config, num_kv_blocks=blocks))
         engine = LLMEngine(opened)
         loaded = time.perf_counter()

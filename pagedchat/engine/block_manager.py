@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import xxhash
 
+from pagedchat.engine import kv_groups
 from pagedchat.engine.sequence import Sequence
 
 NO_HASH = -1
@@ -146,10 +147,7 @@ class BlockManager:
     def max_blocks(self, num_tokens: int, chunk: int) -> int:
         """The most blocks one sequence of ``num_tokens`` tokens holds at once, computing at
         most ``chunk`` tokens a step: a windowed group holds its window and one chunk."""
-        full = self.blocks_for(num_tokens)
-        return sum(full if window is None
-                   else min(full, self.blocks_for(window - 1 + chunk) + 1)
-                   for window in self.windows)
+        return kv_groups.max_blocks(self.windows, self.block_size, num_tokens, chunk)
 
     # ---- prefix cache ---------------------------------------------------------
     def find_cached_prefix(self, seq: Sequence) -> PrefixHit:

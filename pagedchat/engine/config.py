@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from pagedchat.engine import kv_groups
 from pagedchat.engine.errors import RequestError
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
@@ -86,14 +87,16 @@ class EngineConfig:
         parse_bytes(self.swap_space)
 
     def request_kv_blocks(self, num_prompt_tokens: int, max_tokens: int,
-                          sequences: int = 1) -> int:
+                          sequences: int = 1, windows: tuple[int | None, ...] = (None,)) -> int:
         """Blocks for a pool that serves one request and nothing else: each of its
         ``sequences`` (n or best_of, the beam width) up to prompt + ``max_tokens`` tokens,
         or the context (``max_model_len``) where that is less, counted unshared as the
         scheduler counts a request that must fit the pool; at least
-        ``MIN_REQUEST_POOL_TOKENS`` tokens' worth."""
+        ``MIN_REQUEST_POOL_TOKENS`` tokens' worth. ``windows``: the model's layer groups
+        (:func:`pagedchat.engine.kv_groups.kv_groups`), each holding its own blocks."""
         tokens = num_prompt_tokens + max_tokens
         if self.max_model_len is not None:
             tokens = min(tokens, self.max_model_len)
-        blocks = sequences * -(-tokens // self.block_size)
-        return max(blocks, -(-self.MIN_REQUEST_POOL_TOKENS // self.block_size))
+        held = kv_groups.max_blocks(windows, self.block_size, tokens, self.max_num_batched_tokens)
+        return max(sequences * held,
+                   len(windows) * -(-self.MIN_REQUEST_POOL_TOKENS // self.block_size))

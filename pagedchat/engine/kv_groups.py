@@ -54,3 +54,13 @@ def kv_groups(config: ModelConfig) -> KVGroups:
             layer_group[layer] = first + j // per_page
             layer_slot[layer] = j % per_page
     return KVGroups(tuple(windows), tuple(layer_group), tuple(layer_slot), per_page)
+
+
+def max_blocks(windows: tuple[int | None, ...], block_size: int, num_tokens: int,
+               chunk: int) -> int:
+    """The most blocks one sequence of ``num_tokens`` tokens holds at once over every group,
+    computing at most ``chunk`` tokens a step: a windowed group holds its window and one
+    chunk, a global group every token."""
+    full = -(-num_tokens // block_size)
+    return sum(full if window is None else min(full, -(-(window - 1 + chunk) // block_size) + 1)
+               for window in windows)

@@ -117,3 +117,24 @@ def test_prefix_hit_past_the_window_matches_transformers(gemma_dir):
         got_second = llm.generate(second, params)[0]
     assert got_second.num_cached_tokens == 60
     assert [got_first.outputs[0].token_ids, got_second.outputs[0].token_ids] == expected
+
+
+def test_a_pool_sized_for_one_request_counts_every_group(gemma_dir):
+    """`pagedchat run`'s pool for one request: the scheduler admits the request into a pool
+    of exactly that size (global and local groups counted), and not into one block less."""
+    from pagedchat.engine.config import EngineConfig
+    from pagedchat.engine.errors import RequestError
+    from pagedchat.engine.kv_groups import kv_groups
+    from pagedchat.engine.loading.model_config import ModelConfig
+
+    windows = kv_groups(ModelConfig.from_folder(gemma_dir)).windows
+    params = SamplingParams(max_tokens=300, n=2)
+    prompt = prompts()[-1]
+    probe = EngineConfig(block_size=BLOCK_SIZE, max_model_len=1024)
+    blocks = probe.request_kv_blocks(len(prompt), params.max_tokens, params.best_of, windows)
+    assert blocks > probe.request_kv_blocks(len(prompt), params.max_tokens, params.best_of)
+    with LLM(model=str(gemma_dir), block_size=BLOCK_SIZE, num_kv_blocks=blocks) as llm:
+        llm.engine.add_request("a", prompt, params)
+    with LLM(model=str(gemma_dir), block_size=BLOCK_SIZE, num_kv_blocks=blocks - 1) as llm:
+        with pytest.raises(RequestError, match="needs up to"):
+            llm.engine.add_request("a", prompt, params)
