@@ -32,14 +32,17 @@ def copy_bandwidth(size: int = 1 << 30, repeats: int = 5) -> float:
 
 def pagedchat_bytes_per_token(engine, context_len: float) -> int:
     """Bytes one decode step of one sequence reads: the weights as the engine holds them
-    and the KV cache of ``context_len`` tokens."""
+    and the KV cache of ``context_len`` tokens, each layer group's."""
     runner = engine.runner
     weights = runner.weight_bytes
     model = runner.model
     if not model.tied:  # an untied embedding gives one row per token
         table = model.embed_tokens.weight
         weights -= table.numel() * table.element_size()
-    kv = runner.block_bytes * context_len / engine.config.block_size
+    # a page holds one group's layers; a windowed group reads only its window
+    tokens_read = sum(context_len if window is None else min(context_len, window)
+                      for window in runner.kv_groups.windows)
+    kv = runner.block_bytes * tokens_read / engine.config.block_size
     return int(weights + kv)
 
 

@@ -59,3 +59,17 @@ def test_pagedchat_bytes_are_its_weights_and_kv_cache(tiny_gguf):
         100 * (weights + 64 * kv_per_token) / 1e9)
     assert figures["llama.cpp"]["bytes_per_token_mb"] == pytest.approx(
         gguf_bytes_per_token(tiny_gguf, 64) / 1e6)
+
+
+def test_a_windowed_layer_reads_only_its_window(tmp_path, tiny_tokenizer):
+    from tests.engine.models.test_gemma3 import WINDOW, save_tiny_gemma3
+
+    folder = save_tiny_gemma3(tmp_path / "gemma", tiny_tokenizer)
+    engine = LLM(model=str(folder), block_size=4, num_kv_blocks=64).engine
+    windows = engine.runner.kv_groups.windows
+    weights = pagedchat_bytes_per_token(engine, 0)
+    per_layer_token = engine.runner.block_bytes // engine.runner.kv_groups.layers_per_page // 4
+    context = 4 * WINDOW
+    read = sum(context if window is None else WINDOW for window in windows)
+    assert windows.count(None) == 1 and len(windows) == 4
+    assert pagedchat_bytes_per_token(engine, context) == weights + read * per_layer_token
