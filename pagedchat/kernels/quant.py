@@ -231,13 +231,27 @@ def dequantize(weight: QuantizedWeight) -> torch.Tensor:
     return torch.cat([_dequantize_segment(s) for s in weight.segments])
 
 
+# rows de-quantized at a time by the reference product: a vocabulary-sized head (Gemma's
+# 262,144 rows) is never held in float32 whole
+ROWS_AT_ONCE = 4096
+
+
 def quantized_linear(x: torch.Tensor, weight: QuantizedWeight,
                      bias: torch.Tensor | None = None,
                      out: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ W.T (+ bias)`` in float32 over the de-quantized weight, in ``x``'s dtype
-    (float32 or bfloat16); written into ``out`` where given."""
-    result = F.linear(x.float(), dequantize(weight),
-                      None if bias is None else bias.float()).to(x.dtype)
+    """``x @ W.T (+ bias)`` in float32 over the de-quantized weight (``ROWS_AT_ONCE`` rows
+    at a time), in ``x``'s dtype (float32 or bfloat16); written into ``out`` where given."""
+    wide = x.float()
+    result = torch.empty(*x.shape[:-1], weight.shape[0])
+    first = 0
+    for segment in weight.segments:
+        for start in range(0, segment.rows, ROWS_AT_ONCE):
+            rows = Segment(segment.format, segment.data[start:start + ROWS_AT_ONCE])
+            result[..., first:first + rows.rows] = F.linear(wide, _dequantize_segment(rows))
+            first += rows.rows
+    if bias is not None:
+        result += bias.float()
+    result = result.to(x.dtype)
     return result if out is None else out.copy_(result)
 
 

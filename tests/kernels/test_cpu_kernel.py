@@ -61,7 +61,7 @@ def compare_case(context_lens: list[int], query_lens: list[int], block_size: int
 @on_each_level
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("group", [1, 3, 8])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("block_size", [1, 16, 256])
 def test_decode_matches_reference(block_size, head_dim, group, dtype):
     kv_heads = 2 if group < 8 else 1
@@ -82,14 +82,16 @@ def test_mixed_batch_of_decodes_short_and_long_chunks(dtype):
 
 @on_each_level
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(("group", "head_dim"), [(1, 64), (3, 64), (8, 128), (4, 64)])
+@pytest.mark.parametrize(("group", "head_dim"),
+                         [(1, 64), (3, 64), (8, 128), (4, 64), (4, 256), (1, 192)])
 @pytest.mark.parametrize("block_size", [1, 16, 32])
 def test_prompt_chunks_match_reference_without_sdpa(monkeypatch, block_size, group, head_dim,
                                                     dtype):
     """Long chunks go to the chunked-prefill kernel (never to SDPA) when it is built: a
     whole prompt, chunks after a cached prefix, one of 1,024 keys (the stride that once
     aliased in L1), item tiles cut short (q_len not a multiple of the positions per item,
-    e.g. 24 / 4 = 6 for group 4), next to decode rows."""
+    e.g. 24 / 4 = 6 for group 4), next to decode rows. Heads of 256 (Gemma 3's) and 192
+    take more output vectors than a build keeps in registers at once."""
     monkeypatch.setattr(attention, "_sdpa", lambda *args: pytest.fail("SDPA was used"))
     ctx = [300, 1024, 50, 77, 9]
     q_lens = [300, 61, 8, 1, 9]
@@ -220,7 +222,7 @@ def test_rms_norm_matches_reference(rows, dim, scale, with_residual, dtype, seed
 
 @settings(max_examples=30, deadline=None)
 @given(tokens=st.sampled_from([1, 3, 40, 700]), kv_heads=st.integers(1, 4),
-       group=st.sampled_from([1, 3]), head_dim=st.sampled_from([16, 64, 80, 128]),
+       group=st.sampled_from([1, 3]), head_dim=st.sampled_from([16, 64, 80, 128, 256]),
        skipped=st.booleans(), dtype=DTYPES, seed=st.integers(0, 2**16))
 def test_rotary_store_matches_reference(tokens, kv_heads, group, head_dim, skipped, dtype,
                                         seed):

@@ -156,6 +156,33 @@ def test_product_matches_reference(kernels, name, rows):
     close(halves, quant.quantized_linear(x.bfloat16(), weight, bias), 1e-2)
 
 
+@pytest.mark.parametrize(("name", "width"),
+                         [("Q8_0", 640), ("Q5_0", 640), ("Q4_K", 1024), ("Q6_K", 2048)])
+def test_product_at_gemma3_widths(kernels, name, width):
+    """Gemma 3 270M's rows: 640 wide (not whole blocks of 256: Q5_0, Q8_0), 1,024 and 2,048
+    (Q4_K, Q6_K)."""
+    weight = random_weight(name, 19, width, seed=width)
+    x = torch.randn(3, width, generator=torch.Generator().manual_seed(1))
+    close(kernels.quantized_linear(x, weight), quant.quantized_linear(x, weight), 1e-5)
+
+
+def test_reference_product_decodes_a_few_rows_at_a_time(monkeypatch):
+    """A vocabulary-sized head is never de-quantized whole: the same product, decoded at
+    most ROWS_AT_ONCE rows at a time, across segments."""
+    fused = QuantizedWeight.stack([random_weight("Q8_0", 10, 64, seed=1),
+                                   random_weight("Q4_0", 7, 64, seed=2)])
+    g = torch.Generator().manual_seed(3)
+    x, bias = torch.randn(3, 64, generator=g), torch.randn(17, generator=g)
+    whole = torch.nn.functional.linear(x, quant.dequantize(fused), bias)
+    decoded = []
+    decode = quant._dequantize_segment
+    monkeypatch.setattr(quant, "ROWS_AT_ONCE", 4)
+    monkeypatch.setattr(quant, "_dequantize_segment",
+                        lambda segment: decoded.append(segment.rows) or decode(segment))
+    close(quant.quantized_linear(x, fused, bias), whole, 1e-6)
+    assert decoded == [4, 4, 2, 4, 3]
+
+
 def test_product_of_mixed_segments_writes_each_its_columns(kernels):
     fused = QuantizedWeight.stack([random_weight("Q4_K", 5, 256, seed=5),
                                    random_weight("Q6_K", 3, 256, seed=6),

@@ -7,7 +7,7 @@ from types import ModuleType
 import torch
 from torch import nn
 
-from pagedchat.kernels.quant import QuantizedWeight
+from pagedchat.kernels.quant import QuantizedWeight, dequantize
 
 
 class Linear(nn.Linear):
@@ -46,3 +46,11 @@ class Linear(nn.Linear):
         if self.quantized is None:
             self.weight = nn.Parameter(self.kernels.pack_linear(self.weight.detach()),
                                        requires_grad=False)
+
+
+def fuse_rows(parts: list[torch.Tensor | QuantizedWeight]) -> torch.Tensor | QuantizedWeight:
+    """Weights stacked by rows (a fused projection): quantized ones without decoding; where
+    only some are quantized, all as float32 (the exact values either way)."""
+    if all(isinstance(part, QuantizedWeight) for part in parts):
+        return QuantizedWeight.stack(parts)
+    return torch.cat([dequantize(p) if isinstance(p, QuantizedWeight) else p for p in parts])

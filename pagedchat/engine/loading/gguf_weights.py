@@ -4,6 +4,8 @@ transformers de-quantizes each tensor, undoes llama.cpp's rotary permutation of 
 rows (for the ``llama`` architecture), and renames it. Here the permutation moves whole
 rows of blocks, which is exact, so each weight's de-quantized value is the one transformers
 gets; F32, F16 and BF16 tensors (the norms, biases) become float32 as transformers makes them.
+A ``gemma3`` file stores each norm's scale as ``1 + w``: transformers subtracts the 1 again
+(in float32), and so does this module, so the norms load to the same floats on both paths.
 """
 
 from __future__ import annotations
@@ -27,6 +29,12 @@ _LAYER_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_laye
                 "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
                 "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
                 "ffn_down": "mlp.down_proj"}
+# Gemma 3 names its four norms per layer and the QK-norm; its "ffn_norm" is the norm before
+# the MLP, not Llama's norm after attention
+_GEMMA3_LAYER_NAMES = {**_LAYER_NAMES, "ffn_norm": "pre_feedforward_layernorm",
+                       "post_attention_norm": "post_attention_layernorm",
+                       "post_ffw_norm": "post_feedforward_layernorm",
+                       "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
 _LAYER = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 _PLAIN = ("F32", "F16", "BF16")
 
@@ -48,14 +56,15 @@ def write_metadata(path: Path, folder: Path) -> None:
     tokenizer.save_pretrained(folder)
 
 
-def hf_name(name: str) -> str | None:
-    """transformers' name for a GGUF tensor name, or None for one it does not load (such as
-    llama.cpp's precomputed ``rope_freqs``)."""
+def hf_name(name: str, architecture: str = "llama") -> str | None:
+    """transformers' name for a GGUF tensor name of a file of ``architecture``, or None for
+    one it does not load (such as llama.cpp's precomputed ``rope_freqs``)."""
     if (match := _LAYER.match(name)) is not None:
         layer, part, kind = match.groups()
-        if part not in _LAYER_NAMES:
+        names = _GEMMA3_LAYER_NAMES if architecture == "gemma3" else _LAYER_NAMES
+        if part not in names:
             return None
-        return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"
+        return f"model.layers.{layer}.{names[part]}.{kind}"
     stem, _, kind = name.rpartition(".")
     return f"{_GLOBAL_NAMES[stem]}.{kind}" if stem in _GLOBAL_NAMES else None
 
@@ -72,20 +81,29 @@ def read_gguf_weights(path: Path, num_heads: int, num_kv_heads: int) -> dict[str
     """Every tensor transformers loads from ``path``, by its transformers name: quantized
     ones as :class:`QuantizedWeight`, the others as float32 tensors."""
     header = read_gguf_header(path)
-    permuted = header.fields.get("general.architecture") == "llama"
+    architecture = header.fields.get("general.architecture")
     weights: dict[str, Weight] = {}
     for tensor in header.tensors:
-        name = hf_name(tensor.name)
+        name = hf_name(tensor.name, architecture)
         if name is None:
             continue
         weight = _read_tensor(header, tensor)
-        if permuted and (".q_proj." in name or ".k_proj." in name):
+        if architecture == "llama" and (".q_proj." in name or ".k_proj." in name):
             heads = num_heads if ".q_proj." in name else num_kv_heads
             order = unpermute_rows(weight.shape[0], heads)
             weight = weight.take_rows(order) if isinstance(weight, QuantizedWeight) \
                 else weight[order]
+        if architecture == "gemma3" and tensor.name.endswith("norm.weight"):
+            weight = _unit_offset_removed(path, tensor.name, weight)
         weights[name] = weight
     return weights
+
+
+def _unit_offset_removed(path: Path, name: str, weight: Weight) -> torch.Tensor:
+    """A Gemma norm's stored ``1 + w`` less 1, in float32: transformers' ``w``."""
+    if isinstance(weight, QuantizedWeight):
+        raise ModelLoadError(f"{path}: norm {name} is quantized; norms are read as floats")
+    return weight - 1
 
 
 def _read_tensor(header: GGUFFile, tensor: TensorInfo) -> Weight:

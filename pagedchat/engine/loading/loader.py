@@ -42,8 +42,6 @@ SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "gemma3_text")
 _GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "gemma3")
 _CACHE_FORMAT = "2"
 WEIGHTS = ("gguf", "float32", "bfloat16")
-# the GGUF architectures whose tensors --weights gguf reads quantized (Gemma 3 is de-quantized)
-QUANTIZED_ARCHITECTURES = ("llama", "mistral", "qwen2")
 
 
 @dataclass(frozen=True)
@@ -84,13 +82,13 @@ class ModelFiles:
 
 def reads_quantized(spec: str | os.PathLike | None) -> bool:
     """Whether ``spec`` names a GGUF file whose tensors the quantized path reads as they
-    are (the default model is one): a file of the architectures in ``QUANTIZED_ARCHITECTURES``."""
+    are (the default model and ``gemma-3-270m`` are): a file of a supported architecture."""
     if spec is None:
         return True
     path = Path(spec).expanduser()
     if str(spec) in NAMED_MODELS and not path.exists():
         path = named_model_path(str(spec))
-    return path.is_file() and gguf_architecture(path) in QUANTIZED_ARCHITECTURES
+    return path.is_file() and gguf_architecture(path) in _GGUF_ARCHITECTURES
 
 
 def gguf_architecture(path: Path) -> str | None:
@@ -174,11 +172,6 @@ def prepare_model(spec: str | os.PathLike | None = None,
         check_hf_folder(path)
         return ModelFiles(path, str(path), False, time.perf_counter() - start)
     if weights == "gguf":
-        if (arch := gguf_architecture(path)) not in QUANTIZED_ARCHITECTURES:
-            raise ModelLoadError(
-                f"{path}: --weights gguf reads {', '.join(QUANTIZED_ARCHITECTURES)} files "
-                f"as they are; this one is {arch or 'not one of them'}: use --weights "
-                "float32 or bfloat16")
         folder = cache_root() / "models" / f"{_gguf_key(path)}-metadata"
         from_cache = (folder / "config.json").is_file()
         if not from_cache:

@@ -19,7 +19,7 @@ from pagedchat.engine.kv_groups import kv_groups
 from pagedchat.engine.layers.attention import AttentionMetadata
 from pagedchat.engine.layers.embedding import Embedding
 from pagedchat.engine.layers.geglu import GeGLU
-from pagedchat.engine.layers.linear import Linear
+from pagedchat.engine.layers.linear import Linear, fuse_rows
 from pagedchat.engine.layers.offset_norm import OffsetRMSNorm
 from pagedchat.engine.layers.rotary import Rope, RotaryEmbedding
 from pagedchat.engine.layers.sliding_window import (
@@ -27,6 +27,7 @@ from pagedchat.engine.layers.sliding_window import (
     window_metadata,
     window_rows,
 )
+from pagedchat.engine.loading.gguf_weights import Weight
 from pagedchat.engine.loading.model_config import ModelConfig
 from pagedchat.engine.parallel.tensor_parallel import TensorParallel
 
@@ -197,34 +198,33 @@ class Gemma3ForCausalLM(nn.Module):
         return self.tp.gather_columns(logits, self.config.vocab_size)
 
     @torch.no_grad()
-    def load_hf_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
-        """Copy a transformers-named state dict in, fusing q/k/v and gate/up, keeping this
-        worker's shard; norms store ``1 + w``."""
+    def load_hf_state_dict(self, tensors: dict[str, Weight]) -> None:
+        """Take a transformers-named state dict, fusing q/k/v and gate/up, keeping this
+        worker's shard; quantized weights stay quantized; norms store ``1 + w``."""
         shard = self.tp.shard
         for i, layer in enumerate(self.layers):
             prefix = f"model.layers.{i}."
             attn, mlp = layer.self_attn, layer.mlp
-            qkv = [shard(tensors.pop(prefix + f"self_attn.{n}_proj.weight")) for n in "qkv"]
-            attn.qkv_proj.weight.copy_(torch.cat(qkv))
+            attn.qkv_proj.load(fuse_rows(
+                [shard(tensors.pop(prefix + f"self_attn.{n}_proj.weight")) for n in "qkv"]))
             if attn.qkv_proj.bias is not None:
                 attn.qkv_proj.bias.copy_(torch.cat(
                     [shard(tensors.pop(prefix + f"self_attn.{n}_proj.bias")) for n in "qkv"]))
-            mlp.gate_up_proj.weight.copy_(torch.cat(
+            mlp.gate_up_proj.load(fuse_rows(
                 [shard(tensors.pop(prefix + f"mlp.{n}_proj.weight")) for n in ("gate", "up")]))
-            attn.o_proj.weight.copy_(shard(tensors.pop(prefix + "self_attn.o_proj.weight"), dim=1))
-            mlp.down_proj.weight.copy_(shard(tensors.pop(prefix + "mlp.down_proj.weight"), dim=1))
+            attn.o_proj.load(shard(tensors.pop(prefix + "self_attn.o_proj.weight"), dim=1))
+            mlp.down_proj.load(shard(tensors.pop(prefix + "mlp.down_proj.weight"), dim=1))
             for name in ("self_attn.q_norm", "self_attn.k_norm", "input_layernorm",
                          "post_attention_layernorm", "pre_feedforward_layernorm",
                          "post_feedforward_layernorm"):
                 layer.get_submodule(name).load(tensors.pop(f"{prefix}{name}.weight"))
-        vocab = slice(self.embed_tokens.start, self.embed_tokens.end)
-        self.embed_tokens.weight.copy_(tensors.pop("model.embed_tokens.weight")[vocab])
+        self.embed_tokens.load(tensors.pop("model.embed_tokens.weight"))
         self.norm.load(tensors.pop("model.norm.weight"))
         head = tensors.pop("lm_head.weight", None)
         if self.lm_head is not None:
             if head is None:
                 raise KeyError("lm_head.weight (the model's head is not tied to its embeddings)")
-            self.lm_head.weight.copy_(head[vocab])
+            self.lm_head.load(head[self.embed_tokens.start:self.embed_tokens.end])
         if tensors:
             raise KeyError(f"unexpected weights: {', '.join(sorted(tensors)[:5])}")
 

@@ -22,13 +22,13 @@ from torch import nn
 
 from pagedchat.engine.layers.attention import Attention, AttentionMetadata
 from pagedchat.engine.layers.embedding import Embedding
-from pagedchat.engine.layers.linear import Linear
+from pagedchat.engine.layers.linear import Linear, fuse_rows
 from pagedchat.engine.layers.mlp import MLP
 from pagedchat.engine.layers.norm import RMSNorm
 from pagedchat.engine.layers.rotary import Rope, RotaryEmbedding, rope_parameters
 from pagedchat.engine.loading.model_config import ModelConfig
 from pagedchat.engine.parallel.tensor_parallel import TensorParallel
-from pagedchat.kernels.quant import QuantizedWeight, dequantize
+from pagedchat.kernels.quant import QuantizedWeight
 
 Weight = torch.Tensor | QuantizedWeight
 
@@ -152,16 +152,16 @@ class LlamaForCausalLM(nn.Module):
         for i, layer in enumerate(self.layers):
             prefix = f"model.layers.{i}."
             attn, mlp = layer.self_attn, layer.mlp
-            attn.qkv_proj.load(_fuse([shard(tensors.pop(prefix + f"self_attn.{n}_proj.weight"))
-                                      for n in "qkv"]))
+            attn.qkv_proj.load(fuse_rows(
+                [shard(tensors.pop(prefix + f"self_attn.{n}_proj.weight")) for n in "qkv"]))
             if attn.qkv_proj.bias is not None:
                 biases = [tensors.pop(prefix + f"self_attn.{n}_proj.bias", None) for n in "qkv"]
                 if all(b is not None for b in biases):
                     attn.qkv_proj.bias.copy_(torch.cat([shard(b) for b in biases]))
                 else:
                     attn.qkv_proj.bias.zero_()
-            mlp.gate_up_proj.load(_fuse([shard(tensors.pop(prefix + f"mlp.{n}_proj.weight"))
-                                         for n in ("gate", "up")]))
+            mlp.gate_up_proj.load(fuse_rows(
+                [shard(tensors.pop(prefix + f"mlp.{n}_proj.weight")) for n in ("gate", "up")]))
             attn.o_proj.load(shard(tensors.pop(prefix + "self_attn.o_proj.weight"), dim=1))
             mlp.down_proj.load(shard(tensors.pop(prefix + "mlp.down_proj.weight"), dim=1))
             for name in ("input_layernorm.weight", "post_attention_layernorm.weight"):
@@ -177,11 +177,3 @@ class LlamaForCausalLM(nn.Module):
             raise KeyError(f"unexpected weights: {', '.join(sorted(tensors)[:5])}")
         self.quantized = any(isinstance(m, Linear) and m.quantized is not None
                              for m in self.modules())
-
-
-def _fuse(parts: list[Weight]) -> Weight:
-    """Weights stacked by rows: quantized ones without decoding; where only some are
-    quantized, all as float32 (the exact values either way)."""
-    if all(isinstance(part, QuantizedWeight) for part in parts):
-        return QuantizedWeight.stack(parts)
-    return torch.cat([dequantize(p) if isinstance(p, QuantizedWeight) else p for p in parts])

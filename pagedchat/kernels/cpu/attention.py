@@ -53,9 +53,7 @@ def paged_attention(
         if status != 0:
             raise MemoryError("paged attention: out of memory for the score buffer")
     long_chunks = plan.long_chunks
-    # head_dim 256 (Gemma 3) crashed the chunked-prefill kernel's AVX2 build: SDPA takes
-    # heads wider than 128 until that kernel handles them
-    if long_chunks and query.shape[2] <= 128:
+    if long_chunks:
         status = kernel("paged_prefill", query)(
             query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
             plan.tables.data_ptr(), plan.context_lens.data_ptr(),

@@ -159,29 +159,36 @@ static inline __attribute__((always_inline)) void prefill_item(
         const vf inverse = vf_set1(1.0f / vf_reduce_add(sum));
         for (int t = 0; t < span; t += 16) vf_store(row + t, vf_mul(vf_load(row + t), inverse));
     }
-    /* out = probs V: a few rows at a time (as many as keep all their head_dim / 16
-     * vectors in registers), each key's V row loaded once for them */
-    const int per_pass = MAX_ROWS / chunks > 0 ? MAX_ROWS / chunks : 1;
-    for (int r0 = 0; r0 < rows; r0 += per_pass) {
-        const int n = rows - r0 < per_pass ? rows - r0 : per_pass;
-        vf a[MAX_ROWS];
-        UNROLLED
-        for (int j = 0; j < n * chunks; j++) a[j] = vf_zero();
-        for (int t = 0; t < keys; t++) {
-            const float *v = values + (int64_t)t * head_dim;
+    /* out = probs V: a slice of each row's head_dim / 16 output vectors for a few rows at
+     * a time, as many vectors as MAX_ROWS (the accumulators, kept in registers), each
+     * key's V slice loaded once for those rows. A head wider than MAX_ROWS vectors takes
+     * several slices. */
+    const int slice = chunks < MAX_ROWS ? chunks : MAX_ROWS;
+    const int per_pass = MAX_ROWS / slice;
+    for (int c0 = 0; c0 < chunks; c0 += slice) {
+        const int cols = chunks - c0 < slice ? chunks - c0 : slice;  /* this slice's */
+        for (int r0 = 0; r0 < rows; r0 += per_pass) {
+            const int n = rows - r0 < per_pass ? rows - r0 : per_pass;
+            vf a[MAX_ROWS];
             UNROLLED
-            for (int r = 0; r < n; r++) {
-                const vf weight = vf_set1(scores[(r0 + r) * width + t]);
+            for (int j = 0; j < n * cols; j++) a[j] = vf_zero();
+            for (int t = 0; t < keys; t++) {
+                const float *v = values + (int64_t)t * head_dim + 16 * c0;
                 UNROLLED
-                for (int c = 0; c < chunks; c++)
-                    a[r * chunks + c] = vf_fmadd(weight, vf_load(v + 16 * c), a[r * chunks + c]);
+                for (int r = 0; r < n; r++) {
+                    const vf weight = vf_set1(scores[(r0 + r) * width + t]);
+                    UNROLLED
+                    for (int c = 0; c < cols; c++)
+                        a[r * cols + c] = vf_fmadd(weight, vf_load(v + 16 * c), a[r * cols + c]);
+                }
             }
-        }
-        for (int r = 0; r < n; r++) {
-            const int position = first + (r0 + r) / group, head = kv * group + (r0 + r) % group;
-            for (int c = 0; c < chunks; c++)
-                store16_at(p->out, ((int64_t)(q_start + position) * p->num_heads + head)
-                           * head_dim + 16 * c, a[r * chunks + c], bf16);
+            for (int r = 0; r < n; r++) {
+                const int position = first + (r0 + r) / group;
+                const int head = kv * group + (r0 + r) % group;
+                for (int c = 0; c < cols; c++)
+                    store16_at(p->out, ((int64_t)(q_start + position) * p->num_heads + head)
+                               * head_dim + 16 * (c0 + c), a[r * cols + c], bf16);
+            }
         }
     }
 }
@@ -259,6 +266,8 @@ static inline __attribute__((always_inline)) int paged_prefill(
                 prefill_rows(&p, i, seq, kv, first, count * group, 64, scores, bf16);
             else if (head_dim == 128)
                 prefill_rows(&p, i, seq, kv, first, count * group, 128, scores, bf16);
+            else if (head_dim == 256)
+                prefill_rows(&p, i, seq, kv, first, count * group, 256, scores, bf16);
             else
                 prefill_rows(&p, i, seq, kv, first, count * group, head_dim, scores, bf16);
         }

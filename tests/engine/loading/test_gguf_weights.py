@@ -13,6 +13,7 @@ import torch
 
 from pagedchat.engine.errors import ModelLoadError
 from pagedchat.engine.loading.gguf_weights import hf_name, read_gguf_weights, unpermute_rows
+from pagedchat.engine.loading.loader import named_model_path
 from pagedchat.kernels.quant import QuantizedWeight, dequantize
 
 gguf = pytest.importorskip("gguf")
@@ -133,6 +134,12 @@ def test_names_follow_transformers():
     assert hf_name("blk.0.attn_q.bias") == "model.layers.0.self_attn.q_proj.bias"
     assert hf_name("output.weight") == "lm_head.weight"
     assert hf_name("rope_freqs.weight") is None
+    assert hf_name("blk.2.ffn_norm.weight") == "model.layers.2.post_attention_layernorm.weight"
+    assert hf_name("blk.2.ffn_norm.weight", "gemma3") == \
+        "model.layers.2.pre_feedforward_layernorm.weight"
+    assert hf_name("blk.2.post_ffw_norm.weight", "gemma3") == \
+        "model.layers.2.post_feedforward_layernorm.weight"
+    assert hf_name("blk.0.attn_k_norm.weight", "gemma3") == "model.layers.0.self_attn.k_norm.weight"
 
 
 def test_unpermute_undoes_the_converters_permutation():
@@ -165,9 +172,12 @@ def test_plain_and_unsupported_tensors(tmp_path, tiny_model_dir):
 
 
 @pytest.mark.slow
-def test_default_model_reads_as_transformers_loads_it():
-    path = default_gguf()
-    ours = read_gguf_weights(path, num_heads=9, num_kv_heads=3)
+@pytest.mark.parametrize(("model", "heads", "kv_heads"), [(None, 9, 3), ("gemma-3-270m", 4, 1)])
+def test_real_model_reads_as_transformers_loads_it(model, heads, kv_heads):
+    """The default model (Llama's q/k permutation) and Gemma 3 270M (its Q4_K, Q5_0, Q6_K
+    and Q8_0 tensors, its norms stored as 1 + w)."""
+    path = default_gguf() if model is None else named_model_path(model)
+    ours = read_gguf_weights(path, num_heads=heads, num_kv_heads=kv_heads)
     theirs = _transformers_tensors(path)
     assert set(ours) == set(theirs)
     for name, weight in ours.items():

@@ -1,6 +1,6 @@
-"""Gemma 3 270M (the packaged Q4_K_M GGUF, de-quantized): greedy tokens equal transformers
-``generate`` on the same weights, with prompts that cross the 512-token window and a pool
-small enough to preempt."""
+"""Gemma 3 270M (the packaged Q4_K_M GGUF, read quantized, its default on the CPU, and
+de-quantized): greedy tokens equal transformers ``generate`` on the same weights, with prompts
+that cross the 512-token window and a pool small enough to preempt."""
 
 from __future__ import annotations
 
@@ -53,12 +53,15 @@ def _generate(prompts, **options) -> tuple[list[list[int]], int]:
     """Each prompt's tokens, and how many preemptions the run took."""
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     with LLM(model="gemma-3-270m", **options) as llm:
+        quantized = llm.engine.runner.model.embed_tokens.quantized is not None
+        assert quantized == (options.get("weights", "gguf") == "gguf")
         outs = [out.outputs[0].token_ids for out in llm.generate(prompts, params)]
         return outs, llm.engine.scheduler.num_preemptions
 
 
-def test_greedy_matches_transformers_across_the_window(prompts, references):
-    assert _generate(prompts, num_kv_blocks=1024)[0] == references
+@pytest.mark.parametrize("weights", ["gguf", "float32"])
+def test_greedy_matches_transformers_across_the_window(prompts, references, weights):
+    assert _generate(prompts, num_kv_blocks=1024, weights=weights)[0] == references
 
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
