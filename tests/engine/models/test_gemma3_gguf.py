@@ -156,7 +156,8 @@ def test_weights_read_as_transformers_loads_them(gemma_gguf):
 @pytest.mark.parametrize("options", [
     dict(block_size=16, num_kv_blocks=64),
     dict(block_size=1, num_kv_blocks=1024),
-    dict(block_size=4, num_kv_blocks=40, max_num_batched_tokens=24),  # preempts, chunks
+    # preempts and chunks: the longest request fits, as its six groups count it, barely
+    dict(block_size=4, num_kv_blocks=80, max_num_batched_tokens=24),
     dict(block_size=16, num_kv_blocks=64, attention_backend="torch"),
 ])
 def test_greedy_matches_transformers_on_the_quantized_path(gemma_gguf, references, options):
@@ -170,7 +171,7 @@ def test_greedy_matches_transformers_on_the_quantized_path(gemma_gguf, reference
     assert [s.format.name for s in fused.segments] == ["Q5_0", "Q8_0"]
     outputs = llm.generate(_prompts(), SamplingParams(temperature=0, max_tokens=12))
     assert [o.outputs[0].token_ids for o in outputs] == references
-    if options["num_kv_blocks"] == 40:
+    if options["num_kv_blocks"] == 80:
         assert llm.engine.stats().preemptions > 0
 
 
