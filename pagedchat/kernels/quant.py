@@ -88,6 +88,7 @@ class QuantizedWeight:
                 merged.append(Segment(segment.format, segment.data.contiguous()))
         self.segments = tuple(merged)
         self.in_features = in_features
+        self.out_features = sum(s.rows for s in merged)
 
     @classmethod
     def from_blocks(cls, format_name: str, data: torch.Tensor,
@@ -108,7 +109,7 @@ class QuantizedWeight:
 
     @property
     def shape(self) -> torch.Size:
-        return torch.Size((sum(s.rows for s in self.segments), self.in_features))
+        return torch.Size((self.out_features, self.in_features))
 
     @property
     def nbytes(self) -> int:

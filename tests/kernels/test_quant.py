@@ -132,17 +132,21 @@ def kernels(library, monkeypatch):
 
 
 @pytest.mark.parametrize("name", FORMATS)
-def test_product_reads_every_weight_exactly(kernels, name):
-    """Unit rows pick single weights: the product must give each one bit for bit (a
-    fused multiply-add in the decoding would not)."""
+@pytest.mark.parametrize("chunk", [1, 3, 4, None])
+def test_product_reads_every_weight_exactly(kernels, name, chunk):
+    """Unit rows pick single weights: the product must give each one exactly, a few rows
+    at a time (decoded in registers) or all at once (a decoded tile); a decoding that
+    rounded other than the reference's would not."""
     width = 2 * FORMATS[name].block_size
     weight = random_weight(name, 9, width, seed=4)
-    picked = kernels.quantized_linear(torch.eye(width), weight)
+    unit = torch.eye(width)
+    picked = torch.cat([kernels.quantized_linear(part, weight)
+                        for part in unit.split(chunk or width)])
     assert torch.equal(picked, quant.dequantize(weight).T)
 
 
 @pytest.mark.parametrize("name", FORMATS)
-@pytest.mark.parametrize("rows", [1, 2, 7, 13, 33])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 13, 33])
 def test_product_matches_reference(kernels, name, rows):
     width = 2 * FORMATS[name].block_size
     weight = random_weight(name, 11, width, seed=rows)

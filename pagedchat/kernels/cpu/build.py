@@ -36,8 +36,9 @@ SOURCES = (
     "linear.c",
     "decoder.c",
     "quant.c",
+    "quant_rows.c",
 )
-HEADERS = ("vector.h", "kernels.h")
+HEADERS = ("vector.h", "kernels.h", "quant.h")
 COMPILE_FLAGS = ["-O3", "-ffast-math", "-fopenmp", "-fPIC", "-std=c11"]
 # The instruction-set levels the kernels are built for, from the least to the most the CPU
 # must have: plain C (x86-64's baseline, or the compiler's default elsewhere), AVX2 with

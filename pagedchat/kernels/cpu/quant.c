@@ -7,7 +7,9 @@
  * compiler contract them (the pragma below; cpu.py builds with -ffast-math). The sums of
  * the products may be in any order, as in every other product of this backend.
  *
- * Threads take equal runs of groups of GROUP output columns. A thread decodes one group's
+ * A few rows of x (at most QUANT_ROWS_MAX, a decode step) go to quant_rows.c, which
+ * decodes in registers. For more, threads take equal runs of groups of GROUP output
+ * columns. A thread decodes one group's
  * rows into a float32 scratch (tens of KB) and multiplies them with every row of x, MR
  * rows by NC columns at a time, their sums in registers: the weights are read from memory
  * once and decoded once per call, whatever the row count. One path per instruction set, picked by
@@ -24,36 +26,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "quant.h"
 #include "vector.h"
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__)) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 
-/* GGML's type numbers, as in quant.py's FORMATS */
-enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
-
 #define NC 4      /* output columns whose sums a tile keeps in registers */
 #define GROUP 16  /* output columns decoded together: a row group of x, read from L1, serves
                    * all of them */
-
-static inline float half_to_float(const uint8_t *p) {
-#if defined(__F16C__)
-    return _cvtsh_ss((unsigned short)(p[0] | p[1] << 8));  /* exact, as the branches below */
-#endif
-    const uint32_t h = (uint32_t)p[0] | (uint32_t)p[1] << 8;
-    const uint32_t sign = (h & 0x8000u) << 16, exponent = (h >> 10) & 0x1Fu, mantissa = h & 0x3FFu;
-    union { uint32_t u; float f; } v;
-    if (exponent == 0) {  /* zero or subnormal: mantissa * 2^-24, exact */
-        v.f = (float)mantissa * 0x1p-24f;
-        v.u |= sign;
-    } else if (exponent == 0x1F) {
-        v.u = sign | 0x7F800000u | mantissa << 13;
-    } else {
-        v.u = sign | (exponent + 112) << 23 | mantissa << 13;
-    }
-    return v.f;
-}
 
 /* out[j] = d * q[j] (+ m where has_offset) for n integers, n a multiple of 16; the
  * product rounded before the sum, as the reference computes it. */
@@ -124,16 +106,6 @@ static inline void nibbles(const uint8_t *bytes, int n, int8_t *q) {
     for (int j = 0; j < n; j++) {
         q[j] = (int8_t)(bytes[j] & 0x0F);
         q[j + n] = (int8_t)(bytes[j] >> 4);
-    }
-}
-
-/* The eight 6-bit scales and mins of a Q4_K / Q5_K block. */
-static inline void k_scales(const uint8_t *s, uint8_t sc[8], uint8_t mn[8]) {
-    for (int j = 0; j < 4; j++) {
-        sc[j] = s[j] & 0x3F;
-        mn[j] = s[j + 4] & 0x3F;
-        sc[j + 4] = (uint8_t)((s[j + 8] & 0x0F) | ((s[j] >> 2) & 0x30));
-        mn[j + 4] = (uint8_t)((s[j + 8] >> 4) | ((s[j + 4] >> 2) & 0x30));
     }
 }
 
@@ -221,24 +193,6 @@ static inline void decode_q6_k(const uint8_t *b, float *out) {
         for (int s = 0; s < 8; s++)
             scale_values(q + 16 * s, 16, d * (float)scales[8 * h + s], 0.0f, 0,
                          out + 128 * h + 16 * s);
-    }
-}
-
-typedef struct {
-    int type, block_size, type_size;
-} Format;
-
-static int format_of(int type, Format *f) {
-    switch (type) {
-        case Q4_0: *f = (Format){type, 32, 18}; return 1;
-        case Q4_1: *f = (Format){type, 32, 20}; return 1;
-        case Q5_0: *f = (Format){type, 32, 22}; return 1;
-        case Q5_1: *f = (Format){type, 32, 24}; return 1;
-        case Q8_0: *f = (Format){type, 32, 34}; return 1;
-        case Q4_K: *f = (Format){type, 256, 144}; return 1;
-        case Q5_K: *f = (Format){type, 256, 176}; return 1;
-        case Q6_K: *f = (Format){type, 256, 210}; return 1;
-        default: return 0;
     }
 }
 
@@ -336,6 +290,10 @@ static int product(const float *x, const uint8_t *w, int type, const float *bias
                    int num_threads) {
     Format f;
     if (!format_of(type, &f)) return 1;
+    if (rows <= QUANT_ROWS_MAX) {
+        quant_rows(x, w, &f, bias, out, out_bf16, rows, k_dim, n_dim, out_stride, num_threads);
+        return 0;
+    }
     const int64_t row_bytes = (int64_t)k_dim / f.block_size * f.type_size;
     const int groups = (n_dim + GROUP - 1) / GROUP;
     int failed = 0;

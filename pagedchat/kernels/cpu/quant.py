@@ -18,6 +18,7 @@ __all__ = ["quantized_embedding", "quantized_linear"]
 declare({"quant_linear": (INT, [P, P, INT, P, P] + [INT] * 3 + [INT64, INT])},
         {"quant_embedding": (INT, [P, P, INT, P] + [INT] * 4)})
 _TYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
+_PRODUCTS = {dtype: f"quant_linear_{suffix}" for dtype, suffix in _TYPES.items()}
 
 
 def _library():
@@ -36,12 +37,13 @@ def quantized_linear(x: torch.Tensor, weight: QuantizedWeight,
                      bias: torch.Tensor | None = None,
                      out: torch.Tensor | None = None) -> torch.Tensor:
     """Same contract as :func:`pagedchat.kernels.quant.quantized_linear`: each segment of
-    the weight writes its columns of ``out``."""
+    the weight writes its columns of ``out``. Called once per layer and step, so it keeps
+    to plain ints and pointers between the checks and the C calls."""
     library = _library()
-    if (library is None or x.dtype not in _TYPES or x.dim() != 2 or not x.is_cpu
+    if (library is None or x.dtype not in _PRODUCTS or x.dim() != 2 or not x.is_cpu
             or x.shape[1] != weight.in_features):
         return quant.quantized_linear(x, weight, bias, out)
-    rows, n_dim = x.shape[0], weight.shape[0]
+    rows, n_dim = x.shape[0], weight.out_features
     if out is None:
         out = torch.empty(rows, n_dim, dtype=x.dtype)
     elif out.shape != (rows, n_dim) or out.dtype != x.dtype or not out.is_contiguous():
@@ -50,14 +52,18 @@ def quantized_linear(x: torch.Tensor, weight: QuantizedWeight,
     if rows == 0:
         return out
     x = x.contiguous()
-    bias = None if bias is None else bias.float().contiguous()
-    product = getattr(library, f"quant_linear_{_TYPES[x.dtype]}")
-    first, threads = 0, torch.get_num_threads()
+    product = getattr(library, _PRODUCTS[x.dtype])
+    threads, width = torch.get_num_threads(), weight.in_features
+    x_at, out_at, size = x.data_ptr(), out.data_ptr(), out.element_size()
+    bias_at = None
+    if bias is not None:
+        bias = bias.float().contiguous()
+        bias_at = bias.data_ptr()
+    first = 0
     for segment in weight.segments:
-        status = product(
-            x.data_ptr(), segment.data.data_ptr(), segment.format.type_id,
-            None if bias is None else bias[first:].data_ptr(), out[:, first:].data_ptr(),
-            rows, weight.in_features, segment.rows, n_dim, threads)
+        status = product(x_at, segment.data.data_ptr(), segment.format.type_id,
+                         None if bias_at is None else bias_at + 4 * first,
+                         out_at + size * first, rows, width, segment.rows, n_dim, threads)
         _check(status, "linear")
         first += segment.rows
     return out

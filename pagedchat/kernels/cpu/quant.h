@@ -1,0 +1,122 @@
+/* GGML's block formats, shared by the products on them: quant.c (a decoded tile, any row
+ * count) and quant_rows.c (decoding in registers, for a few rows). */
+#ifndef PAGEDCHAT_CPU_QUANT_H
+#define PAGEDCHAT_CPU_QUANT_H
+
+#include <stdint.h>
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+/* GGML's type numbers, as in quant.py's FORMATS */
+enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+
+static inline float half_to_float(const uint8_t *p) {
+#if defined(__F16C__)
+    return _cvtsh_ss((unsigned short)(p[0] | p[1] << 8));  /* exact, as the branches below */
+#endif
+    const uint32_t h = (uint32_t)p[0] | (uint32_t)p[1] << 8;
+    const uint32_t sign = (h & 0x8000u) << 16, exponent = (h >> 10) & 0x1Fu, mantissa = h & 0x3FFu;
+    union { uint32_t u; float f; } v;
+    if (exponent == 0) {  /* zero or subnormal: mantissa * 2^-24, exact */
+        v.f = (float)mantissa * 0x1p-24f;
+        v.u |= sign;
+    } else if (exponent == 0x1F) {
+        v.u = sign | 0x7F800000u | mantissa << 13;
+    } else {
+        v.u = sign | (exponent + 112) << 23 | mantissa << 13;
+    }
+    return v.f;
+}
+
+/* The eight 6-bit scales and mins of a Q4_K / Q5_K block. */
+static inline void k_scales(const uint8_t *s, uint8_t sc[8], uint8_t mn[8]) {
+    for (int j = 0; j < 4; j++) {
+        sc[j] = s[j] & 0x3F;
+        mn[j] = s[j + 4] & 0x3F;
+        sc[j + 4] = (uint8_t)((s[j + 8] & 0x0F) | ((s[j] >> 2) & 0x30));
+        mn[j + 4] = (uint8_t)((s[j + 8] >> 4) | ((s[j + 4] >> 2) & 0x30));
+    }
+}
+
+/* Values and bytes per block (constants where the type is one). */
+static inline int block_values(int type) { return type >= Q4_K ? 256 : 32; }
+
+static inline int block_bytes(int type) {
+    switch (type) {
+        case Q4_0: return 18;
+        case Q4_1: return 20;
+        case Q5_0: return 22;
+        case Q5_1: return 24;
+        case Q8_0: return 34;
+        case Q4_K: return 144;
+        case Q5_K: return 176;
+        default: return 210;
+    }
+}
+
+typedef struct {
+    int type, block_size, type_size;
+} Format;
+
+/* The format of GGML type `type`; 0 where it is not one of these. */
+static inline int format_of(int type, Format *f) {
+    switch (type) {
+        case Q4_0: case Q4_1: case Q5_0: case Q5_1: case Q8_0: case Q4_K: case Q5_K: case Q6_K:
+            *f = (Format){type, block_values(type), block_bytes(type)};
+            return 1;
+        default: return 0;
+    }
+}
+
+/* A block's scales and offsets: weight = scale[i] * q + offset[i] for the integer q, one
+ * pair per block (i = 0), per run of 32 (Q4_K, Q5_K) or per run of 16 (Q6_K). */
+typedef struct {
+    float scale[16], offset[16];
+} Head;
+
+static inline __attribute__((always_inline)) void head_of(int type, const uint8_t *b,
+                                                          Head *h) {
+    switch (type) {
+        case Q4_0: case Q5_0: case Q8_0: {
+            const float d = half_to_float(b);
+            h->scale[0] = d;
+            h->offset[0] = type == Q4_0 ? -8.0f * d : type == Q5_0 ? -16.0f * d : 0.0f;
+            break;
+        }
+        case Q4_1: case Q5_1:
+            h->scale[0] = half_to_float(b);
+            h->offset[0] = half_to_float(b + 2);
+            break;
+        case Q4_K: case Q5_K: {
+            const float d = half_to_float(b), dmin = half_to_float(b + 2);
+            uint8_t sc[8], mn[8];
+            k_scales(b + 4, sc, mn);
+            for (int i = 0; i < 8; i++) {
+                h->scale[i] = d * (float)sc[i];
+                h->offset[i] = -(dmin * (float)mn[i]);
+            }
+            break;
+        }
+        default: {
+            const float d = half_to_float(b + 208);
+            for (int i = 0; i < 16; i++) {
+                h->scale[i] = d * (float)(int8_t)b[192 + i];
+                h->offset[i] = -32.0f * h->scale[i];
+            }
+        }
+    }
+}
+
+/* The most rows of x quant_rows takes (quant.c's product sends it those). */
+#define QUANT_ROWS_MAX 4
+
+/* out[m][n] (row stride out_stride; float32, or bfloat16 where out_bf16) = x[m] . W[n]
+ * (+ bias[n]) for rows <= QUANT_ROWS_MAX rows of x (float32 [rows, k_dim]) and W's n_dim
+ * rows of format f. */
+void quant_rows(const float *x, const uint8_t *w, const Format *f, const float *bias,
+                void *out, int out_bf16, int rows, int k_dim, int n_dim, int64_t out_stride,
+                int num_threads);
+
+#endif
