@@ -8,12 +8,11 @@ from pathlib import Path
 import gguf
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from pagedchat import LLM, SamplingParams
-from pagedchat.bench.synthetic_gguf import SHAPES, write_gguf
-from pagedchat.engine.loading.loader import default_model_path
 from pagedchat.kernels import cpu
-from pagedchat.kernels.quant import QFormat, QuantizedWeight, Segment, dequantize
+from pagedchat.kernels.quant import QFormat, QuantizedWeight, Segment
 
 needs_stack = pytest.mark.skipif(
     not (cpu.kernel_library() is not None and cpu._onednn()),
@@ -22,65 +21,61 @@ needs_kernels = pytest.mark.skipif(cpu.kernel_library() is None,
                                    reason="the stack needs the C kernels")
 
 
-@pytest.fixture(scope="module")
-def quantized_gguf(tmp_path_factory) -> Path:
-    """The tiny Llama shape in Q4_1 (the default model's format), drawn wide so that greedy
-    steps are not near-ties."""
-    path = tmp_path_factory.mktemp("stack-gguf") / "tiny.gguf"
-    write_gguf(path, SHAPES["tiny"], default_model_path(), "Q4_1", seed=5, std=0.5)
-    return path
+# Each layer's projections in GGML formats: layer 0's fused q/k/v and gate/up mix formats
+# (several segments, as llama.cpp may write them), layer 1 is all Q4_1 (the default model's)
+LAYER_FORMATS = [
+    {"q": "Q4_0", "k": "Q8_0", "v": "Q5_0", "o": "Q4_1", "gate": "Q8_0", "up": "Q4_1",
+     "down": "Q5_1"},
+    dict.fromkeys(("q", "k", "v", "o", "gate", "up", "down"), "Q4_1"),
+]
 
 
-def _requantize(weight: QuantizedWeight, parts: list[tuple[int, str]]) -> QuantizedWeight:
-    """``weight`` again, its rows cut into runs of the given lengths and formats (a fused
-    projection whose parts llama.cpp quantized differently)."""
-    values, first, pieces = dequantize(weight).numpy(), 0, []
-    for rows, name in parts:
-        blocks = gguf.quants.quantize(values[first:first + rows],
-                                      gguf.GGMLQuantizationType[name])
-        pieces.append(QuantizedWeight.from_blocks(name, torch.from_numpy(blocks),
-                                                  weight.in_features))
-        first += rows
-    return QuantizedWeight.stack(pieces)
+def _quantized(weight: torch.Tensor, name: str) -> QuantizedWeight:
+    """``weight`` quantized by gguf-py, as llama.cpp's converter stores it."""
+    blocks = gguf.quants.quantize(weight.float().numpy(), gguf.GGMLQuantizationType[name])
+    return QuantizedWeight.from_blocks(name, torch.from_numpy(blocks), weight.shape[1])
 
 
-def _mix_formats(model) -> None:
-    """Layer 0's fused products in several formats, one segment each: q/k/v in three, gate
-    and up in two; the other products and layers stay in the file's one format."""
-    attn, mlp = model.layers[0].self_attn, model.layers[0].mlp
-    attn.qkv_proj.quantized = _requantize(
-        attn.qkv_proj.quantized, [(attn.q_size, "Q4_0"), (attn.kv_size, "Q8_0"),
-                                  (attn.kv_size, "Q5_0")])
-    mlp.gate_up_proj.quantized = _requantize(
-        mlp.gate_up_proj.quantized, [(mlp.intermediate, "Q8_0"), (mlp.intermediate, "Q4_1")])
-    assert [s.format.name for s in attn.qkv_proj.quantized.segments] == \
+def _quantize(model, folder: Path) -> None:
+    """The model's products replaced by the checkpoint's weights in LAYER_FORMATS, kept in
+    their blocks (as the GGUF path loads them); norms, embedding and caches unchanged."""
+    state = load_file(folder / "model.safetensors")
+    for i, (layer, formats) in enumerate(zip(model.layers, LAYER_FORMATS, strict=True)):
+        parts = {name: _quantized(state[f"model.layers.{i}.{module}.{name}_proj.weight"],
+                                  formats[name])
+                 for module, names in (("self_attn", "qkvo"), ("mlp", ("gate", "up", "down")))
+                 for name in names}
+        attn, mlp = layer.self_attn, layer.mlp
+        attn.qkv_proj.load(QuantizedWeight.stack([parts[n] for n in "qkv"]))
+        attn.o_proj.load(parts["o"])
+        mlp.gate_up_proj.load(QuantizedWeight.stack([parts["gate"], parts["up"]]))
+        mlp.down_proj.load(parts["down"])
+    model.quantized = True
+    assert [s.format.name for s in model.layers[0].self_attn.qkv_proj.quantized.segments] == \
         ["Q4_0", "Q8_0", "Q5_0"]
 
 
-def _engine(source: str, dtype: str, tiny_model_dir: Path, quantized_gguf: Path) -> LLM:
-    options = dict(num_kv_blocks=128, block_size=16, max_num_batched_tokens=64, dtype=dtype)
-    if source == "float":
-        return LLM(model=str(tiny_model_dir), **options)
-    llm = LLM(model=str(quantized_gguf), weights="gguf", **options)
-    model = llm.engine.runner.model
-    assert model.quantized
-    _mix_formats(model)
+def _engine(source: str, dtype: str, folder: Path) -> LLM:
+    llm = LLM(model=str(folder), num_kv_blocks=128, block_size=16, max_num_batched_tokens=64,
+              dtype=dtype)
+    if source == "quantized":
+        _quantize(llm.engine.runner.model, folder)
     return llm
 
 
 @pytest.mark.parametrize(("source", "dtype"), [
     pytest.param("float", "float32", marks=needs_stack),
     pytest.param("float", "bfloat16", marks=needs_stack),
-    pytest.param("gguf", "float32", marks=needs_kernels),
-    pytest.param("gguf", "bfloat16", marks=needs_kernels),
+    pytest.param("quantized", "float32", marks=needs_kernels),
+    pytest.param("quantized", "bfloat16", marks=needs_kernels),
 ])
-def test_stack_gives_the_layers_result_bit_for_bit(tiny_model_dir, quantized_gguf,
-                                                   monkeypatch, source, dtype):
+def test_stack_gives_the_layers_result_bit_for_bit(tiny_model_dir, monkeypatch, source,
+                                                   dtype):
     """Every step runs both ways: decode steps (one to six rows, one with a short prompt
     chunk beside them) through the stack must equal the layers exactly, K/V writes
     included; steps with a long prompt chunk are left to the layers. On packed float
     weights, and on quantized ones whose fused products mix formats."""
-    llm = _engine(source, dtype, tiny_model_dir, quantized_gguf)
+    llm = _engine(source, dtype, tiny_model_dir)
     model = llm.engine.runner.model
     stack = model.decoder_stack()
     assert stack is not None
@@ -150,9 +145,9 @@ def test_stack_leaves_large_steps_and_other_dtypes_to_the_layers(tiny_model_dir)
 
 
 @needs_kernels
-def test_a_quantization_the_kernel_does_not_know_is_named(quantized_gguf):
+def test_a_quantization_the_kernel_does_not_know_is_named(tiny_model_dir):
     """A product failing inside the stack raises what the layer's own product raises."""
-    llm = LLM(model=str(quantized_gguf), weights="gguf", num_kv_blocks=16, block_size=16)
+    llm = _engine("quantized", "float32", tiny_model_dir)
     model = llm.engine.runner.model
     o_proj = model.layers[0].self_attn.o_proj
     data = o_proj.quantized.segments[0].data
