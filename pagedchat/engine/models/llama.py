@@ -110,17 +110,21 @@ class LlamaForCausalLM(nn.Module):
         batches), where it has one and the model is whole on this worker; else None.
         Built on first use, after the caches are in place, and again if they change."""
         build = getattr(self.kernels, "decoder_stack", None)
-        if build is None or self.tp.size > 1 or self.quantized:
+        if build is None or self.tp.size > 1:
             return None
+
+        def weight(linear: Linear) -> Weight:
+            return linear.weight if linear.quantized is None else linear.quantized
+
         caches = self.layers[0].self_attn.k_cache
         if self._stack_caches is not caches:
             self._stack_caches = caches
             self._stack = build([
                 self.kernels.LayerTensors(
-                    layer.input_layernorm.weight, layer.self_attn.qkv_proj.weight,
-                    layer.self_attn.qkv_proj.bias, layer.self_attn.o_proj.weight,
-                    layer.post_attention_layernorm.weight, layer.mlp.gate_up_proj.weight,
-                    layer.mlp.down_proj.weight, layer.self_attn.k_cache,
+                    layer.input_layernorm.weight, weight(layer.self_attn.qkv_proj),
+                    layer.self_attn.qkv_proj.bias, weight(layer.self_attn.o_proj),
+                    layer.post_attention_layernorm.weight, weight(layer.mlp.gate_up_proj),
+                    weight(layer.mlp.down_proj), layer.self_attn.k_cache,
                     layer.self_attn.v_cache)
                 for layer in self.layers], self.layers[0].self_attn.num_heads,
                 self.config.rms_norm_eps, self.layers[0].self_attn.scale)

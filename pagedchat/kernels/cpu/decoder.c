@@ -6,19 +6,35 @@
  * speed. Here the same kernels, with the same arguments, run
  * back to back in C, so the result is bit for bit the one the calls from Python give
  * (the tests compare the two). The caller (decoder.py) sends a step here only when every
- * product can be the blocked one and every query row goes to the row-by-row attention.
+ * product is the blocked one or a quantized one and every query row goes to the row-by-row
+ * attention.
  */
 #include <stdint.h>
 #include <string.h>
 
 #include "kernels.h"
 
-/* One layer's weights (products in oneDNN's blocked layout, with their padded input
- * widths) and KV caches, all of the step's element type. Mirrors _DecoderLayer in decoder.py. */
+/* Consecutive output rows of a quantized weight in one GGML format (quant.py's Segment). */
 typedef struct {
-    const void *input_norm, *post_norm;
-    const void *qkv, *qkv_bias, *o, *gate_up, *down;
-    int qkv_padded, o_padded, gate_up_padded, down_padded;
+    const uint8_t *data;
+    int type, rows;
+} QuantSegment;
+
+/* One product's weight: oneDNN's blocked layout with its padded input width, or (where
+ * segments is not NULL) GGML blocks in `count` row segments, as quantized_linear reads them. */
+typedef struct {
+    const void *blocked;
+    int padded;
+    const QuantSegment *segments;
+    int count;
+} Product;
+
+/* One layer's weights and KV caches. Norms, caches and a blocked product's bias are of the
+ * step's element type; a quantized product's bias is float32, as quantized_linear passes it.
+ * Mirrors _DecoderLayer in decoder.py. */
+typedef struct {
+    const void *input_norm, *post_norm, *qkv_bias;
+    Product qkv, o, gate_up, down;
     void *k_cache, *v_cache;
 } DecoderLayer;
 
@@ -34,9 +50,37 @@ typedef struct {
     void *h, *qkv, *q, *attention, *gate_up, *act;
 } DecoderStep;
 
+/* What the decoder returns besides 0. */
+enum { ATTENTION_NO_MEMORY = 2, PRODUCT_NO_MEMORY = 3, PRODUCT_UNKNOWN_TYPE = 4 };
+
+/* out = x W^T (+ bias): [rows, n_dim] from [rows, k_dim], each quantized segment writing
+ * its columns of out in turn, as quantized_linear does. Returns 0 or a decoder status. */
+#define DEFINE_PRODUCT(T, S)                                                               \
+static int product_##S(const Product *p, const T *x, const void *bias, T *out, int rows,   \
+                       int k_dim, int n_dim, int threads) {                                \
+    if (p->segments == NULL) {                                                             \
+        linear_blocked_##S(x, p->blocked, bias, out, rows, k_dim, p->padded, n_dim,        \
+                           threads);                                                       \
+        return 0;                                                                          \
+    }                                                                                      \
+    const float *b = bias;                                                                 \
+    for (int i = 0, first = 0; i < p->count; first += p->segments[i].rows, i++) {          \
+        const QuantSegment *seg = &p->segments[i];                                         \
+        const int status = quant_linear_##S(x, seg->data, seg->type,                       \
+                                            b == NULL ? NULL : b + first, out + first,     \
+                                            rows, k_dim, seg->rows, n_dim, threads);       \
+        if (status == 2) return PRODUCT_NO_MEMORY;                                         \
+        if (status != 0) return PRODUCT_UNKNOWN_TYPE;                                      \
+    }                                                                                      \
+    return 0;                                                                              \
+}
+
+DEFINE_PRODUCT(float, f32)
+DEFINE_PRODUCT(bf16_t, bf16)
+
 /* x: [rows, hidden], the embeddings in, the last layer's MLP output out; residual:
- * [rows, hidden], the residual stream still to be added to x. Returns 0, or 2 where the
- * attention could not allocate its buffer. */
+ * [rows, hidden], the residual stream still to be added to x. Returns 0, or one of the
+ * statuses above. */
 #define DEFINE_DECODER(NAME, T, S)                                                         \
 int NAME(const DecoderLayer *layers, int count, const DecoderStep *s, T *x, T *residual) { \
     const int rows = s->rows, hidden = s->hidden, threads = s->num_threads;                \
@@ -44,6 +88,7 @@ int NAME(const DecoderLayer *layers, int count, const DecoderStep *s, T *x, T *r
     const int qkv_width = q_size + 2 * s->kv_heads * s->head_dim;                          \
     T *h = s->h, *qkv = s->qkv, *q = s->q, *attention = s->attention;                      \
     T *gate_up = s->gate_up, *act = s->act;                                                \
+    int status = 0;                                                                        \
     for (int i = 0; i < count; i++) {                                                      \
         const DecoderLayer *l = &layers[i];                                                \
         T *k_cache = l->k_cache, *v_cache = l->v_cache;                                    \
@@ -54,24 +99,29 @@ int NAME(const DecoderLayer *layers, int count, const DecoderStep *s, T *x, T *r
             rms_norm_##S(x, residual, l->input_norm, h, residual, rows, hidden, s->eps,    \
                          threads);                                                         \
         }                                                                                  \
-        linear_blocked_##S(h, l->qkv, l->qkv_bias, qkv, rows, hidden, l->qkv_padded,       \
-                           qkv_width, threads);                                            \
+        if ((status = product_##S(&l->qkv, h, l->qkv_bias, qkv, rows, hidden, qkv_width,   \
+                                  threads)))                                               \
+            return status;                                                                 \
         rotary_store_##S(qkv, qkv_width, s->cos, s->sin, s->slots, q, k_cache, v_cache,    \
                          rows, s->heads, s->kv_heads, s->head_dim, threads);               \
-        const int status = paged_attention_##S(                                            \
-            q, k_cache, v_cache, attention, s->block_tables, s->context_lens,              \
-            s->query_start, s->row_ids, s->row_seqs, s->attention_rows, s->max_blocks,     \
-            s->heads, s->kv_heads, s->head_dim, s->block_size, s->scale, threads);         \
-        if (status != 0) return status;                                                    \
-        linear_blocked_##S(attention, l->o, NULL, x, rows, q_size, l->o_padded, hidden,    \
-                           threads);                                                       \
+        if ((status = paged_attention_##S(                                                 \
+                 q, k_cache, v_cache, attention, s->block_tables, s->context_lens,         \
+                 s->query_start, s->row_ids, s->row_seqs, s->attention_rows,               \
+                 s->max_blocks, s->heads, s->kv_heads, s->head_dim, s->block_size,         \
+                 s->scale, threads)))                                                      \
+            return ATTENTION_NO_MEMORY;                                                    \
+        if ((status = product_##S(&l->o, attention, NULL, x, rows, q_size, hidden,         \
+                                  threads)))                                               \
+            return status;                                                                 \
         rms_norm_##S(x, residual, l->post_norm, h, residual, rows, hidden, s->eps,         \
                      threads);                                                             \
-        linear_blocked_##S(h, l->gate_up, NULL, gate_up, rows, hidden, l->gate_up_padded,  \
-                           2 * s->intermediate, threads);                                  \
+        if ((status = product_##S(&l->gate_up, h, NULL, gate_up, rows, hidden,             \
+                                  2 * s->intermediate, threads)))                          \
+            return status;                                                                 \
         silu_mul_##S(gate_up, act, rows, s->intermediate, threads);                        \
-        linear_blocked_##S(act, l->down, NULL, x, rows, s->intermediate, l->down_padded,   \
-                           hidden, threads);                                               \
+        if ((status = product_##S(&l->down, act, NULL, x, rows, s->intermediate, hidden,   \
+                                  threads)))                                               \
+            return status;                                                                 \
     }                                                                                      \
     return 0;                                                                              \
 }

@@ -10,31 +10,53 @@ import torch
 from pagedchat.kernels.cpu.attention import _plan
 from pagedchat.kernels.cpu.build import FLOAT, INT, P, declare, kernel
 from pagedchat.kernels.cpu.linear import BLOCKED_ROWS, blocked_width
+from pagedchat.kernels.quant import QuantizedWeight
 
 declare({"decoder_layers": (INT, [P, INT, P, P, P])})
 
+Weight = torch.Tensor | QuantizedWeight
+
+# decoder.c's statuses besides 0, raised as the layers' own kernels raise them
+_FAILURES = {
+    2: (MemoryError, "paged attention: out of memory for the score buffer"),
+    3: (MemoryError, "linear: out of memory for the decoded weights"),
+    4: (ValueError, "linear: a quantization the kernel does not know"),
+}
+
 
 class LayerTensors(NamedTuple):
-    """One decoder layer's weights (as the model holds them: products packed) and caches."""
+    """One decoder layer's weights (as the model holds them: products packed, or quantized)
+    and caches."""
 
     input_norm: torch.Tensor
-    qkv: torch.Tensor
+    qkv: Weight
     qkv_bias: torch.Tensor | None
-    o: torch.Tensor
+    o: Weight
     post_norm: torch.Tensor
-    gate_up: torch.Tensor
-    down: torch.Tensor
+    gate_up: Weight
+    down: Weight
     k_cache: torch.Tensor
     v_cache: torch.Tensor
+
+
+class _QuantSegment(ctypes.Structure):
+    """``QuantSegment`` in ``decoder.c``."""
+
+    _fields_ = [("data", P), ("type", INT), ("rows", INT)]
+
+
+class _Product(ctypes.Structure):
+    """``Product`` in ``decoder.c``: a blocked weight, or quantized segments."""
+
+    _fields_ = [("blocked", P), ("padded", INT), ("segments", ctypes.POINTER(_QuantSegment)),
+                ("count", INT)]
 
 
 class _DecoderLayer(ctypes.Structure):
     """``DecoderLayer`` in ``decoder.c``."""
 
-    _fields_ = [(name, P) for name in ("input_norm", "post_norm", "qkv", "qkv_bias", "o",
-                                        "gate_up", "down")] + \
-               [(name, INT) for name in ("qkv_padded", "o_padded", "gate_up_padded",
-                                          "down_padded")] + \
+    _fields_ = [(name, P) for name in ("input_norm", "post_norm", "qkv_bias")] + \
+               [(name, _Product) for name in ("qkv", "o", "gate_up", "down")] + \
                [("k_cache", P), ("v_cache", P)]
 
 
@@ -48,6 +70,26 @@ class _DecoderStep(ctypes.Structure):
                [(name, P) for name in ("cos", "sin", "slots", "block_tables", "context_lens",
                                         "query_start", "row_ids", "row_seqs", "h", "qkv", "q",
                                         "attention", "gate_up", "act")]
+
+
+def _product(weight: Weight, keep: list) -> _Product:
+    """A product's weight as the C decoder reads it; a segment array it points at goes
+    into ``keep``, which the caller holds as long as the structure."""
+    if isinstance(weight, QuantizedWeight):
+        segments = (_QuantSegment * len(weight.segments))(*(
+            _QuantSegment(s.data.data_ptr(), s.format.type_id, s.rows)
+            for s in weight.segments))
+        keep.append(segments)
+        return _Product(None, 0, segments, len(weight.segments))
+    return _Product(torch.ops.mkldnn.data_ptr(weight), blocked_width(weight), None, 0)
+
+
+def _bias(layer: LayerTensors) -> torch.Tensor | None:
+    """The qkv bias as its product reads it: float32 for a quantized weight (as
+    ``quantized_linear`` passes it), else as the model holds it."""
+    if layer.qkv_bias is None or not isinstance(layer.qkv, QuantizedWeight):
+        return layer.qkv_bias
+    return layer.qkv_bias.float().contiguous()
 
 
 class DecoderStack:
@@ -67,18 +109,16 @@ class DecoderStack:
         self.eps, self.scale = eps, scale
         self.dtype = first.input_norm.dtype
         self._decoder = kernel("decoder_layers", first.input_norm)
-        self._tensors = layers  # keeps what the pointers point at alive
+        biases, segments = [_bias(layer) for layer in layers], []
+        self._tensors = layers, biases, segments  # keeps what the pointers point at alive
         self._layers = (_DecoderLayer * len(layers))(*(
             _DecoderLayer(
                 layer.input_norm.data_ptr(), layer.post_norm.data_ptr(),
-                torch.ops.mkldnn.data_ptr(layer.qkv),
-                None if layer.qkv_bias is None else layer.qkv_bias.data_ptr(),
-                *(torch.ops.mkldnn.data_ptr(weight)
-                  for weight in (layer.o, layer.gate_up, layer.down)),
-                *(blocked_width(weight)
-                  for weight in (layer.qkv, layer.o, layer.gate_up, layer.down)),
+                None if bias is None else bias.data_ptr(),
+                *(_product(weight, segments) for weight in (layer.qkv, layer.o,
+                                                            layer.gate_up, layer.down)),
                 layer.k_cache.data_ptr(), layer.v_cache.data_ptr())
-            for layer in layers))
+            for layer, bias in zip(layers, biases, strict=True)))
 
     def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  slot_mapping: torch.Tensor, block_tables: torch.Tensor,
@@ -107,28 +147,42 @@ class DecoderStack:
             plan.query_start_loc.data_ptr(), plan.rows.data_ptr(), plan.row_seqs.data_ptr(),
             *(buffer.data_ptr() for buffer in scratch))
         status = self._decoder(
-            self._layers, len(self._tensors), ctypes.byref(step), x.data_ptr(),
+            self._layers, len(self._layers), ctypes.byref(step), x.data_ptr(),
             residual.data_ptr())
         if status != 0:
-            raise MemoryError("paged attention: out of memory for the score buffer")
+            error, message = _FAILURES[status]
+            raise error(message)
         return x, residual
+
+
+def _product_ok(weight: Weight, dtype: torch.dtype, in_features: int) -> bool:
+    """Whether the C decoder takes this product: GGML blocks (any format the quantized
+    product takes, on the CPU), or a weight packed in the blocked layout of the step's type."""
+    if isinstance(weight, QuantizedWeight):
+        return weight.in_features == in_features and all(
+            s.data.is_cpu and s.data.is_contiguous() for s in weight.segments)
+    return (weight.is_mkldnn and weight.dtype == dtype
+            and blocked_width(weight) is not None)
 
 
 def decoder_stack(layers: list[LayerTensors], num_heads: int, eps: float,
                   scale: float) -> DecoderStack | None:
     """The layers as one C call where they can be: float32 or bfloat16 on the CPU, every
-    product's weight packed in the blocked layout the C product reads, caches contiguous;
-    else None (the model then calls its layers one by one)."""
+    product's weight packed in the blocked layout the C product reads or kept quantized,
+    caches contiguous; else None (the model then calls its layers one by one)."""
     if not layers or kernel("decoder_layers", layers[0].input_norm) is None:
         return None
     dtype = layers[0].input_norm.dtype
+    hidden = layers[0].input_norm.shape[0]
     for layer in layers:
-        products = (layer.qkv, layer.o, layer.gate_up, layer.down)
+        q_size = num_heads * layer.k_cache.shape[-1]
+        intermediate = layer.gate_up.shape[0] // 2
+        products = ((layer.qkv, hidden), (layer.o, q_size), (layer.gate_up, hidden),
+                    (layer.down, intermediate))
         plain = [layer.input_norm, layer.post_norm, layer.k_cache, layer.v_cache]
         if layer.qkv_bias is not None:
             plain.append(layer.qkv_bias)
-        if not all(weight.is_mkldnn and weight.dtype == dtype
-                   and blocked_width(weight) is not None for weight in products):
+        if not all(_product_ok(weight, dtype, width) for weight, width in products):
             return None
         if not all(tensor.dtype == dtype and tensor.is_cpu and tensor.is_contiguous()
                    for tensor in plain):

@@ -23,7 +23,10 @@
                             int num_heads, int num_kv_heads, int head_dim, int block_size, \
                             float scale, int num_threads);                                 \
     void linear_blocked_##S(const T *x, const T *w, const T *bias, T *out, int rows,       \
-                            int k_dim, int k_padded, int n_dim, int num_threads);
+                            int k_dim, int k_padded, int n_dim, int num_threads);          \
+    int quant_linear_##S(const T *x, const uint8_t *w, int type, const float *bias,        \
+                         T *out, int rows, int k_dim, int n_dim, int64_t out_stride,       \
+                         int num_threads);
 
 DECLARE_LAYER_KERNELS(float, f32)
 DECLARE_LAYER_KERNELS(bf16_t, bf16)

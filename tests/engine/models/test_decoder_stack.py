@@ -1,26 +1,81 @@
-"""The CPU backend's one-call decoder stack against the model's layers called one by one."""
+"""The CPU backend's one-call decoder stack against the model's layers called one by one,
+on packed float weights and on weights kept quantized."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import gguf
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from pagedchat import LLM, SamplingParams
 from pagedchat.kernels import cpu
+from pagedchat.kernels.quant import QFormat, QuantizedWeight, Segment
 
 needs_stack = pytest.mark.skipif(
     not (cpu.kernel_library() is not None and cpu._onednn()),
     reason="the stack needs the AVX-512 C kernels and torch's oneDNN")
+needs_kernels = pytest.mark.skipif(cpu.kernel_library() is None,
+                                   reason="the stack needs the C kernels")
 
 
-@needs_stack
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_stack_gives_the_layers_result_bit_for_bit(tiny_model_dir, monkeypatch, dtype):
+# Each layer's projections in GGML formats: layer 0's fused q/k/v and gate/up mix formats
+# (several segments, as llama.cpp may write them), layer 1 is all Q4_1 (the default model's)
+LAYER_FORMATS = [
+    {"q": "Q4_0", "k": "Q8_0", "v": "Q5_0", "o": "Q4_1", "gate": "Q8_0", "up": "Q4_1",
+     "down": "Q5_1"},
+    dict.fromkeys(("q", "k", "v", "o", "gate", "up", "down"), "Q4_1"),
+]
+
+
+def _quantized(weight: torch.Tensor, name: str) -> QuantizedWeight:
+    """``weight`` quantized by gguf-py, as llama.cpp's converter stores it."""
+    blocks = gguf.quants.quantize(weight.float().numpy(), gguf.GGMLQuantizationType[name])
+    return QuantizedWeight.from_blocks(name, torch.from_numpy(blocks), weight.shape[1])
+
+
+def _quantize(model, folder: Path) -> None:
+    """The model's products replaced by the checkpoint's weights in LAYER_FORMATS, kept in
+    their blocks (as the GGUF path loads them); norms, embedding and caches unchanged."""
+    state = load_file(folder / "model.safetensors")
+    for i, (layer, formats) in enumerate(zip(model.layers, LAYER_FORMATS, strict=True)):
+        parts = {name: _quantized(state[f"model.layers.{i}.{module}.{name}_proj.weight"],
+                                  formats[name])
+                 for module, names in (("self_attn", "qkvo"), ("mlp", ("gate", "up", "down")))
+                 for name in names}
+        attn, mlp = layer.self_attn, layer.mlp
+        attn.qkv_proj.load(QuantizedWeight.stack([parts[n] for n in "qkv"]))
+        attn.o_proj.load(parts["o"])
+        mlp.gate_up_proj.load(QuantizedWeight.stack([parts["gate"], parts["up"]]))
+        mlp.down_proj.load(parts["down"])
+    model.quantized = True
+    assert [s.format.name for s in model.layers[0].self_attn.qkv_proj.quantized.segments] == \
+        ["Q4_0", "Q8_0", "Q5_0"]
+
+
+def _engine(source: str, dtype: str, folder: Path) -> LLM:
+    llm = LLM(model=str(folder), num_kv_blocks=128, block_size=16, max_num_batched_tokens=64,
+              dtype=dtype)
+    if source == "quantized":
+        _quantize(llm.engine.runner.model, folder)
+    return llm
+
+
+@pytest.mark.parametrize(("source", "dtype"), [
+    pytest.param("float", "float32", marks=needs_stack),
+    pytest.param("float", "bfloat16", marks=needs_stack),
+    pytest.param("quantized", "float32", marks=needs_kernels),
+    pytest.param("quantized", "bfloat16", marks=needs_kernels),
+])
+def test_stack_gives_the_layers_result_bit_for_bit(tiny_model_dir, monkeypatch, source,
+                                                   dtype):
     """Every step runs both ways: decode steps (one to six rows, one with a short prompt
     chunk beside them) through the stack must equal the layers exactly, K/V writes
-    included; steps with a long prompt chunk are left to the layers."""
-    llm = LLM(model=str(tiny_model_dir), num_kv_blocks=128, block_size=16,
-              max_num_batched_tokens=64, dtype=dtype)
+    included; steps with a long prompt chunk are left to the layers. On packed float
+    weights, and on quantized ones whose fused products mix formats."""
+    llm = _engine(source, dtype, tiny_model_dir)
     model = llm.engine.runner.model
     stack = model.decoder_stack()
     assert stack is not None
@@ -87,3 +142,23 @@ def test_stack_leaves_large_steps_and_other_dtypes_to_the_layers(tiny_model_dir)
     half = LLM(model=str(tiny_model_dir), num_kv_blocks=64, block_size=16, dtype="float16")
     assert half.engine.runner.model.decoder_stack() is None
     assert half.generate([[5, 6, 7]], SamplingParams(max_tokens=3))[0].outputs[0].token_ids
+
+
+@needs_kernels
+def test_a_quantization_the_kernel_does_not_know_is_named(tiny_model_dir):
+    """A product failing inside the stack raises what the layer's own product raises."""
+    llm = _engine("quantized", "float32", tiny_model_dir)
+    model = llm.engine.runner.model
+    o_proj = model.layers[0].self_attn.o_proj
+    data = o_proj.quantized.segments[0].data
+    o_proj.quantized = QuantizedWeight([Segment(QFormat("unknown", 99, 32, 20), data)],
+                                       o_proj.quantized.in_features)
+    stack = model.decoder_stack()
+    x = torch.zeros(1, model.config.hidden_size)
+    cos = sin = torch.zeros(1, model.config.head_dim)
+    one = torch.ones(1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="linear: a quantization the kernel does not know"):
+        stack(x, cos, sin, one - 1, one[:, None] - 1, one, torch.tensor([0, 1],
+                                                                       dtype=torch.int32))
+    with pytest.raises(ValueError, match="linear: a quantization the kernel does not know"):
+        o_proj(torch.zeros(1, o_proj.quantized.in_features))
