@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels.h"
 #include "quant.h"
 #include "vector.h"
 
