@@ -29,6 +29,7 @@ from pagedchat.engine.layers.sliding_window import (
 )
 from pagedchat.engine.loading.gguf_weights import Weight
 from pagedchat.engine.loading.model_config import ModelConfig
+from pagedchat.engine.models.causal_lm import CausalLM
 from pagedchat.engine.parallel.tensor_parallel import TensorParallel
 
 LOCAL = "sliding_attention"
@@ -110,7 +111,7 @@ class Gemma3Rotary(nn.Module):
         self.local = local
 
 
-class Gemma3ForCausalLM(nn.Module):
+class Gemma3ForCausalLM(CausalLM):
     """The embedding and the head hold this worker's rows of the vocabulary; the head is
     the embedding's (tied) unless the checkpoint has its own."""
 
@@ -138,20 +139,6 @@ class Gemma3ForCausalLM(nn.Module):
         self.kernels = kernels
         self.rotary: Gemma3Rotary | None = None  # see build_rotary
         self.kv_groups = kv_groups(config)
-
-    @property
-    def vocab_rows(self) -> int:
-        """This worker's rows of the vocabulary: the width of its logits."""
-        return self.embed_tokens.rows
-
-    def pack(self) -> None:
-        """Lay the products' weights out for the kernels, after loading; the embedding's
-        too where the head reads it."""
-        for module in self.modules():
-            if isinstance(module, Linear):
-                module.pack()
-        if self.tied:
-            self.embed_tokens.pack()
 
     def build_rotary(self, max_positions: int) -> None:
         """The two cos/sin tables, on the current device (the model is built on meta)."""

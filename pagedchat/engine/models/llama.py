@@ -27,6 +27,7 @@ from pagedchat.engine.layers.mlp import MLP
 from pagedchat.engine.layers.norm import RMSNorm
 from pagedchat.engine.layers.rotary import Rope, RotaryEmbedding, rope_parameters
 from pagedchat.engine.loading.model_config import ModelConfig
+from pagedchat.engine.models.causal_lm import CausalLM
 from pagedchat.engine.parallel.tensor_parallel import TensorParallel
 from pagedchat.kernels.quant import QuantizedWeight
 
@@ -52,7 +53,7 @@ class DecoderLayer(nn.Module):
         return self.mlp(h), residual
 
 
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(CausalLM):
     """The embedding and the head hold this worker's rows of the vocabulary."""
 
     def __init__(
@@ -72,15 +73,6 @@ class LlamaForCausalLM(nn.Module):
         self.rotary: RotaryEmbedding | None = None  # see build_rotary
         self._stack = self._stack_caches = None  # see decoder_stack
         self.quantized = False  # whether a product's weight is loaded quantized
-
-    def pack(self) -> None:
-        """Lay the products' weights out for the kernels, after loading; the embedding's
-        too where the head reads it."""
-        for module in self.modules():
-            if isinstance(module, Linear):
-                module.pack()
-        if self.tied:
-            self.embed_tokens.pack()
 
     def build_rotary(self, max_positions: int) -> None:
         """Compute the cos/sin tables, on the current device. A separate step because the
@@ -140,11 +132,6 @@ class LlamaForCausalLM(nn.Module):
         head = self.embed_tokens.logits if self.tied else self.lm_head
         logits = head(hidden, out=out)
         return self.tp.gather_columns(logits, self.config.vocab_size)
-
-    @property
-    def vocab_rows(self) -> int:
-        """This worker's rows of the vocabulary: the width of its logits."""
-        return self.embed_tokens.rows
 
     @torch.no_grad()
     def load_hf_state_dict(self, tensors: dict[str, Weight]) -> None:
