@@ -170,8 +170,9 @@ def make_peers(names: list[str], engine: LLMEngine, hf_batch_sizes: list[int],
         elif name == "hf-generate":
             peers += [HFGenerate(model, pad, size) for size in hf_batch_sizes]
         else:
+            # the pool's bytes as tokens of every layer's K/V (a page holds one group's layers)
             cfg = engine.config
-            peers += [HFContinuous(model, cfg.num_kv_blocks * cfg.block_size,
-                                   HF_MAX_BATCH_TOKENS, limit, hf_page_size)
+            kv_tokens = cfg.num_kv_blocks * cfg.block_size // engine.runner.kv_groups.num_groups
+            peers += [HFContinuous(model, kv_tokens, HF_MAX_BATCH_TOKENS, limit, hf_page_size)
                       for limit in hf_max_requests]
     return peers

@@ -15,14 +15,23 @@ Figures = dict[str, object]
 def run_rounds(ours: PagedChat, peers: list, requests: list[Request], warmup: list[int],
                rounds: int, first: Figures) -> dict[str, list[Figures]]:
     """Every engine's runs by label. ``first`` is pagedchat's run made before any peer was
-    loaded; later rounds take the engines in turn, pagedchat first in even rounds and last
-    in odd ones, so that a steady drift of the machine's speed cancels in the ratios."""
+    loaded; a peer that fails is named with its error and removed from ``peers``. Later
+    rounds take the engines in turn, pagedchat first in even rounds and last in odd ones,
+    so that a steady drift of the machine's speed cancels in the ratios."""
     runs = {ours.label: [first]}
     for round_index in range(rounds):
-        for runner in peers if round_index == 0 else in_turn(round_index, ours, peers):
+        for runner in list(peers) if round_index == 0 else in_turn(round_index, ours, peers):
             if isinstance(runner, PagedChat):
                 runner.reset()
-            runs.setdefault(runner.label, []).append(measure(runner, requests, warmup)[0])
+            try:
+                runs.setdefault(runner.label, []).append(measure(runner, requests, warmup)[0])
+            except Exception as error:  # a peer's own limits end its runs, not the command
+                if runner is ours:
+                    raise
+                report.note(f"[red]{runner.label} could not run: {type(error).__name__}: "
+                            f"{error}[/red]; it is left out")
+                peers.remove(runner)
+                runs.pop(runner.label, None)
     return runs
 
 
