@@ -103,7 +103,8 @@ def sustained_summary(sweeps: dict[str, list[dict[str, object]]],
                       rates: list[float]) -> dict[str, object]:
     """The highest sustained rate of each server (None: not even the lowest), whether it
     sustained every rate of the sweep (then its true limit lies higher), and the ratio of
-    pagedchat's to llama-server's (None when llama-server sustained none)."""
+    pagedchat's to llama-server's: a lower bound when pagedchat held the top rate or
+    llama-server not even the lowest; None when neither held any rate or both held all."""
     rows = []
     for name, runs in sweeps.items():
         held = [f["request_rate"] for f in runs if f["sustained"]]
@@ -111,10 +112,13 @@ def sustained_summary(sweeps: dict[str, list[dict[str, object]]],
                      "above_the_sweep": bool(held) and max(held) == max(rates)})
     found = {row["server"]: row for row in rows}
     ours, theirs = found[PAGEDCHAT], found[LLAMA]
-    ratio = None
+    ratio, is_a_bound = None, ours["above_the_sweep"]
     if theirs["highest_sustained_rate"] and not theirs["above_the_sweep"]:
         ratio = (ours["highest_sustained_rate"] or 0.0) / theirs["highest_sustained_rate"]
-    return {"rows": rows, "ratio": ratio, "ratio_is_a_bound": ours["above_the_sweep"],
+    elif theirs["highest_sustained_rate"] is None and ours["highest_sustained_rate"]:
+        # llama-server failed the lowest rate, so its limit lies below it
+        ratio, is_a_bound = ours["highest_sustained_rate"] / min(rates), True
+    return {"rows": rows, "ratio": ratio, "ratio_is_a_bound": is_a_bound,
             "target": TARGET_RATIO}
 
 

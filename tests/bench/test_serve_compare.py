@@ -89,9 +89,19 @@ def test_the_ratio_of_highest_sustained_rates():
     assert ratio_target(summary)["met"] == "unknown"
 
 
+def test_a_bound_when_llama_server_fails_the_lowest_rate():
+    rates = [0.25, 0.5, 1.0, 2.0]
+    # its limit lies below 0.25: pagedchat's 2.0 is more than 8 times it
+    summary = sustained_summary({PAGEDCHAT: sweep(rates, None), LLAMA: sweep([], 0.25)}, rates)
+    assert summary["ratio"] == pytest.approx(8.0) and ratio_text(summary) == ">= 8.00"
+    assert ratio_target(summary)["met"] is True
+    summary = sustained_summary({PAGEDCHAT: sweep([0.25], 0.5), LLAMA: sweep([], 0.25)}, rates)
+    assert ratio_text(summary) == ">= 1.00" and ratio_target(summary)["met"] == "unknown"
+
+
 def test_no_ratio_when_llama_servers_limit_is_outside_the_sweep():
     rates = [0.5, 1.0]
-    none = sustained_summary({PAGEDCHAT: sweep([0.5], 1.0), LLAMA: sweep([], 0.5)}, rates)
+    none = sustained_summary({PAGEDCHAT: sweep([], 0.5), LLAMA: sweep([], 0.5)}, rates)
     assert none["ratio"] is None and "add lower rates" in ratio_text(none)
     assert ratio_target(none)["met"] == "unknown"
     every = sustained_summary({PAGEDCHAT: sweep(rates, None), LLAMA: sweep(rates, None)}, rates)
