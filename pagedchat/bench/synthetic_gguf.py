@@ -78,8 +78,9 @@ def _file_type(quant: str) -> int:
     return int(LlamaFileType[f"MOSTLY_{quant}"])
 
 
-def _tensors(shape: Shape, vocab: int) -> Iterator[tuple[str, tuple[int, ...], bool]]:
-    """(name, numpy shape, quantized) of every tensor, in the file's order."""
+def llama_tensors(shape: Shape, vocab: int) -> Iterator[tuple[str, tuple[int, ...], bool]]:
+    """(GGUF name, numpy shape, quantized) of every tensor of a llama GGUF with a tied head,
+    in the file's order."""
     kv = shape.kv_heads * shape.head_dim
     yield "token_embd.weight", (vocab, shape.hidden), True
     for i in range(shape.layers):
@@ -103,6 +104,20 @@ def _values(rng: np.random.Generator, dims: tuple[int, ...], quantized: bool,
     return rng.standard_normal(dims, dtype=np.float32) * np.float32(std)
 
 
+def add_llama_config(writer, shape: Shape, vocab: int) -> None:
+    """The decoder's sizes as a llama GGUF's metadata (``writer``: a ``gguf.GGUFWriter``)."""
+    writer.add_context_length(shape.context)
+    writer.add_embedding_length(shape.hidden)
+    writer.add_block_count(shape.layers)
+    writer.add_feed_forward_length(shape.intermediate)
+    writer.add_head_count(shape.heads)
+    writer.add_head_count_kv(shape.kv_heads)
+    writer.add_rope_dimension_count(shape.head_dim)
+    writer.add_rope_freq_base(shape.rope_theta)
+    writer.add_layer_norm_rms_eps(shape.rms_eps)
+    writer.add_vocab_size(vocab)
+
+
 def write_gguf(path: Path, shape: Shape, tokenizer_gguf: Path, quant: str = "Q8_0",
                seed: int = 0, std: float = 0.02) -> None:
     """Write a random-weight llama GGUF to ``path`` (through a temporary file beside it)."""
@@ -118,21 +133,12 @@ def write_gguf(path: Path, shape: Shape, tokenizer_gguf: Path, quant: str = "Q8_
     writer.add_name(f"pagedchat synthetic llama {shape.parameters(vocab) / 1e9:.2f}B")
     writer.add_file_type(_file_type(quant))
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    writer.add_context_length(shape.context)
-    writer.add_embedding_length(shape.hidden)
-    writer.add_block_count(shape.layers)
-    writer.add_feed_forward_length(shape.intermediate)
-    writer.add_head_count(shape.heads)
-    writer.add_head_count_kv(shape.kv_heads)
-    writer.add_rope_dimension_count(shape.head_dim)
-    writer.add_rope_freq_base(shape.rope_theta)
-    writer.add_layer_norm_rms_eps(shape.rms_eps)
-    writer.add_vocab_size(vocab)
+    add_llama_config(writer, shape, vocab)
     for key, field in reader.fields.items():
         if key.startswith("tokenizer."):
             sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
             writer.add_key_value(key, field.contents(), field.types[0], sub_type)
-    tensors = list(_tensors(shape, vocab))
+    tensors = list(llama_tensors(shape, vocab))
     for name, dims, quantized in tensors:
         if quantized:
             writer.add_tensor_info(name, gguf.quant_shape_to_byte_shape(dims, qtype), np.uint8,

@@ -28,10 +28,11 @@ import triton.language as tl
 
 from pagedchat.kernels.triton_prefill import paged_attention_prefill
 from pagedchat.kernels.triton_utils import (
-    LOG2E,
-    check_attention_inputs,
-    dot_settings,
-    on_device,
+    attend_tile,
+    attention_call,
+    load_queries,
+    softmax_start,
+    store_output,
 )
 
 _MIN_TOKENS_PER_SPLIT = 256
@@ -40,39 +41,15 @@ _MAX_SPLITS = 64
 
 @triton.jit
 def _decode_kernel(
-    out_ptr,
-    part_acc_ptr,
-    part_m_ptr,
-    part_l_ptr,
-    q_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    block_tables_ptr,
-    context_lens_ptr,
-    query_start_loc_ptr,
-    scale_log2,
-    num_splits,
-    tokens_per_split,
-    stride_qt,
-    stride_qh,
-    stride_qd,
-    stride_ot,
-    stride_oh,
-    stride_od,
-    stride_cb,
-    stride_ct,
-    stride_ch,
-    stride_cd,
-    stride_bt,
-    GROUP: tl.constexpr,
-    GROUP_PAD: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    TILE_N: tl.constexpr,
-    SPLIT: tl.constexpr,
-    UPCAST: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    # what attention_call's args give, in its order: tensors, the base-2 scale, strides
+    out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
+    query_start_loc_ptr, scale_log2,
+    stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
+    stride_cb, stride_ct, stride_ch, stride_cd, stride_bt,
+    part_acc_ptr, part_m_ptr, part_l_ptr, num_splits, tokens_per_split,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    GROUP_PAD: tl.constexpr, TILE_N: tl.constexpr, SPLIT: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -90,43 +67,21 @@ def _decode_kernel(
     heads = kv_head * GROUP + g
     g_mask = g < GROUP
     d_mask = d < HEAD_DIM
-    q = tl.load(
-        q_ptr + q_row * stride_qt + heads[:, None] * stride_qh + d[None, :] * stride_qd,
-        mask=g_mask[:, None] & d_mask[None, :],
-        other=0.0,
-    )
-    if UPCAST:
-        q = q.to(tl.float32)
+    mask = g_mask[:, None] & d_mask[None, :]
+    q = load_queries(
+        q_ptr, q_row * stride_qt + heads[:, None] * stride_qh + d[None, :] * stride_qd, mask,
+        UPCAST)
 
-    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-    l_i = tl.zeros([GROUP_PAD], tl.float32)
-    acc = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], tl.float32)
+    m_i, l_i, acc = softmax_start(GROUP_PAD, HEAD_DIM_PAD)
     table = block_tables_ptr + seq.to(tl.int64) * stride_bt
     n = tl.arange(0, TILE_N)
     for start in range(lo, hi, TILE_N):
         tok = start + n
         valid = tok < hi
-        block = tl.load(table + tok // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
-        row = block * stride_cb + (tok % BLOCK_SIZE) * stride_ct + kv_head * stride_ch
-        k_mask = valid[None, :] & d_mask[:, None]
-        v_mask = valid[:, None] & d_mask[None, :]
-        k_t = tl.load(  # [HEAD_DIM_PAD, TILE_N]
-            k_cache_ptr + row[None, :] + d[:, None] * stride_cd, mask=k_mask, other=0.0
-        )
-        v = tl.load(  # [TILE_N, HEAD_DIM_PAD]
-            v_cache_ptr + row[:, None] + d[None, :] * stride_cd, mask=v_mask, other=0.0
-        )
-        if UPCAST:
-            k_t = k_t.to(tl.float32)
-            v = v.to(tl.float32)
-        s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * scale_log2
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = attend_tile(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, table, tok,
+                                    valid, valid[None, :], kv_head, d, d_mask, scale_log2,
+                                    stride_cb, stride_ct, stride_ch, stride_cd, BLOCK_SIZE,
+                                    UPCAST, DOT_PRECISION)
 
     if SPLIT:
         # Partial results of this split, merged by _reduce_kernel. An empty split (past
@@ -140,13 +95,9 @@ def _decode_kernel(
             mask=g_mask[:, None],
         )
     else:
-        l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-        out = acc / l_safe[:, None]
-        tl.store(
-            out_ptr + q_row * stride_ot + heads[:, None] * stride_oh + d[None, :] * stride_od,
-            out.to(out_ptr.dtype.element_ty),
-            mask=g_mask[:, None] & d_mask[None, :],
-        )
+        store_output(
+            out_ptr, q_row * stride_ot + heads[:, None] * stride_oh + d[None, :] * stride_od,
+            mask, l_i, acc)
 
 
 @triton.jit
@@ -192,7 +143,6 @@ def _reduce_kernel(
     )
 
 
-
 @functools.cache
 def _num_cores(device: torch.device) -> int:
     if device.type == "cuda":
@@ -217,7 +167,6 @@ def choose_num_splits(
     return 1 << (splits.bit_length() - 1)
 
 
-
 def paged_attention_decode(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -236,18 +185,13 @@ def paged_attention_decode(
 
     ``num_splits`` (default: ``choose_num_splits``) and ``tile_n`` (tokens per inner step)
     are tuning knobs; tests use them to reach the split-K and multi-tile paths cheaply."""
-    group = check_attention_inputs(query, k_cache, v_cache)
-    block_tables, context_lens, query_start_loc = on_device(
-        query.device, block_tables, context_lens, query_start_loc
-    )
-    num_seqs = block_tables.shape[0]
-    num_heads, head_dim = query.shape[1], query.shape[2]
-    num_kv_heads = k_cache.shape[2]
-    if out is None:
-        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+    call = attention_call(query, k_cache, v_cache, block_tables, context_lens, query_start_loc,
+                          scale, out)
+    out = call.out
+    num_seqs, num_heads, num_kv_heads = block_tables.shape[0], query.shape[1], k_cache.shape[2]
     if num_seqs == 0 or query.shape[0] == 0:
         return out
-    head_dim_pad = max(16, triton.next_power_of_2(head_dim))
+    head_dim_pad = call.constexprs["HEAD_DIM_PAD"]
     if tile_n is None:  # float32 tiles take twice the registers
         tile_n = 64 if head_dim_pad <= 128 and query.dtype != torch.float32 else 32
     if num_splits is None:
@@ -270,34 +214,10 @@ def paged_attention_decode(
         part_l = torch.empty_like(part_m)
     else:
         part_acc = part_m = part_l = out  # unused
-    upcast, precision = dot_settings(query.dtype)
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
-        out,
-        part_acc,
-        part_m,
-        part_l,
-        query,
-        k_cache,
-        v_cache,
-        block_tables,
-        context_lens,
-        query_start_loc,
-        scale * LOG2E,
-        num_splits,
-        tokens_per_split,
-        *query.stride(),
-        *out.stride(),
-        *k_cache.stride(),
-        block_tables.stride(0),
-        GROUP=group,
-        GROUP_PAD=max(16, triton.next_power_of_2(group)),
-        HEAD_DIM=head_dim,
-        HEAD_DIM_PAD=head_dim_pad,
-        BLOCK_SIZE=k_cache.shape[1],
-        TILE_N=tile_n,
+        *call.args, part_acc, part_m, part_l, num_splits, tokens_per_split, **call.constexprs,
+        GROUP_PAD=max(16, triton.next_power_of_2(call.constexprs["GROUP"])), TILE_N=tile_n,
         SPLIT=split,
-        UPCAST=upcast,
-        DOT_PRECISION=precision,
     )
     if split:
         _reduce_kernel[(num_seqs, num_heads)](
@@ -305,15 +225,14 @@ def paged_attention_decode(
             part_acc,
             part_m,
             part_l,
-            query_start_loc,
+            call.query_start_loc,
             num_splits,
             *out.stride(),
-            HEAD_DIM=head_dim,
+            HEAD_DIM=call.constexprs["HEAD_DIM"],
             HEAD_DIM_PAD=head_dim_pad,
             SPLITS_PAD=triton.next_power_of_2(num_splits),
         )
     return out
-
 
 
 def paged_attention(
@@ -335,31 +254,12 @@ def paged_attention(
     one query row, the prefill kernel otherwise. ``max_query_len`` / ``max_context_len``
     are host-side hints (the model runner knows them); when left out they are read from
     the tensors, which costs a device sync. ``out`` may be given to write into."""
+    inputs = (query, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale)
     if max_query_len is None:
         q_lens = query_start_loc[1:] - query_start_loc[:-1]
         max_query_len = int(q_lens.max()) if q_lens.numel() else 0
     if max_query_len <= 1:
         if max_context_len is None:
             max_context_len = int(context_lens.max()) if context_lens.numel() else 0
-        return paged_attention_decode(
-            query,
-            k_cache,
-            v_cache,
-            block_tables,
-            context_lens,
-            query_start_loc,
-            scale,
-            max_context_len=max_context_len,
-            out=out,
-        )
-    return paged_attention_prefill(
-        query,
-        k_cache,
-        v_cache,
-        block_tables,
-        context_lens,
-        query_start_loc,
-        scale,
-        max_query_len=max_query_len,
-        out=out,
-    )
+        return paged_attention_decode(*inputs, max_context_len=max_context_len, out=out)
+    return paged_attention_prefill(*inputs, max_query_len=max_query_len, out=out)

@@ -1,12 +1,15 @@
 """What the Triton kernel modules share: whether Triton interprets, device and shape checks of
-the attention inputs, and the dot settings that keep float32 exact."""
+the attention inputs, the dot settings that keep float32 exact, the arguments both attention
+kernels take, and their inner step over a tile of cached tokens."""
 
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import torch
 import triton
+import triton.language as tl
 
 
 def _interpreting() -> bool:
@@ -63,3 +66,92 @@ def check_attention_inputs(query: torch.Tensor, k_cache: torch.Tensor,
 def on_device(device: torch.device, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Batch metadata on the kernel's device (a no-op when it is already there)."""
     return tuple(t.to(device, non_blocking=True) for t in tensors)
+
+
+class AttentionCall(NamedTuple):
+    """One call's checked inputs as both attention kernels take them: ``args`` first
+    (output, query, caches, batch metadata, the scale in base 2, their strides), then the
+    kernel's own, and ``constexprs`` (GROUP, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, UPCAST,
+    DOT_PRECISION) with its own."""
+
+    out: torch.Tensor
+    query_start_loc: torch.Tensor  # on the kernel's device
+    args: tuple
+    constexprs: dict[str, object]
+
+
+def attention_call(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   block_tables: torch.Tensor, context_lens: torch.Tensor,
+                   query_start_loc: torch.Tensor, scale: float,
+                   out: torch.Tensor | None) -> AttentionCall:
+    """Check the inputs, move the batch metadata to the query's device and allocate ``out``
+    where not given."""
+    group = check_attention_inputs(query, k_cache, v_cache)
+    block_tables, context_lens, query_start_loc = on_device(
+        query.device, block_tables, context_lens, query_start_loc
+    )
+    if out is None:
+        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+    upcast, precision = dot_settings(query.dtype)
+    head_dim = query.shape[2]
+    args = (out, query, k_cache, v_cache, block_tables, context_lens, query_start_loc,
+            scale * LOG2E, *query.stride(), *out.stride(), *k_cache.stride(),
+            block_tables.stride(0))
+    constexprs = dict(GROUP=group, HEAD_DIM=head_dim,
+                      HEAD_DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
+                      BLOCK_SIZE=k_cache.shape[1], UPCAST=upcast, DOT_PRECISION=precision)
+    return AttentionCall(out, query_start_loc, args, constexprs)
+
+
+@triton.jit
+def load_queries(q_ptr, offsets, mask, UPCAST: tl.constexpr):
+    """The query rows at ``q_ptr + offsets``, in float32 where the dots run in it."""
+    q = tl.load(q_ptr + offsets, mask=mask, other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    return q
+
+
+@triton.jit
+def softmax_start(ROWS: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
+    """Online softmax before its first tile: running max, sum and output of each row."""
+    m_i = tl.full([ROWS], float("-inf"), tl.float32)
+    l_i = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, HEAD_DIM_PAD], tl.float32)
+    return m_i, l_i, acc
+
+
+@triton.jit
+def store_output(out_ptr, offsets, mask, l_i, acc):
+    """Each row's output ``acc / l_i`` (zero for a row that saw no token) at ``out_ptr +
+    offsets``, in the output's dtype."""
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    out = acc / l_safe[:, None]
+    tl.store(out_ptr + offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def attend_tile(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, table, tok, valid, mask, kv_head,
+                d, d_mask, scale_log2, stride_cb, stride_ct, stride_ch, stride_cd,
+                BLOCK_SIZE: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One step of online softmax (base 2, float32) over the cached tokens ``tok`` (those
+    ``valid`` read, gathered through the block ``table``): the rows of ``q`` score them, the
+    scores outside ``mask`` are dropped, and the running max ``m_i``, sum ``l_i`` and
+    output ``acc`` are returned updated."""
+    block = tl.load(table + tok // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
+    row = block * stride_cb + (tok % BLOCK_SIZE) * stride_ct + kv_head * stride_ch
+    k_mask = valid[None, :] & d_mask[:, None]
+    v_mask = valid[:, None] & d_mask[None, :]
+    k_t = tl.load(k_cache_ptr + row[None, :] + d[:, None] * stride_cd, mask=k_mask, other=0.0)
+    v = tl.load(v_cache_ptr + row[:, None] + d[None, :] * stride_cd, mask=v_mask, other=0.0)
+    if UPCAST:
+        k_t = k_t.to(tl.float32)
+        v = v.to(tl.float32)
+    s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * scale_log2
+    s = tl.where(mask, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return m_new, l_i, acc

@@ -8,49 +8,27 @@ import typer
 
 from pagedchat.bench import report
 from pagedchat.bench.engines import PagedChat
-from pagedchat.bench.suite import (
-    measure,
-    parse_list,
-    poisson_arrivals,
-    sample_trace,
-    warmup_prompt,
-)
-from pagedchat.cli.bench.options import (
-    MAX_SEQS,
-    DType,
-    Dtype,
-    MaxSeqs,
-    MaxTokens,
-    NumRequests,
-    Seed,
-    engine_options,
-)
-from pagedchat.cli.options import (
-    JsonPath,
-    KvMemory,
-    Model,
-    TensorParallelSize,
-    Weights,
-    user_errors,
-)
+from pagedchat.bench.suite import measure, parse_list, poisson_arrivals, sample_trace, warmup_prompt
+from pagedchat.cli.bench import options as opt
+from pagedchat.cli.options import user_errors
 
 
-def blocksize(num_requests: NumRequests = 100, model: Model = None,
-              max_tokens: MaxTokens = None,
+def blocksize(num_requests: opt.NumRequests = 100, model: opt.Model = None,
+              max_tokens: opt.MaxTokens = None,
               sizes: Annotated[str, typer.Option("--sizes", help="Block sizes to sweep.")]
               = "1,2,4,8,16,32,64,128,256",
               rate: Annotated[float | None, typer.Option(
                   "--rate", min=0.0, help="Poisson rate (req/s); default: all at once.")] = None,
-              seed: Seed = 0, kv_memory: KvMemory = "512MiB", max_num_seqs: MaxSeqs = MAX_SEQS,
-              dtype: Dtype = DType.float32,
-              weights: Weights = None, json_path: JsonPath = None,
-              tp: TensorParallelSize = 1) -> None:
+              seed: opt.Seed = 0, kv_memory: opt.KvMemory = "512MiB",
+              max_num_seqs: opt.MaxSeqs = opt.MAX_SEQS, dtype: opt.Dtype = opt.DType.float32,
+              weights: opt.Weights = None, json_path: opt.JsonPath = None,
+              tp: opt.TensorParallelSize = 1) -> None:
     """The block-size ablation: the same KV memory cut into blocks of each size."""
     with user_errors():
         figures: dict[str, dict[str, object]] = {}
         for size in parse_list(sizes, int):
-            engine = engine_options(model, dtype, size, None, kv_memory, max_num_seqs, tp,
-                                    weights=weights).build()
+            engine = opt.engine_options(model, dtype, size, None, kv_memory, max_num_seqs, tp,
+                                        weights=weights).build()
             requests = sample_trace(engine, num_requests, seed, max_tokens)
             arrivals = poisson_arrivals(len(requests), rate, seed) if rate else None
             figures[str(size)] = measure(PagedChat(engine), requests,

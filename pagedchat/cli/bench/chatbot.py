@@ -9,52 +9,27 @@ import typer
 
 from pagedchat.bench import sharegpt
 from pagedchat.bench.online import serve_rates
-from pagedchat.bench.suite import (
-    length_limit,
-    parse_list,
-    parse_peers,
-)
-from pagedchat.cli.bench.options import (
-    MAX_SEQS,
-    Compare,
-    DType,
-    Dtype,
-    HfBatch,
-    HfPage,
-    MaxSeqs,
-    MaxTokens,
-    NumRequests,
-    Plot,
-    Rates,
-    Seed,
-    engine_options,
-)
-from pagedchat.cli.options import (
-    BlockSize,
-    JsonPath,
-    KvBlocks,
-    KvMemory,
-    Model,
-    TensorParallelSize,
-    Weights,
-    user_errors,
-)
+from pagedchat.bench.suite import length_limit, parse_list, parse_peers
+from pagedchat.cli.bench import options as opt
+from pagedchat.cli.options import user_errors
 
 
-def chatbot(num_requests: NumRequests = 100, model: Model = None, max_tokens: MaxTokens = 1024,
+def chatbot(num_requests: opt.NumRequests = 100, model: opt.Model = None,
+            max_tokens: opt.MaxTokens = 1024,
             context: Annotated[int, typer.Option("--context", min=16,
                                                  help="Keep the prompt's last N tokens.")] = 1024,
-            rate: Rates = "0.5,1,2", compare: Compare = "", hf_batch_size: HfBatch = "8",
-            hf_page_size: HfPage = 256, seed: Seed = 0, block_size: BlockSize = 16,
-            kv_blocks: KvBlocks = None, kv_memory: KvMemory = None,
-            max_num_seqs: MaxSeqs = MAX_SEQS, dtype: Dtype = DType.float32,
-            weights: Weights = None,
-            plot: Plot = Path("bench-chatbot.png"), json_path: JsonPath = None,
-            tp: TensorParallelSize = 1) -> None:
+            rate: opt.Rates = "0.5,1,2", compare: opt.Compare = "",
+            hf_batch_size: opt.HfBatch = "8",
+            hf_page_size: opt.HfPage = 256, seed: opt.Seed = 0, block_size: opt.BlockSize = 16,
+            kv_blocks: opt.KvBlocks = None, kv_memory: opt.KvMemory = None,
+            max_num_seqs: opt.MaxSeqs = opt.MAX_SEQS, dtype: opt.Dtype = opt.DType.float32,
+            weights: opt.Weights = None,
+            plot: opt.Plot = Path("bench-chatbot.png"), json_path: opt.JsonPath = None,
+            tp: opt.TensorParallelSize = 1) -> None:
     """The paper's chatbot: multi-turn history + new message, last 1024 tokens kept."""
     with user_errors():
-        options = engine_options(model, dtype, block_size, kv_blocks, kv_memory, max_num_seqs, tp,
-                                 weights=weights)
+        options = opt.engine_options(model, dtype, block_size, kv_blocks, kv_memory,
+                                     max_num_seqs, tp, weights=weights)
         serve_rates("chatbot", options,
                lambda engine: sharegpt.sample_chat_requests(
                    engine.tokenizer, num_requests, seed, context, max_tokens or 1024,

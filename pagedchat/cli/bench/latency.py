@@ -7,35 +7,19 @@ from typing import Annotated
 import typer
 
 from pagedchat.bench import report, sharegpt
-from pagedchat.bench.suite import (
-    parse_list,
-    warmup_prompt,
-)
-from pagedchat.cli.bench.options import (
-    DType,
-    Dtype,
-    MaxTokens,
-    engine_options,
-)
-from pagedchat.cli.options import (
-    JsonPath,
-    Model,
-    TensorParallelSize,
-    Weights,
-    user_errors,
-)
+from pagedchat.bench.suite import parse_list, warmup_prompt
+from pagedchat.cli.bench import options as opt
+from pagedchat.cli.options import user_errors
 
 
-def latency(model: Model = None, max_tokens: MaxTokens = 128,
+def latency(model: opt.Model = None, max_tokens: opt.MaxTokens = 128,
             prompt_len: Annotated[int, typer.Option(
                 "--prompt-len", min=16, help="Tokens of the long prompt timed to first token.")]
             = 1000,
-            dtype: Dtype = DType.float32,
-            weights: Weights = None,
+            dtype: opt.Dtype = opt.DType.float32, weights: opt.Weights = None,
             loads: Annotated[bool, typer.Option(
                 help="Also time a first start (GGUF conversion) and a cached start.")] = True,
-            json_path: JsonPath = None,
-            tp: TensorParallelSize = 1,
+            json_path: opt.JsonPath = None, tp: opt.TensorParallelSize = 1,
             rounds: Annotated[int, typer.Option(
                 "--rounds", min=1,
                 help="Time both engines this many times, in turn; each figure is the "
@@ -57,7 +41,7 @@ def latency(model: Model = None, max_tokens: MaxTokens = 128,
 
     with user_errors():
         names = check_single_stream_peers(parse_list(compare))  # before a model is loaded
-        engine = engine_options(model, dtype, tp=tp, weights=weights).build()
+        engine = opt.engine_options(model, dtype, tp=tp, weights=weights).build()
         long_prompt = sharegpt.long_prompt(engine.tokenizer, prompt_len)
         short_prompt = warmup_prompt(engine.tokenizer)
         peers = single_stream_peers(names, engine)

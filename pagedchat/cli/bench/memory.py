@@ -12,39 +12,16 @@ import typer
 from pagedchat.bench import context_memory, report
 from pagedchat.bench.engines import PagedChat
 from pagedchat.bench.memory import PARTS, POLICIES, Tally, simulate_contiguous
-from pagedchat.bench.suite import (
-    measure,
-    parse_list,
-    sample_trace,
-    warmup_prompt,
-)
-from pagedchat.cli.bench.options import (
-    MAX_SEQS,
-    DType,
-    Dtype,
-    MaxSeqs,
-    MaxTokens,
-    Plot,
-    Seed,
-    check_sizes,
-    engine_options,
-)
-from pagedchat.cli.options import (
-    BlockSize,
-    JsonPath,
-    KvBlocks,
-    Model,
-    TensorParallelSize,
-    Weights,
-    user_errors,
-)
+from pagedchat.bench.suite import measure, parse_list, sample_trace, warmup_prompt
+from pagedchat.cli.bench import options as opt
+from pagedchat.cli.options import user_errors
 
 TraceRequests = Annotated[int | None, typer.Option(
     "-n", "--num-requests", min=0,
     help="Requests sampled from the trace for Fig. 2; 0 skips it. Default: 200, or 0 for a "
          "model with sliding-window layers (the contiguous policies know no windows).")]
 Contexts = Annotated[str, typer.Option(
-    "--contexts", callback=check_sizes,
+    "--contexts", callback=opt.check_sizes,
     help="Context lengths at which to count the KV bytes one sequence holds per token.")]
 RunModel = Annotated[bool, typer.Option(
     "--run-model/--no-run-model",
@@ -53,21 +30,21 @@ RunModel = Annotated[bool, typer.Option(
          "engine's scheduler and block manager alone (the same counts, no forward pass).")]
 
 
-def memory(num_requests: TraceRequests = None, model: Model = None,
-           max_tokens: MaxTokens = None,
+def memory(num_requests: TraceRequests = None, model: opt.Model = None,
+           max_tokens: opt.MaxTokens = None,
            max_len: Annotated[int, typer.Option(
                "--max-len", help="What the max-length policy reserves per request.")] = 2048,
-           seed: Seed = 0, block_size: BlockSize = 16, kv_blocks: KvBlocks = 512,
-           max_num_seqs: MaxSeqs = MAX_SEQS, dtype: Dtype = DType.float32,
-           weights: Weights = None, contexts: Contexts = "1024,4096,16384",
+           seed: opt.Seed = 0, block_size: opt.BlockSize = 16, kv_blocks: opt.KvBlocks = 512,
+           max_num_seqs: opt.MaxSeqs = opt.MAX_SEQS, dtype: opt.Dtype = opt.DType.float32,
+           weights: opt.Weights = None, contexts: Contexts = "1024,4096,16384",
            run_model: RunModel = False,
-           plot: Plot = Path("bench-memory.png"), json_path: JsonPath = None,
-           tp: TensorParallelSize = 1) -> None:
+           plot: opt.Plot = Path("bench-memory.png"), json_path: opt.JsonPath = None,
+           tp: opt.TensorParallelSize = 1) -> None:
     """KV bytes per token by context length, against keeping every layer; then the paper's
     Fig. 2: KV memory holding token states vs reserved vs fragmented."""
     with user_errors():
-        engine = engine_options(model, dtype, block_size, kv_blocks, None, max_num_seqs, tp,
-                                weights=weights).build()
+        engine = opt.engine_options(model, dtype, block_size, kv_blocks, None, max_num_seqs, tp,
+                                    weights=weights).build()
         by_context = _by_context(engine, parse_list(contexts, int), run_model)
         windowed = engine.scheduler.block_manager.has_windows
         num_requests = num_requests if num_requests is not None else (0 if windowed else 200)

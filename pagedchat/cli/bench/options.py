@@ -1,4 +1,6 @@
-"""The options the bench subcommands share, checked as Typer reads them."""
+"""The options the bench subcommands share, checked as Typer reads them: a shell reads every
+option it takes from this one module (those all commands share are re-exported from
+``pagedchat.cli.options``)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,21 @@ from typing import Annotated
 import typer
 
 from pagedchat.bench.suite import EngineOptions, parse_list, parse_peers
+from pagedchat.cli.options import (
+    BlockSize,
+    JsonPath,
+    KvBlocks,
+    KvMemory,
+    Model,
+    TensorParallelSize,
+    Weights,
+)
 from pagedchat.engine.config import EngineConfig
+
+__all__ = ["MAX_SEQS", "BlockSize", "Compare", "DType", "Dtype", "HfBatch", "HfPage",
+           "HfRequests", "JsonPath", "KvBlocks", "KvMemory", "MaxSeqs", "MaxTokens", "Model",
+           "NumRequests", "Plot", "Rates", "Seed", "TensorParallelSize", "Weights",
+           "check_sizes", "engine_options"]
 
 
 class DType(str, Enum):
@@ -26,25 +42,22 @@ def _check_peers(value: str) -> str:
     return value
 
 
-def _check_numbers(value: str) -> str:
+def _positive_list(value: str, kind: type, what: str, example: str) -> str:
     try:
-        numbers = parse_list(value, float)
+        items = parse_list(value, kind)
     except ValueError as error:
-        raise typer.BadParameter(f"not a list of numbers: {value!r}") from error
-    if not numbers or min(numbers) <= 0:
-        raise typer.BadParameter("give one or more positive numbers, e.g. 0.5,1,2 (inf: all "
-                                 "at once)")
+        raise typer.BadParameter(f"not a list of {what}: {value!r}") from error
+    if not items or min(items) <= 0:
+        raise typer.BadParameter(f"give one or more positive {what}, e.g. {example}")
     return value
+
+
+def _check_numbers(value: str) -> str:
+    return _positive_list(value, float, "numbers", "0.5,1,2 (inf: all at once)")
 
 
 def check_sizes(value: str) -> str:
-    try:
-        sizes = parse_list(value, int)
-    except ValueError as error:
-        raise typer.BadParameter(f"not a list of whole numbers: {value!r}") from error
-    if not sizes or min(sizes) < 1:
-        raise typer.BadParameter("give one or more positive whole numbers, e.g. 8,16,32")
-    return value
+    return _positive_list(value, int, "whole numbers", "8,16,32")
 
 
 NumRequests = Annotated[int, typer.Option("-n", "--num-requests", min=1,

@@ -8,43 +8,26 @@ import typer
 
 from pagedchat.bench import report
 from pagedchat.bench.engines import PagedChat
-from pagedchat.bench.suite import (
-    measure,
-    parse_list,
-    sample_trace,
-    warmup_prompt,
-)
-from pagedchat.cli.bench.options import (
-    DType,
-    Dtype,
-    MaxTokens,
-    NumRequests,
-    Seed,
-    check_sizes,
-    engine_options,
-)
-from pagedchat.cli.options import (
-    JsonPath,
-    KvBlocks,
-    Model,
-    Weights,
-    user_errors,
-)
+from pagedchat.bench.suite import measure, parse_list, sample_trace, warmup_prompt
+from pagedchat.cli.bench import options as opt
+from pagedchat.cli.options import user_errors
 
 
-def parallel(num_requests: NumRequests = 32, model: Model = None, max_tokens: MaxTokens = 64,
+def parallel(num_requests: opt.NumRequests = 32, model: opt.Model = None,
+             max_tokens: opt.MaxTokens = 64,
              sizes: Annotated[str, typer.Option(
-                 "--sizes", callback=check_sizes,
+                 "--sizes", callback=opt.check_sizes,
                  help="Tensor-parallel sizes to run, e.g. 1,3.")] = "1,3",
-             seed: Seed = 0, kv_blocks: KvBlocks = None, dtype: Dtype = DType.float32,
-             weights: Weights = None,
-             json_path: JsonPath = None) -> None:
+             seed: opt.Seed = 0, kv_blocks: opt.KvBlocks = None,
+             dtype: opt.Dtype = opt.DType.float32,
+             weights: opt.Weights = None,
+             json_path: opt.JsonPath = None) -> None:
     """Throughput for each tensor-parallel size on the same requests, with the bytes
     all-reduced per token and broadcast per step, next to the model's size."""
     from pagedchat.bench.parallel import communication_figures
 
     with user_errors():
-        options = engine_options(model, dtype, kv_blocks=kv_blocks, weights=weights)
+        options = opt.engine_options(model, dtype, kv_blocks=kv_blocks, weights=weights)
         figures: dict[str, dict[str, object]] = {}
         rows, requests, meta = [], None, {}
         for size in parse_list(sizes, int):

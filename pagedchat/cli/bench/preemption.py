@@ -4,44 +4,23 @@ from __future__ import annotations
 
 from pagedchat.bench import report
 from pagedchat.bench.engines import PagedChat
-from pagedchat.bench.suite import (
-    measure,
-    sample_trace,
-    warmup_prompt,
-)
-from pagedchat.cli.bench.options import (
-    MAX_SEQS,
-    DType,
-    Dtype,
-    MaxSeqs,
-    MaxTokens,
-    NumRequests,
-    Seed,
-    engine_options,
-)
-from pagedchat.cli.options import (
-    BlockSize,
-    JsonPath,
-    KvBlocks,
-    Model,
-    TensorParallelSize,
-    Weights,
-    user_errors,
-)
+from pagedchat.bench.suite import measure, sample_trace, warmup_prompt
+from pagedchat.cli.bench import options as opt
+from pagedchat.cli.options import user_errors
 
 
-def preemption(num_requests: NumRequests = 100, model: Model = None,
-               max_tokens: MaxTokens = None, seed: Seed = 0, block_size: BlockSize = 16,
-               kv_blocks: KvBlocks = 128, max_num_seqs: MaxSeqs = MAX_SEQS,
-               dtype: Dtype = DType.float32,
-               weights: Weights = None, json_path: JsonPath = None,
-               tp: TensorParallelSize = 1) -> None:
+def preemption(num_requests: opt.NumRequests = 100, model: opt.Model = None,
+               max_tokens: opt.MaxTokens = None, seed: opt.Seed = 0,
+               block_size: opt.BlockSize = 16, kv_blocks: opt.KvBlocks = 128,
+               max_num_seqs: opt.MaxSeqs = opt.MAX_SEQS, dtype: opt.Dtype = opt.DType.float32,
+               weights: opt.Weights = None, json_path: opt.JsonPath = None,
+               tp: opt.TensorParallelSize = 1) -> None:
     """Recompute vs swap under memory pressure (a small KV pool)."""
     with user_errors():
         figures: dict[str, dict[str, object]] = {}
         for mode in ("recompute", "swap"):
-            options = engine_options(model, dtype, block_size, kv_blocks, None, max_num_seqs, tp,
-                                     weights=weights)
+            options = opt.engine_options(model, dtype, block_size, kv_blocks, None, max_num_seqs,
+                                         tp, weights=weights)
             engine = options.with_(preemption_mode=mode).build()
             requests = sample_trace(engine, num_requests, seed, max_tokens)
             result = measure(PagedChat(engine), requests, warmup_prompt(engine.tokenizer))[0]

@@ -8,45 +8,25 @@ import typer
 
 from pagedchat.bench import report, sharegpt
 from pagedchat.bench.engines import PagedChat
-from pagedchat.bench.suite import (
-    measure,
-    warmup_prompt,
-)
-from pagedchat.cli.bench.options import (
-    MAX_SEQS,
-    DType,
-    Dtype,
-    MaxSeqs,
-    MaxTokens,
-    NumRequests,
-    Seed,
-    engine_options,
-)
-from pagedchat.cli.options import (
-    BlockSize,
-    JsonPath,
-    KvBlocks,
-    KvMemory,
-    Model,
-    TensorParallelSize,
-    Weights,
-    user_errors,
-)
+from pagedchat.bench.suite import measure, warmup_prompt
+from pagedchat.cli.bench import options as opt
+from pagedchat.cli.options import user_errors
 
 
-def prefix(num_requests: NumRequests = 100, model: Model = None, max_tokens: MaxTokens = 64,
+def prefix(num_requests: opt.NumRequests = 100, model: opt.Model = None,
+           max_tokens: opt.MaxTokens = 64,
            shots: Annotated[int, typer.Option("--shots", min=1,
                                               help="Examples in the shared prefix.")] = 5,
-           seed: Seed = 0, block_size: BlockSize = 16, kv_blocks: KvBlocks = None,
-           kv_memory: KvMemory = None, max_num_seqs: MaxSeqs = MAX_SEQS,
-           dtype: Dtype = DType.float32,
-           weights: Weights = None,
-           json_path: JsonPath = None,
-           tp: TensorParallelSize = 1) -> None:
+           seed: opt.Seed = 0, block_size: opt.BlockSize = 16, kv_blocks: opt.KvBlocks = None,
+           kv_memory: opt.KvMemory = None, max_num_seqs: opt.MaxSeqs = opt.MAX_SEQS,
+           dtype: opt.Dtype = opt.DType.float32,
+           weights: opt.Weights = None,
+           json_path: opt.JsonPath = None,
+           tp: opt.TensorParallelSize = 1) -> None:
     """A shared few-shot prefix on every request, prefix caching on vs off."""
     with user_errors():
-        options = engine_options(model, dtype, block_size, kv_blocks, kv_memory, max_num_seqs, tp,
-                                 weights=weights)
+        options = opt.engine_options(model, dtype, block_size, kv_blocks, kv_memory,
+                                     max_num_seqs, tp, weights=weights)
         figures: dict[str, dict[str, object]] = {}
         for caching in (True, False):
             engine = options.with_(enable_prefix_caching=caching).build()

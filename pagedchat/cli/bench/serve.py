@@ -17,29 +17,8 @@ from pagedchat.bench.suite import (
     parse_peers,
     sample_trace,
 )
-from pagedchat.cli.bench.options import (
-    MAX_SEQS,
-    DType,
-    Dtype,
-    HfBatch,
-    HfPage,
-    MaxSeqs,
-    MaxTokens,
-    Plot,
-    Rates,
-    Seed,
-    engine_options,
-)
-from pagedchat.cli.options import (
-    BlockSize,
-    JsonPath,
-    KvBlocks,
-    KvMemory,
-    Model,
-    TensorParallelSize,
-    Weights,
-    user_errors,
-)
+from pagedchat.cli.bench import options as opt
+from pagedchat.cli.options import user_errors
 
 BaseUrl = Annotated[str | None, typer.Option(
     "--base-url", help="Benchmark this OpenAI-compatible server instead of an engine built "
@@ -96,22 +75,22 @@ AloneRequests = Annotated[int, typer.Option(
     help="With --compare offline: requests sent one at a time, timed to the first token.")]
 
 
-def serve(num_requests: ServeRequests = None, model: Model = None,
-          max_tokens: MaxTokens = None, rate: Rates = "0.5,1,2", compare: ServeCompare = "",
-          hf_batch_size: HfBatch = "8",
-          hf_page_size: HfPage = 256, seed: Seed = 0, block_size: BlockSize = 16,
-          kv_blocks: KvBlocks = None, kv_memory: KvMemory = None, max_num_seqs: MaxSeqs = MAX_SEQS,
-          dtype: Dtype = DType.float32,
-          weights: Weights = None, plot: Plot = Path("bench-serve.png"),
-          json_path: JsonPath = None,
-          tp: TensorParallelSize = 1, base_url: BaseUrl = None,
+def serve(num_requests: ServeRequests = None, model: opt.Model = None,
+          max_tokens: opt.MaxTokens = None, rate: opt.Rates = "0.5,1,2", compare: ServeCompare = "",
+          hf_batch_size: opt.HfBatch = "8",
+          hf_page_size: opt.HfPage = 256, seed: opt.Seed = 0, block_size: opt.BlockSize = 16,
+          kv_blocks: opt.KvBlocks = None, kv_memory: opt.KvMemory = None,
+          max_num_seqs: opt.MaxSeqs = opt.MAX_SEQS, dtype: opt.Dtype = opt.DType.float32,
+          weights: opt.Weights = None, plot: opt.Plot = Path("bench-serve.png"),
+          json_path: opt.JsonPath = None,
+          tp: opt.TensorParallelSize = 1, base_url: BaseUrl = None,
           max_concurrency: MaxConcurrency = None, burstiness: Burstiness = 1.0, slo: Slo = "",
           api_key: ApiKey = None, alone_requests: AloneRequests = 8) -> None:
     """Online serving: Poisson arrivals; TTFT, TPOT, ITL, e2e and normalized latency."""
     with user_errors():
         names, rates = parse_list(compare), parse_list(rate, float)
-        options = engine_options(model, dtype, block_size, kv_blocks, kv_memory, max_num_seqs,
-                                 tp, weights=weights)
+        options = opt.engine_options(model, dtype, block_size, kv_blocks, kv_memory,
+                                     max_num_seqs, tp, weights=weights)
         if names and names[0] in SERVER_COMPARISONS:
             if base_url:
                 raise ValueError(f"--compare {names[0]} starts its own servers: leave out "

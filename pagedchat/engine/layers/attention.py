@@ -49,8 +49,14 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, rope: Rope, meta: AttentionMetadata) -> torch.Tensor:
         q = self.kernels.rotary_store(self.qkv_proj(x), *rope, self.num_heads, self.k_cache,
                                       self.v_cache, meta.slot_mapping)
+        return self.attend(q, self.k_cache, self.v_cache, meta)
+
+    def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               meta: AttentionMetadata) -> torch.Tensor:
+        """The rotated queries ``[tokens, heads, head_dim]`` over the paged caches, through
+        the output projection and summed over the workers."""
         out = self.kernels.paged_attention(
-            q, self.k_cache, self.v_cache, meta.block_tables, meta.context_lens,
-            meta.query_start_loc, self.scale,
+            q, k_cache, v_cache, meta.block_tables, meta.context_lens, meta.query_start_loc,
+            self.scale,
         )
         return self.tp.all_reduce(self.o_proj(out.reshape(-1, self.q_size)))

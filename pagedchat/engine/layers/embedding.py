@@ -7,6 +7,7 @@ from types import ModuleType
 import torch
 from torch import nn
 
+from pagedchat.engine.layers.linear import take_weight
 from pagedchat.engine.parallel.tensor_parallel import TensorParallel
 from pagedchat.kernels.quant import QuantizedWeight
 
@@ -66,11 +67,7 @@ class Embedding(nn.Module):
         if tuple(rows.shape) != tuple(self.weight.shape):
             raise KeyError(f"an embedding of shape {tuple(weight.shape)} for "
                            f"{tuple(self.weight.shape)} rows of this worker")
-        if isinstance(rows, QuantizedWeight):
-            self.quantized = rows
-            self.weight = nn.Parameter(torch.empty(0), requires_grad=False)
-        else:
-            self.weight.copy_(rows)
+        take_weight(self, rows)
 
     def pack(self) -> None:
         if self.quantized is not None:

@@ -34,11 +34,7 @@ class Linear(nn.Linear):
         if tuple(weight.shape) != tuple(self.weight.shape):
             raise KeyError(f"a weight of shape {tuple(weight.shape)} where "
                            f"{tuple(self.weight.shape)} was expected")
-        if isinstance(weight, QuantizedWeight):
-            self.quantized = weight
-            self.weight = nn.Parameter(torch.empty(0), requires_grad=False)
-        else:
-            self.weight.copy_(weight)
+        take_weight(self, weight)
 
     def pack(self) -> None:
         """Lay the weight out as the kernels' product reads it fastest (after loading: the
@@ -46,6 +42,16 @@ class Linear(nn.Linear):
         if self.quantized is None:
             self.weight = nn.Parameter(self.kernels.pack_linear(self.weight.detach()),
                                        requires_grad=False)
+
+
+def take_weight(module: nn.Module, weight: torch.Tensor | QuantizedWeight) -> None:
+    """Copy ``weight`` into ``module.weight`` (of its shape), or keep it quantized in
+    ``module.quantized`` and leave ``module.weight`` an empty placeholder."""
+    if isinstance(weight, QuantizedWeight):
+        module.quantized = weight
+        module.weight = nn.Parameter(torch.empty(0), requires_grad=False)
+    else:
+        module.weight.copy_(weight)
 
 
 def fuse_rows(parts: list[torch.Tensor | QuantizedWeight]) -> torch.Tensor | QuantizedWeight:

@@ -16,10 +16,10 @@ import torch
 from torch import nn
 
 from pagedchat.engine.kv_groups import kv_groups
-from pagedchat.engine.layers.attention import AttentionMetadata
+from pagedchat.engine.layers.attention import Attention, AttentionMetadata
 from pagedchat.engine.layers.embedding import Embedding
 from pagedchat.engine.layers.geglu import GeGLU
-from pagedchat.engine.layers.linear import Linear, fuse_rows
+from pagedchat.engine.layers.linear import Linear
 from pagedchat.engine.layers.offset_norm import OffsetRMSNorm
 from pagedchat.engine.layers.rotary import Rope, RotaryEmbedding
 from pagedchat.engine.layers.sliding_window import (
@@ -35,29 +35,18 @@ from pagedchat.engine.parallel.tensor_parallel import TensorParallel
 LOCAL = "sliding_attention"
 
 
-class Gemma3Attention(nn.Module):
-    """QKV, the per-head norms of Q and K, rotary and the K/V store, then paged attention:
-    over the window for a local layer (see ``layers/sliding_window.py``)."""
+class Gemma3Attention(Attention):
+    """The engine's attention with the per-head norms of Q and K before rotary and the K/V
+    store, a query scale of its own, and over the window for a local layer (see
+    ``layers/sliding_window.py``)."""
 
     def __init__(self, config: ModelConfig, kernels: ModuleType, tp: TensorParallel,
                  local: bool) -> None:
-        super().__init__()
-        self.tp = tp
+        super().__init__(config, kernels, tp)
         self.local = local
-        self.head_dim = config.head_dim
-        self.num_heads = config.num_attention_heads // tp.size
-        self.num_kv_heads = config.num_key_value_heads // tp.size
-        self.q_size = self.num_heads * self.head_dim
-        self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size,
-                               config.attention_bias, kernels)
-        self.o_proj = Linear(self.q_size, config.hidden_size, False, kernels)
         self.q_norm = OffsetRMSNorm(self.head_dim, config.rms_norm_eps, kernels)
         self.k_norm = OffsetRMSNorm(self.head_dim, config.rms_norm_eps, kernels)
         self.scale = float(config.query_pre_attn_scalar or self.head_dim) ** -0.5
-        self.kernels = kernels
-        self.k_cache = torch.empty(0)
-        self.v_cache = torch.empty(0)
 
     def forward(self, x: torch.Tensor, rope: Rope, meta: AttentionMetadata) -> torch.Tensor:
         tokens = x.shape[0]
@@ -70,10 +59,7 @@ class Gemma3Attention(nn.Module):
         k_cache, v_cache = self.k_cache, self.v_cache
         if self.local:
             k_cache, v_cache = single_token_blocks(k_cache), single_token_blocks(v_cache)
-        out = self.kernels.paged_attention(
-            q, k_cache, v_cache, meta.block_tables, meta.context_lens, meta.query_start_loc,
-            self.scale)
-        return self.tp.all_reduce(self.o_proj(out.reshape(-1, self.q_size)))
+        return self.attend(q, k_cache, v_cache, meta)
 
 
 class Gemma3DecoderLayer(nn.Module):
@@ -191,29 +177,18 @@ class Gemma3ForCausalLM(CausalLM):
         shard = self.tp.shard
         for i, layer in enumerate(self.layers):
             prefix = f"model.layers.{i}."
-            attn, mlp = layer.self_attn, layer.mlp
-            attn.qkv_proj.load(fuse_rows(
-                [shard(tensors.pop(prefix + f"self_attn.{n}_proj.weight")) for n in "qkv"]))
-            if attn.qkv_proj.bias is not None:
-                attn.qkv_proj.bias.copy_(torch.cat(
+            self.load_products(layer, prefix, tensors)
+            bias = layer.self_attn.qkv_proj.bias
+            if bias is not None:
+                bias.copy_(torch.cat(
                     [shard(tensors.pop(prefix + f"self_attn.{n}_proj.bias")) for n in "qkv"]))
-            mlp.gate_up_proj.load(fuse_rows(
-                [shard(tensors.pop(prefix + f"mlp.{n}_proj.weight")) for n in ("gate", "up")]))
-            attn.o_proj.load(shard(tensors.pop(prefix + "self_attn.o_proj.weight"), dim=1))
-            mlp.down_proj.load(shard(tensors.pop(prefix + "mlp.down_proj.weight"), dim=1))
             for name in ("self_attn.q_norm", "self_attn.k_norm", "input_layernorm",
                          "post_attention_layernorm", "pre_feedforward_layernorm",
                          "post_feedforward_layernorm"):
                 layer.get_submodule(name).load(tensors.pop(f"{prefix}{name}.weight"))
         self.embed_tokens.load(tensors.pop("model.embed_tokens.weight"))
         self.norm.load(tensors.pop("model.norm.weight"))
-        head = tensors.pop("lm_head.weight", None)
-        if self.lm_head is not None:
-            if head is None:
-                raise KeyError("lm_head.weight (the model's head is not tied to its embeddings)")
-            self.lm_head.load(head[self.embed_tokens.start:self.embed_tokens.end])
-        if tensors:
-            raise KeyError(f"unexpected weights: {', '.join(sorted(tensors)[:5])}")
+        self.load_head(tensors)
 
 
 def _rope(config: ModelConfig, params: dict, layer_type: str) -> tuple[torch.Tensor, float]:

@@ -22,16 +22,14 @@ from torch import nn
 
 from pagedchat.engine.layers.attention import Attention, AttentionMetadata
 from pagedchat.engine.layers.embedding import Embedding
-from pagedchat.engine.layers.linear import Linear, fuse_rows
+from pagedchat.engine.layers.linear import Linear
 from pagedchat.engine.layers.mlp import MLP
 from pagedchat.engine.layers.norm import RMSNorm
 from pagedchat.engine.layers.rotary import Rope, RotaryEmbedding, rope_parameters
+from pagedchat.engine.loading.gguf_weights import Weight
 from pagedchat.engine.loading.model_config import ModelConfig
 from pagedchat.engine.models.causal_lm import CausalLM
 from pagedchat.engine.parallel.tensor_parallel import TensorParallel
-from pagedchat.kernels.quant import QuantizedWeight
-
-Weight = torch.Tensor | QuantizedWeight
 
 
 class DecoderLayer(nn.Module):
@@ -139,32 +137,20 @@ class LlamaForCausalLM(CausalLM):
         this worker's shard: output rows of column-parallel layers, input columns of
         row-parallel ones, rows of the vocabulary. Quantized weights stay quantized."""
         own = dict(self.named_parameters())
-        shard = self.tp.shard
         for i, layer in enumerate(self.layers):
             prefix = f"model.layers.{i}."
-            attn, mlp = layer.self_attn, layer.mlp
-            attn.qkv_proj.load(fuse_rows(
-                [shard(tensors.pop(prefix + f"self_attn.{n}_proj.weight")) for n in "qkv"]))
-            if attn.qkv_proj.bias is not None:
+            self.load_products(layer, prefix, tensors)
+            bias = layer.self_attn.qkv_proj.bias
+            if bias is not None:
                 biases = [tensors.pop(prefix + f"self_attn.{n}_proj.bias", None) for n in "qkv"]
                 if all(b is not None for b in biases):
-                    attn.qkv_proj.bias.copy_(torch.cat([shard(b) for b in biases]))
+                    bias.copy_(torch.cat([self.tp.shard(b) for b in biases]))
                 else:
-                    attn.qkv_proj.bias.zero_()
-            mlp.gate_up_proj.load(fuse_rows(
-                [shard(tensors.pop(prefix + f"mlp.{n}_proj.weight")) for n in ("gate", "up")]))
-            attn.o_proj.load(shard(tensors.pop(prefix + "self_attn.o_proj.weight"), dim=1))
-            mlp.down_proj.load(shard(tensors.pop(prefix + "mlp.down_proj.weight"), dim=1))
+                    bias.zero_()
             for name in ("input_layernorm.weight", "post_attention_layernorm.weight"):
                 own[f"layers.{i}.{name}"].copy_(tensors.pop(prefix + name))
         self.embed_tokens.load(tensors.pop("model.embed_tokens.weight"))
         own["norm.weight"].copy_(tensors.pop("model.norm.weight"))
-        head = tensors.pop("lm_head.weight", None)
-        if self.lm_head is not None:
-            if head is None:
-                raise KeyError("lm_head.weight (the model's head is not tied to its embeddings)")
-            self.lm_head.load(head[self.embed_tokens.start:self.embed_tokens.end])
-        if tensors:
-            raise KeyError(f"unexpected weights: {', '.join(sorted(tensors)[:5])}")
+        self.load_head(tensors)
         self.quantized = any(isinstance(m, Linear) and m.quantized is not None
                              for m in self.modules())

@@ -11,10 +11,12 @@ import numpy as np
 import pytest
 import torch
 
+from pagedchat.bench.synthetic_gguf import Shape, add_llama_config, llama_tensors
 from pagedchat.engine.errors import ModelLoadError
 from pagedchat.engine.loading.gguf_weights import hf_name, read_gguf_weights, unpermute_rows
 from pagedchat.engine.loading.loader import named_model_path
 from pagedchat.kernels.quant import QuantizedWeight, dequantize
+from tests.engine.models.test_gemma3 import reference
 
 gguf = pytest.importorskip("gguf")
 
@@ -37,20 +39,17 @@ def write_tiny_gguf(hf_folder: Path, target: Path, formats: dict[str, str]) -> P
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(hf_folder)
+    shape = Shape(hidden=config.hidden_size, layers=config.num_hidden_layers,
+                  intermediate=config.intermediate_size, heads=config.num_attention_heads,
+                  kv_heads=config.num_key_value_heads, context=config.max_position_embeddings,
+                  rope_theta=config.rope_parameters["rope_theta"], rms_eps=config.rms_norm_eps)
+    assert shape.head_dim == config.head_dim, "a GGUF's head_dim is hidden / heads"
     state = load_file(hf_folder / "model.safetensors")
     writer = gguf.GGUFWriter(target, "llama")
     _add_tokenizer(writer, hf_folder)
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_vocab_size(config.vocab_size)
-    writer.add_rope_dimension_count(config.head_dim)
-    names = {v: k for k, v in _hf_names(config.num_hidden_layers).items()}
+    add_llama_config(writer, shape, config.vocab_size)
+    # transformers name -> GGUF name
+    names = {hf_name(name): name for name, _, _ in llama_tensors(shape, config.vocab_size)}
     for name, tensor in state.items():
         if name not in names:
             continue
@@ -95,16 +94,6 @@ def _add_tokenizer(writer, folder: Path) -> None:
     writer.add_pad_token_id(tokenizer.pad_token_id)
     if tokenizer.chat_template:
         writer.add_chat_template(tokenizer.chat_template)
-
-
-def _hf_names(layers: int) -> dict[str, str]:
-    """GGUF name -> transformers name for the tiny model's tensors, through hf_name."""
-    names = ["token_embd.weight", "output_norm.weight"]
-    for i in range(layers):
-        names += [f"blk.{i}.{part}.weight" for part in (
-            "attn_norm", "ffn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate",
-            "ffn_up", "ffn_down")]
-    return {name: hf_name(name) for name in names}
 
 
 @pytest.fixture(scope="module")
@@ -193,18 +182,8 @@ def _prompts(count: int, seed: int) -> list[list[int]]:
 @pytest.fixture(scope="module")
 def tiny_gguf_references(tiny_gguf):
     """transformers' greedy continuations on the tiny GGUF (which it de-quantizes)."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(tiny_gguf.parent, gguf_file=tiny_gguf.name,
-                                                 dtype=torch.float32).eval()
     prompts = _prompts(6, seed=3)
-    refs = []
-    for ids in prompts:
-        with torch.no_grad():
-            out = model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False,
-                                 attention_mask=torch.ones(1, len(ids)))
-        refs.append(out[0, len(ids):].tolist())
-    return prompts, refs
+    return prompts, reference(tiny_gguf.parent, prompts, 12, gguf_file=tiny_gguf.name)
 
 
 @pytest.mark.parametrize("options", [

@@ -66,10 +66,13 @@ def prompts(count: int = 6, seed: int = 0) -> list[list[int]]:
     return [torch.randint(10, 500, (n,), generator=generator).tolist() for n in lengths]
 
 
-def reference(folder: Path, prompt_sets: list[list[int]], max_tokens: int) -> list[list[int]]:
+def reference(folder: Path, prompt_sets: list[list[int]], max_tokens: int,
+              **load) -> list[list[int]]:
+    """transformers' greedy tokens after each prompt, in float32, from the checkpoint in
+    ``folder`` (``load``: more arguments for ``from_pretrained``, e.g. ``gguf_file``)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **load).eval()
     outs = []
     for ids in prompt_sets:
         with torch.no_grad():

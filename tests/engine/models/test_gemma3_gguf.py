@@ -18,6 +18,7 @@ from pagedchat import LLM, SamplingParams
 from pagedchat.engine.loading.gguf_weights import read_gguf_weights
 from pagedchat.engine.loading.loader import default_model_path, reads_quantized
 from pagedchat.kernels.quant import FORMATS, QuantizedWeight, dequantize
+from tests.engine.models.test_gemma3 import reference
 
 gguf = pytest.importorskip("gguf")
 
@@ -120,17 +121,7 @@ def _prompts() -> list[list[int]]:
 @pytest.fixture(scope="module")
 def references(gemma_gguf) -> list[list[int]]:
     """transformers' greedy continuations on the GGUF (which it de-quantizes)."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(gemma_gguf.parent, gguf_file=gemma_gguf.name,
-                                                 dtype=torch.float32).eval()
-    refs = []
-    for ids in _prompts():
-        with torch.no_grad():
-            out = model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False,
-                                 attention_mask=torch.ones(1, len(ids)))
-        refs.append(out[0, len(ids):].tolist())
-    return refs
+    return reference(gemma_gguf.parent, _prompts(), 12, gguf_file=gemma_gguf.name)
 
 
 def test_weights_read_as_transformers_loads_them(gemma_gguf):

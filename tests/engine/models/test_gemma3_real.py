@@ -5,10 +5,10 @@ that cross the 512-token window and a pool small enough to preempt."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from pagedchat import LLM, SamplingParams
 from pagedchat.engine.loading.loader import prepare_model
+from tests.engine.models.test_gemma3 import reference
 
 pytestmark = pytest.mark.slow
 
@@ -37,16 +37,7 @@ def prompts(gemma_dir) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def references(gemma_dir, prompts) -> list[list[int]]:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(gemma_dir, dtype=torch.float32).eval()
-    outs = []
-    for ids in prompts:
-        with torch.no_grad():
-            out = model.generate(torch.tensor([ids]), max_new_tokens=MAX_TOKENS,
-                                 do_sample=False, attention_mask=torch.ones(1, len(ids)))
-        outs.append(out[0, len(ids):].tolist())
-    return outs
+    return reference(gemma_dir, prompts, MAX_TOKENS)
 
 
 def _generate(prompts, **options) -> tuple[list[list[int]], int]:
