@@ -1,4 +1,7 @@
-"""One streamed completion against any OpenAI-compatible server, timed chunk by chunk."""
+"""One streamed completion against any OpenAI-compatible server, timed chunk by chunk.
+
+The client shares the cores with a server under test, so it reads the stream cheaply:
+aiohttp's parser, one SSE line at a time, one ``json.loads`` per event."""
 
 from __future__ import annotations
 
@@ -6,7 +9,7 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 
-import httpx
+import aiohttp
 
 from pagedchat.bench.sharegpt import Request
 
@@ -53,31 +56,34 @@ class ServedRequest:
         return out
 
 
-async def stream_completion(client: httpx.AsyncClient, model: str, request: Request,
-                            text: str | None = None, extra: dict | None = None,
-                            ) -> ServedRequest:
-    """POST /v1/completions with the prompt's token ids (or ``text``, for a server that
-    takes no ids), stream: true, ignore_eos, the trace's output length and the ``extra``
-    fields; errors are recorded, never raised."""
+async def stream_completion(session: aiohttp.ClientSession, url: str, model: str,
+                            request: Request, text: str | None = None,
+                            extra: dict | None = None) -> ServedRequest:
+    """POST ``url`` (a server's /v1/completions) with the prompt's token ids (or ``text``,
+    for a server that takes no ids), stream: true, ignore_eos, the trace's output length and
+    the ``extra`` fields; errors are recorded, never raised."""
     result = ServedRequest(request.id, request.prompt_len, request.output_len)
     body = {"model": model, "prompt": request.prompt_ids if text is None else text,
             "max_tokens": request.output_len, "temperature": 0, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}, **(extra or {})}
     result.sent = time.perf_counter()
     try:
-        async with client.stream("POST", "/v1/completions", json=body) as reply:
-            if reply.status_code != 200:
-                result.error = f"HTTP {reply.status_code}: {(await reply.aread())[:200]!r}"
+        async with session.post(url, json=body) as reply:
+            if reply.status != 200:
+                result.error = f"HTTP {reply.status}: {(await reply.read())[:200]!r}"
                 return result
-            async for line in reply.aiter_lines():
-                if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+            async for line in reply.content:
+                if not line.startswith(b"data:"):
                     continue
-                chunk = json.loads(line[5:])
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    continue
+                chunk = json.loads(data)
                 if any(choice.get("text") for choice in chunk.get("choices") or []):
                     result.chunk_times.append(time.perf_counter())
                 if chunk.get("usage"):
                     result.output_len = chunk["usage"].get("completion_tokens", 0)
-    except (httpx.HTTPError, ValueError) as error:
+    except (aiohttp.ClientError, ValueError) as error:
         result.error = f"{type(error).__name__}: {error}"
     result.output_len = result.output_len or len(result.chunk_times)
     return result

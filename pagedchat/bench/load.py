@@ -7,6 +7,7 @@ import asyncio
 import random
 import time
 
+import aiohttp
 import httpx
 
 from pagedchat.bench.http_client import ServedRequest, stream_completion
@@ -39,19 +40,19 @@ async def run_load(base_url: str, model: str, requests: list[Request], offsets: 
     in trace order and the wall time from first send to last reply."""
     gate = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    limits = httpx.Limits(max_connections=max_concurrency or len(requests) or 1,
-                          max_keepalive_connections=max_concurrency or len(requests) or 1)
-    timeout = httpx.Timeout(None, connect=30.0)
-    async with httpx.AsyncClient(base_url=base_url, headers=headers, limits=limits,
-                                 timeout=timeout) as client:
+    url = f"{base_url}/v1/completions"
+    connector = aiohttp.TCPConnector(limit=max_concurrency or 0)  # 0: no limit
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=30.0)
+    async with aiohttp.ClientSession(headers=headers, connector=connector,
+                                     timeout=timeout) as session:
         start = time.perf_counter()
 
         async def one(request: Request, offset: float, text: str | None) -> ServedRequest:
             await asyncio.sleep(max(0.0, start + offset - time.perf_counter()))
             if gate is None:
-                return await stream_completion(client, model, request, text, extra)
+                return await stream_completion(session, url, model, request, text, extra)
             async with gate:
-                return await stream_completion(client, model, request, text, extra)
+                return await stream_completion(session, url, model, request, text, extra)
 
         results = await asyncio.gather(*(one(r, o, t) for r, o, t in zip(
             requests, offsets, texts or [None] * len(requests))))

@@ -13,13 +13,12 @@ wants to hear about.
 from __future__ import annotations
 
 import contextlib
-import queue
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from pagedchat.chat.command_thread import STOP, CommandThread
 from pagedchat.chat.prompt import PLAIN_STOP, PromptTooLong, build_prompt, has_chat_template
 
 if TYPE_CHECKING:
@@ -87,7 +86,6 @@ class StatsUpdate:
 
 
 Event = EngineReady | EngineFailed | PromptReady | ReplyUpdate | RequestFailed | StatsUpdate
-_STOP = object()
 
 
 def load_engine(model: str | None = None, **config: Any) -> LLMEngine:
@@ -98,7 +96,7 @@ def load_engine(model: str | None = None, **config: Any) -> LLMEngine:
     return LLMEngine(EngineConfig(model=model, **config))
 
 
-class EngineDriver:
+class EngineDriver(CommandThread):
     def __init__(
         self,
         load: Callable[[], LLMEngine],
@@ -106,12 +104,11 @@ class EngineDriver:
         flush_interval: float = 0.05,
         stats_interval: float = 0.25,
     ) -> None:
+        super().__init__("engine-driver")
         self._load = load
         self._emit = on_event
         self._flush_interval = flush_interval
         self._stats_interval = stats_interval
-        self._commands: queue.Queue = queue.Queue()
-        self._thread = threading.Thread(target=self._run, name="engine-driver", daemon=True)
         self._pending: dict[str, ReplyUpdate] = {}
         self._live: set[str] = set()
         self._token_counts: dict[str, int] = {}
@@ -127,14 +124,6 @@ class EngineDriver:
 
     def cancel(self, request_id: str) -> None:
         self._commands.put(Cancel(request_id))
-
-    def stop(self, timeout: float = 5.0) -> bool:
-        """Ask the thread to end and wait for it; False if it still runs after ``timeout``
-        (a model load, or a step, cannot be interrupted)."""
-        self._commands.put(_STOP)
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-        return not self._thread.is_alive()
 
     # driver thread
 
@@ -153,7 +142,7 @@ class EngineDriver:
         self._serve(engine)
 
     def _refuse_all(self, reason: str) -> None:
-        while (command := self._commands.get()) is not _STOP:
+        while (command := self._commands.get()) is not STOP:
             if isinstance(command, Submit):
                 self._emit(RequestFailed(command.request_id, reason))
 
@@ -161,7 +150,7 @@ class EngineDriver:
         while True:
             busy = engine.has_unfinished_requests()
             for command in self._take(block=not busy):
-                if command is _STOP:
+                if command is STOP:
                     for rid in list(self._live):  # leave the engine with its pool balanced
                         self._abort(engine, rid)
                     engine.shutdown()  # tensor-parallel workers end with the app
@@ -173,14 +162,6 @@ class EngineDriver:
             if engine.has_unfinished_requests():
                 self._step(engine)
             self._flush(engine, force=not engine.has_unfinished_requests())
-
-    def _take(self, block: bool) -> list:
-        commands = [self._commands.get()] if block else []
-        while True:
-            try:
-                commands.append(self._commands.get_nowait())
-            except queue.Empty:
-                return commands
 
     def _add(self, engine: LLMEngine, command: Submit) -> None:
         rid = command.request_id

@@ -10,11 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import queue
-import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from pagedchat.chat.command_thread import STOP, CommandThread
 from pagedchat.engine.outputs import RequestOutput
 
 if TYPE_CHECKING:
@@ -71,16 +70,12 @@ class _Stats:
     future: asyncio.Future
 
 
-_STOP = object()
-
-
-class EngineLoop:
+class EngineLoop(CommandThread):
     def __init__(self, engine: LLMEngine) -> None:
+        super().__init__("engine-loop")
         self.engine = engine
-        self._commands: queue.Queue = queue.Queue()
         self._live: dict[str, asyncio.Queue] = {}  # engine thread only
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self.failed: str | None = None  # why the engine stopped, if it did
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -110,32 +105,17 @@ class EngineLoop:
         self._commands.put(_Stats(future))
         return await future
 
-    def stop(self, timeout: float = 10.0) -> bool:
-        """Abort what runs, end the thread; False if a step still runs after ``timeout``."""
-        self._commands.put(_STOP)
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-        return not self._thread.is_alive()
-
     # ---- engine thread -----------------------------------------------------------------
     def _run(self) -> None:
         engine = self.engine
         while True:
             for command in self._take(block=not engine.has_unfinished_requests()):
-                if command is _STOP:
+                if command is STOP:
                     self._abort_all("the server is shutting down")
                     return
                 self._handle(command)
             if engine.has_unfinished_requests():
                 self._step()
-
-    def _take(self, block: bool) -> list:
-        commands = [self._commands.get()] if block else []
-        while True:
-            try:
-                commands.append(self._commands.get_nowait())
-            except queue.Empty:
-                return commands
 
     def _handle(self, command) -> None:
         if isinstance(command, _Add):

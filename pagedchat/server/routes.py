@@ -51,7 +51,7 @@ async def _run(request: Request, state: ServerState, body, prompts: list[list[in
     latency histograms count the prompt's tokenization)."""
     params = await state.sampling_params(body, prompts)
     state.log_request(request_id, prompts, params)
-    reply = _Reply(state, body, request_id, len(prompts))
+    reply = Reply(state, body, request_id, len(prompts))
     job = await unless_disconnected(
         request, start_job(state.engine_loop, request_id, prompts, params, arrival))
     if not isinstance(job, Job):
@@ -70,7 +70,7 @@ async def _run(request: Request, state: ServerState, body, prompts: list[list[in
         cleanup()
 
 
-class _Reply:
+class Reply:
     """One response, chat or completion, built from a job's events."""
 
     def __init__(self, state: ServerState, body, request_id: str, num_prompts: int) -> None:
