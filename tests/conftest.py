@@ -97,6 +97,33 @@ def real_hf_model(real_model_dir):
     return AutoModelForCausalLM.from_pretrained(real_model_dir, dtype=torch.float32).eval()
 
 
+@pytest.fixture(scope="session")
+def _built_models() -> dict:
+    return {}
+
+
+@pytest.fixture
+def shared_model_loads(monkeypatch, _built_models):
+    """Engines of a test that asks for this reuse the model a previous one loaded with the
+    same config, dtype, device, kernels and context (one process, no tensor parallelism):
+    each gets its own KV pool, and the shared model's layers are pointed at the newest
+    pool, so an engine built earlier must not be stepped again. For the real models, whose
+    weights no test changes."""
+    from pagedchat.engine.runner import model_runner
+
+    build = model_runner.build_model
+
+    def cached(model_config, kernels, tp, device, dtype, max_model_len):
+        if tp.size > 1:
+            return build(model_config, kernels, tp, device, dtype, max_model_len)
+        key = (repr(model_config), kernels.__name__, str(device), dtype, max_model_len)
+        if key not in _built_models:
+            _built_models[key] = build(model_config, kernels, tp, device, dtype, max_model_len)
+        return _built_models[key]
+
+    monkeypatch.setattr(model_runner, "build_model", cached)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """The fast suite must run where the real model is absent: a test that asks for

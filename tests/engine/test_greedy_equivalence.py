@@ -15,7 +15,7 @@ import torch
 from pagedchat import LLM, SamplingParams
 from pagedchat.bench.sharegpt import sample_requests
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("shared_model_loads")]
 
 MAX_TOKENS = 64
 NEAR_TIE = 1e-4

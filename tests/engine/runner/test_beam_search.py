@@ -71,7 +71,8 @@ def test_tiny_beam_search_matches_transformers(width, n, length_penalty, early_s
 
 
 @pytest.mark.slow
-def test_real_beam_search_matches_transformers(real_model_dir, real_hf_model):
+def test_real_beam_search_matches_transformers(real_model_dir, real_hf_model,
+                                              shared_model_loads):
     hf = real_hf_model
     llm = LLM(model=str(real_model_dir), num_kv_blocks=256)
     questions = ["What is the capital of France?", "Write a haiku about memory.",
