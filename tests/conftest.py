@@ -88,6 +88,42 @@ def real_model_dir() -> Path:
     return prepare_model(None).folder
 
 
+@pytest.fixture(scope="session")
+def real_hf_model(real_model_dir):
+    """transformers' float32 model of the default model, loaded once for every slow test
+    that compares the engine with it (nothing changes its weights)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(real_model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def _built_models() -> dict:
+    return {}
+
+
+@pytest.fixture
+def shared_model_loads(monkeypatch, _built_models):
+    """Engines of a test that asks for this reuse the model a previous one loaded with the
+    same config, dtype, device, kernels and context (one process, no tensor parallelism):
+    each gets its own KV pool, and the shared model's layers are pointed at the newest
+    pool, so an engine built earlier must not be stepped again. For the real models, whose
+    weights no test changes."""
+    from pagedchat.engine.runner import model_runner
+
+    build = model_runner.build_model
+
+    def cached(model_config, kernels, tp, device, dtype, max_model_len):
+        if tp.size > 1:
+            return build(model_config, kernels, tp, device, dtype, max_model_len)
+        key = (repr(model_config), kernels.__name__, str(device), dtype, max_model_len)
+        if key not in _built_models:
+            _built_models[key] = build(model_config, kernels, tp, device, dtype, max_model_len)
+        return _built_models[key]
+
+    monkeypatch.setattr(model_runner, "build_model", cached)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """The fast suite must run where the real model is absent: a test that asks for
@@ -136,6 +172,15 @@ def tiny_tp_model_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_hf_model(tiny_model_dir: Path):
+    """transformers' float32 model of the tiny Llama, shared by the tests that compare with
+    its ``generate``."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
 def tiny_llm(tiny_model_dir: Path):
     """One engine on the tiny model, shared by tests that only submit requests."""
     from pagedchat import LLM
@@ -151,3 +196,15 @@ def make_tiny_llama(tmp_path_factory):
                  "num_key_value_heads": 2, "head_dim": 16, **shape}
         return save_tiny_llama(tmp_path_factory.mktemp(name), rope_parameters, **shape)
     return make
+
+
+@pytest.fixture
+def small_copy_bandwidth(monkeypatch):
+    """The bench commands' copy-bandwidth figure taken on a small buffer: the tests check
+    how the figure is used, and ``copy_bandwidth`` itself is tested in tests/bench."""
+    from functools import partial
+
+    from pagedchat.bench import bandwidth
+
+    monkeypatch.setattr(bandwidth, "copy_bandwidth",
+                        partial(bandwidth.copy_bandwidth, size=1 << 24, repeats=2))

@@ -143,7 +143,8 @@ def test_a_request_longer_than_the_cells_is_refused(llama, prompts):
         peer.run([Request("long", prompts[-1] * 20, 8)], [0.0], lambda k: None)
 
 
-def test_latency_compares_llama_cpp_on_the_same_file(tiny_gguf, tmp_path):
+def test_latency_compares_llama_cpp_on_the_same_file(tiny_gguf, tmp_path,
+                                                    small_copy_bandwidth):
     out = tmp_path / "l.json"
     result = runner.invoke(app, ["bench", "latency", "--model", str(tiny_gguf), "--compare",
                                  "llama.cpp", "--rounds", "2", "--max-tokens", "4",

@@ -15,7 +15,7 @@ import torch
 from pagedchat import LLM, SamplingParams
 from pagedchat.bench.sharegpt import sample_requests
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("shared_model_loads")]
 
 MAX_TOKENS = 64
 NEAR_TIE = 1e-4
@@ -23,13 +23,6 @@ SYSTEM = (
     "You are a careful assistant. Answer in plain words, keep answers short, and when a "
     "question is ambiguous say which reading you answer. Never invent facts or sources."
 )
-
-
-@pytest.fixture(scope="module")
-def hf_model(real_model_dir):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(real_model_dir, dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +69,8 @@ def _reference(hf_model, prompt_sets) -> dict[tuple[int, ...], list[int]]:
 
 
 @pytest.fixture(scope="module")
-def references(hf_model, prompts, system_prompts):
-    return _reference(hf_model, prompts + system_prompts)
+def references(real_hf_model, prompts, system_prompts):
+    return _reference(real_hf_model, prompts + system_prompts)
 
 
 def assert_same_greedy(hf_model, prompts, outputs, references) -> int:
@@ -113,18 +106,20 @@ CONFIGS = {
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_batched_greedy_matches_transformers(name, real_model_dir, hf_model, prompts, references):
+def test_batched_greedy_matches_transformers(name, real_model_dir, real_hf_model, prompts,
+                                             references):
     slots = 20_000
     llm = LLM(model=str(real_model_dir), num_kv_blocks=slots // CONFIGS[name]["block_size"],
               swap_space="64MiB", **CONFIGS[name])
     outputs = llm.generate(prompts, GREEDY)
-    assert_same_greedy(hf_model, prompts, outputs, references)
+    assert_same_greedy(real_hf_model, prompts, outputs, references)
     stats = llm.engine.stats()
     assert stats.used_blocks == 0, "every block must be freed or cached when requests end"
 
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
-def test_greedy_unchanged_under_preemption(mode, real_model_dir, hf_model, prompts, references):
+def test_greedy_unchanged_under_preemption(mode, real_model_dir, real_hf_model, prompts,
+                                           references):
     longest = max(len(p) for p in prompts) + MAX_TOKENS
     llm = LLM(model=str(real_model_dir), block_size=16, num_kv_blocks=longest // 16 + 12,
               preemption_mode=mode, swap_space="256MiB")
@@ -133,13 +128,13 @@ def test_greedy_unchanged_under_preemption(mode, real_model_dir, hf_model, promp
     assert stats.preemptions > 0
     if mode == "swap":
         assert stats.swapped_out > 0 and stats.swapped_in == stats.swapped_out
-    assert_same_greedy(hf_model, prompts, outputs, references)
+    assert_same_greedy(real_hf_model, prompts, outputs, references)
     assert stats.used_blocks == 0 and stats.host_blocks_used == 0
 
 
 @pytest.mark.parametrize("prefix_caching", [True, False])
 def test_shared_system_prompt_with_and_without_prefix_cache(
-    prefix_caching, real_model_dir, hf_model, system_prompts, references
+    prefix_caching, real_model_dir, real_hf_model, system_prompts, references
 ):
     llm = LLM(model=str(real_model_dir), block_size=16, num_kv_blocks=800,
               enable_prefix_caching=prefix_caching, swap_space="64MiB")
@@ -151,7 +146,7 @@ def test_shared_system_prompt_with_and_without_prefix_cache(
         assert all(out.num_cached_tokens > 0 for out in rest)
     else:
         assert stats.prefix_hits == 0
-    assert_same_greedy(hf_model, system_prompts, first + rest, references)
+    assert_same_greedy(real_hf_model, system_prompts, first + rest, references)
 
 
 def _chat_prefix_tokens(prompts: list[list[int]]) -> list[int]:
@@ -172,7 +167,7 @@ QUANTIZED = {
 
 
 @pytest.mark.parametrize("name", list(QUANTIZED))
-def test_quantized_weights_greedy_matches_transformers(name, hf_model, prompts, references):
+def test_quantized_weights_greedy_matches_transformers(name, real_hf_model, prompts, references):
     """The default GGUF with its tensors kept quantized (``weights="gguf"``) against
     transformers on the same file, which de-quantizes it: the same weights, value for value."""
     llm = LLM(weights="gguf", swap_space="64MiB", **QUANTIZED[name])
@@ -181,5 +176,5 @@ def test_quantized_weights_greedy_matches_transformers(name, hf_model, prompts, 
     stats = llm.engine.stats()
     if name == "preempted":
         assert stats.preemptions > 0
-    assert_same_greedy(hf_model, prompts, outputs, references)
+    assert_same_greedy(real_hf_model, prompts, outputs, references)
     assert stats.used_blocks == 0

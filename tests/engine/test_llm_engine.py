@@ -11,13 +11,6 @@ from pagedchat.engine.errors import RequestError
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
 
-@pytest.fixture(scope="module")
-def hf_tiny(tiny_model_dir):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
-
-
 def _prompts(n: int, seed: int = 0) -> list[list[int]]:
     gen = torch.Generator().manual_seed(seed)
     lengths = torch.randint(1, 200, (n,), generator=gen).tolist()
@@ -31,9 +24,9 @@ def _hf_greedy(hf, ids: list[int], max_new: int) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def hf_references(hf_tiny) -> list[list[int]]:
+def hf_references(tiny_hf_model) -> list[list[int]]:
     """transformers' greedy tokens for ``_prompts(6)``, made once for every engine option."""
-    return [_hf_greedy(hf_tiny, ids, 24) for ids in _prompts(6)]
+    return [_hf_greedy(tiny_hf_model, ids, 24) for ids in _prompts(6)]
 
 
 @pytest.mark.parametrize("options", [

@@ -161,7 +161,7 @@ async def test_old_messages_drop_off_at_the_context_window(make_app, tmp_path):
 
 
 @pytest.mark.slow
-async def test_real_model_answers(tmp_path):
+async def test_real_model_answers(tmp_path, shared_model_loads):
     from pagedchat.tui.app import ChatApp
 
     app = ChatApp(Store(tmp_path / "c.db"), partial(load_engine, None, num_kv_blocks=128),

@@ -91,6 +91,22 @@ def to_host(tensor: torch.Tensor) -> torch.Tensor:
     return host.copy_(tensor)
 
 
+def build_model(model_config: ModelConfig, kernels, tp: TensorParallel, device: torch.device,
+                dtype: torch.dtype, max_model_len: int) -> torch.nn.Module:
+    """The model with its weights loaded and laid out for the kernels, without KV caches."""
+    # Built on the meta device: no time spent on random weights that are replaced.
+    with torch.device("meta"):
+        model = model_class(model_config)(model_config, kernels, tp)
+    materialize(model, device)
+    with torch.device(device):
+        model.build_rotary(max_model_len)
+    model.load_hf_state_dict(load_weights(model_config))
+    model = model.to(dtype).eval()
+    model.rotary.float()
+    model.pack()
+    return model
+
+
 class ModelRunner:
     def __init__(
         self, config: EngineConfig, model_config: ModelConfig, tp: TensorParallel | None = None
@@ -106,16 +122,8 @@ class ModelRunner:
         self.kernels = select_backend(self.device.type, config.attention_backend)
         self.block_size = config.block_size
         self.max_model_len = config.max_model_len
-        # Built on the meta device: no time spent on random weights that are replaced.
-        with torch.device("meta"):
-            model = model_class(model_config)(model_config, self.kernels, self.tp)
-        materialize(model, self.device)
-        with torch.device(self.device):
-            model.build_rotary(self.max_model_len)
-        model.load_hf_state_dict(load_weights(model_config))
-        self.model = model.to(self.dtype).eval()
-        self.model.rotary.float()
-        self.model.pack()
+        self.model = build_model(model_config, self.kernels, self.tp, self.device, self.dtype,
+                                 self.max_model_len)
         attn = self.model.layers[0].self_attn
         self.kv_shape = (self.block_size, attn.num_kv_heads, attn.head_dim)
         self.kv_groups = kv_groups(model_config)

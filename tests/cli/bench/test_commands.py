@@ -74,7 +74,7 @@ def test_throughput_against_itself_in_another_dtype_in_rounds(tiny, tmp_path):
     assert "median of 2 rounds" in result.output and "last in odd ones" in result.output
 
 
-def test_latency_in_rounds(tiny, tmp_path):
+def test_latency_in_rounds(tiny, tmp_path, small_copy_bandwidth):
     """Both engines timed twice in turn: each figure is the median of its rounds, each
     ratio the median of the rounds' own ratios."""
     out = tmp_path / "l.json"

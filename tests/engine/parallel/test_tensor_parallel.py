@@ -113,7 +113,7 @@ def test_killed_worker_ends_the_engine_with_an_error_naming_it(tiny_tp_model_dir
 
 
 @pytest.mark.slow
-def test_smollm2_on_three_workers_matches_one(real_model_dir):
+def test_smollm2_on_three_workers_matches_one(real_model_dir, shared_model_loads):
     """SmolLM2's 9 query and 3 KV heads split only by 3."""
     from transformers import AutoTokenizer
 

@@ -26,13 +26,6 @@ CASES = [  # beam width, n returned, length_penalty, early_stopping, repetition_
 ]
 
 
-@pytest.fixture(scope="module")
-def hf_tiny(tiny_model_dir):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
-
-
 def _params(width, n, length_penalty, early_stopping, max_tokens, repetition_penalty=1.0
             ) -> SamplingParams:
     return SamplingParams(n=n, best_of=width, use_beam_search=True, temperature=0,
@@ -67,21 +60,20 @@ def assert_same_beams(ours, ref_beams, ref_scores, length_penalty):
 
 @pytest.mark.parametrize("width, n, length_penalty, early_stopping, repetition_penalty", CASES)
 def test_tiny_beam_search_matches_transformers(width, n, length_penalty, early_stopping,
-                                               repetition_penalty, tiny_llm, hf_tiny):
+                                               repetition_penalty, tiny_llm, tiny_hf_model):
     prompts = _prompts(6, seed=4)
     params = _params(width, n, length_penalty, early_stopping, 20, repetition_penalty)
     outputs = tiny_llm.generate(prompts, params)
     eos = tiny_llm.engine.eos_token_ids
     for ids, out in zip(prompts, outputs, strict=True):
-        assert_same_beams(out, *hf_beams(hf_tiny, ids, params, eos), length_penalty)
+        assert_same_beams(out, *hf_beams(tiny_hf_model, ids, params, eos), length_penalty)
     assert tiny_llm.engine.stats().used_blocks == 0
 
 
 @pytest.mark.slow
-def test_real_beam_search_matches_transformers(real_model_dir):
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(real_model_dir, dtype=torch.float32).eval()
+def test_real_beam_search_matches_transformers(real_model_dir, real_hf_model,
+                                              shared_model_loads):
+    hf = real_hf_model
     llm = LLM(model=str(real_model_dir), num_kv_blocks=256)
     questions = ["What is the capital of France?", "Write a haiku about memory.",
                  "How do I sort a list in Python?", "Why is the sky blue?",
