@@ -5,7 +5,7 @@
 
 #include <stdint.h>
 
-#if defined(__F16C__)
+#if defined(__F16C__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
@@ -28,6 +28,19 @@ static inline float half_to_float(const uint8_t *p) {
         v.u = sign | (exponent + 112) << 23 | mantissa << 13;
     }
     return v.f;
+}
+
+/* 16 float16 values to float32, exactly (as half_to_float), in one go where the CPU has
+ * F16C. */
+static inline void halves_to_floats(const uint16_t h[16], float out[16]) {
+#if defined(__AVX512F__)
+    _mm512_storeu_ps(out, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h)));
+#elif defined(__F16C__)
+    _mm256_storeu_ps(out, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h)));
+    _mm256_storeu_ps(out + 8, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + 8))));
+#else
+    for (int i = 0; i < 16; i++) out[i] = half_to_float((const uint8_t *)(h + i));
+#endif
 }
 
 /* The eight 6-bit scales and mins of a Q4_K / Q5_K block. */

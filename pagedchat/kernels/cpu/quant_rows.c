@@ -12,6 +12,7 @@
  */
 #include <omp.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "quant.h"
 #include "vector.h"
@@ -68,21 +69,24 @@ static inline vf sixteens(uint32_t bits) {
 }
 #endif
 
-/* The 32 weights of run s of block b (w[0]: its first 16, w[1]: the rest). */
+/* The 32 weights of run s of block b (w[0]: its first 16, w[1]: the rest), given the
+ * block's scales and offsets (laid out as in Head). */
 static inline __attribute__((always_inline)) void run_of(int type, const uint8_t *b,
-                                                         const Head *h, int s, vf w[2]) {
+                                                         const float *scale,
+                                                         const float *offset, int s,
+                                                         vf w[2]) {
     switch (type) {
         case Q4_0: case Q4_1: {
             const uint8_t *qs = b + (type == Q4_0 ? 2 : 4);
 #if defined(VF_AVX512)
             /* sixteen values a nibble can take, then one lookup per 16 weights */
-            const vf table = vf_fmadd(vf_set1(h->scale[0]), _mm512_setr_ps(
-                0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), vf_set1(h->offset[0]));
+            const vf table = vf_fmadd(vf_set1(scale[0]), _mm512_setr_ps(
+                0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), vf_set1(offset[0]));
             const __m512i q = widen16(qs);
             w[0] = _mm512_permutexvar_ps(q, table);
             w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table);
 #else
-            const vf d = vf_set1(h->scale[0]), m = vf_set1(h->offset[0]);
+            const vf d = vf_set1(scale[0]), m = vf_set1(offset[0]);
             w[0] = vf_fmadd(d, field16(qs, 0, 15), m);
             w[1] = vf_fmadd(d, field16(qs, 4, 15), m);
 #endif
@@ -92,13 +96,13 @@ static inline __attribute__((always_inline)) void run_of(int type, const uint8_t
             const uint8_t *qh = b + (type == Q5_0 ? 2 : 4), *qs = qh + 4;
             const uint32_t high = (uint32_t)qh[0] | (uint32_t)qh[1] << 8
                                   | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
-            const vf d = vf_set1(h->scale[0]), m = vf_set1(h->offset[0]);
+            const vf d = vf_set1(scale[0]), m = vf_set1(offset[0]);
             w[0] = vf_fmadd(d, vf_add(field16(qs, 0, 15), sixteens(high & 0xFFFF)), m);
             w[1] = vf_fmadd(d, vf_add(field16(qs, 4, 15), sixteens(high >> 16)), m);
             break;
         }
         case Q8_0: {
-            const vf d = vf_set1(h->scale[0]);
+            const vf d = vf_set1(scale[0]);
             w[0] = vf_mul(d, signed16(b + 2));
             w[1] = vf_mul(d, signed16(b + 18));
             break;
@@ -106,13 +110,13 @@ static inline __attribute__((always_inline)) void run_of(int type, const uint8_t
         case Q4_K: {
             const uint8_t *qs = b + 16 + 32 * (s / 2);
 #if defined(VF_AVX512)
-            const vf table = vf_fmadd(vf_set1(h->scale[s]), _mm512_setr_ps(
-                0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), vf_set1(h->offset[s]));
+            const vf table = vf_fmadd(vf_set1(scale[s]), _mm512_setr_ps(
+                0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), vf_set1(offset[s]));
             w[0] = _mm512_permutexvar_ps(_mm512_srli_epi32(widen16(qs), 4 * (s % 2)), table);
             w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(widen16(qs + 16), 4 * (s % 2)),
                                          table);
 #else
-            const vf d = vf_set1(h->scale[s]), m = vf_set1(h->offset[s]);
+            const vf d = vf_set1(scale[s]), m = vf_set1(offset[s]);
             w[0] = vf_fmadd(d, field16(qs, 4 * (s % 2), 15), m);
             w[1] = vf_fmadd(d, field16(qs + 16, 4 * (s % 2), 15), m);
 #endif
@@ -120,7 +124,7 @@ static inline __attribute__((always_inline)) void run_of(int type, const uint8_t
         }
         case Q5_K: {
             const uint8_t *qs = b + 48 + 32 * (s / 2), *qh = b + 16;
-            const vf d = vf_set1(h->scale[s]), m = vf_set1(h->offset[s]), sixteen = vf_set1(16);
+            const vf d = vf_set1(scale[s]), m = vf_set1(offset[s]), sixteen = vf_set1(16);
             for (int half = 0; half < 2; half++)
                 w[half] = vf_fmadd(d, vf_fmadd(field16(qh + 16 * half, s, 1), sixteen,
                                                field16(qs + 16 * half, 4 * (s % 2), 15)), m);
@@ -132,8 +136,8 @@ static inline __attribute__((always_inline)) void run_of(int type, const uint8_t
             for (int half = 0; half < 2; half++) {
                 const vf q = vf_fmadd(field16(qh + 16 * half, 2 * (s % 4), 3), sixteen,
                                       field16(ql + 16 * half, 4 * (s % 4 / 2), 15));
-                w[half] = vf_fmadd(vf_set1(h->scale[2 * s + half]), q,
-                                   vf_set1(h->offset[2 * s + half]));
+                w[half] = vf_fmadd(vf_set1(scale[2 * s + half]), q,
+                                   vf_set1(offset[2 * s + half]));
             }
         }
     }
@@ -149,18 +153,54 @@ static inline __attribute__((always_inline)) void run_of(int type, const uint8_t
 #define COLS_FOR(rows) (ACCUMULATORS / (rows) < 1 ? 1 \
                         : ACCUMULATORS / (rows) > COLS_MAX ? COLS_MAX : ACCUMULATORS / (rows))
 
+/* The scales and offsets of the blocks at col[c] + at for `cols` columns, in the formats
+ * of one scale per block (Q4_0 to Q8_0): column c's scale at scales[2 c], offsets[c]
+ * pointing at its offset (in scales or products). Their float16 values are widened
+ * together, in one instruction where the CPU has F16C, to the values head_of gives; and
+ * they are left in memory, so that each of their broadcasts is a load rather than a
+ * shuffle on the port that decoding the weights keeps busy. */
+static inline __attribute__((always_inline)) void
+block_scales(int type, int cols, const uint8_t *const col[], int at,
+             float scales[2 * COLS_MAX], const float *offsets[COLS_MAX],
+             float products[2 * COLS_MAX]) {
+    const int with_min = type == Q4_1 || type == Q5_1;
+    uint16_t halves[2 * COLS_MAX] = {0};
+    for (int c = 0; c < cols; c++) memcpy(&halves[2 * c], col[c] + at, with_min ? 4 : 2);
+    halves_to_floats(halves, scales);
+    const float factor = type == Q4_0 ? -8.0f : type == Q5_0 ? -16.0f : 0.0f;
+    for (int i = 0; i < 2 * COLS_MAX; i++) products[i] = factor * scales[i];
+    for (int c = 0; c < cols; c++) offsets[c] = with_min ? &scales[2 * c + 1] : &products[2 * c];
+    __asm__("" : "+m"(*(float(*)[2 * COLS_MAX])scales),
+                 "+m"(*(float(*)[2 * COLS_MAX])products));
+}
+
 /* sums[r][c] = x[r] . column c, for `cols` columns whose blocks start at col[c]. Inlined
- * per format and row count, so that both fold into the loops. */
+ * per format and row count, so that both fold into the loops. The blocks `ahead` bytes on
+ * from each column's (the next tile's) are prefetched, a block per block read: a few rows
+ * read at once are streams too many for the hardware's prefetcher to follow ahead of
+ * time. */
 static inline __attribute__((always_inline)) void
 tile(int type, int rows, int cols, const float *x, int k_dim, const uint8_t *const col[],
-     float sums[QUANT_ROWS_MAX][COLS_MAX]) {
+     int64_t ahead, float sums[QUANT_ROWS_MAX][COLS_MAX]) {
     vf acc[QUANT_ROWS_MAX][COLS_MAX];
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < cols; c++) acc[r][c] = vf_zero();
     const int values = block_values(type), bytes = block_bytes(type);
     for (int k = 0, at = 0; k < k_dim; k += values, at += bytes) {
+        for (int c = 0; c < cols; c++) __builtin_prefetch(col[c] + at + ahead, 0, 0);
         Head head[COLS_MAX];
-        for (int c = 0; c < cols; c++) head_of(type, col[c] + at, &head[c]);
+        float scales[2 * COLS_MAX], products[2 * COLS_MAX];
+        const float *scale[COLS_MAX], *offset[COLS_MAX];
+        if (type >= Q4_K) {
+            for (int c = 0; c < cols; c++) {
+                head_of(type, col[c] + at, &head[c]);
+                scale[c] = head[c].scale;
+                offset[c] = head[c].offset;
+            }
+        } else {
+            block_scales(type, cols, col, at, scales, offset, products);
+            for (int c = 0; c < cols; c++) scale[c] = &scales[2 * c];
+        }
         for (int s = 0; s < values / 32; s++) {
             vf xv[QUANT_ROWS_MAX][2];
             for (int r = 0; r < rows; r++) {
@@ -169,7 +209,7 @@ tile(int type, int rows, int cols, const float *x, int k_dim, const uint8_t *con
             }
             for (int c = 0; c < cols; c++) {
                 vf w[2];
-                run_of(type, col[c] + at, &head[c], s, w);
+                run_of(type, col[c] + at, scale[c], offset[c], s, w);
                 for (int r = 0; r < rows; r++)
                     acc[r][c] = vf_fmadd(xv[r][1], w[1], vf_fmadd(xv[r][0], w[0], acc[r][c]));
             }
@@ -191,7 +231,7 @@ columns(int type, int rows, const float *x, const uint8_t *w, int64_t row_bytes,
         for (int c = 0; c < cols; c++)  /* a short last tile repeats its last column */
             col[c] = w + (int64_t)(n + (c < count ? c : count - 1)) * row_bytes;
         float sums[QUANT_ROWS_MAX][COLS_MAX];
-        tile(type, rows, cols, x, k_dim, col, sums);
+        tile(type, rows, cols, x, k_dim, col, cols * row_bytes, sums);
         for (int r = 0; r < rows; r++)
             for (int c = 0; c < count; c++) {
                 const float y = sums[r][c] + (bias ? bias[n + c] : 0.0f);
