@@ -364,33 +364,42 @@ static inline __attribute__((always_inline)) int NAME##_item(                   
     return 0;                                                                               \
 }                                                                                           \
                                                                                             \
+/* Thread t of a team of `count`: its items (round-robin), 0 or 1 when out of memory. */   \
+int NAME##_part(const T *query, const T *k_cache, const T *v_cache, T *out,                 \
+                const int32_t *block_tables, const int32_t *context_lens,                   \
+                const int32_t *query_start, const int32_t *rows, const int32_t *row_seqs,   \
+                int num_rows, int max_blocks, int num_heads, int num_kv_heads, int head_dim, \
+                int block_size, float scale, int t, int count) {                            \
+    /* a lone long decode is split by KV head so that every thread has work */              \
+    const int split = num_rows < 2 * count ? num_kv_heads : 1;                              \
+    const Batch b = {block_tables, context_lens, query_start, rows, row_seqs, max_blocks,   \
+                     num_heads, num_kv_heads, block_size, split, (int64_t)num_rows * split, \
+                     scale};                                                                \
+    int failed = 0;                                                                         \
+    for (int64_t item = t; item < b.num_items; item += count) {                             \
+        int bad;                                                                            \
+        if (head_dim == 64)                                                                 \
+            bad = NAME##_item(&b, query, k_cache, v_cache, out, item, count, 64);           \
+        else if (head_dim == 128)                                                           \
+            bad = NAME##_item(&b, query, k_cache, v_cache, out, item, count, 128);          \
+        else                                                                                \
+            bad = NAME##_item(&b, query, k_cache, v_cache, out, item, count, head_dim);     \
+        if (bad) failed = 1;                                                                \
+    }                                                                                       \
+    return failed;                                                                          \
+}                                                                                           \
+                                                                                            \
 int NAME(const T *query, const T *k_cache, const T *v_cache, T *out,                        \
          const int32_t *block_tables, const int32_t *context_lens,                          \
          const int32_t *query_start, const int32_t *rows, const int32_t *row_seqs,          \
          int num_rows, int max_blocks, int num_heads, int num_kv_heads, int head_dim,       \
          int block_size, float scale, int num_threads) {                                    \
-    /* a lone long decode is split by KV head so that every thread has work */              \
-    const int split = num_rows < 2 * num_threads ? num_kv_heads : 1;                        \
-    const Batch b = {block_tables, context_lens, query_start, rows, row_seqs, max_blocks,   \
-                     num_heads, num_kv_heads, block_size, split, (int64_t)num_rows * split, \
-                     scale};                                                                \
     int failed = 0;                                                                         \
-    _Pragma("omp parallel num_threads(num_threads)")                                        \
-    {                                                                                       \
-        const int stride = omp_get_num_threads();                                           \
-        _Pragma("omp for schedule(static, 1)")                                              \
-        for (int64_t item = 0; item < b.num_items; item++) {                                \
-            int bad;                                                                        \
-            if (head_dim == 64)                                                             \
-                bad = NAME##_item(&b, query, k_cache, v_cache, out, item, stride, 64);      \
-            else if (head_dim == 128)                                                       \
-                bad = NAME##_item(&b, query, k_cache, v_cache, out, item, stride, 128);     \
-            else                                                                            \
-                bad = NAME##_item(&b, query, k_cache, v_cache, out, item, stride,           \
-                                  head_dim);                                                \
-            if (bad) failed = 1;                                                            \
-        }                                                                                   \
-    }                                                                                       \
+    _Pragma("omp parallel num_threads(num_threads) reduction(| : failed)")                  \
+    failed |= NAME##_part(query, k_cache, v_cache, out, block_tables, context_lens,         \
+                          query_start, rows, row_seqs, num_rows, max_blocks, num_heads,     \
+                          num_kv_heads, head_dim, block_size, scale, omp_get_thread_num(),  \
+                          omp_get_num_threads());                                           \
     return failed ? 2 : 0;                                                                  \
 }
 

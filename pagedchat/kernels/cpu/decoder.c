@@ -9,10 +9,12 @@
  * product is the blocked one or a quantized one and every query row goes to the row-by-row
  * attention.
  */
+#include <omp.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "kernels.h"
+#include "quant.h"
 
 /* Consecutive output rows of a quantized weight in one GGML format (quant.py's Segment). */
 typedef struct {
@@ -48,29 +50,48 @@ typedef struct {
     const int64_t *slots;
     const int32_t *block_tables, *context_lens, *query_start, *row_ids, *row_seqs;
     void *h, *qkv, *q, *attention, *gate_up, *act;
+    float *wide;  /* bfloat16 steps on quantized products: x widened, [rows, widest input] */
 } DecoderStep;
 
 /* What the decoder returns besides 0. */
 enum { ATTENTION_NO_MEMORY = 2, PRODUCT_NO_MEMORY = 3, PRODUCT_UNKNOWN_TYPE = 4 };
 
-/* out = x W^T (+ bias): [rows, n_dim] from [rows, k_dim], each quantized segment writing
- * its columns of out in turn, as quantized_linear does. Returns 0 or a decoder status. */
+/* x as a quantized product reads it, float32: as it is, or (bfloat16) widened into wide,
+ * each thread of the team its run of the elements, then the barrier after which every
+ * thread reads all of them. */
+static inline const float *widened_f32(const float *x, float *wide, int64_t n, int t,
+                                       int team) {
+    (void)wide, (void)n, (void)t, (void)team;
+    return x;
+}
+
+static inline const float *widened_bf16(const bf16_t *x, float *wide, int64_t n, int t,
+                                        int team) {
+    for (int64_t i = n * t / team; i < n * (t + 1) / team; i++) wide[i] = bf16_load(x, i);
+    _Pragma("omp barrier")
+    return wide;
+}
+
+/* Thread t of the team's share of out = x W^T (+ bias): [rows, n_dim] from [rows, k_dim],
+ * each quantized segment writing its columns of out in turn, as quantized_linear does.
+ * Every thread of the team calls it (the bfloat16 widening waits for them all). Returns 0
+ * or a decoder status. */
 #define DEFINE_PRODUCT(T, S)                                                               \
-static int product_##S(const Product *p, const T *x, const void *bias, T *out, int rows,   \
-                       int k_dim, int n_dim, int threads) {                                \
+static int product_##S(const Product *p, const T *x, float *wide, const void *bias,        \
+                       T *out, int rows, int k_dim, int n_dim, int t, int team) {          \
     if (p->segments == NULL) {                                                             \
-        linear_blocked_##S(x, p->blocked, bias, out, rows, k_dim, p->padded, n_dim,        \
-                           threads);                                                       \
+        linear_blocked_##S##_part(x, p->blocked, bias, out, rows, k_dim, p->padded, n_dim, \
+                                  t, team);                                                \
         return 0;                                                                          \
     }                                                                                      \
+    const float *xf = widened_##S(x, wide, (int64_t)rows * k_dim, t, team);                \
     const float *b = bias;                                                                 \
     for (int i = 0, first = 0; i < p->count; first += p->segments[i].rows, i++) {          \
         const QuantSegment *seg = &p->segments[i];                                         \
-        const int status = quant_linear_##S(x, seg->data, seg->type,                       \
-                                            b == NULL ? NULL : b + first, out + first,     \
-                                            rows, k_dim, seg->rows, n_dim, threads);       \
-        if (status == 2) return PRODUCT_NO_MEMORY;                                         \
-        if (status != 0) return PRODUCT_UNKNOWN_TYPE;                                      \
+        if (quant_product_part(xf, seg->data, seg->type, b == NULL ? NULL : b + first,     \
+                               out + first, sizeof(T) == sizeof(bf16_t), rows, k_dim,     \
+                               seg->rows, n_dim, t, team))                                 \
+            return PRODUCT_NO_MEMORY;                                                      \
     }                                                                                      \
     return 0;                                                                              \
 }
@@ -78,52 +99,85 @@ static int product_##S(const Product *p, const T *x, const void *bias, T *out, i
 DEFINE_PRODUCT(float, f32)
 DEFINE_PRODUCT(bf16_t, bf16)
 
+/* Whether every quantized segment of every layer is in a format the products know (checked
+ * before the team starts, as a product would refuse it). */
+static int known_formats(const DecoderLayer *layers, int count) {
+    for (int i = 0; i < count; i++) {
+        const Product *products[] = {&layers[i].qkv, &layers[i].o, &layers[i].gate_up,
+                                     &layers[i].down};
+        for (int j = 0; j < 4; j++)
+            for (int k = 0; k < products[j]->count; k++) {
+                Format f;
+                if (!format_of(products[j]->segments[k].type, &f)) return 0;
+            }
+    }
+    return 1;
+}
+
 /* x: [rows, hidden], the embeddings in, the last layer's MLP output out; residual:
  * [rows, hidden], the residual stream still to be added to x. Returns 0, or one of the
- * statuses above. */
+ * statuses above.
+ *
+ * One team of threads runs every layer: each kernel is called as its _part (the thread's
+ * share, split as the kernel's own call splits it), and the team meets at a barrier
+ * wherever the next kernel reads what others wrote. That spares a parallel region per
+ * kernel. A failure (out of memory) is kept and the team goes on to the end, so that every
+ * thread meets every barrier; the results are then discarded. */
+#define STEP(CALL)                                                                         \
+    do {                                                                                   \
+        const int code = (CALL);                                                           \
+        if (status == 0) status = code;                                                    \
+        _Pragma("omp barrier")                                                             \
+    } while (0)
+
 #define DEFINE_DECODER(NAME, T, S)                                                         \
 int NAME(const DecoderLayer *layers, int count, const DecoderStep *s, T *x, T *residual) { \
-    const int rows = s->rows, hidden = s->hidden, threads = s->num_threads;                \
+    if (!known_formats(layers, count)) return PRODUCT_UNKNOWN_TYPE;                        \
+    const int rows = s->rows, hidden = s->hidden;                                          \
     const int q_size = s->heads * s->head_dim;                                             \
     const int qkv_width = q_size + 2 * s->kv_heads * s->head_dim;                          \
     T *h = s->h, *qkv = s->qkv, *q = s->q, *attention = s->attention;                      \
     T *gate_up = s->gate_up, *act = s->act;                                                \
-    int status = 0;                                                                        \
-    for (int i = 0; i < count; i++) {                                                      \
-        const DecoderLayer *l = &layers[i];                                                \
-        T *k_cache = l->k_cache, *v_cache = l->v_cache;                                    \
-        if (i == 0) {  /* no residual yet: the stream starts as the embeddings */          \
-            rms_norm_##S(x, NULL, l->input_norm, h, NULL, rows, hidden, s->eps, threads);  \
-            memcpy(residual, x, sizeof(T) * (size_t)rows * hidden);                        \
-        } else {                                                                           \
-            rms_norm_##S(x, residual, l->input_norm, h, residual, rows, hidden, s->eps,    \
-                         threads);                                                         \
+    float *wide = s->wide;                                                                 \
+    int failed = 0;                                                                        \
+    _Pragma("omp parallel num_threads(s->num_threads)")                                    \
+    {                                                                                      \
+        const int t = omp_get_thread_num(), team = omp_get_num_threads();                  \
+        int status = 0;                                                                    \
+        for (int i = 0; i < count; i++) {                                                  \
+            const DecoderLayer *l = &layers[i];                                            \
+            T *k_cache = l->k_cache, *v_cache = l->v_cache;                                \
+            /* no residual before layer 0: the stream starts as the embeddings */          \
+            if (i == 0 && t == 0) memcpy(residual, x, sizeof(T) * (size_t)rows * hidden);  \
+            STEP((rms_norm_##S##_part(x, i == 0 ? NULL : residual, l->input_norm, h,       \
+                                      i == 0 ? NULL : residual, rows, hidden, s->eps, t,   \
+                                      team), 0));                                          \
+            STEP(product_##S(&l->qkv, h, wide, l->qkv_bias, qkv, rows, hidden, qkv_width,  \
+                             t, team));                                                    \
+            STEP((rotary_store_##S##_part(qkv, qkv_width, s->cos, s->sin, s->slots, q,     \
+                                          k_cache, v_cache, rows, s->heads, s->kv_heads,   \
+                                          s->head_dim, t, team), 0));                      \
+            STEP(paged_attention_##S##_part(                                               \
+                     q, k_cache, v_cache, attention, s->block_tables, s->context_lens,     \
+                     s->query_start, s->row_ids, s->row_seqs, s->attention_rows,           \
+                     s->max_blocks, s->heads, s->kv_heads, s->head_dim, s->block_size,     \
+                     s->scale, t, team) ? ATTENTION_NO_MEMORY : 0);                        \
+            STEP(product_##S(&l->o, attention, wide, NULL, x, rows, q_size, hidden, t,     \
+                             team));                                                       \
+            STEP((rms_norm_##S##_part(x, residual, l->post_norm, h, residual, rows, hidden, \
+                                      s->eps, t, team), 0));                               \
+            STEP(product_##S(&l->gate_up, h, wide, NULL, gate_up, rows, hidden,            \
+                             2 * s->intermediate, t, team));                               \
+            STEP((silu_mul_##S##_part(gate_up, act, rows, s->intermediate, t, team), 0));  \
+            STEP(product_##S(&l->down, act, wide, NULL, x, rows, s->intermediate, hidden,  \
+                             t, team));                                                    \
         }                                                                                  \
-        if ((status = product_##S(&l->qkv, h, l->qkv_bias, qkv, rows, hidden, qkv_width,   \
-                                  threads)))                                               \
-            return status;                                                                 \
-        rotary_store_##S(qkv, qkv_width, s->cos, s->sin, s->slots, q, k_cache, v_cache,    \
-                         rows, s->heads, s->kv_heads, s->head_dim, threads);               \
-        if ((status = paged_attention_##S(                                                 \
-                 q, k_cache, v_cache, attention, s->block_tables, s->context_lens,         \
-                 s->query_start, s->row_ids, s->row_seqs, s->attention_rows,               \
-                 s->max_blocks, s->heads, s->kv_heads, s->head_dim, s->block_size,         \
-                 s->scale, threads)))                                                      \
-            return ATTENTION_NO_MEMORY;                                                    \
-        if ((status = product_##S(&l->o, attention, NULL, x, rows, q_size, hidden,         \
-                                  threads)))                                               \
-            return status;                                                                 \
-        rms_norm_##S(x, residual, l->post_norm, h, residual, rows, hidden, s->eps,         \
-                     threads);                                                             \
-        if ((status = product_##S(&l->gate_up, h, NULL, gate_up, rows, hidden,             \
-                                  2 * s->intermediate, threads)))                          \
-            return status;                                                                 \
-        silu_mul_##S(gate_up, act, rows, s->intermediate, threads);                        \
-        if ((status = product_##S(&l->down, act, NULL, x, rows, s->intermediate, hidden,   \
-                                  threads)))                                               \
-            return status;                                                                 \
+        if (status != 0) {                                                                 \
+            _Pragma("omp atomic write")                                                    \
+            failed = status;                                                               \
+        }                                                                                  \
     }                                                                                      \
-    return 0;                                                                              \
+    return failed;                                                                         \
 }
 
 DEFINE_DECODER(decoder_layers_f32, float, f32)

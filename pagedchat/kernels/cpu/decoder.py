@@ -69,7 +69,7 @@ class _DecoderStep(ctypes.Structure):
                [("eps", FLOAT), ("scale", FLOAT)] + \
                [(name, P) for name in ("cos", "sin", "slots", "block_tables", "context_lens",
                                         "query_start", "row_ids", "row_seqs", "h", "qkv", "q",
-                                        "attention", "gate_up", "act")]
+                                        "attention", "gate_up", "act", "wide")]
 
 
 def _product(weight: Weight, keep: list) -> _Product:
@@ -139,13 +139,16 @@ class DecoderStack:
         scratch = [torch.empty(rows, width, dtype=self.dtype) for width in (
             self.hidden, self.qkv_width, q_size, q_size, 2 * self.intermediate,
             self.intermediate)]
+        # the inputs of quantized products, widened, in a bfloat16 step
+        wide = (torch.empty(rows, max(self.hidden, q_size, self.intermediate))
+                if self.dtype == torch.bfloat16 else None)
         step = _DecoderStep(
             rows, self.hidden, self.heads, self.kv_heads, self.head_dim, self.intermediate,
             self.block_size, plan.tables.shape[1], len(plan.rows), torch.get_num_threads(),
             self.eps, self.scale, cos.data_ptr(), sin.data_ptr(), slots.data_ptr(),
             plan.tables.data_ptr(), plan.context_lens.data_ptr(),
             plan.query_start_loc.data_ptr(), plan.rows.data_ptr(), plan.row_seqs.data_ptr(),
-            *(buffer.data_ptr() for buffer in scratch))
+            *(buffer.data_ptr() for buffer in scratch), None if wide is None else wide.data_ptr())
         status = self._decoder(
             self._layers, len(self._layers), ctypes.byref(step), x.data_ptr(),
             residual.data_ptr())

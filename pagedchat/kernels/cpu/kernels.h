@@ -7,28 +7,55 @@
 
 #include "vector.h"
 
-/* Per element type T (float: _f32, bf16_t: _bf16). */
+/* Per element type T (float: _f32, bf16_t: _bf16). Each NAME_part is thread t's share of
+ * NAME, for a caller already running a team of `count` threads: the same arithmetic,
+ * split as NAME splits it. */
 #define DECLARE_LAYER_KERNELS(T, S)                                                        \
     void rms_norm_##S(const T *x, const T *residual, const T *weight, T *out, T *sum_out,  \
                       int rows, int dim, float eps, int num_threads);                      \
+    void rms_norm_##S##_part(const T *x, const T *residual, const T *weight, T *out,       \
+                             T *sum_out, int rows, int dim, float eps, int t, int count);  \
     void rotary_store_##S(const T *qkv, int64_t row_stride, const T *cos, const T *sin,    \
                           const int64_t *slots, T *q_out, T *k_cache, T *v_cache,          \
                           int tokens, int heads, int kv_heads, int head_dim,               \
                           int num_threads);                                                \
+    void rotary_store_##S##_part(const T *qkv, int64_t row_stride, const T *cos,           \
+                                 const T *sin, const int64_t *slots, T *q_out, T *k_cache, \
+                                 T *v_cache, int tokens, int heads, int kv_heads,          \
+                                 int head_dim, int t, int count);                          \
     void silu_mul_##S(const T *gate_up, T *out, int rows, int width, int num_threads);     \
+    void silu_mul_##S##_part(const T *gate_up, T *out, int rows, int width, int t,         \
+                             int count);                                                   \
     int paged_attention_##S(const T *query, const T *k_cache, const T *v_cache, T *out,    \
                             const int32_t *block_tables, const int32_t *context_lens,      \
                             const int32_t *query_start, const int32_t *rows,               \
                             const int32_t *row_seqs, int num_rows, int max_blocks,         \
                             int num_heads, int num_kv_heads, int head_dim, int block_size, \
                             float scale, int num_threads);                                 \
+    int paged_attention_##S##_part(const T *query, const T *k_cache, const T *v_cache,     \
+                                   T *out, const int32_t *block_tables,                    \
+                                   const int32_t *context_lens, const int32_t *query_start,\
+                                   const int32_t *rows, const int32_t *row_seqs,           \
+                                   int num_rows, int max_blocks, int num_heads,            \
+                                   int num_kv_heads, int head_dim, int block_size,         \
+                                   float scale, int t, int count);                         \
     void linear_blocked_##S(const T *x, const T *w, const T *bias, T *out, int rows,       \
                             int k_dim, int k_padded, int n_dim, int num_threads);          \
+    void linear_blocked_##S##_part(const T *x, const T *w, const T *bias, T *out,          \
+                                   int rows, int k_dim, int k_padded, int n_dim, int t,    \
+                                   int count);                                             \
     int quant_linear_##S(const T *x, const uint8_t *w, int type, const float *bias,        \
                          T *out, int rows, int k_dim, int n_dim, int64_t out_stride,       \
                          int num_threads);
 
 DECLARE_LAYER_KERNELS(float, f32)
 DECLARE_LAYER_KERNELS(bf16_t, bf16)
+
+/* Thread t of a team of `threads`: its share of a product on GGML blocks (quant.c), float32
+ * x, out float32 or (out_bf16) bfloat16. Returns 0, 1 for an unknown type, 2 when out of
+ * memory. */
+int quant_product_part(const float *x, const uint8_t *w, int type, const float *bias,
+                       void *out, int out_bf16, int rows, int k_dim, int n_dim,
+                       int64_t out_stride, int t, int threads);
 
 #endif

@@ -10,6 +10,8 @@
  * normalised rows before the weight, each output).
  * The torch versions in reference.py are the definition; the tests compare the two.
  * Rows are split across threads only when there are enough of them to pay for it.
+ * Each kernel is also given as NAME_part, one thread's share for a caller that already runs
+ * a team of threads (the decoder stack, which opens one parallel region for all its layers).
  */
 #include <math.h>
 #include <omp.h>
@@ -25,6 +27,20 @@
 static int threads_for(int64_t elements, int num_threads) {
     return elements >= PARALLEL_MIN_ELEMENTS ? num_threads : 1;
 }
+
+/* Thread t of a team of `count`: its run [*first, *end) of n rows, the rows split between
+ * as many of the team as threads_for gives (the rest get none). */
+static inline void rows_of(int n, int64_t elements, int t, int count, int *first, int *end) {
+    const int active = threads_for(elements, count);
+    *first = t < active ? (int)((int64_t)n * t / active) : n;
+    *end = t < active ? (int)((int64_t)n * (t + 1) / active) : n;
+}
+
+/* NAME(args, num_threads): NAME_part(args, t, count) on a team of threads_for(ELEMENTS). */
+#define TEAM_CALL(NAME, ELEMENTS, ...)                                                     \
+    const int team = threads_for((ELEMENTS), num_threads);                                 \
+    _Pragma("omp parallel num_threads(team)")                                              \
+    NAME##_part(__VA_ARGS__, omp_get_thread_num(), omp_get_num_threads())
 
 /* Per element type P (F32, BF16; the kernels below take P and paste these names): a masked
  * load of 16 lanes as float32, a masked store (rounding), and the rounding a store would
@@ -65,14 +81,20 @@ static inline vf silu16(vf g) {
     }
 
 #define DEFINE_RMS_NORM(NAME, T, P)                                                        \
-void NAME(const T *x, const T *residual, const T *weight, T *out, T *sum_out, int rows,    \
-          int dim, float eps, int num_threads) {                                           \
-    _Pragma("omp parallel for schedule(static) num_threads(threads_for((int64_t)rows * dim, num_threads))") \
-    for (int r = 0; r < rows; r++) {                                                       \
+void NAME##_part(const T *x, const T *residual, const T *weight, T *out, T *sum_out,       \
+                 int rows, int dim, float eps, int t, int count) {                         \
+    int first, end;                                                                        \
+    rows_of(rows, (int64_t)rows * dim, t, count, &first, &end);                            \
+    for (int r = first; r < end; r++) {                                                    \
         const int64_t base = (int64_t)r * dim;                                             \
         const T *xr = x + base;                                                            \
         RMS_NORM_ROW(T, P)                                                                 \
     }                                                                                      \
+}                                                                                          \
+                                                                                           \
+void NAME(const T *x, const T *residual, const T *weight, T *out, T *sum_out, int rows,    \
+          int dim, float eps, int num_threads) {                                           \
+    TEAM_CALL(NAME, (int64_t)rows * dim, x, residual, weight, out, sum_out, rows, dim, eps); \
 }
 
 /* Rotate-half rotary embedding of one head: out[i] = x[i] cos[i] - x[i + half] sin[i],
@@ -99,12 +121,13 @@ static void NAME##_head(const T *restrict x, const T *restrict cos, const T *res
     ROTATE_HEAD(P)                                                                         \
 }                                                                                          \
                                                                                            \
-void NAME(const T *qkv, int64_t row_stride, const T *cos, const T *sin,                    \
-          const int64_t *slots, T *q_out, T *k_cache, T *v_cache, int tokens, int heads,   \
-          int kv_heads, int head_dim, int num_threads) {                                   \
+void NAME##_part(const T *qkv, int64_t row_stride, const T *cos, const T *sin,             \
+                 const int64_t *slots, T *q_out, T *k_cache, T *v_cache, int tokens,       \
+                 int heads, int kv_heads, int head_dim, int thread, int count) {           \
     const int64_t kv_row = (int64_t)kv_heads * head_dim;                                   \
-    _Pragma("omp parallel for schedule(static) num_threads(threads_for(row_stride * tokens, num_threads))") \
-    for (int t = 0; t < tokens; t++) {                                                     \
+    int first, end;                                                                        \
+    rows_of(tokens, row_stride * tokens, thread, count, &first, &end);                     \
+    for (int t = first; t < end; t++) {                                                    \
         const T *row = qkv + (int64_t)t * row_stride;                                      \
         const T *c = cos + (int64_t)t * head_dim;                                          \
         const T *s = sin + (int64_t)t * head_dim;                                          \
@@ -121,6 +144,13 @@ void NAME(const T *qkv, int64_t row_stride, const T *cos, const T *sin,         
         T *v_slot = v_cache + slots[t] * kv_row;                                           \
         for (int64_t i = 0; i < kv_row; i++) v_slot[i] = values[i];                        \
     }                                                                                      \
+}                                                                                          \
+                                                                                           \
+void NAME(const T *qkv, int64_t row_stride, const T *cos, const T *sin,                    \
+          const int64_t *slots, T *q_out, T *k_cache, T *v_cache, int tokens, int heads,   \
+          int kv_heads, int head_dim, int num_threads) {                                   \
+    TEAM_CALL(NAME, row_stride * tokens, qkv, row_stride, cos, sin, slots, q_out, k_cache, \
+              v_cache, tokens, heads, kv_heads, head_dim);                                 \
 }
 
 /* out = silu(gate) * up, gate and up the two halves of each row of gate_up
@@ -133,14 +163,19 @@ void NAME(const T *qkv, int64_t row_stride, const T *cos, const T *sin,         
     }
 
 #define DEFINE_SILU_MUL(NAME, T, P)                                                        \
-void NAME(const T *gate_up, T *out, int rows, int width, int num_threads) {                \
-    _Pragma("omp parallel for schedule(static) num_threads(threads_for((int64_t)rows * width, num_threads))") \
-    for (int r = 0; r < rows; r++) {                                                       \
+void NAME##_part(const T *gate_up, T *out, int rows, int width, int t, int count) {        \
+    int first, end;                                                                        \
+    rows_of(rows, (int64_t)rows * width, t, count, &first, &end);                          \
+    for (int r = first; r < end; r++) {                                                    \
         const T *gate = gate_up + (int64_t)r * 2 * width;                                  \
         const T *up = gate + width;                                                        \
         T *o = out + (int64_t)r * width;                                                   \
         SILU_MUL_ROW(P)                                                                    \
     }                                                                                      \
+}                                                                                          \
+                                                                                           \
+void NAME(const T *gate_up, T *out, int rows, int width, int num_threads) {                \
+    TEAM_CALL(NAME, (int64_t)rows * width, gate_up, out, rows, width);                     \
 }
 
 DEFINE_RMS_NORM(rms_norm_f32, float, F32)

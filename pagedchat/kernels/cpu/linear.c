@@ -206,31 +206,34 @@ block_columns(const void *x, const void *w, const void *bias, void *out, int row
 /* x: [rows, k_dim], bias: [n_dim] or NULL, out: [rows, n_dim], contiguous, of type T; w:
  * blocked as above with k_padded >= k_dim. */
 #define DEFINE_LINEAR_BLOCKED(NAME, T, BF16)                                               \
+void NAME##_part(const T *x, const T *w, const T *bias, T *out, int rows, int k_dim,      \
+                 int k_padded, int n_dim, int t, int threads) {                            \
+    const int vectors = (n_dim + 15) / 16;                                                 \
+    const int end = (int)((int64_t)vectors * (t + 1) / threads);                           \
+    for (int first = (int)((int64_t)vectors * t / threads); first < end;) {                \
+        const int block = first / BLOCK_VECTORS, offset = first % BLOCK_VECTORS;          \
+        const int vecs = BLOCK_VECTORS - offset < end - first ? BLOCK_VECTORS - offset     \
+                                                              : end - first;               \
+        const int column = 16 * first, n_left = n_dim - column;                            \
+        const T *ws = w + (int64_t)block * k_padded * BLOCK_COLUMNS                        \
+                      + (BF16 ? 32 : 16) * offset;                                         \
+        const T *bs = bias != NULL ? bias + column : NULL;                                 \
+        for (int m = 0; m < rows; m += ROW_GROUP) {                                        \
+            const T *xs = x + (int64_t)m * k_dim;                                          \
+            T *ys = out + (int64_t)m * n_dim + column;                                     \
+            switch (rows - m < ROW_GROUP ? rows - m : ROW_GROUP) {                         \
+                BLOCK_CASES(BF16)                                                          \
+            }                                                                              \
+        }                                                                                  \
+        first += vecs;                                                                     \
+    }                                                                                      \
+}                                                                                          \
+                                                                                           \
 void NAME(const T *x, const T *w, const T *bias, T *out, int rows, int k_dim,             \
           int k_padded, int n_dim, int num_threads) {                                      \
-    const int vectors = (n_dim + 15) / 16;                                                 \
     _Pragma("omp parallel num_threads(num_threads)")                                       \
-    {                                                                                      \
-        const int threads = omp_get_num_threads(), t = omp_get_thread_num();               \
-        const int end = (int)((int64_t)vectors * (t + 1) / threads);                       \
-        for (int first = (int)((int64_t)vectors * t / threads); first < end;) {            \
-            const int block = first / BLOCK_VECTORS, offset = first % BLOCK_VECTORS;      \
-            const int vecs = BLOCK_VECTORS - offset < end - first ? BLOCK_VECTORS - offset \
-                                                                  : end - first;           \
-            const int column = 16 * first, n_left = n_dim - column;                        \
-            const T *ws = w + (int64_t)block * k_padded * BLOCK_COLUMNS                    \
-                          + (BF16 ? 32 : 16) * offset;                                     \
-            const T *bs = bias != NULL ? bias + column : NULL;                             \
-            for (int m = 0; m < rows; m += ROW_GROUP) {                                    \
-                const T *xs = x + (int64_t)m * k_dim;                                      \
-                T *ys = out + (int64_t)m * n_dim + column;                                 \
-                switch (rows - m < ROW_GROUP ? rows - m : ROW_GROUP) {                     \
-                    BLOCK_CASES(BF16)                                                      \
-                }                                                                          \
-            }                                                                              \
-            first += vecs;                                                                 \
-        }                                                                                  \
-    }                                                                                      \
+    NAME##_part(x, w, bias, out, rows, k_dim, k_padded, n_dim, omp_get_thread_num(),       \
+                omp_get_num_threads());                                                    \
 }
 DEFINE_LINEAR_BLOCKED(linear_blocked_f32, float, 0)
 DEFINE_LINEAR_BLOCKED(linear_blocked_bf16, bf16_t, 1)

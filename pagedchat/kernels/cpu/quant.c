@@ -283,9 +283,54 @@ static void dot_rows(const float *x, const float *w, int rows, int k_dim, float 
     }
 }
 
-/* out[m][n] (row stride out_stride; float32, or bfloat16 where out_bf16) = x[m] . W[n]
- * (+ bias[n]) for W's n_dim rows of `type` blocks; x float32 [rows, k_dim]. Returns 0, 1
- * for an unknown type, 2 when out of memory. */
+/* Thread t of a team of `threads`: its share of out[m][n] (row stride out_stride; float32, or
+ * bfloat16 where out_bf16) = x[m] . W[n] (+ bias[n]) for W's n_dim rows of `type` blocks;
+ * x float32 [rows, k_dim]. Returns 0, 1 for an unknown type, 2 when out of memory. */
+int quant_product_part(const float *x, const uint8_t *w, int type, const float *bias,
+                       void *out, int out_bf16, int rows, int k_dim, int n_dim,
+                       int64_t out_stride, int t, int threads) {
+    Format f;
+    if (!format_of(type, &f)) return 1;
+    if (rows <= QUANT_ROWS_MAX) {
+        quant_rows_part(x, w, &f, bias, out, out_bf16, rows, k_dim, n_dim, out_stride, t,
+                        threads);
+        return 0;
+    }
+    const int64_t row_bytes = (int64_t)k_dim / f.block_size * f.type_size;
+    const int groups = (n_dim + GROUP - 1) / GROUP;
+    const int end = (int)((int64_t)groups * (t + 1) / threads);
+    int g = (int)((int64_t)groups * t / threads);
+    if (g == end) return 0;
+    float *tile = aligned_alloc(64, sizeof(float) * GROUP * (size_t)k_dim);
+    if (tile == NULL) return 2;
+    for (; g < end; g++) {
+        const int first = g * GROUP, count = n_dim - first < GROUP ? n_dim - first : GROUP;
+        for (int c = 0; c < count; c++)
+            decode_row(&f, w + (first + c) * row_bytes, k_dim, tile + (int64_t)c * k_dim);
+        for (int c = count; c < (count + NC - 1) / NC * NC; c++)  /* pad the last NC */
+            memcpy(tile + (int64_t)c * k_dim, tile, sizeof(float) * k_dim);
+        for (int m = 0; m < rows; m += MR) {
+            const int chunk = rows - m < MR ? rows - m : MR;
+            for (int c0 = 0; c0 < count; c0 += NC) {
+                float sums[MR][NC];
+                dot_rows(x + (int64_t)m * k_dim, tile + (int64_t)c0 * k_dim, chunk, k_dim,
+                         sums);
+                const int n0 = first + c0, cols = count - c0 < NC ? count - c0 : NC;
+                for (int r = 0; r < chunk; r++)
+                    for (int c = 0; c < cols; c++) {
+                        const float y = sums[r][c] + (bias ? bias[n0 + c] : 0.0f);
+                        const int64_t at = (int64_t)(m + r) * out_stride + n0 + c;
+                        if (out_bf16) ((bf16_t *)out)[at] = bf16_round(y);
+                        else ((float *)out)[at] = y;
+                    }
+            }
+        }
+    }
+    free(tile);
+    return 0;
+}
+
+/* The whole product (see quant_product_part) on num_threads threads. */
 static int product(const float *x, const uint8_t *w, int type, const float *bias, void *out,
                    int out_bf16, int rows, int k_dim, int n_dim, int64_t out_stride,
                    int num_threads) {
@@ -295,41 +340,11 @@ static int product(const float *x, const uint8_t *w, int type, const float *bias
         quant_rows(x, w, &f, bias, out, out_bf16, rows, k_dim, n_dim, out_stride, num_threads);
         return 0;
     }
-    const int64_t row_bytes = (int64_t)k_dim / f.block_size * f.type_size;
-    const int groups = (n_dim + GROUP - 1) / GROUP;
-    int failed = 0;
-    #pragma omp parallel num_threads(num_threads) reduction(| : failed)
-    {
-        float *tile = aligned_alloc(64, sizeof(float) * GROUP * (size_t)k_dim);
-        const int threads = omp_get_num_threads(), t = omp_get_thread_num();
-        const int end = (int)((int64_t)groups * (t + 1) / threads);
-        if (tile == NULL) failed = 1;
-        for (int g = (int)((int64_t)groups * t / threads); tile != NULL && g < end; g++) {
-            const int first = g * GROUP, count = n_dim - first < GROUP ? n_dim - first : GROUP;
-            for (int c = 0; c < count; c++)
-                decode_row(&f, w + (first + c) * row_bytes, k_dim, tile + (int64_t)c * k_dim);
-            for (int c = count; c < (count + NC - 1) / NC * NC; c++)  /* pad the last NC */
-                memcpy(tile + (int64_t)c * k_dim, tile, sizeof(float) * k_dim);
-            for (int m = 0; m < rows; m += MR) {
-                const int chunk = rows - m < MR ? rows - m : MR;
-                for (int c0 = 0; c0 < count; c0 += NC) {
-                    float sums[MR][NC];
-                    dot_rows(x + (int64_t)m * k_dim, tile + (int64_t)c0 * k_dim, chunk, k_dim,
-                             sums);
-                    const int n0 = first + c0, cols = count - c0 < NC ? count - c0 : NC;
-                    for (int r = 0; r < chunk; r++)
-                        for (int c = 0; c < cols; c++) {
-                            const float y = sums[r][c] + (bias ? bias[n0 + c] : 0.0f);
-                            const int64_t at = (int64_t)(m + r) * out_stride + n0 + c;
-                            if (out_bf16) ((bf16_t *)out)[at] = bf16_round(y);
-                            else ((float *)out)[at] = y;
-                        }
-                }
-            }
-        }
-        free(tile);
-    }
-    return failed ? 2 : 0;
+    int status = 0;
+    #pragma omp parallel num_threads(num_threads) reduction(| : status)
+    status |= quant_product_part(x, w, type, bias, out, out_bf16, rows, k_dim, n_dim,
+                                 out_stride, omp_get_thread_num(), omp_get_num_threads());
+    return status;
 }
 
 /* x, bias and out float32; see product. */

@@ -132,4 +132,9 @@ void quant_rows(const float *x, const uint8_t *w, const Format *f, const float *
                 void *out, int out_bf16, int rows, int k_dim, int n_dim, int64_t out_stride,
                 int num_threads);
 
+/* Thread t of a team of `count`: its run of quant_rows' output columns. */
+void quant_rows_part(const float *x, const uint8_t *w, const Format *f, const float *bias,
+                     void *out, int out_bf16, int rows, int k_dim, int n_dim,
+                     int64_t out_stride, int t, int count);
+
 #endif
