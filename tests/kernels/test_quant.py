@@ -148,11 +148,13 @@ def test_product_reads_every_weight_exactly(kernels, name, chunk):
 @pytest.mark.parametrize("name", FORMATS)
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 13, 33])
 def test_product_matches_reference(kernels, name, rows):
+    """45 columns: whole panels of the many-rows product and a part one, on every level;
+    33 rows: whole chunks of rows and a part one."""
     width = 2 * FORMATS[name].block_size
-    weight = random_weight(name, 11, width, seed=rows)
+    weight = random_weight(name, 45, width, seed=rows)
     g = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, width, generator=g)
-    bias = torch.randn(11, generator=g)
+    bias = torch.randn(45, generator=g)
     expected = quant.quantized_linear(x, weight, bias)
     close(kernels.quantized_linear(x, weight, bias), expected, 1e-5)
     halves = kernels.quantized_linear(x.bfloat16(), weight, bias)
@@ -187,13 +189,14 @@ def test_reference_product_decodes_a_few_rows_at_a_time(monkeypatch):
     assert decoded == [4, 4, 2, 4, 3]
 
 
-def test_product_of_mixed_segments_writes_each_its_columns(kernels):
+@pytest.mark.parametrize("rows", [4, 17])
+def test_product_of_mixed_segments_writes_each_its_columns(kernels, rows):
     fused = QuantizedWeight.stack([random_weight("Q4_K", 5, 256, seed=5),
                                    random_weight("Q6_K", 3, 256, seed=6),
                                    random_weight("Q8_0", 6, 256, seed=7)])
-    x = torch.randn(4, 256, generator=torch.Generator().manual_seed(8))
+    x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(8))
     bias = torch.randn(14)
-    out = torch.full((4, 14), float("nan"))
+    out = torch.full((rows, 14), float("nan"))
     assert kernels.quantized_linear(x, fused, bias, out=out) is out
     close(out, quant.quantized_linear(x, fused, bias), 1e-5)
 

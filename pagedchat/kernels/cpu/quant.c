@@ -8,12 +8,11 @@
  * the products may be in any order, as in every other product of this backend.
  *
  * A few rows of x (at most QUANT_ROWS_MAX, a decode step) go to quant_rows.c, which
- * decodes in registers. For more, threads take equal runs of groups of GROUP output
- * columns. A thread decodes one group's
- * rows into a float32 scratch (tens of KB) and multiplies them with every row of x, MR
- * rows by NC columns at a time, their sums in registers: the weights are read from memory
- * once and decoded once per call, whatever the row count. One path per instruction set, picked by
- * the compiler's macros: AVX-512, AVX2 with FMA, else plain C.
+ * decodes in registers. For more, threads take equal runs of groups of NC output columns:
+ * a thread decodes one group into a float32 scratch and multiplies it with every row of x,
+ * packed k-major in panels of XR rows, the sums in registers: the weights are read from
+ * memory once and decoded once per call, whatever the row count. One path per instruction set,
+ * picked by the compiler's macros: AVX-512, AVX2 with FMA, else plain C.
  */
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF
@@ -33,10 +32,6 @@
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__)) || defined(__F16C__)
 #include <immintrin.h>
 #endif
-
-#define NC 4      /* output columns whose sums a tile keeps in registers */
-#define GROUP 16  /* output columns decoded together: a row group of x, read from L1, serves
-                   * all of them */
 
 /* out[j] = d * q[j] (+ m where has_offset) for n integers, n a multiple of 16; the
  * product rounded before the sum, as the reference computes it. */
@@ -217,21 +212,37 @@ static void decode_row(const Format *f, const uint8_t *row, int k_dim, float *ou
     }
 }
 
-/* ---- MR x NC dot products of float32 rows (k_dim a multiple of 16) ---- */
+/* ---- the many-rows product ----
+ * NC output columns are decoded at a time into a row-major tile. Rows of x go in panels of
+ * XR rows: a full panel is packed k-major (xp[k * XR + r]) and each step of k loads two
+ * vectors of it and broadcasts one weight of each of the NC columns, 2 * NC sums (each a
+ * vector over rows) in registers. A panel of fewer than PANEL_MIN rows (a remainder, or a
+ * small batch) would waste lanes that way, so it takes dot products instead: MR rows by NCI
+ * columns at a time, vectors along k, summed across lanes at the end. */
 #if defined(__AVX512F__)
+#define NC 8
+#define NV 3
+#define NCI 4
 #define MR 6
-typedef __m512 vec;
 #define VW 16
+typedef __m512 vec;
 #define vzero() _mm512_setzero_ps()
 #define vload(p) _mm512_loadu_ps(p)
+#define vstore(p, v) _mm512_storeu_ps(p, v)
+#define vset1(x) _mm512_set1_ps(x)
 #define vfma(a, b, c) _mm512_fmadd_ps(a, b, c)
 static inline float vsum(vec v) { return _mm512_reduce_add_ps(v); }
 #elif defined(__AVX2__) && defined(__FMA__)
-#define MR 2
-typedef __m256 vec;
+#define NC 6
+#define NV 2
+#define NCI 3
+#define MR 3
 #define VW 8
+typedef __m256 vec;
 #define vzero() _mm256_setzero_ps()
 #define vload(p) _mm256_loadu_ps(p)
+#define vstore(p, v) _mm256_storeu_ps(p, v)
+#define vset1(x) _mm256_set1_ps(x)
 #define vfma(a, b, c) _mm256_fmadd_ps(a, b, c)
 static inline float vsum(vec v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -239,43 +250,79 @@ static inline float vsum(vec v) {
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 #else
+#define NC 4
+#define NV 2
+#define NCI 4
 #define MR 2
 #define VW 8
 typedef struct { float v[VW]; } vec;
 static inline vec vzero(void) { vec r; for (int i = 0; i < VW; i++) r.v[i] = 0.0f; return r; }
 static inline vec vload(const float *p) { vec r; memcpy(r.v, p, sizeof r.v); return r; }
+static inline void vstore(float *p, vec v) { memcpy(p, v.v, sizeof v.v); }
+static inline vec vset1(float x) { vec r; for (int i = 0; i < VW; i++) r.v[i] = x; return r; }
 static inline vec vfma(vec a, vec b, vec c) {
     for (int i = 0; i < VW; i++) c.v[i] += a.v[i] * b.v[i];
     return c;
 }
 static inline float vsum(vec v) { float s = 0.0f; for (int i = 0; i < VW; i++) s += v.v[i]; return s; }
 #endif
+#define XR (NV * VW)  /* rows of x in a packed panel */
+/* the fewest rows a packed panel takes: below it the padding costs more than the dot
+ * products' extra loads */
+#define PANEL_MIN (XR * 5 / 8 + 1)
 
-/* sums[m][c] = x[m] . w[c] for `rows` rows of x (stride k_dim) and NC rows of w. Inlined
- * per row count so the accumulators stay in registers. */
+/* Rows [0, XR) of x (stride k_dim; `count` of them, the rest zero) into a k-major panel. */
+static void pack_panel(const float *x, int count, int k_dim, float *panel) {
+    for (int k0 = 0; k0 < k_dim; k0 += 16)  /* 16 values of each row: one cache line */
+        for (int r = 0; r < XR; r++)
+            for (int k = k0; k < k0 + 16; k++)
+                panel[(int64_t)k * XR + r] = r < count ? x[(int64_t)r * k_dim + k] : 0.0f;
+}
+
+/* sums[c][r] = panel row r . tile column c, for XR rows and NC columns. */
+static void panel_tile(const float *panel, const float *tile, int k_dim, float sums[NC][XR]) {
+    vec acc[NV][NC];
+    for (int v = 0; v < NV; v++)
+        for (int c = 0; c < NC; c++) acc[v][c] = vzero();
+    for (int k = 0; k < k_dim; k++) {
+        vec xv[NV];
+        for (int v = 0; v < NV; v++) xv[v] = vload(panel + (int64_t)k * XR + v * VW);
+        for (int c = 0; c < NC; c++) {
+            const vec wv = vset1(tile[(int64_t)c * k_dim + k]);
+            for (int v = 0; v < NV; v++) acc[v][c] = vfma(xv[v], wv, acc[v][c]);
+        }
+    }
+    for (int v = 0; v < NV; v++)
+        for (int c = 0; c < NC; c++) vstore(sums[c] + v * VW, acc[v][c]);
+}
+
+/* sums[m][c] = x[m] . w[c] for `rows` rows of x (stride k_dim) and NCI rows of w. Inlined
+ * per row count so the sums stay in registers. */
 static inline __attribute__((always_inline)) void
-dot_tile(const float *x, const float *w, int rows, int k_dim, float sums[MR][NC]) {
-    vec acc[MR][NC];
+dot_tile(const float *x, const float *w, int rows, int k_dim, float sums[MR][NCI]) {
+    vec acc[MR][NCI];
     for (int m = 0; m < rows; m++)
-        for (int c = 0; c < NC; c++) acc[m][c] = vzero();
+        for (int c = 0; c < NCI; c++) acc[m][c] = vzero();
     for (int k = 0; k < k_dim; k += VW) {
-        vec wv[NC];
-        for (int c = 0; c < NC; c++) wv[c] = vload(w + (int64_t)c * k_dim + k);
+        vec wv[NCI];
+        for (int c = 0; c < NCI; c++) wv[c] = vload(w + (int64_t)c * k_dim + k);
         for (int m = 0; m < rows; m++) {
             const vec xv = vload(x + (int64_t)m * k_dim + k);
-            for (int c = 0; c < NC; c++) acc[m][c] = vfma(xv, wv[c], acc[m][c]);
+            for (int c = 0; c < NCI; c++) acc[m][c] = vfma(xv, wv[c], acc[m][c]);
         }
     }
     for (int m = 0; m < rows; m++)
-        for (int c = 0; c < NC; c++) sums[m][c] = vsum(acc[m][c]);
+        for (int c = 0; c < NCI; c++) sums[m][c] = vsum(acc[m][c]);
 }
 
-static void dot_rows(const float *x, const float *w, int rows, int k_dim, float sums[MR][NC]) {
+static void dot_rows(const float *x, const float *w, int rows, int k_dim, float sums[MR][NCI]) {
     switch (rows) {
 #if MR >= 6
         case 6: dot_tile(x, w, 6, k_dim, sums); break;
         case 5: dot_tile(x, w, 5, k_dim, sums); break;
         case 4: dot_tile(x, w, 4, k_dim, sums); break;
+#endif
+#if MR >= 3
         case 3: dot_tile(x, w, 3, k_dim, sums); break;
 #endif
         case 2: dot_tile(x, w, 2, k_dim, sums); break;
@@ -283,9 +330,53 @@ static void dot_rows(const float *x, const float *w, int rows, int k_dim, float 
     }
 }
 
+/* out[r][n0 + c] = sums at (r, c) + bias[n0 + c], for rows [0, rows) and columns
+ * [0, cols); sums[r * r_step + c * c_step]. */
+static inline __attribute__((always_inline)) void
+put(const float *sums, int r_step, int c_step, const float *bias, void *out, int out_bf16,
+    int rows, int n0, int cols, int64_t out_stride) {
+    float add[NC] = {0};
+    if (bias) memcpy(add, bias + n0, sizeof(float) * cols);
+    for (int r = 0; r < rows; r++) {
+        const int64_t at = (int64_t)r * out_stride + n0;
+        if (out_bf16)
+            for (int c = 0; c < cols; c++)
+                ((bf16_t *)out)[at + c] = bf16_round(sums[r * r_step + c * c_step] + add[c]);
+        else
+            for (int c = 0; c < cols; c++)
+                ((float *)out)[at + c] = sums[r * r_step + c * c_step] + add[c];
+    }
+}
+
+/* out rows [0, count) x columns [n0, n0 + cols) (+ bias) = x rows [0, count) . the tile's
+ * columns, count <= XR; where count >= PANEL_MIN, panel holds those rows packed. */
+static void panel_product(const float *x, const float *tile, const float *bias, void *out,
+                          int out_bf16, int count, int k_dim, int n0, int cols,
+                          int64_t out_stride, float *panel) {
+    if (count >= PANEL_MIN) {
+        float sums[NC][XR];
+        panel_tile(panel, tile, k_dim, sums);
+        put(&sums[0][0], 1, XR, bias, out, out_bf16, count, n0, cols, out_stride);
+        return;
+    }
+    for (int m = 0; m < count; m += MR) {
+        const int chunk = count - m < MR ? count - m : MR;
+        for (int c0 = 0; c0 < cols; c0 += NCI) {
+            float sums[MR][NCI];
+            dot_rows(x + (int64_t)m * k_dim, tile + (int64_t)c0 * k_dim, chunk, k_dim, sums);
+            const int64_t at = (int64_t)m * out_stride;
+            put(&sums[0][0], NCI, 1, bias,
+                out_bf16 ? (void *)((bf16_t *)out + at) : (void *)((float *)out + at), out_bf16,
+                chunk, n0 + c0, cols - c0 < NCI ? cols - c0 : NCI, out_stride);
+        }
+    }
+}
+
 /* Thread t of a team of `threads`: its share of out[m][n] (row stride out_stride; float32, or
  * bfloat16 where out_bf16) = x[m] . W[n] (+ bias[n]) for W's n_dim rows of `type` blocks;
- * x float32 [rows, k_dim]. Returns 0, 1 for an unknown type, 2 when out of memory. */
+ * x float32 [rows, k_dim]. Returns 0, 1 for an unknown type, 2 when out of memory.
+ * Threads take equal runs of groups of NC columns; each group is decoded once per call and
+ * multiplied with every panel of x. */
 int quant_product_part(const float *x, const uint8_t *w, int type, const float *bias,
                        void *out, int out_bf16, int rows, int k_dim, int n_dim,
                        int64_t out_stride, int t, int threads) {
@@ -297,33 +388,29 @@ int quant_product_part(const float *x, const uint8_t *w, int type, const float *
         return 0;
     }
     const int64_t row_bytes = (int64_t)k_dim / f.block_size * f.type_size;
-    const int groups = (n_dim + GROUP - 1) / GROUP;
+    const int groups = (n_dim + NC - 1) / NC;
     const int end = (int)((int64_t)groups * (t + 1) / threads);
     int g = (int)((int64_t)groups * t / threads);
     if (g == end) return 0;
-    float *tile = aligned_alloc(64, sizeof(float) * GROUP * (size_t)k_dim);
+    /* x is packed once per call, each full panel's rows k-major */
+    const int64_t packed = rows / XR * XR + (rows % XR >= PANEL_MIN ? XR : 0);
+    float *tile = aligned_alloc(64, sizeof(float) * (NC + packed) * (size_t)k_dim);
     if (tile == NULL) return 2;
+    float *xp = tile + (int64_t)NC * k_dim;
+    for (int m = 0; m < packed; m += XR)
+        pack_panel(x + (int64_t)m * k_dim, rows - m < XR ? rows - m : XR, k_dim,
+                   xp + (int64_t)m * k_dim);
     for (; g < end; g++) {
-        const int first = g * GROUP, count = n_dim - first < GROUP ? n_dim - first : GROUP;
-        for (int c = 0; c < count; c++)
-            decode_row(&f, w + (first + c) * row_bytes, k_dim, tile + (int64_t)c * k_dim);
-        for (int c = count; c < (count + NC - 1) / NC * NC; c++)  /* pad the last NC */
-            memcpy(tile + (int64_t)c * k_dim, tile, sizeof(float) * k_dim);
-        for (int m = 0; m < rows; m += MR) {
-            const int chunk = rows - m < MR ? rows - m : MR;
-            for (int c0 = 0; c0 < count; c0 += NC) {
-                float sums[MR][NC];
-                dot_rows(x + (int64_t)m * k_dim, tile + (int64_t)c0 * k_dim, chunk, k_dim,
-                         sums);
-                const int n0 = first + c0, cols = count - c0 < NC ? count - c0 : NC;
-                for (int r = 0; r < chunk; r++)
-                    for (int c = 0; c < cols; c++) {
-                        const float y = sums[r][c] + (bias ? bias[n0 + c] : 0.0f);
-                        const int64_t at = (int64_t)(m + r) * out_stride + n0 + c;
-                        if (out_bf16) ((bf16_t *)out)[at] = bf16_round(y);
-                        else ((float *)out)[at] = y;
-                    }
-            }
+        const int first = g * NC, count = n_dim - first < NC ? n_dim - first : NC;
+        for (int c = 0; c < NC; c++)  /* the last group's missing columns repeat its first */
+            if (c < count) decode_row(&f, w + (first + c) * row_bytes, k_dim, tile + (int64_t)c * k_dim);
+            else memcpy(tile + (int64_t)c * k_dim, tile, sizeof(float) * k_dim);
+        for (int m = 0; m < rows; m += XR) {
+            const int64_t at = (int64_t)m * out_stride;
+            panel_product(x + (int64_t)m * k_dim, tile, bias,
+                          out_bf16 ? (void *)((bf16_t *)out + at) : (void *)((float *)out + at),
+                          out_bf16, rows - m < XR ? rows - m : XR, k_dim, first, count,
+                          out_stride, xp + (int64_t)m * k_dim);
         }
     }
     free(tile);
