@@ -16,8 +16,8 @@ import time
 import gguf
 import numpy as np
 import torch
-from pagedchat.engine.loader import default_model_path
 
+from pagedchat.engine.loading.loader import default_model_path
 from pagedchat.kernels import cpu, quant
 from pagedchat.kernels.cpu import quant as cpu_quant
 from pagedchat.kernels.quant import QuantizedWeight

@@ -16,6 +16,12 @@ declare({"decoder_layers": (INT, [P, INT, P, P, P])})
 
 Weight = torch.Tensor | QuantizedWeight
 
+# The rows of a step the stack takes where every product is quantized: up to a decode step
+# at the default max_num_seqs, since the per-layer path takes the same quantized product at
+# any row count. Where a weight is packed, BLOCKED_ROWS: past them the per-layer path takes
+# oneDNN's product, which the stack cannot call.
+QUANTIZED_ROWS = range(1, 257)
+
 # decoder.c's statuses besides 0, raised as the layers' own kernels raise them
 _FAILURES = {
     2: (MemoryError, "paged attention: out of memory for the score buffer"),
@@ -93,8 +99,9 @@ def _bias(layer: LayerTensors) -> torch.Tensor | None:
 
 
 class DecoderStack:
-    """Every decoder layer of a model in one C call, for steps of up to
-    ``BLOCKED_ROWS`` query rows that are all decodes or short chunks: the same kernels as
+    """Every decoder layer of a model in one C call, for steps of up to ``QUANTIZED_ROWS``
+    (every product quantized) or ``BLOCKED_ROWS`` (some packed) query rows that are all
+    decodes or short chunks: the same kernels as
     the per-layer calls, in the same order (so the same result, bit for bit), without
     their Python dispatch. Built by :func:`decoder_stack`, which checks the weights."""
 
@@ -109,6 +116,9 @@ class DecoderStack:
         self.eps, self.scale = eps, scale
         self.dtype = first.input_norm.dtype
         self._decoder = kernel("decoder_layers", first.input_norm)
+        self.rows = QUANTIZED_ROWS if all(
+            isinstance(weight, QuantizedWeight) for layer in layers
+            for weight in (layer.qkv, layer.o, layer.gate_up, layer.down)) else BLOCKED_ROWS
         biases, segments = [_bias(layer) for layer in layers], []
         self._tensors = layers, biases, segments  # keeps what the pointers point at alive
         self._layers = (_DecoderLayer * len(layers))(*(
@@ -127,7 +137,7 @@ class DecoderStack:
         """The last layer's output and the residual stream still to be added to it (as the
         layers return them), or None where this step is not one for the stack."""
         rows = x.shape[0]
-        if rows not in BLOCKED_ROWS or x.dtype != self.dtype or cos.dtype != self.dtype:
+        if rows not in self.rows or x.dtype != self.dtype or cos.dtype != self.dtype:
             return None
         plan = _plan(block_tables, context_lens, query_start_loc)
         if plan.long_chunks:

@@ -1,5 +1,5 @@
 """Linear layers on the CPU: weights packed once into oneDNN's layout, a compiled product
-(linear.c) that reads that layout for a decode step's rows, oneDNN's own product for more,
+(linear.c) that reads that layout for a few rows, oneDNN's own product for more,
 a compiled product of a few rows on plain float32 weights (a tied head whose packing the C
 product cannot read), and the embedding read from a packed tied head."""
 
@@ -20,11 +20,10 @@ log = logging.getLogger("pagedchat.kernels.cpu")
 # the C product, which reads each weight once, beats torch's BLAS and oneDNN on plain
 # weights; past 16 oneDNN's blocked product pays.
 LINEAR_ROWS = range(1, 17)
-# On a packed weight, up to 256 rows (a decode step at the default max_num_seqs) the C
-# product on oneDNN's blocked layout, and with it the one-call decoder stack: alone the
-# product beats oneDNN's own for a few rows and is even with it for many, and whole steps
-# gain up to 256 rows.
-BLOCKED_ROWS = range(1, 257)
+# On a packed weight, up to 16 rows (a decode step of a few sequences, bound by reading the
+# weights) the C product on oneDNN's blocked layout; more rows go to oneDNN's own product,
+# which keeps far more of its vector units busy on a matrix of rows than linear.c does.
+BLOCKED_ROWS = range(1, 17)
 
 declare({
     "linear_blocked": (None, [P] * 4 + [INT] * 5),

@@ -11,7 +11,9 @@ import torch
 from safetensors.torch import load_file
 
 from pagedchat import LLM, SamplingParams
+from pagedchat.engine.layers.attention import AttentionMetadata
 from pagedchat.kernels import cpu
+from pagedchat.kernels.cpu.decoder import QUANTIZED_ROWS
 from pagedchat.kernels.quant import QFormat, QuantizedWeight, Segment
 
 needs_stack = pytest.mark.skipif(
@@ -142,6 +144,46 @@ def test_stack_leaves_large_steps_and_other_dtypes_to_the_layers(tiny_model_dir)
     half = LLM(model=str(tiny_model_dir), num_kv_blocks=64, block_size=16, dtype="float16")
     assert half.engine.runner.model.decoder_stack() is None
     assert half.generate([[5, 6, 7]], SamplingParams(max_tokens=3))[0].outputs[0].token_ids
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_quantized_stack_takes_steps_past_the_blocked_rows(tiny_model_dir, dtype):
+    """Every product quantized, the stack takes steps of more rows than the packed product
+    does (the per-layer path takes the same quantized product at any row count) and still
+    equals the layers bit for bit; past QUANTIZED_ROWS it leaves them to the layers."""
+    llm = _engine("quantized", dtype, tiny_model_dir)
+    model = llm.engine.runner.model
+    stack = model.decoder_stack()
+    rows = cpu.BLOCKED_ROWS.stop + 3
+    torch.manual_seed(0)
+    x = torch.randn(rows, model.config.hidden_size).to(stack.dtype)
+    rope = model.rotary.lookup(torch.arange(rows) % 7, x.dtype)
+    slots = torch.arange(rows, dtype=torch.int64) * 16  # block i's first slot (size 16)
+    tables = torch.arange(rows, dtype=torch.int32)[:, None]
+    context = torch.ones(rows, dtype=torch.int32)
+    starts = torch.arange(rows + 1, dtype=torch.int32)
+    stacked = stack(x.clone(), *rope, slots, tables, context, starts)
+    assert stacked is not None
+    stacked_caches = [layer.self_attn.k_cache.clone() for layer in model.layers]
+    for layer in model.layers:
+        layer.self_attn.k_cache.zero_()
+        layer.self_attn.v_cache.zero_()
+    meta = AttentionMetadata(slots, tables, context, starts, max_query_len=1,
+                             max_context_len=1)
+    residual = None
+    layered = x.clone()
+    for layer in model.layers:
+        layered, residual = layer(layered, residual, rope, meta)
+    assert torch.equal(stacked[0], layered) and torch.equal(stacked[1], residual)
+    assert all(torch.equal(a, layer.self_attn.k_cache)
+               for a, layer in zip(stacked_caches, model.layers, strict=True))
+    many = QUANTIZED_ROWS.stop
+    assert stack(torch.zeros(many, model.config.hidden_size).to(stack.dtype),
+                 *model.rotary.lookup(torch.zeros(many, dtype=torch.int64), stack.dtype),
+                 torch.arange(many), torch.arange(many, dtype=torch.int32)[:, None],
+                 torch.ones(many, dtype=torch.int32),
+                 torch.arange(many + 1, dtype=torch.int32)) is None
 
 
 @needs_kernels
