@@ -9,7 +9,8 @@
  *
  * A few rows of x (at most QUANT_ROWS_MAX, a decode step) go to quant_rows.c, which
  * decodes in registers. For more, threads take equal runs of groups of NC output columns:
- * a thread decodes one group into a float32 scratch and multiplies it with every row of x,
+ * a thread decodes WIDE groups at a time into a float32 scratch and multiplies them with
+ * every row of x,
  * packed k-major in panels of XR rows, the sums in registers: the weights are read from
  * memory once and decoded once per call, whatever the row count. One path per instruction
  * set, picked by the compiler's macros: AVX-512, AVX2 with FMA, else plain C.
@@ -270,6 +271,9 @@ static inline float vsum(vec v) { float s = 0.0f; for (int i = 0; i < VW; i++) s
 /* the fewest rows a packed panel takes: below it the padding costs more than the dot
  * products' extra loads */
 #define PANEL_MIN (XR * 5 / 8 + 1)
+/* groups of NC columns decoded together: each panel of x, read once from the outer caches,
+ * serves all of them from the inner ones */
+#define WIDE 8
 
 /* Rows [0, XR) of x (stride k_dim; `count` of them, the rest zero) into a k-major panel. */
 static void pack_panel(const float *x, int count, int k_dim, float *panel) {
@@ -394,23 +398,28 @@ int quant_product_part(const float *x, const uint8_t *w, int type, const float *
     if (g == end) return 0;
     /* x is packed once per call, each full panel's rows k-major */
     const int64_t packed = rows / XR * XR + (rows % XR >= PANEL_MIN ? XR : 0);
-    float *tile = aligned_alloc(64, sizeof(float) * (NC + packed) * (size_t)k_dim);
+    float *tile = aligned_alloc(64, sizeof(float) * (WIDE * NC + packed) * (size_t)k_dim);
     if (tile == NULL) return 2;
-    float *xp = tile + (int64_t)NC * k_dim;
+    float *xp = tile + (int64_t)WIDE * NC * k_dim;
     for (int m = 0; m < packed; m += XR)
         pack_panel(x + (int64_t)m * k_dim, rows - m < XR ? rows - m : XR, k_dim,
                    xp + (int64_t)m * k_dim);
-    for (; g < end; g++) {
-        const int first = g * NC, count = n_dim - first < NC ? n_dim - first : NC;
-        for (int c = 0; c < NC; c++)  /* the last group's missing columns repeat its first */
-            if (c < count) decode_row(&f, w + (first + c) * row_bytes, k_dim, tile + (int64_t)c * k_dim);
-            else memcpy(tile + (int64_t)c * k_dim, tile, sizeof(float) * k_dim);
+    for (; g < end; g += WIDE) {
+        const int wide = end - g < WIDE ? end - g : WIDE;
+        for (int c = 0; c < wide * NC; c++) {  /* the last group's missing columns repeat its first */
+            float *column = tile + (int64_t)c * k_dim;
+            if (g * NC + c < n_dim) decode_row(&f, w + (g * NC + c) * row_bytes, k_dim, column);
+            else memcpy(column, tile + (int64_t)(c / NC * NC) * k_dim, sizeof(float) * k_dim);
+        }
         for (int m = 0; m < rows; m += XR) {
             const int64_t at = (int64_t)m * out_stride;
-            panel_product(x + (int64_t)m * k_dim, tile, bias,
-                          out_bf16 ? (void *)((bf16_t *)out + at) : (void *)((float *)out + at),
-                          out_bf16, rows - m < XR ? rows - m : XR, k_dim, first, count,
-                          out_stride, xp + (int64_t)m * k_dim);
+            void *out_rows = out_bf16 ? (void *)((bf16_t *)out + at) : (void *)((float *)out + at);
+            for (int j = 0; j < wide; j++) {
+                const int first = (g + j) * NC, count = n_dim - first < NC ? n_dim - first : NC;
+                panel_product(x + (int64_t)m * k_dim, tile + (int64_t)j * NC * k_dim, bias,
+                              out_rows, out_bf16, rows - m < XR ? rows - m : XR, k_dim, first,
+                              count, out_stride, xp + (int64_t)m * k_dim);
+            }
         }
     }
     free(tile);
