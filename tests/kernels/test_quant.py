@@ -172,6 +172,22 @@ def test_product_at_gemma3_widths(kernels, name, width):
     close(kernels.quantized_linear(x, weight), quant.quantized_linear(x, weight), 1e-5)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_many_rows_product_spans_several_column_runs(kernels, threads):
+    """150 columns and 53 rows: each thread's columns take several runs of decoded groups,
+    the last group part-filled, and the rows whole panels and a remainder."""
+    weight = random_weight("Q4_0", 150, 64, seed=9)
+    g = torch.Generator().manual_seed(9)
+    x, bias = torch.randn(53, 64, generator=g), torch.randn(150, generator=g)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        actual = kernels.quantized_linear(x, weight, bias)
+    finally:
+        torch.set_num_threads(before)
+    close(actual, quant.quantized_linear(x, weight, bias), 1e-5)
+
+
 def test_reference_product_decodes_a_few_rows_at_a_time(monkeypatch):
     """A vocabulary-sized head is never de-quantized whole: the same product, decoded at
     most ROWS_AT_ONCE rows at a time, across segments."""

@@ -265,7 +265,11 @@ static inline vec vfma(vec a, vec b, vec c) {
     for (int i = 0; i < VW; i++) c.v[i] += a.v[i] * b.v[i];
     return c;
 }
-static inline float vsum(vec v) { float s = 0.0f; for (int i = 0; i < VW; i++) s += v.v[i]; return s; }
+static inline float vsum(vec v) {
+    float s = 0.0f;
+    for (int i = 0; i < VW; i++) s += v.v[i];
+    return s;
+}
 #endif
 #define XR (NV * VW)  /* rows of x in a packed panel */
 /* the fewest rows a packed panel takes: below it the padding costs more than the dot
@@ -406,7 +410,8 @@ int quant_product_part(const float *x, const uint8_t *w, int type, const float *
                    xp + (int64_t)m * k_dim);
     for (; g < end; g += WIDE) {
         const int wide = end - g < WIDE ? end - g : WIDE;
-        for (int c = 0; c < wide * NC; c++) {  /* the last group's missing columns repeat its first */
+        /* the last group's missing columns repeat its first */
+        for (int c = 0; c < wide * NC; c++) {
             float *column = tile + (int64_t)c * k_dim;
             if (g * NC + c < n_dim) decode_row(&f, w + (g * NC + c) * row_bytes, k_dim, column);
             else memcpy(column, tile + (int64_t)(c / NC * NC) * k_dim, sizeof(float) * k_dim);
