@@ -35,6 +35,7 @@ Count with me: one two three four five six seven eight nine ten eleven twelve.
 Naïve café, crème brûlée, 東京, Ελλάδα, 😀 — the bytes of other scripts decode whole.
 """
 VOCAB_SIZE = 49152  # SmolLM2's: tests pick prompt token ids anywhere below it
+SMALL_VOCAB_SIZE = 2048  # the test GGUFs': their prompts pick ids below 2000
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -44,12 +45,12 @@ CHATML_TEMPLATE = (
 )
 
 
-def build_tiny_tokenizer():
+def build_tiny_tokenizer(vocab_size: int = VOCAB_SIZE):
     """A byte-level BPE trained on ``TOKENIZER_TEXT`` with a ChatML template, laid out as
-    SmolLM2's (bos ``<|im_start|>``, eos and pad ``<|im_end|>``, ``VOCAB_SIZE`` ids);
+    SmolLM2's (bos ``<|im_start|>``, eos and pad ``<|im_end|>``, ``vocab_size`` ids);
     training is deterministic, so every session builds the same vocabulary.
 
-    The vocabulary is filled up to ``VOCAB_SIZE`` with plain tokens no merge produces:
+    The vocabulary is filled up to ``vocab_size`` with plain tokens no merge produces:
     encoding never yields them, but every id a test or the random model picks decodes."""
     import json
 
@@ -65,8 +66,8 @@ def build_tiny_tokenizer():
     bpe.train_from_iterator(TOKENIZER_TEXT.splitlines(), trainer)
     layout = json.loads(bpe.to_str())
     vocab = layout["model"]["vocab"]
-    fillers = (f"tok{i}" for i in range(VOCAB_SIZE))
-    while len(vocab) < VOCAB_SIZE:
+    fillers = (f"tok{i}" for i in range(vocab_size))
+    while len(vocab) < vocab_size:
         vocab.setdefault(next(fillers), len(vocab))
     bpe = Tokenizer.from_str(json.dumps(layout))
     return PreTrainedTokenizerFast(
@@ -78,6 +79,18 @@ def build_tiny_tokenizer():
 def tiny_tokenizer():
     """The tokenizer of the tiny models, without a model."""
     return build_tiny_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def small_tokenizer_gguf(tmp_path_factory) -> Path:
+    """A GGUF holding only the tiny tokenizer, at ``SMALL_VOCAB_SIZE`` ids: the tokenizer
+    the writers of test GGUFs copy where a test needs no real vocabulary (every reader of a
+    GGUF parses its vocabulary, token by token)."""
+    from tests.gguf_tokenizer import write_tokenizer_gguf
+
+    folder = tmp_path_factory.mktemp("small-tokenizer")
+    build_tiny_tokenizer(SMALL_VOCAB_SIZE).save_pretrained(folder)
+    return write_tokenizer_gguf(folder, folder / "tokenizer.gguf")
 
 
 @pytest.fixture(scope="session")
