@@ -74,9 +74,9 @@ def write_tiny_gguf(hf_folder: Path, target: Path, formats: dict[str, str]) -> P
 
 
 @pytest.fixture(scope="module")
-def tiny_gguf(tmp_path_factory, tiny_model_dir: Path) -> Path:
-    return write_tiny_gguf(tiny_model_dir, tmp_path_factory.mktemp("tiny-gguf") / "tiny.gguf",
-                           TINY_FORMATS)
+def tiny_gguf(tmp_path_factory, small_vocab_model_dir: Path) -> Path:
+    return write_tiny_gguf(small_vocab_model_dir,
+                           tmp_path_factory.mktemp("tiny-gguf") / "tiny.gguf", TINY_FORMATS)
 
 
 def _transformers_tensors(path: Path) -> dict[str, torch.Tensor]:
@@ -124,13 +124,14 @@ def test_tiny_gguf_reads_as_transformers_loads_it(tiny_gguf):
         assert torch.equal(_as_float(weight), theirs[name]), name
 
 
-def test_plain_and_unsupported_tensors(tmp_path, tiny_model_dir):
+def test_plain_and_unsupported_tensors(tmp_path, small_vocab_model_dir):
     """F32 projections read as float32 tensors; a format without a kernel is named, with
     the way out."""
-    plain = read_gguf_weights(write_tiny_gguf(tiny_model_dir, tmp_path / "f32.gguf", {}), 4, 2)
+    plain = read_gguf_weights(
+        write_tiny_gguf(small_vocab_model_dir, tmp_path / "f32.gguf", {}), 4, 2)
     assert all(isinstance(w, torch.Tensor) and w.dtype == torch.float32
                for w in plain.values())
-    path = write_tiny_gguf(tiny_model_dir, tmp_path / "mxfp4.gguf", {"attn_q": "MXFP4"})
+    path = write_tiny_gguf(small_vocab_model_dir, tmp_path / "mxfp4.gguf", {"attn_q": "MXFP4"})
     with pytest.raises(ModelLoadError, match="attn_q.weight is MXFP4.*--weights float32"):
         read_gguf_weights(path, 4, 2)
     with pytest.raises(ModelLoadError, match="missing.gguf: cannot read"):
