@@ -35,6 +35,7 @@ Count with me: one two three four five six seven eight nine ten eleven twelve.
 Naïve café, crème brûlée, 東京, Ελλάδα, 😀 — the bytes of other scripts decode whole.
 """
 VOCAB_SIZE = 49152  # SmolLM2's: tests pick prompt token ids anywhere below it
+SMALL_VOCAB_SIZE = 2048  # the test GGUFs': their prompts pick ids below 2000
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -44,12 +45,12 @@ CHATML_TEMPLATE = (
 )
 
 
-def build_tiny_tokenizer():
+def build_tiny_tokenizer(vocab_size: int = VOCAB_SIZE):
     """A byte-level BPE trained on ``TOKENIZER_TEXT`` with a ChatML template, laid out as
-    SmolLM2's (bos ``<|im_start|>``, eos and pad ``<|im_end|>``, ``VOCAB_SIZE`` ids);
+    SmolLM2's (bos ``<|im_start|>``, eos and pad ``<|im_end|>``, ``vocab_size`` ids);
     training is deterministic, so every session builds the same vocabulary.
 
-    The vocabulary is filled up to ``VOCAB_SIZE`` with plain tokens no merge produces:
+    The vocabulary is filled up to ``vocab_size`` with plain tokens no merge produces:
     encoding never yields them, but every id a test or the random model picks decodes."""
     import json
 
@@ -65,8 +66,8 @@ def build_tiny_tokenizer():
     bpe.train_from_iterator(TOKENIZER_TEXT.splitlines(), trainer)
     layout = json.loads(bpe.to_str())
     vocab = layout["model"]["vocab"]
-    fillers = (f"tok{i}" for i in range(VOCAB_SIZE))
-    while len(vocab) < VOCAB_SIZE:
+    fillers = (f"tok{i}" for i in range(vocab_size))
+    while len(vocab) < vocab_size:
         vocab.setdefault(next(fillers), len(vocab))
     bpe = Tokenizer.from_str(json.dumps(layout))
     return PreTrainedTokenizerFast(
@@ -78,6 +79,18 @@ def build_tiny_tokenizer():
 def tiny_tokenizer():
     """The tokenizer of the tiny models, without a model."""
     return build_tiny_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def small_tokenizer_gguf(tmp_path_factory) -> Path:
+    """A GGUF holding only the tiny tokenizer, at ``SMALL_VOCAB_SIZE`` ids: the tokenizer
+    the writers of test GGUFs copy where a test needs no real vocabulary (every reader of a
+    GGUF parses its vocabulary, token by token)."""
+    from tests.gguf_tokenizer import write_tokenizer_gguf
+
+    folder = tmp_path_factory.mktemp("small-tokenizer")
+    build_tiny_tokenizer(SMALL_VOCAB_SIZE).save_pretrained(folder)
+    return write_tokenizer_gguf(folder, folder / "tokenizer.gguf")
 
 
 @pytest.fixture(scope="session")
@@ -124,6 +137,17 @@ def shared_model_loads(monkeypatch, _built_models):
     monkeypatch.setattr(model_runner, "build_model", cached)
 
 
+@pytest.fixture(autouse=True)
+def _small_default_kv_pool(monkeypatch):
+    """An engine built without a pool size (the commands' default) gets a pool of a few
+    hundred MiB rather than the default's GiBs: a test's requests fill a small share of
+    either, and every engine zeroes its whole pool when it starts. Tensor-parallel workers,
+    spawned processes, keep the real default; rank 0's pool is the one scheduled."""
+    from pagedchat.engine.config import EngineConfig
+
+    monkeypatch.setattr(EngineConfig, "DEFAULT_KV_CACHE_MEMORY", "256MiB")
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """The fast suite must run where the real model is absent: a test that asks for
@@ -133,14 +157,16 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.fail("real_model_dir loads the real model: mark the test @pytest.mark.slow")
 
 
-def save_tiny_llama(folder: Path, rope_parameters: dict | None = None, **shape) -> Path:
-    """A 2-layer random Llama with the tiny tokenizer, saved as an HF folder.
+def save_tiny_llama(folder: Path, rope_parameters: dict | None = None,
+                    vocab_size: int = VOCAB_SIZE, **shape) -> Path:
+    """A 2-layer random Llama with the tiny tokenizer (at ``vocab_size`` ids), saved as an
+    HF folder.
 
     Weights are drawn with a wide init so that its next-token distributions are
     peaked (a near-uniform random model would make every greedy step a near-tie)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    tokenizer = build_tiny_tokenizer()
+    tokenizer = build_tiny_tokenizer(vocab_size)
     config = LlamaConfig(
         vocab_size=len(tokenizer), num_hidden_layers=2, max_position_embeddings=1024,
         rope_parameters=rope_parameters or {"rope_type": "default", "rope_theta": 10000.0},
@@ -161,6 +187,16 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     return save_tiny_llama(
         tmp_path_factory.mktemp("tiny-llama"), hidden_size=64,
         intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+
+
+@pytest.fixture(scope="session")
+def small_vocab_model_dir(tmp_path_factory) -> Path:
+    """The tiny Llama's shape at ``SMALL_VOCAB_SIZE`` ids: the source of test GGUFs, whose
+    readers parse the vocabulary token by token."""
+    return save_tiny_llama(
+        tmp_path_factory.mktemp("tiny-llama-small-vocab"), vocab_size=SMALL_VOCAB_SIZE,
+        hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16)
 
 
 @pytest.fixture(scope="session")

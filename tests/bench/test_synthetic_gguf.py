@@ -15,9 +15,9 @@ from pagedchat.engine.sampling_params import SamplingParams
 TINY = SHAPES["tiny"]
 
 
-def test_reads_back_with_the_shape_and_tokenizer_asked_for(tiny_gguf):
+def test_reads_back_with_the_shape_and_tokenizer_asked_for(tiny_gguf, small_tokenizer_gguf):
     reader = gguf.GGUFReader(tiny_gguf)
-    source = gguf.GGUFReader(default_model_path())
+    source = gguf.GGUFReader(small_tokenizer_gguf)
     assert reader.fields["general.architecture"].contents() == "llama"
     assert reader.fields["llama.embedding_length"].contents() == TINY.hidden
     assert reader.fields["llama.block_count"].contents() == TINY.layers
@@ -38,10 +38,11 @@ def test_reads_back_with_the_shape_and_tokenizer_asked_for(tiny_gguf):
     assert 0.45 < float(np.std(embedding)) < 0.55
 
 
-def test_same_seed_same_file_other_seed_other_weights(tiny_gguf, tmp_path):
+def test_same_seed_same_file_other_seed_other_weights(tiny_gguf, small_tokenizer_gguf,
+                                                     tmp_path):
     again, other = tmp_path / "again.gguf", tmp_path / "other.gguf"
-    write_gguf(again, TINY, default_model_path(), "Q8_0", seed=3, std=0.5)
-    write_gguf(other, TINY, default_model_path(), "Q8_0", seed=4, std=0.5)
+    write_gguf(again, TINY, small_tokenizer_gguf, "Q8_0", seed=3, std=0.5)
+    write_gguf(other, TINY, small_tokenizer_gguf, "Q8_0", seed=4, std=0.5)
     assert again.read_bytes() == tiny_gguf.read_bytes()
     assert other.read_bytes() != tiny_gguf.read_bytes()
 
@@ -66,9 +67,9 @@ def test_pagedchat_and_transformers_load_it_to_the_same_greedy_tokens(tiny_gguf)
     assert len({tuple(t) for t in ours}) > 1  # the prompts lead somewhere different
 
 
-def test_cached_by_shape_quant_and_seed(monkeypatch, tmp_path):
+def test_cached_by_shape_quant_and_seed(monkeypatch, tmp_path, small_tokenizer_gguf):
     monkeypatch.setenv("PAGEDCHAT_CACHE_DIR", str(tmp_path))
-    path, found = synthetic_model("tiny", "Q8_0", seed=1)
+    path, found = synthetic_model("tiny", "Q8_0", seed=1, tokenizer_gguf=small_tokenizer_gguf)
     assert not found and path.is_file() and path.is_relative_to(tmp_path)
     assert synthetic_model("tiny", "Q8_0", seed=1) == (path, True)
     assert not list(path.parent.glob(".*partial"))

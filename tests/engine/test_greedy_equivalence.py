@@ -105,15 +105,21 @@ CONFIGS = {
 }
 
 
+def blocks_for_all(prompts: list[list[int]], block_size: int) -> int:
+    """A pool that holds every prompt and its longest output at once: no preemption."""
+    return sum(-(-(len(ids) + MAX_TOKENS) // block_size) for ids in prompts)
+
+
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_batched_greedy_matches_transformers(name, real_model_dir, real_hf_model, prompts,
                                              references):
-    slots = 20_000
-    llm = LLM(model=str(real_model_dir), num_kv_blocks=slots // CONFIGS[name]["block_size"],
-              swap_space="64MiB", **CONFIGS[name])
+    llm = LLM(model=str(real_model_dir), swap_space="64MiB",
+              num_kv_blocks=blocks_for_all(prompts, CONFIGS[name]["block_size"]),
+              **CONFIGS[name])
     outputs = llm.generate(prompts, GREEDY)
     assert_same_greedy(real_hf_model, prompts, outputs, references)
     stats = llm.engine.stats()
+    assert stats.preemptions == 0
     assert stats.used_blocks == 0, "every block must be freed or cached when requests end"
 
 
@@ -136,7 +142,8 @@ def test_greedy_unchanged_under_preemption(mode, real_model_dir, real_hf_model, 
 def test_shared_system_prompt_with_and_without_prefix_cache(
     prefix_caching, real_model_dir, real_hf_model, system_prompts, references
 ):
-    llm = LLM(model=str(real_model_dir), block_size=16, num_kv_blocks=800,
+    llm = LLM(model=str(real_model_dir), block_size=16,
+              num_kv_blocks=blocks_for_all(system_prompts, 16),
               enable_prefix_caching=prefix_caching, swap_space="64MiB")
     first = llm.generate(system_prompts[:1], GREEDY)
     rest = llm.generate(system_prompts[1:], GREEDY)
@@ -146,6 +153,7 @@ def test_shared_system_prompt_with_and_without_prefix_cache(
         assert all(out.num_cached_tokens > 0 for out in rest)
     else:
         assert stats.prefix_hits == 0
+    assert stats.preemptions == 0
     assert_same_greedy(real_hf_model, system_prompts, first + rest, references)
 
 
@@ -159,9 +167,10 @@ def _chat_prefix_tokens(prompts: list[list[int]]) -> list[int]:
 
 # Block size 1 is the float configs' and the tiny GGUF's (tests/engine/loading): the
 # quantized products see the same rows at any block size.
+# (a pool of None holds every request at once)
 QUANTIZED = {
-    "block16": dict(block_size=16, num_kv_blocks=1250),
-    "chunked-prefill": dict(block_size=16, num_kv_blocks=1250, max_num_batched_tokens=40),
+    "block16": dict(block_size=16, num_kv_blocks=None),
+    "chunked-prefill": dict(block_size=16, num_kv_blocks=None, max_num_batched_tokens=40),
     "preempted": dict(block_size=16, num_kv_blocks=(990 + MAX_TOKENS) // 16 + 12),
 }
 
@@ -170,11 +179,12 @@ QUANTIZED = {
 def test_quantized_weights_greedy_matches_transformers(name, real_hf_model, prompts, references):
     """The default GGUF with its tensors kept quantized (``weights="gguf"``) against
     transformers on the same file, which de-quantizes it: the same weights, value for value."""
-    llm = LLM(weights="gguf", swap_space="64MiB", **QUANTIZED[name])
+    options = dict(QUANTIZED[name])
+    options["num_kv_blocks"] = options["num_kv_blocks"] or blocks_for_all(prompts, 16)
+    llm = LLM(weights="gguf", swap_space="64MiB", **options)
     assert llm.engine.runner.model.quantized
     outputs = llm.generate(prompts, GREEDY)
     stats = llm.engine.stats()
-    if name == "preempted":
-        assert stats.preemptions > 0
+    assert (stats.preemptions > 0) == (name == "preempted")
     assert_same_greedy(real_hf_model, prompts, outputs, references)
     assert stats.used_blocks == 0

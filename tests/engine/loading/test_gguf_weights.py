@@ -4,7 +4,6 @@ de-quantizes from the same file (its names, its q/k row order)."""
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
 
 import numpy as np
@@ -14,9 +13,10 @@ import torch
 from pagedchat.bench.synthetic_gguf import Shape, add_llama_config, llama_tensors
 from pagedchat.engine.errors import ModelLoadError
 from pagedchat.engine.loading.gguf_weights import hf_name, read_gguf_weights, unpermute_rows
-from pagedchat.engine.loading.loader import named_model_path
+from pagedchat.engine.loading.loader import named_model_path, prepare_model, read_weights
 from pagedchat.kernels.quant import QuantizedWeight, dequantize
 from tests.engine.models.test_gemma3 import reference
+from tests.gguf_tokenizer import add_tokenizer
 
 gguf = pytest.importorskip("gguf")
 
@@ -46,7 +46,7 @@ def write_tiny_gguf(hf_folder: Path, target: Path, formats: dict[str, str]) -> P
     assert shape.head_dim == config.head_dim, "a GGUF's head_dim is hidden / heads"
     state = load_file(hf_folder / "model.safetensors")
     writer = gguf.GGUFWriter(target, "llama")
-    _add_tokenizer(writer, hf_folder)
+    add_tokenizer(writer, hf_folder)
     add_llama_config(writer, shape, config.vocab_size)
     # transformers name -> GGUF name
     names = {hf_name(name): name for name, _, _ in llama_tensors(shape, config.vocab_size)}
@@ -73,33 +73,10 @@ def write_tiny_gguf(hf_folder: Path, target: Path, formats: dict[str, str]) -> P
     return target
 
 
-def _add_tokenizer(writer, folder: Path) -> None:
-    """The folder's byte-level BPE tokenizer (``tokenizer.json``) as llama.cpp's ``gpt2``
-    tokenizer metadata."""
-    from transformers import AutoTokenizer
-
-    layout = json.loads((folder / "tokenizer.json").read_text())
-    vocab = layout["model"]["vocab"]
-    tokens = sorted(vocab, key=vocab.get)
-    special = {t["content"] for t in layout["added_tokens"]}
-    merges = [m if isinstance(m, str) else " ".join(m) for m in layout["model"]["merges"]]
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_token_list(tokens)
-    writer.add_token_types([gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL
-                            for t in tokens])
-    writer.add_token_merges(merges)
-    writer.add_bos_token_id(tokenizer.bos_token_id)
-    writer.add_eos_token_id(tokenizer.eos_token_id)
-    writer.add_pad_token_id(tokenizer.pad_token_id)
-    if tokenizer.chat_template:
-        writer.add_chat_template(tokenizer.chat_template)
-
-
 @pytest.fixture(scope="module")
-def tiny_gguf(tmp_path_factory, tiny_model_dir: Path) -> Path:
-    return write_tiny_gguf(tiny_model_dir, tmp_path_factory.mktemp("tiny-gguf") / "tiny.gguf",
-                           TINY_FORMATS)
+def tiny_gguf(tmp_path_factory, small_vocab_model_dir: Path) -> Path:
+    return write_tiny_gguf(small_vocab_model_dir,
+                           tmp_path_factory.mktemp("tiny-gguf") / "tiny.gguf", TINY_FORMATS)
 
 
 def _transformers_tensors(path: Path) -> dict[str, torch.Tensor]:
@@ -147,13 +124,14 @@ def test_tiny_gguf_reads_as_transformers_loads_it(tiny_gguf):
         assert torch.equal(_as_float(weight), theirs[name]), name
 
 
-def test_plain_and_unsupported_tensors(tmp_path, tiny_model_dir):
+def test_plain_and_unsupported_tensors(tmp_path, small_vocab_model_dir):
     """F32 projections read as float32 tensors; a format without a kernel is named, with
     the way out."""
-    plain = read_gguf_weights(write_tiny_gguf(tiny_model_dir, tmp_path / "f32.gguf", {}), 4, 2)
+    plain = read_gguf_weights(
+        write_tiny_gguf(small_vocab_model_dir, tmp_path / "f32.gguf", {}), 4, 2)
     assert all(isinstance(w, torch.Tensor) and w.dtype == torch.float32
                for w in plain.values())
-    path = write_tiny_gguf(tiny_model_dir, tmp_path / "mxfp4.gguf", {"attn_q": "MXFP4"})
+    path = write_tiny_gguf(small_vocab_model_dir, tmp_path / "mxfp4.gguf", {"attn_q": "MXFP4"})
     with pytest.raises(ModelLoadError, match="attn_q.weight is MXFP4.*--weights float32"):
         read_gguf_weights(path, 4, 2)
     with pytest.raises(ModelLoadError, match="missing.gguf: cannot read"):
@@ -164,10 +142,12 @@ def test_plain_and_unsupported_tensors(tmp_path, tiny_model_dir):
 @pytest.mark.parametrize(("model", "heads", "kv_heads"), [(None, 9, 3), ("gemma-3-270m", 4, 1)])
 def test_real_model_reads_as_transformers_loads_it(model, heads, kv_heads):
     """The default model (Llama's q/k permutation) and Gemma 3 270M (its Q4_K, Q5_0, Q6_K
-    and Q8_0 tensors, its norms stored as 1 + w)."""
+    and Q8_0 tensors, its norms stored as 1 + w). transformers' tensors are those of the
+    model's converted folder: what transformers loads from the file, saved in float32 once
+    per cache, and the folder the other real-model tests compare with."""
     path = default_gguf() if model is None else named_model_path(model)
     ours = read_gguf_weights(path, num_heads=heads, num_kv_heads=kv_heads)
-    theirs = _transformers_tensors(path)
+    theirs = read_weights(prepare_model(path).folder)
     assert set(ours) == set(theirs)
     for name, weight in ours.items():
         assert torch.equal(_as_float(weight), theirs[name]), name

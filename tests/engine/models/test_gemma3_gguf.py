@@ -16,7 +16,7 @@ import torch
 
 from pagedchat import LLM, SamplingParams
 from pagedchat.engine.loading.gguf_weights import read_gguf_weights
-from pagedchat.engine.loading.loader import default_model_path, reads_quantized
+from pagedchat.engine.loading.loader import reads_quantized
 from pagedchat.kernels.quant import FORMATS, QuantizedWeight, dequantize
 from tests.engine.models.test_gemma3 import reference
 
@@ -69,9 +69,9 @@ def _data(rng: np.random.Generator, shape: tuple[int, ...], kind: str) -> np.nda
     return blocks.reshape(shape[0], -1)
 
 
-def write_tiny_gemma3_gguf(target: Path, seed: int = 0) -> Path:
-    """A random Gemma 3 GGUF with the default model's tokenizer (copied from its file)."""
-    source = gguf.GGUFReader(default_model_path())
+def write_tiny_gemma3_gguf(target: Path, tokenizer_gguf: Path, seed: int = 0) -> Path:
+    """A random Gemma 3 GGUF with the tokenizer of ``tokenizer_gguf`` (copied from it)."""
+    source = gguf.GGUFReader(tokenizer_gguf)
     vocab = len(source.fields["tokenizer.ggml.tokens"].data)
     writer = gguf.GGUFWriter(target, "gemma3")
     writer.add_context_length(1024)
@@ -108,8 +108,9 @@ def write_tiny_gemma3_gguf(target: Path, seed: int = 0) -> Path:
 
 
 @pytest.fixture(scope="module")
-def gemma_gguf(tmp_path_factory) -> Path:
-    return write_tiny_gemma3_gguf(tmp_path_factory.mktemp("tiny-gemma3-gguf") / "gemma.gguf")
+def gemma_gguf(tmp_path_factory, small_tokenizer_gguf) -> Path:
+    return write_tiny_gemma3_gguf(tmp_path_factory.mktemp("tiny-gemma3-gguf") / "gemma.gguf",
+                                  small_tokenizer_gguf)
 
 
 def _prompts() -> list[list[int]]:

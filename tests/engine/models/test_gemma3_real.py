@@ -10,7 +10,7 @@ from pagedchat import LLM, SamplingParams
 from pagedchat.engine.loading.loader import prepare_model
 from tests.engine.models.test_gemma3 import reference
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("shared_model_loads")]
 
 MAX_TOKENS = 24
 
