@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pagedchat.engine.errors import ModelLoadError
-from pagedchat.engine.loading.gguf_file import SCALARS, STRING
+from pagedchat.engine.loading.gguf_file import SCALARS, STRING, read_gguf_header
 from pagedchat.engine.loading.gguf_weights import Weight, read_gguf_weights, write_metadata
 from pagedchat.paths import cache_root
 
@@ -213,20 +213,7 @@ def check_gguf(path: Path) -> None:
         raise ModelLoadError(f"{path}: cannot read ({error})") from error
     if magic != b"GGUF":
         raise ModelLoadError(f"{path}: not a model (expected a GGUF file or an HF folder)")
-    import gguf
-
-    try:
-        reader = gguf.GGUFReader(path)
-    except Exception as error:  # the reader raises many kinds on a damaged file
-        raise ModelLoadError(f"{path}: corrupt or truncated GGUF ({error})") from error
-    size = path.stat().st_size
-    for tensor in reader.tensors:
-        if tensor.data_offset + tensor.n_bytes > size:
-            raise ModelLoadError(
-                f"{path}: truncated GGUF (tensor {tensor.name} ends past the end of the file)"
-            )
-    field = reader.fields.get("general.architecture")
-    arch = bytes(field.parts[field.data[0]]).decode() if field else None
+    arch = read_gguf_header(path).fields.get("general.architecture")
     if arch not in _GGUF_ARCHITECTURES:
         raise ModelLoadError(
             f"{path}: unsupported architecture {arch!r} "
