@@ -50,19 +50,19 @@ def gguf_bytes_per_token(path: Path, context_len: float, kv_bytes_per_value: int
     """Bytes llama.cpp reads per decode step of one sequence from a GGUF: its tensors as
     stored (the embedding only where it is the tied head) and the KV cache of
     ``context_len`` tokens (llama.cpp's default cache type, float16)."""
-    import gguf
+    from pagedchat.engine.loading.gguf_file import read_gguf_header
 
-    reader = gguf.GGUFReader(path)
-    tensors = {t.name: int(t.n_bytes) for t in reader.tensors}
+    header = read_gguf_header(path)
+    tensors = {t.name: t.n_bytes for t in header.tensors}
     weights = sum(tensors.values())
     if "output.weight" in tensors:
         weights -= tensors["token_embd.weight"]
-    arch = reader.fields["general.architecture"].contents()
+    arch = header.fields["general.architecture"]
 
     def field(name: str) -> int:
-        return int(reader.fields[f"{arch}.{name}"].contents())
+        return int(header.fields[f"{arch}.{name}"])
 
-    head_dim = (field("attention.key_length") if f"{arch}.attention.key_length" in reader.fields
+    head_dim = (field("attention.key_length") if f"{arch}.attention.key_length" in header.fields
                 else field("embedding_length") // field("attention.head_count"))
     kv_width = field("attention.head_count_kv") * head_dim
     kv = 2 * field("block_count") * kv_width * kv_bytes_per_value * context_len
