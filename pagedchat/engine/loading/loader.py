@@ -4,7 +4,8 @@ folder.
 transformers reads the config, tokenizer, chat template and weights (it de-quantizes
 GGUF); the forward pass is ours. De-quantizing takes seconds, so a GGUF is converted
 once into a cache folder keyed by the file's identity (path, size, mtime) and every
-later start reads plain safetensors from there.
+later start reads plain safetensors from there. Writing a conversion removes those of
+files since deleted or changed.
 
 With ``weights="gguf"`` a GGUF's tensors stay quantized: its cache folder holds only the
 config and tokenizer, and the weights are read from the file itself at every start
@@ -41,6 +42,7 @@ DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "gemma3_text")
 _GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "gemma3")
 _CACHE_FORMAT = "2"
+SOURCE_RECORD = "source.json"  # in a conversion's folder: the GGUF it came from
 WEIGHTS = ("gguf", "float32", "bfloat16")
 
 
@@ -176,7 +178,7 @@ def prepare_model(spec: str | os.PathLike | None = None,
         from_cache = (folder / "config.json").is_file()
         if not from_cache:
             check_gguf(path)
-            _write_folder(folder, lambda staging: write_metadata(path, staging))
+            _write_folder(folder, path, lambda staging: write_metadata(path, staging))
         return ModelFiles(folder, str(path), from_cache, time.perf_counter() - start, path)
     folder = cache_root() / "models" / _gguf_key(path)
     from_cache = (folder / "model.safetensors").is_file()
@@ -248,10 +250,16 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def _gguf_key(path: Path) -> str:
+def _identity(path: Path) -> dict[str, object]:
+    """What names a GGUF's version: where it is, its size and when it last changed."""
     stat = path.stat()
-    identity = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{_CACHE_FORMAT}"
-    return f"{path.stem}-{hashlib.sha256(identity.encode()).hexdigest()[:16]}"
+    return {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def _gguf_key(path: Path) -> str:
+    identity = _identity(path)
+    text = f"{identity['path']}|{identity['size']}|{identity['mtime_ns']}|{_CACHE_FORMAT}"
+    return f"{path.stem}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
 
 
 def _convert_gguf(path: Path, folder: Path) -> None:
@@ -283,19 +291,40 @@ def _convert_gguf(path: Path, folder: Path) -> None:
         tokenizer.save_pretrained(staging)
         save_file(state, staging / "model.safetensors", metadata={"source": str(path)})
 
-    _write_folder(folder, write)
+    _write_folder(folder, path, write)
 
 
-def _write_folder(folder: Path, write: Callable[[Path], None]) -> None:
+def _write_folder(folder: Path, source: Path, write: Callable[[Path], None]) -> None:
     """``write`` into a staging folder beside ``folder``, which then takes its place: a
-    start cut short leaves no half-written folder behind."""
+    start cut short leaves no half-written folder behind. The folder records ``source``'s
+    identity, and the conversions of files since deleted or changed are removed."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".converting-"))
     try:
         write(staging)
+        (staging / SOURCE_RECORD).write_text(json.dumps(_identity(source)))
         if folder.exists():
             shutil.rmtree(folder)
         staging.rename(folder)
     except OSError as error:
         shutil.rmtree(staging, ignore_errors=True)
         raise ModelLoadError(f"{folder}: cannot write the converted model ({error})") from error
+    remove_stale_conversions(folder.parent)
+
+
+def remove_stale_conversions(models: Path) -> list[Path]:
+    """Remove the cached conversions whose GGUF is gone or has changed since (a file
+    re-installed in another environment is another file): each would never be read
+    again. Folders without a source record are kept. Returns the removed folders."""
+    removed = []
+    for record in models.glob(f"*/{SOURCE_RECORD}"):
+        try:
+            identity = json.loads(record.read_text())
+            source = Path(identity["path"])
+            stale = not source.is_file() or _identity(source) != identity
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # unreadable now (another process writing it): leave it
+        if stale:
+            shutil.rmtree(record.parent, ignore_errors=True)
+            removed.append(record.parent)
+    return removed

@@ -131,3 +131,34 @@ def test_architecture_of_a_file_that_is_not_gguf(tmp_path):
     bogus.write_text("hello, not a model")
     assert gguf_architecture(bogus) is None
     assert not reads_quantized(bogus)
+
+
+def test_a_conversion_goes_once_its_gguf_is_deleted_or_changed(tmp_path, monkeypatch,
+                                                                small_vocab_model_dir):
+    import os
+
+    from pagedchat.engine.loading.loader import SOURCE_RECORD
+    from tests.engine.loading.test_gguf_weights import write_tiny_gguf
+
+    monkeypatch.setenv("PAGEDCHAT_CACHE_DIR", str(tmp_path / "cache"))
+    original = write_tiny_gguf(small_vocab_model_dir, tmp_path / "tiny.gguf", {})
+    deleted, changed, kept = (tmp_path / f"{name}.gguf" for name in ("deleted", "changed",
+                                                                      "kept"))
+    for path in (deleted, changed, kept):
+        shutil.copy(original, path)
+    folders = {path: prepare_model(path, weights="gguf").folder
+               for path in (deleted, changed, kept)}
+    record = json.loads((folders[kept] / SOURCE_RECORD).read_text())
+    assert record["path"] == str(kept.resolve())
+    unrecorded = folders[kept].parent / "written-before-records"
+    unrecorded.mkdir()
+
+    deleted.unlink()
+    stat = changed.stat()
+    os.utime(changed, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    again = prepare_model(changed, weights="gguf")  # a new conversion: the file changed
+
+    assert not again.from_cache and again.folder != folders[changed]
+    assert not folders[deleted].exists() and not folders[changed].exists()
+    assert folders[kept].is_dir() and unrecorded.is_dir()
+    assert prepare_model(kept, weights="gguf").from_cache
