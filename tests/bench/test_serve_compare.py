@@ -18,7 +18,7 @@ from pagedchat.bench.serve_llama import (
     sustained_summary,
     sustains,
 )
-from pagedchat.bench.serve_offline import comparison
+from pagedchat.bench.serve_offline import comparison, median_targets
 from pagedchat.cli import app
 
 runner = CliRunner()
@@ -128,28 +128,40 @@ def lines(output: str, title: str) -> list[dict[str, str]]:
 
 
 def test_compare_offline_end_to_end(tiny_model_dir, tmp_path):
-    """A real `pagedchat serve` child and the engine here, on the same requests: the same
-    output tokens, and the printed ratio is the one of the two printed speeds."""
+    """A real `pagedchat serve` child and the engine here, on the same requests, in two
+    rounds: the same output tokens, and each printed target is the median of the rounds'
+    ratios of the printed figures."""
     out = tmp_path / "offline.json"
     result = bench("--model", str(tiny_model_dir), "--compare", "offline", "-n", "3",
                    "--max-tokens", "3", "--alone-requests", "2", "--kv-blocks", "64",
-                   "--max-concurrency", "2", "--json", str(out))
+                   "--max-concurrency", "2", "--rounds", "2", "--json", str(out))
     assert result.exit_code == 0, result.output
-    offline, served = lines(result.stdout, "serve_vs_offline")
-    assert offline["engine"] == "offline_engine" and served["engine"] == "pagedchat_serve"
-    assert offline["output_tokens"] == served["output_tokens"] == "9"
-    share, added = lines(result.stdout, "targets")
-    assert float(share["measured"]) == pytest.approx(
-        float(served["output_tokens_per_s"]) / float(offline["output_tokens_per_s"]),
-        rel=1e-4)
-    assert float(added["measured"]) == pytest.approx(float(served["ttft_added_ms_median"]),
-                                                     rel=1e-4)
+    rows = lines(result.stdout, "serve_vs_offline")
+    assert [(row["round"], row["engine"]) for row in rows] == [
+        ("0", "offline_engine"), ("0", "pagedchat_serve"),
+        ("1", "offline_engine"), ("1", "pagedchat_serve")]
+    assert {row["output_tokens"] for row in rows} == {"9"}
+    shares = [float(served["output_tokens_per_s"]) / float(offline["output_tokens_per_s"])
+              for offline, served in (rows[:2], rows[2:])]
+    added = [float(rows[1]["ttft_added_ms_median"]), float(rows[3]["ttft_added_ms_median"])]
+    share, added_target = lines(result.stdout, "targets")
+    assert float(share["measured"]) == pytest.approx(sum(shares) / 2, rel=1e-4)
+    assert float(added_target["measured"]) == pytest.approx(sum(added) / 2, rel=1e-4)
     saved = json.loads(out.read_text())
     assert saved["metadata"]["num_kv_blocks"] == 64 and saved["metadata"]["alone_requests"] == 2
+    assert saved["metadata"]["rounds"] == 2 and len(saved["rounds"]) == 2
     assert set(saved["engines"]) == {"offline engine", "pagedchat serve"}
     assert [r["output_len"] for r in saved["requests"]] == [3, 3, 3]
-    assert [t["measured"] for t in saved["targets"]] == pytest.approx(
-        [float(share["measured"]), float(added["measured"])], rel=1e-4)
+    assert [len(one["alone"]) for one in saved["rounds"]] == [2, 2]
+
+
+def test_targets_over_rounds_are_the_medians_of_the_rounds_figures():
+    rounds = [{"share": share, "added": added}
+              for share, added in ((0.84, 30.0), (0.92, 18.0), (0.89, 20.0))]
+    share, added = median_targets(rounds)
+    assert share["measured"] == pytest.approx(0.89) and share["met"] is False
+    assert added["measured"] == pytest.approx(20.0) and added["met"] is True
+    assert median_targets(rounds[1:2])[0]["met"] is True  # one round: its own figures
 
 
 needs_llama_server = pytest.mark.skipif(

@@ -73,6 +73,10 @@ ServeRequests = Annotated[int | None, typer.Option(
 AloneRequests = Annotated[int, typer.Option(
     "--alone-requests", min=1,
     help="With --compare offline: requests sent one at a time, timed to the first token.")]
+Rounds = Annotated[int, typer.Option(
+    "--rounds", min=1,
+    help="With --compare offline: run both sides this many times, in turn (the engine first "
+         "in even rounds); each target is the median of the rounds' figures.")]
 
 
 def serve(num_requests: ServeRequests = None, model: opt.Model = None,
@@ -85,7 +89,8 @@ def serve(num_requests: ServeRequests = None, model: opt.Model = None,
           json_path: opt.JsonPath = None,
           tp: opt.TensorParallelSize = 1, base_url: BaseUrl = None,
           max_concurrency: MaxConcurrency = None, burstiness: Burstiness = 1.0, slo: Slo = "",
-          api_key: ApiKey = None, alone_requests: AloneRequests = 8) -> None:
+          api_key: ApiKey = None, alone_requests: AloneRequests = 8,
+          rounds: Rounds = 1) -> None:
     """Online serving: Poisson arrivals; TTFT, TPOT, ITL, e2e and normalized latency."""
     with user_errors():
         names, rates = parse_list(compare), parse_list(rate, float)
@@ -98,7 +103,7 @@ def serve(num_requests: ServeRequests = None, model: opt.Model = None,
             count = num_requests or SERVER_COMPARISONS[names[0]]
             if names[0] == "offline":
                 compare_offline(options, count, alone_requests, seed, max_tokens,
-                                max_concurrency or CONCURRENCY, json_path)
+                                max_concurrency or CONCURRENCY, json_path, rounds)
             else:
                 compare_llama_server(options, count, rates, burstiness, seed, max_tokens,
                                      parse_slo(slo or DEFAULT_SLO), max_concurrency, json_path)
