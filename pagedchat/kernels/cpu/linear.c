@@ -25,10 +25,10 @@ two_columns(const float *x, const float *w0, const float *w1, int rows, int k_di
     for (int m = 0; m < rows; m++) acc0[m] = acc1[m] = vf_zero();
     for (int k = 0; k < k_dim; k += 16) {
         const vmask mask = tail_mask(k_dim - k);
-        /* the hardware prefetcher alone left these loads waiting on memory; non-temporal,
-         * as in prefetch_block_row */
-        __builtin_prefetch(w0 + PREFETCH_ROWS * k_dim + k, 0, 0);
-        __builtin_prefetch(w1 + PREFETCH_ROWS * k_dim + k, 0, 0);
+        /* the hardware prefetcher alone left these loads waiting on memory; into every
+         * cache level, as in prefetch_block_row */
+        __builtin_prefetch(w0 + PREFETCH_ROWS * k_dim + k, 0, 3);
+        __builtin_prefetch(w1 + PREFETCH_ROWS * k_dim + k, 0, 3);
         const vf a = vf_load_mask(w0 + k, mask);
         const vf b = vf_load_mask(w1 + k, mask);
         for (int m = 0; m < rows; m++) {
@@ -110,14 +110,15 @@ void linear_f32(const float *x, const float *w, const float *bias, float *out, i
  * chain's error, and the runs' second set of accumulators would not fit the registers. */
 #define BLOCK_RUN 64
 
-/* Prefetch one row of a block BLOCK_PREFETCH rows on, non-temporal (prefetchnta on x86):
- * a step reads each weight once, and kept out of the outer caches it evicts nothing a
- * later read wants (on AMD, whose L3 takes every line L2 lets go, it also spares that
- * write). */
+/* Prefetch one row of a block BLOCK_PREFETCH rows on, into every cache level (prefetcht0
+ * on x86): the next step reads the same weights, and what of them the last-level cache
+ * keeps is not read from memory again. A non-temporal prefetch keeps nothing, and on
+ * Intel a line it fetched can leave the first level before its load comes, which then
+ * reads it from memory a second time. */
 static inline __attribute__((always_inline)) void prefetch_block_row(const void *row,
                                                                      int vecs) {
     for (int v = 0; v < vecs; v++)
-        __builtin_prefetch((const char *)row + BLOCK_PREFETCH * BLOCK_ROW_BYTES + 64 * v, 0, 0);
+        __builtin_prefetch((const char *)row + BLOCK_PREFETCH * BLOCK_ROW_BYTES + 64 * v, 0, 3);
 }
 
 /* out[m][0, 16 * vecs) = x[m] . columns of w for `rows` rows of x, w pointing at the first

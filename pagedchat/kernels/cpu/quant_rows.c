@@ -178,7 +178,7 @@ block_scales(int type, int cols, const uint8_t *const col[], int at,
  * per format and row count, so that both fold into the loops. The blocks `ahead` bytes on
  * from each column's (the next tile's) are prefetched, a block per block read: a few rows
  * read at once are streams too many for the hardware's prefetcher to follow ahead of
- * time. */
+ * time. Into every cache level, as linear.c's prefetch_block_row says why. */
 static inline __attribute__((always_inline)) void
 tile(int type, int rows, int cols, const float *x, int k_dim, const uint8_t *const col[],
      int64_t ahead, float sums[QUANT_ROWS_MAX][COLS_MAX]) {
@@ -187,7 +187,7 @@ tile(int type, int rows, int cols, const float *x, int k_dim, const uint8_t *con
         for (int c = 0; c < cols; c++) acc[r][c] = vf_zero();
     const int values = block_values(type), bytes = block_bytes(type);
     for (int k = 0, at = 0; k < k_dim; k += values, at += bytes) {
-        for (int c = 0; c < cols; c++) __builtin_prefetch(col[c] + at + ahead, 0, 0);
+        for (int c = 0; c < cols; c++) __builtin_prefetch(col[c] + at + ahead, 0, 3);
         Head head[COLS_MAX];
         float scales[2 * COLS_MAX], products[2 * COLS_MAX];
         const float *scale[COLS_MAX], *offset[COLS_MAX];
