@@ -89,7 +89,8 @@ def compare_offline(options: EngineOptions, num_requests: int, alone: int, seed:
                 + (f"; targets: medians of {rounds} rounds' figures, the sides in turn"
                    if rounds > 1 else ""))
     if json_path:
-        median_round = measured[_median_index([one["share"] for one in measured])]
+        shares = [one["targets"][0]["measured"] for one in measured]
+        median_round = measured[_median_index(shares)]
         every_round = [{key: one[key] for key in ("rows", "targets", "alone")}
                        for one in measured]
         report.write_json(json_path, meta, median_round["engines"], targets=targets,
@@ -120,8 +121,7 @@ def _round(round_index: int, singles: list[Request], offline_alone: list[float],
     rows, targets = comparison(offline, offline_alone, served, served_alone)
     for row in rows:
         row["round"] = round_index
-    return {"rows": rows, "targets": targets, "share": targets[0]["measured"],
-            "added": targets[1]["measured"], "results": results,
+    return {"rows": rows, "targets": targets, "results": results,
             "engines": {OFFLINE: {**offline, **rows[0]}, SERVED: {**served, **rows[1]}},
             "alone": [{"id": r.id, "prompt_len": r.prompt_len, "offline_ttft_s": o,
                        "served_ttft_s": s}
@@ -131,8 +131,8 @@ def _round(round_index: int, singles: list[Request], offline_alone: list[float],
 def median_targets(measured: list[dict[str, object]]) -> list[dict[str, object]]:
     """The two targets over the rounds: the median of the rounds' throughput shares and of
     their median added times to first token (one round: that round's own)."""
-    share = statistics.median(one["share"] for one in measured)
-    added = statistics.median(one["added"] for one in measured)
+    share, added = (statistics.median(one["targets"][i]["measured"] for one in measured)
+                    for i in range(2))
     return target_rows(share, added)
 
 

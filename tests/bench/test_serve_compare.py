@@ -18,7 +18,7 @@ from pagedchat.bench.serve_llama import (
     sustained_summary,
     sustains,
 )
-from pagedchat.bench.serve_offline import comparison, median_targets
+from pagedchat.bench.serve_offline import comparison, median_targets, target_rows
 from pagedchat.cli import app
 
 runner = CliRunner()
@@ -156,7 +156,7 @@ def test_compare_offline_end_to_end(tiny_model_dir, tmp_path):
 
 
 def test_targets_over_rounds_are_the_medians_of_the_rounds_figures():
-    rounds = [{"share": share, "added": added}
+    rounds = [{"targets": target_rows(share, added)}
               for share, added in ((0.84, 30.0), (0.92, 18.0), (0.89, 20.0))]
     share, added = median_targets(rounds)
     assert share["measured"] == pytest.approx(0.89) and share["met"] is False

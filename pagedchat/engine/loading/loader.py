@@ -257,8 +257,7 @@ def _identity(path: Path) -> dict[str, object]:
 
 
 def _gguf_key(path: Path) -> str:
-    identity = _identity(path)
-    text = f"{identity['path']}|{identity['size']}|{identity['mtime_ns']}|{_CACHE_FORMAT}"
+    text = "|".join(str(value) for value in (*_identity(path).values(), _CACHE_FORMAT))
     return f"{path.stem}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
 
 
@@ -309,14 +308,13 @@ def _write_folder(folder: Path, source: Path, write: Callable[[Path], None]) -> 
     except OSError as error:
         shutil.rmtree(staging, ignore_errors=True)
         raise ModelLoadError(f"{folder}: cannot write the converted model ({error})") from error
-    remove_stale_conversions(folder.parent)
+    _remove_stale_conversions(folder.parent)
 
 
-def remove_stale_conversions(models: Path) -> list[Path]:
+def _remove_stale_conversions(models: Path) -> None:
     """Remove the cached conversions whose GGUF is gone or has changed since (a file
     re-installed in another environment is another file): each would never be read
-    again. Folders without a source record are kept. Returns the removed folders."""
-    removed = []
+    again. Folders without a source record are kept."""
     for record in models.glob(f"*/{SOURCE_RECORD}"):
         try:
             identity = json.loads(record.read_text())
@@ -326,5 +324,3 @@ def remove_stale_conversions(models: Path) -> list[Path]:
             continue  # unreadable now (another process writing it): leave it
         if stale:
             shutil.rmtree(record.parent, ignore_errors=True)
-            removed.append(record.parent)
-    return removed

@@ -10,10 +10,10 @@
  * A few rows of x (at most QUANT_ROWS_MAX, a decode step) go to quant_rows.c, which
  * decodes in registers. For more, threads take equal runs of groups of NC output columns:
  * a thread decodes WIDE groups at a time into a float32 scratch and multiplies them with
- * every row of x,
- * packed k-major in panels of XR rows, the sums in registers: the weights are read from
- * memory once and decoded once per call, whatever the row count. One path per instruction
- * set, picked by the compiler's macros: AVX-512, AVX2 with FMA, else plain C.
+ * every row of x, packed k-major in panels of XR rows, the sums in registers: the weights
+ * are read from memory once and decoded once per call, whatever the row count. One path
+ * per instruction set, picked by the compiler's macros: AVX-512, AVX2 with FMA, else plain
+ * C.
  */
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF
@@ -217,9 +217,10 @@ static void decode_row(const Format *f, const uint8_t *row, int k_dim, float *ou
  * NC output columns are decoded at a time into a row-major tile. Rows of x go in panels of
  * XR rows (NV vectors): a full panel is packed k-major (xp[k * XR + r]) and each step of
  * k loads its NV vectors and broadcasts one weight of each of the NC columns, NV * NC sums
- * (each a vector over rows) in registers. A panel of fewer than PANEL_MIN rows (a remainder, or a
- * small batch) would waste lanes that way, so it takes dot products instead: MR rows by NCI
- * columns at a time, vectors along k, summed across lanes at the end. */
+ * (each a vector over rows) in registers. A panel of fewer than PANEL_MIN rows (a
+ * remainder, or a small batch) would waste lanes that way, so it takes dot products
+ * instead: MR rows by NCI columns at a time, vectors along k, summed across lanes at the
+ * end. */
 #if defined(__AVX512F__)
 #define NC 8
 #define NV 3
