@@ -1,8 +1,11 @@
 """Does a lower-precision run still say the same thing? Greedy agreement on ShareGPT
 chat prompts between pagedchat and transformers at one dtype, next to the noise floor
-of that dtype (transformers at that dtype against transformers in float32)."""
+of that dtype (transformers at that dtype against transformers in float32); and the
+perplexity of held-out text (ShareGPT answers) as each scores it."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -53,3 +56,51 @@ def greedy_agreement(engine: LLMEngine, prompts: list[list[int]],
         "hf_vs_hf_float32_first_token_agreement": sum(s > 0 for s in floor) / n,
         "hf_vs_hf_float32_mean_shared_prefix_tokens": sum(floor) / n,
     }
+
+
+def _forcing(reply: list[int]):
+    """A logits processor that makes the next token the reply's next one."""
+    def force(output_ids: list[int], row: torch.Tensor) -> torch.Tensor:
+        forced = torch.full_like(row, float("-inf"))
+        forced[reply[len(output_ids)]] = 0.0
+        return forced
+    return force
+
+
+def reply_logprobs(engine: LLMEngine, pairs: list[tuple[list[int], list[int]]]) -> list[float]:
+    """Each reply's log-probability under pagedchat given its prompt, token by token as it
+    decodes (the reply forced in; logprobs are read before the forcing)."""
+    for i, (prompt, reply) in enumerate(pairs):
+        engine.add_request(f"score-{i}", prompt, SamplingParams(
+            temperature=0, max_tokens=len(reply), ignore_eos=True, logprobs=0,
+            logits_processors=[_forcing(reply)]))
+    scores = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                completion = out.outputs[0]
+                scores[out.request_id] = sum(
+                    entry[token].logprob
+                    for token, entry in zip(completion.token_ids, completion.logprobs,
+                                            strict=True))
+    return [scores[f"score-{i}"] for i in range(len(pairs))]
+
+
+def _hf_reply_logprob(model, prompt: list[int], reply: list[int]) -> float:
+    with torch.inference_mode():
+        logits = model(torch.tensor([prompt + reply])).logits[0, len(prompt) - 1:-1]
+    picked = logits.float().log_softmax(-1).gather(1, torch.tensor(reply).unsqueeze(1))
+    return float(picked.sum())
+
+
+def held_out_perplexity(engine: LLMEngine,
+                        pairs: list[tuple[list[int], list[int]]]) -> dict[str, float]:
+    """Perplexity of the replies given their prompts, under pagedchat (as it decodes) and
+    under transformers in float32 on the same weights."""
+    hf = load_hf_model(engine.model_files.weights_folder(), "float32")
+    tokens = sum(len(reply) for _, reply in pairs)
+    ours = sum(reply_logprobs(engine, pairs))
+    theirs = sum(_hf_reply_logprob(hf, prompt, reply) for prompt, reply in pairs)
+    return {"replies": len(pairs), "reply_tokens": tokens,
+            "perplexity": math.exp(-ours / tokens),
+            "hf_float32_perplexity": math.exp(-theirs / tokens)}

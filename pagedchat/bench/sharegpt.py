@@ -177,6 +177,22 @@ def sample_requests(tokenizer, num_requests: int, seed: int = 0, max_tokens: int
     return requests
 
 
+def sample_replies(tokenizer, count: int, seed: int = 0, max_prompt_len: int = 256,
+                   reply_len: int = 64) -> list[tuple[list[int], list[int]]]:
+    """Held-out text to score: (first user turn, the first ``reply_len`` tokens of its
+    reference answer), for conversations whose prompt is 4 to ``max_prompt_len`` tokens and
+    whose answer has at least ``reply_len``. The same seed gives the same pairs."""
+    pairs = []
+    for conv in _shuffled(conversations(), seed):
+        prompt = _encode(tokenizer, conv.messages[0]["content"])
+        reply = _encode(tokenizer, conv.messages[1]["content"])
+        if 4 <= len(prompt) <= max_prompt_len and len(reply) >= reply_len:
+            pairs.append((prompt, reply[:reply_len]))
+            if len(pairs) == count:
+                break
+    return pairs
+
+
 def sample_alpaca_like(tokenizer, num_requests: int, seed: int = 0,
                        max_tokens: int | None = None, path: Path | None = None) -> list[Request]:
     """Short instructions with short answers, standing in for the paper's Alpaca trace

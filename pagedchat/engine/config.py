@@ -22,6 +22,10 @@ def parse_bytes(size: str | int) -> int:
     return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
 
 
+# the --weights choices that keep a GGUF's tensors quantized
+QUANTIZED_WEIGHTS = ("gguf", "gguf-int8")
+
+
 @dataclass
 class EngineConfig:
     model: str | None = None
@@ -40,9 +44,10 @@ class EngineConfig:
     max_num_batched_tokens: int = 1024
     max_model_len: int | None = None
     dtype: str = "float32"
-    # gguf (a GGUF's tensors kept in their blocks; activations in dtype), float32 or
-    # bfloat16 (de-quantized, and dtype follows); None: gguf for a GGUF model on the CPU
-    # when dtype is float32, else dtype
+    # gguf (a GGUF's tensors kept in their blocks; activations in dtype), gguf-int8 (the
+    # same, the products' activations rounded to 8 bits as llama.cpp does: faster, not
+    # exact), float32 or bfloat16 (de-quantized, and dtype follows); None: gguf for a GGUF
+    # model on the CPU when dtype is float32, else dtype
     weights: str | None = None
     device: str = "auto"
     attention_backend: str = "auto"
@@ -64,9 +69,9 @@ class EngineConfig:
             )
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise RequestError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
-        if self.weights not in (None, "gguf", "float32", "bfloat16", "float16"):
+        if self.weights not in (None, *QUANTIZED_WEIGHTS, "float32", "bfloat16", "float16"):
             raise RequestError(
-                f"weights must be gguf, float32 or bfloat16, got {self.weights!r}")
+                f"weights must be gguf, gguf-int8, float32 or bfloat16, got {self.weights!r}")
         if self.attention_backend not in ("auto", "torch", "cpu", "triton"):
             raise RequestError(
                 "attention_backend must be auto, torch, cpu or triton, "

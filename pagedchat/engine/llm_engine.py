@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from pagedchat.engine.block_manager import BlockManager
-from pagedchat.engine.config import EngineConfig
+from pagedchat.engine.config import QUANTIZED_WEIGHTS, EngineConfig
 from pagedchat.engine.errors import ModelLoadError, RequestError
 from pagedchat.engine.loading.detokenizer import IncrementalDetokenizer
 from pagedchat.engine.loading.loader import ModelFiles, prepare_model, reads_quantized
@@ -359,8 +359,8 @@ def resolve_weights(config: EngineConfig) -> EngineConfig:
     if weights is None:
         gguf = reads_quantized(config.model) and on_cpu and config.dtype == "float32"
         weights = "gguf" if gguf else config.dtype
-    if weights == "gguf" and not on_cpu:
-        raise ModelLoadError("--weights gguf runs on the CPU: use --weights float32 or "
+    if weights in QUANTIZED_WEIGHTS and not on_cpu:
+        raise ModelLoadError(f"--weights {weights} runs on the CPU: use --weights float32 or "
                              "bfloat16 on a GPU")
-    dtype = config.dtype if weights == "gguf" else weights
+    dtype = config.dtype if weights in QUANTIZED_WEIGHTS else weights
     return replace(config, weights=weights, dtype=dtype)

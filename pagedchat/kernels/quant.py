@@ -22,8 +22,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-__all__ = ["FORMATS", "QFormat", "QuantizedWeight", "Segment", "dequantize",
-           "dequantize_blocks", "quantized_embedding", "quantized_linear"]
+__all__ = ["FORMATS", "INT8_ACTIVATIONS", "QFormat", "QuantizedWeight", "Segment",
+           "dequantize", "dequantize_blocks", "quantized_embedding", "quantized_linear",
+           "round_activations"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,10 @@ FORMATS: dict[str, QFormat] = {f.name: f for f in (
 )}
 
 
+# the flag the C kernels take on a type number for a product with 8-bit activations
+INT8_ACTIVATIONS = 0x100
+
+
 @dataclass(frozen=True)
 class Segment:
     """Consecutive output rows of a weight in one format: ``data`` is uint8
@@ -70,9 +75,11 @@ class Segment:
 class QuantizedWeight:
     """A ``[out_features, in_features]`` weight as GGML blocks, in row segments (see the
     module's docstring). Rows can be taken (a permutation, a shard) and weights stacked
-    without touching a block."""
+    without touching a block. ``int8_activations``: products with it round their input to 8
+    bits first (:func:`round_activations`), as llama.cpp multiplies, rather than exactly."""
 
-    def __init__(self, segments: Sequence[Segment], in_features: int) -> None:
+    def __init__(self, segments: Sequence[Segment], in_features: int,
+                 int8_activations: bool = False) -> None:
         merged: list[Segment] = []
         for segment in segments:
             if segment.data.dtype != torch.uint8 or segment.data.dim() != 2:
@@ -88,6 +95,7 @@ class QuantizedWeight:
                 merged.append(Segment(segment.format, segment.data.contiguous()))
         self.segments = tuple(merged)
         self.in_features = in_features
+        self.int8_activations = int8_activations
         self.out_features = sum(s.rows for s in merged)
 
     @classmethod
@@ -105,7 +113,8 @@ class QuantizedWeight:
         widths = {weight.in_features for weight in weights}
         if len(widths) != 1:
             raise ValueError(f"stacked weights differ in width: {sorted(widths)}")
-        return cls([s for weight in weights for s in weight.segments], widths.pop())
+        return cls([s for weight in weights for s in weight.segments], widths.pop(),
+                   any(weight.int8_activations for weight in weights))
 
     @property
     def shape(self) -> torch.Size:
@@ -131,7 +140,7 @@ class QuantizedWeight:
             first = int(ends[i]) - self.segments[i].rows
             segment = self.segments[i]
             pieces.append(Segment(segment.format, segment.data[rows[begin:end] - first]))
-        return QuantizedWeight(pieces, self.in_features)
+        return QuantizedWeight(pieces, self.in_features, self.int8_activations)
 
     def __getitem__(self, rows: slice) -> QuantizedWeight:
         return self.take_rows(rows)
@@ -149,11 +158,12 @@ class QuantizedWeight:
                                  f"blocks of {fmt.block_size}")
             first = start // fmt.block_size * fmt.type_size
             pieces.append(Segment(fmt, segment.data[:, first:first + fmt.row_bytes(length)]))
-        return QuantizedWeight(pieces, length)
+        return QuantizedWeight(pieces, length, self.int8_activations)
 
     def __repr__(self) -> str:
         parts = ", ".join(f"{s.format.name}x{s.rows}" for s in self.segments)
-        return f"QuantizedWeight({tuple(self.shape)}, {parts})"
+        int8 = ", int8 activations" if self.int8_activations else ""
+        return f"QuantizedWeight({tuple(self.shape)}, {parts}{int8})"
 
 
 def _half(blocks: torch.Tensor, at: int) -> torch.Tensor:
@@ -237,12 +247,24 @@ def dequantize(weight: QuantizedWeight) -> torch.Tensor:
 ROWS_AT_ONCE = 4096
 
 
+def round_activations(x: torch.Tensor) -> torch.Tensor:
+    """``x`` (float32, last dimension a multiple of 32) as the 8-bit products see it: each
+    run of 32 values ``d * q`` for integers ``q`` in [-127, 127], ``d = max|x| * (1/127)``,
+    ``q = x * (1/d)`` rounded to the nearest integer, ties to even (the C kernels round the
+    same way, so the same ``q``)."""
+    runs = x.reshape(*x.shape[:-1], -1, 32)
+    d = runs.abs().amax(-1, keepdim=True) * torch.tensor(1 / 127, dtype=torch.float32)
+    inverse = torch.where(d > 0, 1 / d, torch.zeros_like(d))
+    return (torch.round(runs * inverse) * d).reshape(x.shape)
+
+
 def quantized_linear(x: torch.Tensor, weight: QuantizedWeight,
                      bias: torch.Tensor | None = None,
                      out: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ W.T (+ bias)`` in float32 over the de-quantized weight (``ROWS_AT_ONCE`` rows
-    at a time), in ``x``'s dtype (float32 or bfloat16); written into ``out`` where given."""
-    wide = x.float()
+    at a time), in ``x``'s dtype (float32 or bfloat16); written into ``out`` where given.
+    With ``weight.int8_activations``, x rounded first (:func:`round_activations`)."""
+    wide = round_activations(x.float()) if weight.int8_activations else x.float()
     result = torch.empty(*x.shape[:-1], weight.shape[0])
     first = 0
     for segment in weight.segments:

@@ -228,3 +228,66 @@ def test_embedding_rows_decode_exactly(kernels, name):
                        quant.quantized_embedding(ids, weight, torch.bfloat16))
     with pytest.raises(IndexError, match="outside"):
         kernels.quantized_embedding(torch.tensor([40]), weight)
+
+
+def int8(weight: QuantizedWeight) -> QuantizedWeight:
+    """The same blocks, multiplied with 8-bit activations."""
+    return QuantizedWeight(weight.segments, weight.in_features, int8_activations=True)
+
+
+def test_activations_round_to_eight_bits_per_run_of_32():
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 96, generator=g) * torch.tensor([1.0, 1e-3, 50.0]).view(3, 1)
+    x[1, 32:64] = 0.0
+    rounded = quant.round_activations(x)
+    runs, exact = rounded.reshape(3, 3, 32), x.reshape(3, 3, 32)
+    d = exact.abs().amax(-1, keepdim=True) / 127
+    q = torch.where(d > 0, runs / torch.where(d > 0, d, 1), 0)
+    assert torch.allclose(q, q.round(), atol=1e-3)
+    q = q.round()
+    assert q.abs().max() == 127
+    assert (q.abs().amax(-1) == 127).sum() == 8  # every run but the zero one reaches 127
+    assert torch.equal(rounded[1, 32:64], torch.zeros(32))
+    assert ((rounded - x).reshape(3, 3, 32).abs() <= d / 2 * 1.0001).all()
+
+
+@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 13, 33])
+def test_int8_product_matches_reference(kernels, name, rows):
+    """The integer products give the reference's result (x rounded, then a float product):
+    the same rounded x, exact integer sums, only the float sums in another order; a few
+    rows at a time, and more in groups of four."""
+    width = 2 * FORMATS[name].block_size
+    weight = int8(random_weight(name, 45, width, seed=rows))
+    g = torch.Generator().manual_seed(rows)
+    x, bias = torch.randn(rows, width, generator=g), torch.randn(45, generator=g)
+    expected = quant.quantized_linear(x, weight, bias)
+    close(kernels.quantized_linear(x, weight, bias), expected, 1e-5)
+    halves = kernels.quantized_linear(x.bfloat16(), weight, bias)
+    close(halves, quant.quantized_linear(x.bfloat16(), weight, bias), 1e-2)
+    # and it is not the exact product: x was rounded
+    exact = quant.quantized_linear(x, QuantizedWeight(weight.segments, width), bias)
+    assert (expected - exact).abs().max() > 1e-4 * exact.abs().max()
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_int8_product_of_mixed_segments_on_any_threads(kernels, threads):
+    fused = int8(QuantizedWeight.stack([random_weight("Q4_K", 5, 256, seed=5),
+                                        random_weight("Q6_K", 3, 256, seed=6),
+                                        random_weight("Q4_1", 150, 256, seed=7)]))
+    x = torch.randn(7, 256, generator=torch.Generator().manual_seed(8))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        actual = kernels.quantized_linear(x, fused)
+    finally:
+        torch.set_num_threads(before)
+    close(actual, quant.quantized_linear(x, fused), 1e-5)
+
+
+def test_int8_flag_follows_rows_shards_and_stacks():
+    weight = int8(random_weight("Q8_0", 8, 64))
+    assert weight.take_rows(torch.tensor([3, 1])).int8_activations
+    assert weight.narrow(1, 32, 32).int8_activations and weight[2:5].int8_activations
+    assert QuantizedWeight.stack([weight, random_weight("Q4_0", 2, 64)]).int8_activations
+    assert "int8 activations" in repr(weight)

@@ -1,6 +1,11 @@
-"""`pagedchat bench quality`: greedy agreement with transformers at a lower precision."""
+"""`pagedchat bench quality`: greedy agreement with transformers at a lower precision (or
+with 8-bit activations), and the perplexity of held-out text."""
 
 from __future__ import annotations
+
+from typing import Annotated
+
+import typer
 
 from pagedchat.bench import report
 from pagedchat.bench.suite import sample_trace
@@ -12,17 +17,27 @@ def quality(num_requests: opt.NumRequests = 16, model: opt.Model = None,
             max_tokens: opt.MaxTokens = 32,
             dtype: opt.Dtype = opt.DType.bfloat16,
             weights: opt.Weights = None, seed: opt.Seed = 0, json_path: opt.JsonPath = None,
-            tp: opt.TensorParallelSize = 1) -> None:
-    """Greedy agreement with transformers at a lower precision, beside its noise floor."""
-    from pagedchat.bench.quality import greedy_agreement
+            tp: opt.TensorParallelSize = 1,
+            replies: Annotated[int, typer.Option(
+                "--replies", min=0, help="Held-out ShareGPT answers to score (0: none).")] = 16,
+            ) -> None:
+    """Greedy agreement with transformers at a lower precision, beside its noise floor,
+    and the perplexity of held-out answers under both."""
+    from pagedchat.bench.quality import greedy_agreement, held_out_perplexity
+    from pagedchat.bench.sharegpt import sample_replies
 
     with user_errors():
         engine = opt.engine_options(model, dtype, tp=tp, weights=weights).build()
         requests = sample_trace(engine, num_requests, seed, max_tokens)
         figures = greedy_agreement(engine, [r.prompt_ids for r in requests], max_tokens or 32)
-        report.emit_table("quality", [{"dtype": engine.config.dtype, **figures}],
-                          ["dtype", "prompts", "first_token_agreement",
-                           "mean_shared_prefix_tokens", "hf_vs_hf_float32_first_token_agreement",
-                           "hf_vs_hf_float32_mean_shared_prefix_tokens"])
+        if replies:
+            figures |= held_out_perplexity(engine, sample_replies(engine.tokenizer, replies, seed))
+        row = {"dtype": engine.config.dtype, "weights": engine.config.weights, **figures}
+        report.emit_table("quality", [row], [
+            "dtype", "weights", "prompts", "first_token_agreement", "mean_shared_prefix_tokens",
+            "hf_vs_hf_float32_first_token_agreement",
+            "hf_vs_hf_float32_mean_shared_prefix_tokens",
+            *(["replies", "reply_tokens", "perplexity", "hf_float32_perplexity"]
+              if replies else [])])
         if json_path:
             report.write_json(json_path, report.engine_metadata(engine), {"pagedchat": figures})

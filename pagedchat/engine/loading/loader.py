@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pagedchat.engine.config import QUANTIZED_WEIGHTS
 from pagedchat.engine.errors import ModelLoadError
 from pagedchat.engine.loading.gguf_file import SCALARS, STRING, read_gguf_header
 from pagedchat.engine.loading.gguf_weights import Weight, read_gguf_weights, write_metadata
@@ -43,7 +44,6 @@ SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "gemma3_text")
 _GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "gemma3")
 _CACHE_FORMAT = "2"
 SOURCE_RECORD = "source.json"  # in a conversion's folder: the GGUF it came from
-WEIGHTS = ("gguf", "float32", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -157,7 +157,7 @@ def prepare_model(spec: str | os.PathLike | None = None,
                   weights: str = "float32") -> ModelFiles:
     """Check ``spec`` (a path, a name of ``NAMED_MODELS``, or None for the default) and
     return an HF folder for it (converting a GGUF once, cached); ``weights="gguf"``: a
-    GGUF's folder without weights, its tensors read quantized."""
+    GGUF's folder without weights, its tensors read quantized (``"gguf-int8"`` too)."""
     start = time.perf_counter()
     if spec is None:
         path = default_model_path()
@@ -168,12 +168,12 @@ def prepare_model(spec: str | os.PathLike | None = None,
     if not path.exists():
         raise ModelLoadError(f"{path}: no such file or folder")
     if path.is_dir():
-        if weights == "gguf":
-            raise ModelLoadError(f"{path}: --weights gguf reads a GGUF file, this is a "
+        if weights in QUANTIZED_WEIGHTS:
+            raise ModelLoadError(f"{path}: --weights {weights} reads a GGUF file, this is a "
                                  "folder (use --weights float32 or bfloat16)")
         check_hf_folder(path)
         return ModelFiles(path, str(path), False, time.perf_counter() - start)
-    if weights == "gguf":
+    if weights in QUANTIZED_WEIGHTS:
         folder = cache_root() / "models" / f"{_gguf_key(path)}-metadata"
         from_cache = (folder / "config.json").is_file()
         if not from_cache:

@@ -124,6 +124,9 @@ class ModelRunner:
         self.max_model_len = config.max_model_len
         self.model = build_model(model_config, self.kernels, self.tp, self.device, self.dtype,
                                  self.max_model_len)
+        if config.weights == "gguf-int8":
+            for weight in self._quantized_weights():
+                weight.int8_activations = True
         attn = self.model.layers[0].self_attn
         self.kv_shape = (self.block_size, attn.num_kv_heads, attn.head_dim)
         self.kv_groups = kv_groups(model_config)
@@ -153,8 +156,13 @@ class ModelRunner:
         """Bytes of this worker's weights (the whole model when there is one worker), those
         kept quantized as their blocks."""
         plain = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        return plain + sum(m.quantized.nbytes for m in self.model.modules()
-                           if isinstance(getattr(m, "quantized", None), QuantizedWeight))
+        return plain + sum(weight.nbytes for weight in self._quantized_weights())
+
+    def _quantized_weights(self) -> list[QuantizedWeight]:
+        """The weights kept in GGML blocks, each once (a tied head shares its embedding's)."""
+        found = {id(m.quantized): m.quantized for m in self.model.modules()
+                 if isinstance(getattr(m, "quantized", None), QuantizedWeight)}
+        return list(found.values())
 
     def communication(self) -> dict[str, int]:
         """Tokens run so far and the bytes exchanged for them (zero with one worker)."""

@@ -37,6 +37,7 @@ SOURCES = (
     "decoder.c",
     "quant.c",
     "quant_rows.c",
+    "quant_int8.c",
 )
 HEADERS = ("vector.h", "kernels.h", "quant.h")
 COMPILE_FLAGS = ["-O3", "-ffast-math", "-fopenmp", "-fPIC", "-std=c11"]

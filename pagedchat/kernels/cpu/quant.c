@@ -389,6 +389,9 @@ static void panel_product(const float *x, const float *tile, const float *bias, 
 int quant_product_part(const float *x, const uint8_t *w, int type, const float *bias,
                        void *out, int out_bf16, int rows, int k_dim, int n_dim,
                        int64_t out_stride, int t, int threads) {
+    if (type & INT8_ACTIVATIONS)
+        return quant8_product_part(x, w, type & ~INT8_ACTIVATIONS, bias, out, out_bf16, rows,
+                                   k_dim, n_dim, out_stride, t, threads);
     Format f;
     if (!format_of(type, &f)) return 1;
     if (rows <= QUANT_ROWS_MAX) {
@@ -437,8 +440,8 @@ static int product(const float *x, const uint8_t *w, int type, const float *bias
                    int out_bf16, int rows, int k_dim, int n_dim, int64_t out_stride,
                    int num_threads) {
     Format f;
-    if (!format_of(type, &f)) return 1;
-    if (rows <= QUANT_ROWS_MAX) {
+    if (!format_of(type & ~INT8_ACTIVATIONS, &f)) return 1;
+    if (rows <= QUANT_ROWS_MAX && !(type & INT8_ACTIVATIONS)) {
         quant_rows(x, w, &f, bias, out, out_bf16, rows, k_dim, n_dim, out_stride, num_threads);
         return 0;
     }

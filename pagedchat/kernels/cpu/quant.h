@@ -4,9 +4,16 @@
 #define PAGEDCHAT_CPU_QUANT_H
 
 #include <stdint.h>
+#include <string.h>
 
 #if defined(__F16C__) || defined(__AVX512F__)
 #include <immintrin.h>
+/* quant_product_part's contract (kernels.h), with x rounded to 8 bits (quant_int8.c); type
+ * without the flag. */
+int quant8_product_part(const float *x, const uint8_t *w, int type, const float *bias,
+                        void *out, int out_bf16, int rows, int k_dim, int n_dim,
+                        int64_t out_stride, int t, int threads);
+
 #endif
 
 /* GGML's type numbers, as in quant.py's FORMATS */
@@ -15,6 +22,12 @@ enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q
 static inline float half_to_float(const uint8_t *p) {
 #if defined(__F16C__)
     return _cvtsh_ss((unsigned short)(p[0] | p[1] << 8));  /* exact, as the branches below */
+/* quant_product_part's contract (kernels.h), with x rounded to 8 bits (quant_int8.c); type
+ * without the flag. */
+int quant8_product_part(const float *x, const uint8_t *w, int type, const float *bias,
+                        void *out, int out_bf16, int rows, int k_dim, int n_dim,
+                        int64_t out_stride, int t, int threads);
+
 #endif
     const uint32_t h = (uint32_t)p[0] | (uint32_t)p[1] << 8;
     const uint32_t sign = (h & 0x8000u) << 16, exponent = (h >> 10) & 0x1Fu, mantissa = h & 0x3FFu;
@@ -40,6 +53,12 @@ static inline void halves_to_floats(const uint16_t h[16], float out[16]) {
     _mm256_storeu_ps(out + 8, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + 8))));
 #else
     for (int i = 0; i < 16; i++) out[i] = half_to_float((const uint8_t *)(h + i));
+/* quant_product_part's contract (kernels.h), with x rounded to 8 bits (quant_int8.c); type
+ * without the flag. */
+int quant8_product_part(const float *x, const uint8_t *w, int type, const float *bias,
+                        void *out, int out_bf16, int rows, int k_dim, int n_dim,
+                        int64_t out_stride, int t, int threads);
+
 #endif
 }
 
@@ -122,6 +141,35 @@ static inline __attribute__((always_inline)) void head_of(int type, const uint8_
     }
 }
 
+/* The most output columns a tile of the few-row products (quant_rows.c, quant_int8.c)
+ * takes at once. */
+#define TILE_COLS_MAX 8
+
+/* The scales and offsets of the blocks at col[c] + at for `cols` columns, in the formats
+ * of one scale per block (Q4_0 to Q8_0): column c's scale at scales[2 c], offsets[c]
+ * pointing at its offset (in scales or products). Their float16 values are widened
+ * together, in one instruction where the CPU has F16C, to the values head_of gives; and
+ * they are left in memory, so that each of their broadcasts is a load rather than a
+ * shuffle on the port that decoding the weights keeps busy. */
+static inline __attribute__((always_inline)) void
+block_scales(int type, int cols, const uint8_t *const col[], int at,
+             float scales[2 * TILE_COLS_MAX], const float *offsets[TILE_COLS_MAX],
+             float products[2 * TILE_COLS_MAX]) {
+    const int with_min = type == Q4_1 || type == Q5_1;
+    uint16_t halves[2 * TILE_COLS_MAX] = {0};
+    for (int c = 0; c < cols; c++) memcpy(&halves[2 * c], col[c] + at, with_min ? 4 : 2);
+    halves_to_floats(halves, scales);
+    const float factor = type == Q4_0 ? -8.0f : type == Q5_0 ? -16.0f : 0.0f;
+    for (int i = 0; i < 2 * TILE_COLS_MAX; i++) products[i] = factor * scales[i];
+    for (int c = 0; c < cols; c++) offsets[c] = with_min ? &scales[2 * c + 1] : &products[2 * c];
+    __asm__("" : "+m"(*(float(*)[2 * TILE_COLS_MAX])scales),
+                 "+m"(*(float(*)[2 * TILE_COLS_MAX])products));
+}
+
+/* A flag on a type number: the product rounds x to 8-bit integers per run of 32 and
+ * multiplies in integers (quant_int8.c) rather than exactly. */
+#define INT8_ACTIVATIONS 0x100
+
 /* The most rows of x quant_rows takes (quant.c's product sends it those). */
 #define QUANT_ROWS_MAX 4
 
@@ -136,5 +184,11 @@ void quant_rows(const float *x, const uint8_t *w, const Format *f, const float *
 void quant_rows_part(const float *x, const uint8_t *w, const Format *f, const float *bias,
                      void *out, int out_bf16, int rows, int k_dim, int n_dim,
                      int64_t out_stride, int t, int count);
+
+/* quant_product_part's contract (kernels.h), with x rounded to 8 bits (quant_int8.c); type
+ * without the flag. */
+int quant8_product_part(const float *x, const uint8_t *w, int type, const float *bias,
+                        void *out, int out_bf16, int rows, int k_dim, int n_dim,
+                        int64_t out_stride, int t, int threads);
 
 #endif

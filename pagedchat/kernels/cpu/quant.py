@@ -59,9 +59,9 @@ def quantized_linear(x: torch.Tensor, weight: QuantizedWeight,
     if bias is not None:
         bias = bias.float().contiguous()
         bias_at = bias.data_ptr()
-    first = 0
+    first, flag = 0, quant.INT8_ACTIVATIONS if weight.int8_activations else 0
     for segment in weight.segments:
-        status = product(x_at, segment.data.data_ptr(), segment.format.type_id,
+        status = product(x_at, segment.data.data_ptr(), segment.format.type_id | flag,
                          None if bias_at is None else bias_at + 4 * first,
                          out_at + size * first, rows, width, segment.rows, n_dim, threads)
         _check(status, "linear")

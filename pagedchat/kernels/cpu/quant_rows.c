@@ -149,30 +149,8 @@ static inline __attribute__((always_inline)) void run_of(int type, const uint8_t
 #else
 #define ACCUMULATORS 4
 #endif
-#define COLS_MAX 8
 #define COLS_FOR(rows) (ACCUMULATORS / (rows) < 1 ? 1 \
-                        : ACCUMULATORS / (rows) > COLS_MAX ? COLS_MAX : ACCUMULATORS / (rows))
-
-/* The scales and offsets of the blocks at col[c] + at for `cols` columns, in the formats
- * of one scale per block (Q4_0 to Q8_0): column c's scale at scales[2 c], offsets[c]
- * pointing at its offset (in scales or products). Their float16 values are widened
- * together, in one instruction where the CPU has F16C, to the values head_of gives; and
- * they are left in memory, so that each of their broadcasts is a load rather than a
- * shuffle on the port that decoding the weights keeps busy. */
-static inline __attribute__((always_inline)) void
-block_scales(int type, int cols, const uint8_t *const col[], int at,
-             float scales[2 * COLS_MAX], const float *offsets[COLS_MAX],
-             float products[2 * COLS_MAX]) {
-    const int with_min = type == Q4_1 || type == Q5_1;
-    uint16_t halves[2 * COLS_MAX] = {0};
-    for (int c = 0; c < cols; c++) memcpy(&halves[2 * c], col[c] + at, with_min ? 4 : 2);
-    halves_to_floats(halves, scales);
-    const float factor = type == Q4_0 ? -8.0f : type == Q5_0 ? -16.0f : 0.0f;
-    for (int i = 0; i < 2 * COLS_MAX; i++) products[i] = factor * scales[i];
-    for (int c = 0; c < cols; c++) offsets[c] = with_min ? &scales[2 * c + 1] : &products[2 * c];
-    __asm__("" : "+m"(*(float(*)[2 * COLS_MAX])scales),
-                 "+m"(*(float(*)[2 * COLS_MAX])products));
-}
+                        : ACCUMULATORS / (rows) > TILE_COLS_MAX ? TILE_COLS_MAX : ACCUMULATORS / (rows))
 
 /* sums[r][c] = x[r] . column c, for `cols` columns whose blocks start at col[c]. Inlined
  * per format and row count, so that both fold into the loops. The blocks `ahead` bytes on
@@ -181,16 +159,16 @@ block_scales(int type, int cols, const uint8_t *const col[], int at,
  * time. Into every cache level, as linear.c's prefetch_block_row says why. */
 static inline __attribute__((always_inline)) void
 tile(int type, int rows, int cols, const float *x, int k_dim, const uint8_t *const col[],
-     int64_t ahead, float sums[QUANT_ROWS_MAX][COLS_MAX]) {
-    vf acc[QUANT_ROWS_MAX][COLS_MAX];
+     int64_t ahead, float sums[QUANT_ROWS_MAX][TILE_COLS_MAX]) {
+    vf acc[QUANT_ROWS_MAX][TILE_COLS_MAX];
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < cols; c++) acc[r][c] = vf_zero();
     const int values = block_values(type), bytes = block_bytes(type);
     for (int k = 0, at = 0; k < k_dim; k += values, at += bytes) {
         for (int c = 0; c < cols; c++) __builtin_prefetch(col[c] + at + ahead, 0, 3);
-        Head head[COLS_MAX];
-        float scales[2 * COLS_MAX], products[2 * COLS_MAX];
-        const float *scale[COLS_MAX], *offset[COLS_MAX];
+        Head head[TILE_COLS_MAX];
+        float scales[2 * TILE_COLS_MAX], products[2 * TILE_COLS_MAX];
+        const float *scale[TILE_COLS_MAX], *offset[TILE_COLS_MAX];
         if (type >= Q4_K) {
             for (int c = 0; c < cols; c++) {
                 head_of(type, col[c] + at, &head[c]);
@@ -227,10 +205,10 @@ columns(int type, int rows, const float *x, const uint8_t *w, int64_t row_bytes,
     const int cols = COLS_FOR(rows);
     for (int n = first; n < end; n += cols) {
         const int count = end - n < cols ? end - n : cols;
-        const uint8_t *col[COLS_MAX];
+        const uint8_t *col[TILE_COLS_MAX];
         for (int c = 0; c < cols; c++)  /* a short last tile repeats its last column */
             col[c] = w + (int64_t)(n + (c < count ? c : count - 1)) * row_bytes;
-        float sums[QUANT_ROWS_MAX][COLS_MAX];
+        float sums[QUANT_ROWS_MAX][TILE_COLS_MAX];
         tile(type, rows, cols, x, k_dim, col, cols * row_bytes, sums);
         for (int r = 0; r < rows; r++)
             for (int c = 0; c < count; c++) {

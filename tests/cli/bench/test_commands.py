@@ -215,3 +215,16 @@ def test_tensor_parallel_size_that_does_not_divide_is_one_clear_line(tiny_tp_mod
     result = bench("throughput", "--model", str(tiny_tp_model_dir), "-n", "1", "-tp", "3")
     assert result.exit_code == 1
     assert "sizes that work: 1, 2, 4" in result.output
+
+
+def test_quality_scores_agreement_and_held_out_replies(tiny, tmp_path):
+    out = tmp_path / "q.json"
+    result = bench("quality", *tiny, "-n", "2", "--max-tokens", "4", "--dtype", "float32",
+                   "--replies", "3", "--json", str(out))
+    assert result.exit_code == 0, result.output
+    figures = json.loads(out.read_text())["engines"]["pagedchat"]
+    assert figures["prompts"] == 2 and figures["first_token_agreement"] == 1
+    assert figures["replies"] == 3 and figures["reply_tokens"] == 3 * 64
+    # exact float32 weights: the same perplexity as transformers'
+    assert figures["perplexity"] == pytest.approx(figures["hf_float32_perplexity"], rel=1e-4)
+    assert "perplexity=" in result.stdout

@@ -187,6 +187,47 @@ def test_tiny_gguf_greedy_matches_transformers(tiny_gguf, tiny_gguf_references, 
         assert llm.engine.stats().preemptions > 0
 
 
+@pytest.mark.parametrize("options", [
+    dict(block_size=1, num_kv_blocks=1024),
+    dict(block_size=4, num_kv_blocks=16, max_num_batched_tokens=16),  # preempts, chunks
+])
+def test_int8_activations_give_the_same_tokens_however_run(tiny_gguf, tiny_gguf_references,
+                                                           options):
+    """With 8-bit activations the tokens are not transformers' (x is rounded), but they are
+    the option's own: the C kernels give the torch reference's, under any batching, block
+    size, chunking or preemption, since each row of x is rounded alone."""
+    from pagedchat import LLM, SamplingParams
+
+    prompts, refs = tiny_gguf_references
+    params = SamplingParams(temperature=0, max_tokens=12)
+    alone = LLM(model=str(tiny_gguf), weights="gguf-int8", block_size=16, num_kv_blocks=64,
+                attention_backend="torch")
+    expected = [alone.generate([p], params)[0].outputs[0].token_ids for p in prompts]
+    llm = LLM(model=str(tiny_gguf), weights="gguf-int8", **options)
+    outputs = llm.generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in outputs] == expected
+    assert expected != refs  # the option is really on
+
+
+def test_held_out_perplexity_is_transformers_and_int8_stays_near(tiny_gguf):
+    """The scored replies: exact weights give transformers' perplexity; 8-bit activations
+    move it, a little."""
+    from pagedchat import LLM
+    from pagedchat.bench.quality import held_out_perplexity
+
+    g = torch.Generator().manual_seed(11)
+    pairs = [(torch.randint(5, 2000, (n,), generator=g).tolist(),
+              torch.randint(5, 2000, (12,), generator=g).tolist()) for n in (5, 30, 17)]
+    exact = held_out_perplexity(LLM(model=str(tiny_gguf), num_kv_blocks=64).engine, pairs)
+    assert exact["reply_tokens"] == 36
+    assert exact["perplexity"] == pytest.approx(exact["hf_float32_perplexity"], rel=1e-4)
+    int8 = held_out_perplexity(
+        LLM(model=str(tiny_gguf), weights="gguf-int8", num_kv_blocks=64).engine, pairs)
+    assert int8["hf_float32_perplexity"] == exact["hf_float32_perplexity"]
+    assert int8["perplexity"] != exact["perplexity"]
+    assert int8["perplexity"] == pytest.approx(exact["perplexity"], rel=0.05)
+
+
 def test_weights_option_picks_the_path(tiny_gguf, tiny_model_dir):
     from pagedchat import LLM
     from pagedchat.engine.errors import RequestError
@@ -200,5 +241,12 @@ def test_weights_option_picks_the_path(tiny_gguf, tiny_model_dir):
     assert halves.engine.config.dtype == "bfloat16"
     with pytest.raises(ModelLoadError, match="--weights gguf reads a GGUF file"):
         LLM(model=str(tiny_model_dir), weights="gguf", num_kv_blocks=16)
-    with pytest.raises(RequestError, match="weights must be gguf, float32 or bfloat16"):
+    int8 = LLM(model=str(tiny_gguf), weights="gguf-int8", num_kv_blocks=16)
+    assert int8.engine.config.dtype == "float32" and int8.engine.runner.model.quantized
+    weights = int8.engine.runner._quantized_weights()
+    assert weights and all(weight.int8_activations for weight in weights)
+    assert not any(w.int8_activations for w in default.engine.runner._quantized_weights())
+    with pytest.raises(ModelLoadError, match="--weights gguf-int8 reads a GGUF file"):
+        LLM(model=str(tiny_model_dir), weights="gguf-int8", num_kv_blocks=16)
+    with pytest.raises(RequestError, match="weights must be gguf, gguf-int8, float32 or"):
         LLM(model=str(tiny_gguf), weights="int4", num_kv_blocks=16)

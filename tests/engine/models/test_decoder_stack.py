@@ -60,8 +60,11 @@ def _quantize(model, folder: Path) -> None:
 def _engine(source: str, dtype: str, folder: Path) -> LLM:
     llm = LLM(model=str(folder), num_kv_blocks=128, block_size=16, max_num_batched_tokens=64,
               dtype=dtype)
-    if source == "quantized":
+    if source.startswith("quantized"):
         _quantize(llm.engine.runner.model, folder)
+    if source == "quantized-int8":
+        for weight in llm.engine.runner._quantized_weights():
+            weight.int8_activations = True
     return llm
 
 
@@ -70,13 +73,15 @@ def _engine(source: str, dtype: str, folder: Path) -> LLM:
     pytest.param("float", "bfloat16", marks=needs_stack),
     pytest.param("quantized", "float32", marks=needs_kernels),
     pytest.param("quantized", "bfloat16", marks=needs_kernels),
+    pytest.param("quantized-int8", "float32", marks=needs_kernels),
 ])
 def test_stack_gives_the_layers_result_bit_for_bit(tiny_model_dir, monkeypatch, source,
                                                    dtype):
     """Every step runs both ways: decode steps (one to six rows, one with a short prompt
     chunk beside them) through the stack must equal the layers exactly, K/V writes
     included; steps with a long prompt chunk are left to the layers. On packed float
-    weights, and on quantized ones whose fused products mix formats."""
+    weights, and on quantized ones whose fused products mix formats (multiplied exactly,
+    or with 8-bit activations)."""
     llm = _engine(source, dtype, tiny_model_dir)
     model = llm.engine.runner.model
     stack = model.decoder_stack()

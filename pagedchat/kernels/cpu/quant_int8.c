@@ -1,0 +1,406 @@
+/* Products on GGML blocks with 8-bit activations, llama.cpp's way: an option beside the
+ * exact products (quant.c, quant_rows.c), for weights flagged INT8_ACTIVATIONS.
+ *
+ * Each run of 32 values of a row of x is rounded to integers q_x in [-127, 127] times one
+ * scale, d = max|x| / 127. Each run of 32 weights is scale * q_w + offset for its integers
+ * q_w (per 16 weights in Q6_K), so its product with the rounded x is
+ *     scale * d * (q_w . q_x) + offset * d * sum(q_x),
+ * and q_w . q_x is summed exactly in integers: on AVX2, 32 byte products in two
+ * instructions, where the exact path decodes, converts and multiplies each weight in float.
+ * The result is the product of the weights, taken as reals, with x so rounded: not the
+ * exact product, so its agreement with transformers is measured (`bench quality`), never
+ * assumed. The torch reference (kernels/quant.py) computes the same thing.
+ *
+ * Threads take equal runs of tiles of output columns, as in quant_rows.c; each thread
+ * rounds all of x itself (a small cost next to reading the weights), and takes the rows of
+ * x four at a time, so a tile's weights are read from memory once for all of them.
+ */
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "quant.h"
+#include "vector.h"
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+/* x rounded: q [rows, k_dim]; per run of 32, scale[rows, k_dim / 32] and the run's
+ * d * sum(q) in run_sums; per 16, d * sum(q) in half_sums [rows, k_dim / 16]. */
+typedef struct {
+    int8_t *q;
+    float *scale, *run_sums, *half_sums;
+} X8;
+
+/* The rounding every path (and the torch reference) does: d = max|x| * (1 / 127), then
+ * q = x * (1 / d) rounded to the nearest integer, ties to even. */
+static void round_row(const float *x, int k_dim, int8_t *q, float *scale, float *run_sums,
+                      float *half_sums) {
+    for (int j = 0; j < k_dim / 32; j++) {
+        const float *v = x + 32 * j;
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(v[i]));
+        const float d = amax * (1.0f / 127.0f), inverse = d > 0.0f ? 1.0f / d : 0.0f;
+        int sums[2] = {0, 0};
+        for (int i = 0; i < 32; i++) {
+            const int r = (int)nearbyintf(v[i] * inverse);
+            q[32 * j + i] = (int8_t)r;
+            sums[i / 16] += r;
+        }
+        scale[j] = d;
+        half_sums[2 * j] = d * (float)sums[0];
+        half_sums[2 * j + 1] = d * (float)sums[1];
+        run_sums[j] = d * (float)(sums[0] + sums[1]);
+    }
+}
+
+/* x's rows rounded into one allocation (free x8->q); 0 when out of memory. */
+static int round_rows(const float *x, int rows, int k_dim, X8 *x8) {
+    const int64_t runs = (int64_t)rows * (k_dim / 32);
+    void *memory = malloc((size_t)rows * k_dim + sizeof(float) * 4 * (size_t)runs);
+    if (memory == NULL) return 0;
+    x8->scale = memory;
+    x8->run_sums = x8->scale + runs;
+    x8->half_sums = x8->run_sums + runs;
+    x8->q = (int8_t *)(x8->half_sums + 2 * runs);
+    for (int r = 0; r < rows; r++)
+        round_row(x + (int64_t)r * k_dim, k_dim, x8->q + (int64_t)r * k_dim,
+                  x8->scale + (int64_t)r * (k_dim / 32), x8->run_sums + (int64_t)r * (k_dim / 32),
+                  x8->half_sums + (int64_t)r * (k_dim / 16));
+    return 1;
+}
+
+/* The integers of run s of block b, as bytes: unsigned, except Q8_0's (signed). The layouts
+ * are those of run_of in quant_rows.c. */
+#if defined(__AVX2__)
+static inline __m256i low_nibbles(__m256i v) { return _mm256_and_si256(v, _mm256_set1_epi8(15)); }
+
+/* byte i: 16 where bit i of the 32 bits at p is set, else 0 (a fifth bit) */
+static inline __m256i fifth_bits(const uint8_t *p) {
+    uint32_t bits;
+    memcpy(&bits, p, 4);
+    const __m256i spread = _mm256_shuffle_epi8(  /* byte i holds byte i / 8 of the bits */
+        _mm256_set1_epi32((int)bits),
+        _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                         2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+    const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+    return _mm256_and_si256(set, _mm256_set1_epi8(16));
+}
+
+static inline __attribute__((always_inline)) __m256i run_bytes(int type, const uint8_t *b,
+                                                               int s) {
+    switch (type) {
+        case Q4_0: case Q4_1: case Q5_0: case Q5_1: {
+            const int head = type == Q4_0 ? 2 : type == Q4_1 ? 4 : type == Q5_0 ? 6 : 8;
+            /* the 16 bytes twice; the upper copy's high nibbles are weights 16..31 */
+            const __m256i twice = _mm256_broadcastsi128_si256(
+                _mm_loadu_si128((const __m128i *)(b + head)));
+            const __m256i q = low_nibbles(_mm256_srlv_epi32(
+                twice, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)));
+            return type <= Q4_1 ? q : _mm256_or_si256(q, fifth_bits(b + head - 4));
+        }
+        case Q8_0:
+            return _mm256_loadu_si256((const __m256i *)(b + 2));
+        case Q4_K: case Q5_K: {
+            const int five = type == Q5_K;
+            const __m256i packed = _mm256_loadu_si256(
+                (const __m256i *)(b + (five ? 48 : 16) + 32 * (s / 2)));
+            const __m256i q = low_nibbles(s % 2 ? _mm256_srli_epi16(packed, 4) : packed);
+            if (!five) return q;
+            const __m256i high = _mm256_and_si256(
+                _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(b + 16)),
+                                 _mm_cvtsi32_si128(s)), _mm256_set1_epi8(1));
+            return _mm256_or_si256(q, _mm256_slli_epi16(high, 4));
+        }
+        default: {  /* Q6_K */
+            const __m256i low = _mm256_loadu_si256(
+                (const __m256i *)(b + 64 * (s / 4) + 32 * (s % 2)));
+            const __m256i high = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * (s / 4)));
+            const __m256i nibble = low_nibbles(
+                _mm256_srl_epi16(low, _mm_cvtsi32_si128(4 * (s % 4 / 2))));
+            const __m256i two = _mm256_and_si256(
+                _mm256_srl_epi16(high, _mm_cvtsi32_si128(2 * (s % 4))), _mm256_set1_epi8(3));
+            return _mm256_or_si256(nibble, _mm256_slli_epi16(two, 4));
+        }
+    }
+}
+
+/* Eight int32 sums of four byte products each: lanes 0-3 the run's first 16 weights. */
+static inline __m256i run_dot(int type, __m256i w, __m256i x) {
+    const __m256i pairs = type == Q8_0
+        ? _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
+        : _mm256_maddubs_epi16(w, x);
+    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+}
+
+static inline float lane_sum(__m256 v) {
+    const __m128 four = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
+    return _mm_cvtss_f32(_mm_add_ss(two, _mm_movehdup_ps(two)));
+}
+#else
+static inline void run_integers(int type, const uint8_t *b, int s, int8_t q[32]) {
+    switch (type) {
+        case Q4_0: case Q4_1: case Q5_0: case Q5_1: {
+            const int head = type == Q4_0 ? 2 : type == Q4_1 ? 4 : type == Q5_0 ? 6 : 8;
+            uint32_t high = 0;
+            if (type >= Q5_0) memcpy(&high, b + head - 4, 4);
+            for (int i = 0; i < 16; i++) {
+                q[i] = (int8_t)((b[head + i] & 15) | (high >> i & 1) << 4);
+                q[i + 16] = (int8_t)((b[head + i] >> 4) | (high >> (i + 16) & 1) << 4);
+            }
+            break;
+        }
+        case Q8_0:
+            memcpy(q, b + 2, 32);
+            break;
+        case Q4_K: case Q5_K: {
+            const int five = type == Q5_K;
+            const uint8_t *qs = b + (five ? 48 : 16) + 32 * (s / 2);
+            for (int i = 0; i < 32; i++)
+                q[i] = (int8_t)((qs[i] >> 4 * (s % 2) & 15) | (five ? (b[16 + i] >> s & 1) << 4 : 0));
+            break;
+        }
+        default: {
+            const uint8_t *low = b + 64 * (s / 4) + 32 * (s % 2), *high = b + 128 + 32 * (s / 4);
+            for (int i = 0; i < 32; i++)
+                q[i] = (int8_t)((low[i] >> 4 * (s % 4 / 2) & 15) | (high[i] >> 2 * (s % 4) & 3) << 4);
+        }
+    }
+}
+#endif
+
+/* Tiles of output columns whose sums stay in registers (one 8-lane vector per row and
+ * column on AVX2: 8 of the 16 registers). */
+#define COLS8_FOR(rows) (8 / (rows) < 1 ? 1 : 8 / (rows))
+
+#if defined(__AVX2__)
+/* tile8 for the formats of one scale per block of 32 (Q4_0 to Q8_0), on AVX2: the tile's
+ * scales are widened together (block_scales), multiplied by each row's d in one
+ * instruction, and the offsets' products summed for all columns at once, in the lanes of
+ * block_scales' layout (column c's offset at lane 2 c, or 2 c + 1 with a stored minimum). */
+static inline __attribute__((always_inline)) void
+tile8_blocks32(int type, int rows, int cols, const X8 *x, int64_t row, int k_dim,
+               const uint8_t *const col[], int64_t ahead,
+               float sums[QUANT_ROWS_MAX][TILE_COLS_MAX]) {
+    const int bytes = block_bytes(type), runs = k_dim / 32;
+    const int with_min = type == Q4_1 || type == Q5_1;
+    __m256 acc[QUANT_ROWS_MAX][TILE_COLS_MAX], offsets[QUANT_ROWS_MAX][2];
+    for (int r = 0; r < rows; r++) {
+        offsets[r][0] = offsets[r][1] = _mm256_setzero_ps();
+        for (int c = 0; c < cols; c++) acc[r][c] = _mm256_setzero_ps();
+    }
+    const float factor = type == Q4_0 ? -8.0f : type == Q5_0 ? -16.0f : 1.0f;
+    for (int run = 0, at = 0; run < runs; run++, at += bytes) {
+        for (int c = 0; c < cols; c++) __builtin_prefetch(col[c] + at + ahead, 0, 3);
+        /* each column's first four bytes: its scale and (Q4_1, Q5_1) its minimum, as
+         * float16, widened; column c's scale in lane 2 c (of the pair) */
+        __m256 scales[2];
+        for (int half = 0; half < (cols + 3) / 4; half++) {
+            int32_t heads[4];
+            for (int c = 0; c < 4; c++)
+                memcpy(&heads[c], col[4 * half + (4 * half + c < cols ? c : 0)] + at, 4);
+            scales[half] = _mm256_cvtph_ps(_mm_setr_epi32(heads[0], heads[1], heads[2],
+                                                          heads[3]));
+        }
+        /* scale * d: kept in registers where there are 32 of them (AVX-512), else stored,
+         * so that each column's is a broadcast load rather than a shuffle */
+#if defined(__AVX512F__)
+        __m256 by[QUANT_ROWS_MAX][2];
+#define SCALE_BY(r, c) _mm256_permutevar8x32_ps(by[r][(c) / 4], _mm256_set1_epi32(2 * ((c) % 4)))
+#define SET_BY(r, half, v) (by[r][half] = (v))
+#else
+        float by[QUANT_ROWS_MAX][2 * TILE_COLS_MAX];
+#define SCALE_BY(r, c) _mm256_broadcast_ss(&by[r][2 * (c)])
+#define SET_BY(r, half, v) _mm256_storeu_ps(by[r] + 8 * (half), (v))
+#endif
+        __m256i xv[QUANT_ROWS_MAX];
+        for (int r = 0; r < rows; r++) {
+            const int64_t at_x = (row + r) * runs + run;
+            const __m256 d = _mm256_set1_ps(x->scale[at_x]);
+            const __m256 sum = _mm256_set1_ps(x->run_sums[at_x] * factor);
+            for (int half = 0; half < (cols + 3) / 4; half++) {
+                SET_BY(r, half, _mm256_mul_ps(scales[half], d));
+                if (type != Q8_0)
+                    offsets[r][half] = _mm256_fmadd_ps(scales[half], sum, offsets[r][half]);
+            }
+            xv[r] = _mm256_loadu_si256((const __m256i *)(x->q + (row + r) * k_dim + 32 * run));
+        }
+        for (int c = 0; c < cols; c++) {
+            const __m256i w = run_bytes(type, col[c] + at, 0);
+            for (int r = 0; r < rows; r++)
+                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(run_dot(type, w, xv[r])),
+                                            SCALE_BY(r, c), acc[r][c]);
+        }
+    }
+#undef SCALE_BY
+#undef SET_BY
+    for (int r = 0; r < rows; r++) {
+        float lanes[2 * TILE_COLS_MAX];
+        _mm256_storeu_ps(lanes, offsets[r][0]);
+        _mm256_storeu_ps(lanes + 8, offsets[r][1]);
+        for (int c = 0; c < cols; c++)
+            sums[r][c] = lane_sum(acc[r][c]) + (type == Q8_0 ? 0.0f : lanes[2 * c + with_min]);
+    }
+}
+#endif
+
+/* sums[r][c] = x8 row r . column c for `rows` (<= QUANT_ROWS_MAX) rows and `cols` columns
+ * whose blocks start at col[c]; `ahead` as in quant_rows.c's tile. */
+static inline __attribute__((always_inline)) void
+tile8(int type, int rows, int cols, const X8 *x, int64_t row, int k_dim,
+      const uint8_t *const col[], int64_t ahead, float sums[QUANT_ROWS_MAX][TILE_COLS_MAX]) {
+#if defined(__AVX2__)
+    if (type < Q4_K) {
+        tile8_blocks32(type, rows, cols, x, row, k_dim, col, ahead, sums);
+        return;
+    }
+#endif
+    const int values = block_values(type), bytes = block_bytes(type);
+    const int per16 = type == Q6_K, runs = k_dim / 32;
+    float offsets[QUANT_ROWS_MAX][TILE_COLS_MAX] = {{0}};
+#if defined(__AVX2__)
+    __m256 acc[QUANT_ROWS_MAX][TILE_COLS_MAX];
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) acc[r][c] = _mm256_setzero_ps();
+#else
+    float acc[QUANT_ROWS_MAX][TILE_COLS_MAX] = {{0}};
+#endif
+    for (int k = 0, at = 0; k < k_dim; k += values, at += bytes) {
+        for (int c = 0; c < cols; c++) __builtin_prefetch(col[c] + at + ahead, 0, 3);
+        Head head[TILE_COLS_MAX];
+        for (int c = 0; c < cols; c++) head_of(type, col[c] + at, &head[c]);
+        for (int s = 0; s < values / 32; s++) {
+            const int run = k / 32 + s, pair = type >= Q4_K ? s : 0;
+            const int8_t *xq[QUANT_ROWS_MAX];
+            float d[QUANT_ROWS_MAX];
+            for (int r = 0; r < rows; r++) {
+                xq[r] = x->q + (row + r) * k_dim + 32 * run;
+                d[r] = x->scale[(row + r) * runs + run];
+            }
+#if defined(__AVX2__)
+            __m256i xv[QUANT_ROWS_MAX];
+            for (int r = 0; r < rows; r++) xv[r] = _mm256_loadu_si256((const __m256i *)xq[r]);
+#endif
+            for (int c = 0; c < cols; c++) {
+                const float *scale = head[c].scale, *offset = head[c].offset;
+#if defined(__AVX2__)
+                const __m256i w = run_bytes(type, col[c] + at, s);
+                for (int r = 0; r < rows; r++) {
+                    const __m256 sums8 = _mm256_cvtepi32_ps(run_dot(type, w, xv[r]));
+                    const __m256 by = per16
+                        ? _mm256_setr_m128(_mm_set1_ps(scale[2 * s] * d[r]),
+                                           _mm_set1_ps(scale[2 * s + 1] * d[r]))
+                        : _mm256_set1_ps(scale[pair] * d[r]);
+                    acc[r][c] = _mm256_fmadd_ps(sums8, by, acc[r][c]);
+                }
+#else
+                int8_t wq[32];
+                run_integers(type, col[c] + at, s, wq);
+                for (int r = 0; r < rows; r++)
+                    for (int half = 0; half < 2; half++) {
+                        int sum = 0;
+                        for (int i = 16 * half; i < 16 * half + 16; i++)
+                            sum += (type == Q8_0 ? wq[i] : (uint8_t)wq[i]) * xq[r][i];
+                        acc[r][c] += (float)sum * (scale[per16 ? 2 * s + half : pair] * d[r]);
+                    }
+#endif
+                if (type == Q8_0) continue;
+                for (int r = 0; r < rows; r++) {
+                    const int64_t first = (row + r) * runs + run;
+                    offsets[r][c] += per16
+                        ? offset[2 * s] * x->half_sums[2 * first]
+                              + offset[2 * s + 1] * x->half_sums[2 * first + 1]
+                        : offset[pair] * x->run_sums[first];
+                }
+            }
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) {
+#if defined(__AVX2__)
+            sums[r][c] = lane_sum(acc[r][c]) + offsets[r][c];
+#else
+            sums[r][c] = acc[r][c] + offsets[r][c];
+#endif
+        }
+}
+
+/* Output columns [first, end) for the rows of x8 from `row`, four at a time. */
+static inline __attribute__((always_inline)) void
+columns8(int type, int group, const X8 *x, int rows, const uint8_t *w, int64_t row_bytes,
+         const float *bias, void *out, int out_bf16, int k_dim, int64_t out_stride, int first,
+         int end) {
+    const int cols = COLS8_FOR(group);
+    for (int n = first; n < end; n += cols) {
+        const int count = end - n < cols ? end - n : cols;
+        const uint8_t *col[TILE_COLS_MAX];
+        for (int c = 0; c < cols; c++)  /* a short last tile repeats its last column */
+            col[c] = w + (int64_t)(n + (c < count ? c : count - 1)) * row_bytes;
+        for (int m = 0; m < rows; m += group) {
+            float sums[QUANT_ROWS_MAX][TILE_COLS_MAX];
+            const int taken = rows - m < group ? rows - m : group;
+            switch (taken) {  /* the row count folds into the tile's loops */
+                case 1: tile8(type, 1, cols, x, m, k_dim, col, cols * row_bytes, sums); break;
+                case 2: tile8(type, 2, cols, x, m, k_dim, col, cols * row_bytes, sums); break;
+                case 3: tile8(type, 3, cols, x, m, k_dim, col, cols * row_bytes, sums); break;
+                default: tile8(type, 4, cols, x, m, k_dim, col, cols * row_bytes, sums);
+            }
+            for (int r = 0; r < taken; r++)
+                for (int c = 0; c < count; c++) {
+                    const float y = sums[r][c] + (bias ? bias[n + c] : 0.0f);
+                    const int64_t at = (int64_t)(m + r) * out_stride + n + c;
+                    if (out_bf16) ((bf16_t *)out)[at] = bf16_round(y);
+                    else ((float *)out)[at] = y;
+                }
+        }
+    }
+}
+
+#define GROUP_CASES(TYPE)                                                                 \
+    case TYPE:                                                                            \
+        if (rows == 1) columns8(TYPE, 1, x, rows, w, row_bytes, bias, out, out_bf16,      \
+                                k_dim, out_stride, first, end);                           \
+        else if (rows == 2) columns8(TYPE, 2, x, rows, w, row_bytes, bias, out, out_bf16, \
+                                     k_dim, out_stride, first, end);                      \
+        else columns8(TYPE, QUANT_ROWS_MAX, x, rows, w, row_bytes, bias, out, out_bf16,   \
+                      k_dim, out_stride, first, end);                                     \
+        break;
+
+static void columns8_of(int type, const X8 *x, int rows, const uint8_t *w, int64_t row_bytes,
+                        const float *bias, void *out, int out_bf16, int k_dim,
+                        int64_t out_stride, int first, int end) {
+    switch (type) {
+        GROUP_CASES(Q4_0)
+        GROUP_CASES(Q4_1)
+        GROUP_CASES(Q5_0)
+        GROUP_CASES(Q5_1)
+        GROUP_CASES(Q8_0)
+        GROUP_CASES(Q4_K)
+        GROUP_CASES(Q5_K)
+        GROUP_CASES(Q6_K)
+    }
+}
+
+int quant8_product_part(const float *x, const uint8_t *w, int type, const float *bias,
+                        void *out, int out_bf16, int rows, int k_dim, int n_dim,
+                        int64_t out_stride, int t, int threads) {
+    Format f;
+    if (!format_of(type, &f)) return 1;
+    const int group = rows <= 2 ? rows : QUANT_ROWS_MAX;  /* as columns8_of takes them */
+    const int cols = COLS8_FOR(group), tiles = (n_dim + cols - 1) / cols;
+    const int first = (int)((int64_t)tiles * t / threads) * cols;
+    const int last = (int)((int64_t)tiles * (t + 1) / threads) * cols;
+    const int end = last < n_dim ? last : n_dim;
+    if (first >= end) return 0;
+    X8 x8;
+    if (!round_rows(x, rows, k_dim, &x8)) return 2;
+    columns8_of(type, &x8, rows, w, (int64_t)k_dim / f.block_size * f.type_size, bias, out,
+                out_bf16, k_dim, out_stride, first, end);
+    free(x8.scale);
+    return 0;
+}
