@@ -11,7 +11,20 @@ import torch
 
 from pagedchat.bench.peers import load_hf_model
 from pagedchat.engine.llm_engine import LLMEngine
+from pagedchat.engine.outputs import RequestOutput
 from pagedchat.engine.sampling_params import SamplingParams
+
+
+def _run_alone(engine: LLMEngine, request_id: str, prompt: list[int],
+               params: SamplingParams) -> RequestOutput:
+    """One request through the engine with nothing beside it, as a single chat runs: with
+    ``--weights gguf-int8`` its decode steps are then the 8-bit ones."""
+    engine.add_request(request_id, prompt, params)
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                return out
+    raise RuntimeError(f"{request_id} did not finish")
 
 
 def shared_prefix_len(a: list[int], b: list[int]) -> int:
@@ -28,22 +41,16 @@ def _hf_greedy(model, ids: list[int], max_tokens: int) -> list[int]:
 
 def greedy_agreement(engine: LLMEngine, prompts: list[list[int]],
                      max_tokens: int) -> dict[str, float]:
-    """First-token agreement and mean shared prefix, pagedchat vs transformers at the
-    engine's dtype, and transformers at that dtype vs transformers in float32."""
+    """First-token agreement and mean shared prefix, pagedchat (each prompt alone) vs
+    transformers at the engine's dtype, and transformers at that dtype vs transformers in
+    float32."""
     dtype = engine.config.dtype
     folder = engine.model_files.weights_folder()
     hf = load_hf_model(folder, dtype)
     hf32 = hf if dtype == "float32" else load_hf_model(folder, "float32")
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
-    ours = []
-    for i, ids in enumerate(prompts):
-        engine.add_request(f"quality-{i}", ids, params)
-    finished = {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                finished[out.request_id] = out.outputs[0].token_ids
-    ours = [finished[f"quality-{i}"] for i in range(len(prompts))]
+    ours = [_run_alone(engine, f"quality-{i}", ids, params).outputs[0].token_ids
+            for i, ids in enumerate(prompts)]
     theirs = [_hf_greedy(hf, ids, max_tokens) for ids in prompts]
     reference = theirs if hf32 is hf else [_hf_greedy(hf32, ids, max_tokens) for ids in prompts]
     shared = [shared_prefix_len(a, b) for a, b in zip(ours, theirs)]
@@ -69,21 +76,15 @@ def _forcing(reply: list[int]):
 
 def reply_logprobs(engine: LLMEngine, pairs: list[tuple[list[int], list[int]]]) -> list[float]:
     """Each reply's log-probability under pagedchat given its prompt, token by token as it
-    decodes (the reply forced in; logprobs are read before the forcing)."""
+    decodes alone (the reply forced in; logprobs are read before the forcing)."""
+    scores = []
     for i, (prompt, reply) in enumerate(pairs):
-        engine.add_request(f"score-{i}", prompt, SamplingParams(
+        completion = _run_alone(engine, f"score-{i}", prompt, SamplingParams(
             temperature=0, max_tokens=len(reply), ignore_eos=True, logprobs=0,
-            logits_processors=[_forcing(reply)]))
-    scores = {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                completion = out.outputs[0]
-                scores[out.request_id] = sum(
-                    entry[token].logprob
-                    for token, entry in zip(completion.token_ids, completion.logprobs,
-                                            strict=True))
-    return [scores[f"score-{i}"] for i in range(len(pairs))]
+            logits_processors=[_forcing(reply)])).outputs[0]
+        scores.append(sum(entry[token].logprob for token, entry in zip(
+            completion.token_ids, completion.logprobs, strict=True)))
+    return scores
 
 
 def _hf_reply_logprob(model, prompt: list[int], reply: list[int]) -> float:

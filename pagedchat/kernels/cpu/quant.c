@@ -389,9 +389,10 @@ static void panel_product(const float *x, const float *tile, const float *bias, 
 int quant_product_part(const float *x, const uint8_t *w, int type, const float *bias,
                        void *out, int out_bf16, int rows, int k_dim, int n_dim,
                        int64_t out_stride, int t, int threads) {
-    if (type & INT8_ACTIVATIONS)
-        return quant8_product_part(x, w, type & ~INT8_ACTIVATIONS, bias, out, out_bf16, rows,
-                                   k_dim, n_dim, out_stride, t, threads);
+    if ((type & INT8_ACTIVATIONS) && rows <= QUANT_ROWS_MAX)
+        return quant8_rows_part(x, w, type & ~INT8_ACTIVATIONS, bias, out, out_bf16, rows,
+                                k_dim, n_dim, out_stride, t, threads);
+    type &= ~INT8_ACTIVATIONS;
     Format f;
     if (!format_of(type, &f)) return 1;
     if (rows <= QUANT_ROWS_MAX) {

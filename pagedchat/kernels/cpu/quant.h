@@ -8,9 +8,9 @@
 
 #if defined(__F16C__) || defined(__AVX512F__)
 #include <immintrin.h>
-/* quant_product_part's contract (kernels.h), with x rounded to 8 bits (quant_int8.c); type
- * without the flag. */
-int quant8_product_part(const float *x, const uint8_t *w, int type, const float *bias,
+/* quant_rows_part's contract, with x rounded to 8 bits (quant_int8.c); type without the
+ * flag. Returns 0, 1 for an unknown type, 2 when out of memory. */
+int quant8_rows_part(const float *x, const uint8_t *w, int type, const float *bias,
                         void *out, int out_bf16, int rows, int k_dim, int n_dim,
                         int64_t out_stride, int t, int threads);
 
@@ -22,9 +22,9 @@ enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q
 static inline float half_to_float(const uint8_t *p) {
 #if defined(__F16C__)
     return _cvtsh_ss((unsigned short)(p[0] | p[1] << 8));  /* exact, as the branches below */
-/* quant_product_part's contract (kernels.h), with x rounded to 8 bits (quant_int8.c); type
- * without the flag. */
-int quant8_product_part(const float *x, const uint8_t *w, int type, const float *bias,
+/* quant_rows_part's contract, with x rounded to 8 bits (quant_int8.c); type without the
+ * flag. Returns 0, 1 for an unknown type, 2 when out of memory. */
+int quant8_rows_part(const float *x, const uint8_t *w, int type, const float *bias,
                         void *out, int out_bf16, int rows, int k_dim, int n_dim,
                         int64_t out_stride, int t, int threads);
 
@@ -53,9 +53,9 @@ static inline void halves_to_floats(const uint16_t h[16], float out[16]) {
     _mm256_storeu_ps(out + 8, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + 8))));
 #else
     for (int i = 0; i < 16; i++) out[i] = half_to_float((const uint8_t *)(h + i));
-/* quant_product_part's contract (kernels.h), with x rounded to 8 bits (quant_int8.c); type
- * without the flag. */
-int quant8_product_part(const float *x, const uint8_t *w, int type, const float *bias,
+/* quant_rows_part's contract, with x rounded to 8 bits (quant_int8.c); type without the
+ * flag. Returns 0, 1 for an unknown type, 2 when out of memory. */
+int quant8_rows_part(const float *x, const uint8_t *w, int type, const float *bias,
                         void *out, int out_bf16, int rows, int k_dim, int n_dim,
                         int64_t out_stride, int t, int threads);
 
@@ -166,8 +166,9 @@ block_scales(int type, int cols, const uint8_t *const col[], int at,
                  "+m"(*(float(*)[2 * TILE_COLS_MAX])products));
 }
 
-/* A flag on a type number: the product rounds x to 8-bit integers per run of 32 and
- * multiplies in integers (quant_int8.c) rather than exactly. */
+/* A flag on a type number: a product of at most QUANT_ROWS_MAX rows rounds x to 8-bit
+ * integers per run of 32 and multiplies in integers (quant_int8.c); more rows are
+ * multiplied exactly, which is the faster way there. */
 #define INT8_ACTIVATIONS 0x100
 
 /* The most rows of x quant_rows takes (quant.c's product sends it those). */
@@ -185,9 +186,9 @@ void quant_rows_part(const float *x, const uint8_t *w, const Format *f, const fl
                      void *out, int out_bf16, int rows, int k_dim, int n_dim,
                      int64_t out_stride, int t, int count);
 
-/* quant_product_part's contract (kernels.h), with x rounded to 8 bits (quant_int8.c); type
- * without the flag. */
-int quant8_product_part(const float *x, const uint8_t *w, int type, const float *bias,
+/* quant_rows_part's contract, with x rounded to 8 bits (quant_int8.c); type without the
+ * flag. Returns 0, 1 for an unknown type, 2 when out of memory. */
+int quant8_rows_part(const float *x, const uint8_t *w, int type, const float *bias,
                         void *out, int out_bf16, int rows, int k_dim, int n_dim,
                         int64_t out_stride, int t, int threads);
 

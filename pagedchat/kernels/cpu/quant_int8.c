@@ -11,9 +11,12 @@
  * exact product, so its agreement with transformers is measured (`bench quality`), never
  * assumed. The torch reference (kernels/quant.py) computes the same thing.
  *
- * Threads take equal runs of tiles of output columns, as in quant_rows.c; each thread
- * rounds all of x itself (a small cost next to reading the weights), and takes the rows of
- * x four at a time, so a tile's weights are read from memory once for all of them.
+ * Only for a few rows (at most QUANT_ROWS_MAX, a decode step), where the products wait on
+ * decoding the weights and the integer sums save most of that; with more rows the float
+ * products of quant.c, which decode each weight once for all rows, are the faster ones, so
+ * quant.c multiplies those exactly even for a flagged weight. Threads take equal runs of
+ * tiles of output columns, as in quant_rows.c; each thread rounds all of x itself (a small
+ * cost next to reading the weights).
  */
 #include <math.h>
 #include <omp.h>
@@ -184,7 +187,7 @@ static inline void run_integers(int type, const uint8_t *b, int s, int8_t q[32])
  * instruction, and the offsets' products summed for all columns at once, in the lanes of
  * block_scales' layout (column c's offset at lane 2 c, or 2 c + 1 with a stored minimum). */
 static inline __attribute__((always_inline)) void
-tile8_blocks32(int type, int rows, int cols, const X8 *x, int64_t row, int k_dim,
+tile8_blocks32(int type, int rows, int cols, const X8 *x, int k_dim,
                const uint8_t *const col[], int64_t ahead,
                float sums[QUANT_ROWS_MAX][TILE_COLS_MAX]) {
     const int bytes = block_bytes(type), runs = k_dim / 32;
@@ -220,7 +223,7 @@ tile8_blocks32(int type, int rows, int cols, const X8 *x, int64_t row, int k_dim
 #endif
         __m256i xv[QUANT_ROWS_MAX];
         for (int r = 0; r < rows; r++) {
-            const int64_t at_x = (row + r) * runs + run;
+            const int64_t at_x = (int64_t)r * runs + run;
             const __m256 d = _mm256_set1_ps(x->scale[at_x]);
             const __m256 sum = _mm256_set1_ps(x->run_sums[at_x] * factor);
             for (int half = 0; half < (cols + 3) / 4; half++) {
@@ -228,7 +231,7 @@ tile8_blocks32(int type, int rows, int cols, const X8 *x, int64_t row, int k_dim
                 if (type != Q8_0)
                     offsets[r][half] = _mm256_fmadd_ps(scales[half], sum, offsets[r][half]);
             }
-            xv[r] = _mm256_loadu_si256((const __m256i *)(x->q + (row + r) * k_dim + 32 * run));
+            xv[r] = _mm256_loadu_si256((const __m256i *)(x->q + (int64_t)r * k_dim + 32 * run));
         }
         for (int c = 0; c < cols; c++) {
             const __m256i w = run_bytes(type, col[c] + at, 0);
@@ -252,11 +255,11 @@ tile8_blocks32(int type, int rows, int cols, const X8 *x, int64_t row, int k_dim
 /* sums[r][c] = x8 row r . column c for `rows` (<= QUANT_ROWS_MAX) rows and `cols` columns
  * whose blocks start at col[c]; `ahead` as in quant_rows.c's tile. */
 static inline __attribute__((always_inline)) void
-tile8(int type, int rows, int cols, const X8 *x, int64_t row, int k_dim,
+tile8(int type, int rows, int cols, const X8 *x, int k_dim,
       const uint8_t *const col[], int64_t ahead, float sums[QUANT_ROWS_MAX][TILE_COLS_MAX]) {
 #if defined(__AVX2__)
     if (type < Q4_K) {
-        tile8_blocks32(type, rows, cols, x, row, k_dim, col, ahead, sums);
+        tile8_blocks32(type, rows, cols, x, k_dim, col, ahead, sums);
         return;
     }
 #endif
@@ -279,8 +282,8 @@ tile8(int type, int rows, int cols, const X8 *x, int64_t row, int k_dim,
             const int8_t *xq[QUANT_ROWS_MAX];
             float d[QUANT_ROWS_MAX];
             for (int r = 0; r < rows; r++) {
-                xq[r] = x->q + (row + r) * k_dim + 32 * run;
-                d[r] = x->scale[(row + r) * runs + run];
+                xq[r] = x->q + (int64_t)r * k_dim + 32 * run;
+                d[r] = x->scale[(int64_t)r * runs + run];
             }
 #if defined(__AVX2__)
             __m256i xv[QUANT_ROWS_MAX];
@@ -311,7 +314,7 @@ tile8(int type, int rows, int cols, const X8 *x, int64_t row, int k_dim,
 #endif
                 if (type == Q8_0) continue;
                 for (int r = 0; r < rows; r++) {
-                    const int64_t first = (row + r) * runs + run;
+                    const int64_t first = (int64_t)r * runs + run;
                     offsets[r][c] += per16
                         ? offset[2 * s] * x->half_sums[2 * first]
                               + offset[2 * s + 1] * x->half_sums[2 * first + 1]
@@ -330,76 +333,71 @@ tile8(int type, int rows, int cols, const X8 *x, int64_t row, int k_dim,
         }
 }
 
-/* Output columns [first, end) for the rows of x8 from `row`, four at a time. */
+/* Output columns [first, end) for every row of x8. */
 static inline __attribute__((always_inline)) void
-columns8(int type, int group, const X8 *x, int rows, const uint8_t *w, int64_t row_bytes,
+columns8(int type, int rows, const X8 *x, const uint8_t *w, int64_t row_bytes,
          const float *bias, void *out, int out_bf16, int k_dim, int64_t out_stride, int first,
          int end) {
-    const int cols = COLS8_FOR(group);
+    const int cols = COLS8_FOR(rows);
     for (int n = first; n < end; n += cols) {
         const int count = end - n < cols ? end - n : cols;
         const uint8_t *col[TILE_COLS_MAX];
         for (int c = 0; c < cols; c++)  /* a short last tile repeats its last column */
             col[c] = w + (int64_t)(n + (c < count ? c : count - 1)) * row_bytes;
-        for (int m = 0; m < rows; m += group) {
-            float sums[QUANT_ROWS_MAX][TILE_COLS_MAX];
-            const int taken = rows - m < group ? rows - m : group;
-            switch (taken) {  /* the row count folds into the tile's loops */
-                case 1: tile8(type, 1, cols, x, m, k_dim, col, cols * row_bytes, sums); break;
-                case 2: tile8(type, 2, cols, x, m, k_dim, col, cols * row_bytes, sums); break;
-                case 3: tile8(type, 3, cols, x, m, k_dim, col, cols * row_bytes, sums); break;
-                default: tile8(type, 4, cols, x, m, k_dim, col, cols * row_bytes, sums);
+        float sums[QUANT_ROWS_MAX][TILE_COLS_MAX];
+        tile8(type, rows, cols, x, k_dim, col, cols * row_bytes, sums);
+        for (int r = 0; r < rows; r++)
+            for (int c = 0; c < count; c++) {
+                const float y = sums[r][c] + (bias ? bias[n + c] : 0.0f);
+                const int64_t at = (int64_t)r * out_stride + n + c;
+                if (out_bf16) ((bf16_t *)out)[at] = bf16_round(y);
+                else ((float *)out)[at] = y;
             }
-            for (int r = 0; r < taken; r++)
-                for (int c = 0; c < count; c++) {
-                    const float y = sums[r][c] + (bias ? bias[n + c] : 0.0f);
-                    const int64_t at = (int64_t)(m + r) * out_stride + n + c;
-                    if (out_bf16) ((bf16_t *)out)[at] = bf16_round(y);
-                    else ((float *)out)[at] = y;
-                }
-        }
     }
 }
 
-#define GROUP_CASES(TYPE)                                                                 \
+#define ROW_CASES(TYPE)                                                                   \
     case TYPE:                                                                            \
-        if (rows == 1) columns8(TYPE, 1, x, rows, w, row_bytes, bias, out, out_bf16,      \
-                                k_dim, out_stride, first, end);                           \
-        else if (rows == 2) columns8(TYPE, 2, x, rows, w, row_bytes, bias, out, out_bf16, \
-                                     k_dim, out_stride, first, end);                      \
-        else columns8(TYPE, QUANT_ROWS_MAX, x, rows, w, row_bytes, bias, out, out_bf16,   \
-                      k_dim, out_stride, first, end);                                     \
+        switch (rows) {  /* the row count folds into the tile's loops */                  \
+            case 1: columns8(TYPE, 1, x, w, row_bytes, bias, out, out_bf16, k_dim,        \
+                             out_stride, first, end); break;                              \
+            case 2: columns8(TYPE, 2, x, w, row_bytes, bias, out, out_bf16, k_dim,        \
+                             out_stride, first, end); break;                              \
+            case 3: columns8(TYPE, 3, x, w, row_bytes, bias, out, out_bf16, k_dim,        \
+                             out_stride, first, end); break;                              \
+            default: columns8(TYPE, 4, x, w, row_bytes, bias, out, out_bf16, k_dim,       \
+                              out_stride, first, end); break;                             \
+        }                                                                                 \
         break;
 
-static void columns8_of(int type, const X8 *x, int rows, const uint8_t *w, int64_t row_bytes,
+static void columns8_of(int type, int rows, const X8 *x, const uint8_t *w, int64_t row_bytes,
                         const float *bias, void *out, int out_bf16, int k_dim,
                         int64_t out_stride, int first, int end) {
     switch (type) {
-        GROUP_CASES(Q4_0)
-        GROUP_CASES(Q4_1)
-        GROUP_CASES(Q5_0)
-        GROUP_CASES(Q5_1)
-        GROUP_CASES(Q8_0)
-        GROUP_CASES(Q4_K)
-        GROUP_CASES(Q5_K)
-        GROUP_CASES(Q6_K)
+        ROW_CASES(Q4_0)
+        ROW_CASES(Q4_1)
+        ROW_CASES(Q5_0)
+        ROW_CASES(Q5_1)
+        ROW_CASES(Q8_0)
+        ROW_CASES(Q4_K)
+        ROW_CASES(Q5_K)
+        ROW_CASES(Q6_K)
     }
 }
 
-int quant8_product_part(const float *x, const uint8_t *w, int type, const float *bias,
-                        void *out, int out_bf16, int rows, int k_dim, int n_dim,
-                        int64_t out_stride, int t, int threads) {
+int quant8_rows_part(const float *x, const uint8_t *w, int type, const float *bias,
+                     void *out, int out_bf16, int rows, int k_dim, int n_dim,
+                     int64_t out_stride, int t, int threads) {
     Format f;
     if (!format_of(type, &f)) return 1;
-    const int group = rows <= 2 ? rows : QUANT_ROWS_MAX;  /* as columns8_of takes them */
-    const int cols = COLS8_FOR(group), tiles = (n_dim + cols - 1) / cols;
+    const int cols = COLS8_FOR(rows), tiles = (n_dim + cols - 1) / cols;
     const int first = (int)((int64_t)tiles * t / threads) * cols;
     const int last = (int)((int64_t)tiles * (t + 1) / threads) * cols;
     const int end = last < n_dim ? last : n_dim;
     if (first >= end) return 0;
     X8 x8;
     if (!round_rows(x, rows, k_dim, &x8)) return 2;
-    columns8_of(type, &x8, rows, w, (int64_t)k_dim / f.block_size * f.type_size, bias, out,
+    columns8_of(type, rows, &x8, w, (int64_t)k_dim / f.block_size * f.type_size, bias, out,
                 out_bf16, k_dim, out_stride, first, end);
     free(x8.scale);
     return 0;
