@@ -7,7 +7,7 @@
  * compiler contract them (the pragma below; cpu.py builds with -ffast-math). The sums of
  * the products may be in any order, as in every other product of this backend.
  *
- * A few rows of x (at most QUANT_ROWS_MAX, a decode step) go to quant_rows.c, which
+ * A few rows of x (at most FEW_ROWS, below: a decode step) go to quant_rows.c, which
  * decodes in registers. For more, threads take equal runs of groups of NC output columns:
  * a thread decodes WIDE groups at a time into a float32 scratch and multiplies them with
  * every row of x, packed k-major in panels of XR rows, the sums in registers: the weights
@@ -381,6 +381,15 @@ static void panel_product(const float *x, const float *tile, const float *bias, 
     }
 }
 
+/* The most rows the exact products send to quant_rows.c. On AVX2 its tiles hold every
+ * row's x in registers and run out of them past one row, where the many-row tiles, which
+ * decode each weight once for all rows, are the faster ones. */
+#if defined(VF_AVX2)
+#define FEW_ROWS 1
+#else
+#define FEW_ROWS QUANT_ROWS_MAX
+#endif
+
 /* Thread t of a team of `threads`: its share of out[m][n] (row stride out_stride; float32, or
  * bfloat16 where out_bf16) = x[m] . W[n] (+ bias[n]) for W's n_dim rows of `type` blocks;
  * x float32 [rows, k_dim]. Returns 0, 1 for an unknown type, 2 when out of memory.
@@ -395,7 +404,7 @@ int quant_product_part(const float *x, const uint8_t *w, int type, const float *
     type &= ~INT8_ACTIVATIONS;
     Format f;
     if (!format_of(type, &f)) return 1;
-    if (rows <= QUANT_ROWS_MAX) {
+    if (rows <= FEW_ROWS) {
         quant_rows_part(x, w, &f, bias, out, out_bf16, rows, k_dim, n_dim, out_stride, t,
                         threads);
         return 0;
@@ -442,7 +451,7 @@ static int product(const float *x, const uint8_t *w, int type, const float *bias
                    int num_threads) {
     Format f;
     if (!format_of(type & ~INT8_ACTIVATIONS, &f)) return 1;
-    if (rows <= QUANT_ROWS_MAX && !(type & INT8_ACTIVATIONS)) {
+    if (rows <= FEW_ROWS && !(type & INT8_ACTIVATIONS)) {
         quant_rows(x, w, &f, bias, out, out_bf16, rows, k_dim, n_dim, out_stride, num_threads);
         return 0;
     }
