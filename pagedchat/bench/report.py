@@ -98,17 +98,42 @@ def _git_commit() -> str | None:
     return done.stdout.strip() or None
 
 
+def cpu_description() -> dict[str, object]:
+    """The CPU a figure came from: its name, family and model (as Linux reports them), and
+    whether it has AVX2 and AVX-512; elsewhere what ``platform`` knows."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if not line.strip():
+                    break  # the first processor's block is enough
+                key, _, value = line.partition(":")
+                fields[key.strip()] = value.strip()
+    except OSError:
+        pass
+    flags = set(fields.get("flags", "").split())
+    return {"name": fields.get("model name") or platform.processor() or platform.machine(),
+            "family": fields.get("cpu family"), "model": fields.get("model"),
+            "avx2": "avx2" in flags, "avx512": "avx512f" in flags}
+
+
 def run_metadata(engine_config, model_source: str) -> dict[str, object]:
-    """What a result needs to be compared with another: model, KV layout, versions, machine."""
+    """What a result needs to be compared with another: model, weights and KV layout,
+    versions, machine (the CPU, and the level of the CPU kernels in use)."""
+    from pagedchat.kernels.cpu import isa
+
     return {
         "model": model_source,
         "dtype": engine_config.dtype,
+        "weights": getattr(engine_config, "weights", None),
         "block_size": engine_config.block_size,
         "num_kv_blocks": engine_config.num_kv_blocks,
         "versions": {"python": platform.python_version(),
                      **{name: _version(name) for name in ("pagedchat", "torch", "transformers")}},
         "git_commit": _git_commit(),
         "cpu_count": os.cpu_count(),
+        "cpu": cpu_description(),
+        "cpu_kernels": isa(),
     }
 
 

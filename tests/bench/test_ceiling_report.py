@@ -58,8 +58,11 @@ def test_json_and_plots(tmp_path):
     meta = report.run_metadata(Config(), "model-x")
     report.write_json(tmp_path / "r.json", meta, {"pagedchat": {"requests_per_s": 2.0}})
     data = json.loads((tmp_path / "r.json").read_text())
-    assert set(data["metadata"]) == {"model", "dtype", "block_size", "num_kv_blocks",
-                                     "versions", "git_commit", "cpu_count"}
+    assert set(data["metadata"]) == {"model", "dtype", "weights", "block_size",
+                                     "num_kv_blocks", "versions", "git_commit", "cpu_count",
+                                     "cpu", "cpu_kernels"}
+    assert data["metadata"]["cpu"]["name"]
+    assert data["metadata"]["cpu_kernels"] in ("portable", "avx2", "avx512", "none")
     assert data["engines"]["pagedchat"]["requests_per_s"] == 2.0
     report.plot_lines(tmp_path / "l.png", {"a": [(1, 0.1), (2, 0.3)]}, "x", "y", "t")
     report.plot_stacked(tmp_path / "s.png", {"a": {"token_states": 0.5, "free": 0.5}},
