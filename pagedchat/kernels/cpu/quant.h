@@ -1,10 +1,13 @@
 /* GGML's block formats, shared by the products on them: quant.c (a decoded tile, any row
- * count) and quant_rows.c (decoding in registers, for a few rows). */
+ * count), quant_rows.c (decoding in registers, for a few rows) and quant_int8.c (8-bit
+ * activations, for a few rows). */
 #ifndef PAGEDCHAT_CPU_QUANT_H
 #define PAGEDCHAT_CPU_QUANT_H
 
 #include <stdint.h>
 #include <string.h>
+
+#include "vector.h"
 
 #if defined(__F16C__) || defined(__AVX512F__)
 #include <immintrin.h>
@@ -141,6 +144,9 @@ static inline __attribute__((always_inline)) void head_of(int type, const uint8_
     }
 }
 
+/* The most rows of x quant_rows takes (quant.c's product sends it those). */
+#define QUANT_ROWS_MAX 4
+
 /* The most output columns a tile of the few-row products (quant_rows.c, quant_int8.c)
  * takes at once. */
 #define TILE_COLS_MAX 8
@@ -166,13 +172,53 @@ block_scales(int type, int cols, const uint8_t *const col[], int at,
                  "+m"(*(float(*)[2 * TILE_COLS_MAX])products));
 }
 
+/* The columns of the tile of `cols` output columns at n, `count` of them real: a short last
+ * tile repeats its last column. */
+static inline void tile_columns(const uint8_t *w, int64_t row_bytes, int n, int count,
+                                int cols, const uint8_t *col[TILE_COLS_MAX]) {
+    for (int c = 0; c < cols; c++)
+        col[c] = w + (int64_t)(n + (c < count ? c : count - 1)) * row_bytes;
+}
+
+/* A tile's sums (+ bias) into columns [n, n + count) of out's rows: float32, or bfloat16
+ * where out_bf16. */
+static inline void store_tile(int rows, int count, float sums[QUANT_ROWS_MAX][TILE_COLS_MAX],
+                              const float *bias, int n, void *out, int out_bf16,
+                              int64_t out_stride) {
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < count; c++) {
+            const float y = sums[r][c] + (bias ? bias[n + c] : 0.0f);
+            const int64_t at = (int64_t)r * out_stride + n + c;
+            if (out_bf16) ((bf16_t *)out)[at] = bf16_round(y);
+            else ((float *)out)[at] = y;
+        }
+}
+
+/* The cases of a switch on `type` that call COLUMNS(TYPE, ROWS, x, w, row_bytes, bias, out,
+ * out_bf16, k_dim, out_stride, first, end) for every format and for `rows` from 1 to
+ * QUANT_ROWS_MAX, each as constants, so that both fold into the tile's loops (quant_rows.c
+ * and quant_int8.c). */
+#define QUANT_ROW_CASE(COLUMNS, TYPE, ROWS)                                                \
+    case ROWS: COLUMNS(TYPE, ROWS, x, w, row_bytes, bias, out, out_bf16, k_dim, out_stride, \
+                       first, end); break;
+#define QUANT_TYPE_CASE(COLUMNS, TYPE)                                                     \
+    case TYPE:                                                                             \
+        switch (rows) {                                                                    \
+            QUANT_ROW_CASE(COLUMNS, TYPE, 1) QUANT_ROW_CASE(COLUMNS, TYPE, 2)              \
+            QUANT_ROW_CASE(COLUMNS, TYPE, 3) QUANT_ROW_CASE(COLUMNS, TYPE, 4)              \
+        }                                                                                  \
+        break;
+#define QUANT_TYPE_CASES(COLUMNS)                                                          \
+    QUANT_TYPE_CASE(COLUMNS, Q4_0) QUANT_TYPE_CASE(COLUMNS, Q4_1)                          \
+    QUANT_TYPE_CASE(COLUMNS, Q5_0) QUANT_TYPE_CASE(COLUMNS, Q5_1)                          \
+    QUANT_TYPE_CASE(COLUMNS, Q8_0) QUANT_TYPE_CASE(COLUMNS, Q4_K)                          \
+    QUANT_TYPE_CASE(COLUMNS, Q5_K) QUANT_TYPE_CASE(COLUMNS, Q6_K)
+
 /* A flag on a type number: a product of at most QUANT_ROWS_MAX rows rounds x to 8-bit
  * integers per run of 32 and multiplies in integers (quant_int8.c); more rows are
  * multiplied exactly, which is the faster way there. */
 #define INT8_ACTIVATIONS 0x100
 
-/* The most rows of x quant_rows takes (quant.c's product sends it those). */
-#define QUANT_ROWS_MAX 4
 
 /* out[m][n] (row stride out_stride; float32, or bfloat16 where out_bf16) = x[m] . W[n]
  * (+ bias[n]) for rows <= QUANT_ROWS_MAX rows of x (float32 [rows, k_dim]) and W's n_dim

@@ -206,46 +206,18 @@ columns(int type, int rows, const float *x, const uint8_t *w, int64_t row_bytes,
     for (int n = first; n < end; n += cols) {
         const int count = end - n < cols ? end - n : cols;
         const uint8_t *col[TILE_COLS_MAX];
-        for (int c = 0; c < cols; c++)  /* a short last tile repeats its last column */
-            col[c] = w + (int64_t)(n + (c < count ? c : count - 1)) * row_bytes;
+        tile_columns(w, row_bytes, n, count, cols, col);
         float sums[QUANT_ROWS_MAX][TILE_COLS_MAX];
         tile(type, rows, cols, x, k_dim, col, cols * row_bytes, sums);
-        for (int r = 0; r < rows; r++)
-            for (int c = 0; c < count; c++) {
-                const float y = sums[r][c] + (bias ? bias[n + c] : 0.0f);
-                const int64_t at = (int64_t)r * out_stride + n + c;
-                if (out_bf16) ((bf16_t *)out)[at] = bf16_round(y);
-                else ((float *)out)[at] = y;
-            }
+        store_tile(rows, count, sums, bias, n, out, out_bf16, out_stride);
     }
 }
-
-#define ROW_CASES(TYPE)                                                                   \
-    case TYPE:                                                                            \
-        switch (rows) {                                                                   \
-            case 1: columns(TYPE, 1, x, w, row_bytes, bias, out, out_bf16, k_dim,         \
-                            out_stride, first, end); break;                               \
-            case 2: columns(TYPE, 2, x, w, row_bytes, bias, out, out_bf16, k_dim,         \
-                            out_stride, first, end); break;                               \
-            case 3: columns(TYPE, 3, x, w, row_bytes, bias, out, out_bf16, k_dim,         \
-                            out_stride, first, end); break;                               \
-            default: columns(TYPE, 4, x, w, row_bytes, bias, out, out_bf16, k_dim,        \
-                             out_stride, first, end); break;                              \
-        }                                                                                 \
-        break;
 
 static void columns_of(int type, int rows, const float *x, const uint8_t *w,
                        int64_t row_bytes, const float *bias, void *out, int out_bf16,
                        int k_dim, int64_t out_stride, int first, int end) {
     switch (type) {
-        ROW_CASES(Q4_0)
-        ROW_CASES(Q4_1)
-        ROW_CASES(Q5_0)
-        ROW_CASES(Q5_1)
-        ROW_CASES(Q8_0)
-        ROW_CASES(Q4_K)
-        ROW_CASES(Q5_K)
-        ROW_CASES(Q6_K)
+        QUANT_TYPE_CASES(columns)
     }
 }
 
