@@ -47,7 +47,7 @@ class ParallelRunner:
                               timeout=COLLECTIVE_TIMEOUT)
         self.workers = [
             context.Process(target=run_worker, name=f"pagedchat-tp-rank{rank}", daemon=True,
-                            args=(rank, size, store.port, config, model_config.folder, self.threads,
+                            args=(rank, size, store.port, config, model_config, self.threads,
                                   ready))
             for rank in range(1, size)
         ]

@@ -9,26 +9,25 @@ the model's gather.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from pagedchat.engine.config import EngineConfig
+from pagedchat.engine.loading.model_config import ModelConfig
 
 
-def run_worker(rank: int, size: int, store_port: int, config: EngineConfig, folder: Path,
-               threads: int, ready) -> None:
+def run_worker(rank: int, size: int, store_port: int, config: EngineConfig,
+               model_config: ModelConfig, threads: int, ready) -> None:
     """Entry point of a spawned worker: ``store_port`` is rank 0's TCPStore on this host;
     ``ready`` is a queue that gets ``(rank, error)``, error None once the shard is loaded."""
     import torch
     import torch.distributed as dist
 
-    from pagedchat.engine.loading.model_config import ModelConfig
     from pagedchat.engine.parallel.tensor_parallel import COLLECTIVE_TIMEOUT, TensorParallel
     from pagedchat.engine.runner.model_runner import ModelRunner
 
     torch.set_num_threads(threads)
     tp = TensorParallel(rank, size)
     try:
-        runner = ModelRunner(config, ModelConfig.from_folder(folder), tp)
+        runner = ModelRunner(config, model_config, tp)
     except Exception as error:  # reported by rank 0, naming this rank
         ready.put((rank, f"{type(error).__name__}: {error}"))
         sys.exit(1)

@@ -208,6 +208,20 @@ def test_int8_activations_give_the_reference_tokens(tiny_gguf, tiny_gguf_referen
     assert [alone.generate([p], params)[0].outputs[0].token_ids for p in prompts] != refs
 
 
+def test_tensor_parallel_workers_read_the_gguf_quantized(tiny_gguf, tiny_gguf_references):
+    """Each worker reads its shard of the file's blocks (it is given the model's config,
+    which names the file, not only the folder of config and tokenizer); greedy tokens stay
+    transformers'."""
+    from pagedchat import LLM, SamplingParams
+
+    prompts, refs = tiny_gguf_references
+    with LLM(model=str(tiny_gguf), weights="gguf", tensor_parallel_size=2,
+             num_kv_blocks=64) as llm:
+        assert llm.engine.runner.runner.model.quantized
+        outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=12))
+    assert [o.outputs[0].token_ids for o in outputs] == refs
+
+
 def test_held_out_perplexity_is_transformers_and_int8_stays_near(tiny_gguf):
     """The scored replies: exact weights give transformers' perplexity; 8-bit activations
     move it, a little."""
