@@ -23,8 +23,9 @@ KvMemory = Annotated[str | None, typer.Option("--kv-memory",
 Weights = Annotated[str | None, typer.Option(
     "--weights", help="gguf: a GGUF's tensors kept quantized (the default for a GGUF on the "
                       "CPU); gguf-int8: the same, multiplied with activations rounded to 8 "
-                      "bits, as llama.cpp does (faster, not token-exact); float32 or "
-                      "bfloat16: de-quantized.")]
+                      "bits, as llama.cpp does (faster, not token-exact); q8_0: an HF "
+                      "folder's weights quantized to Q8_0 at load; float32 or bfloat16: "
+                      "de-quantized.")]
 TensorParallelSize = Annotated[int, typer.Option(
     "--tensor-parallel-size", "-tp", min=1,
     help="Workers that split the model's heads (one process each).")]

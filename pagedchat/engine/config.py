@@ -46,8 +46,9 @@ class EngineConfig:
     dtype: str = "float32"
     # gguf (a GGUF's tensors kept in their blocks; activations in dtype), gguf-int8 (the
     # same, the products' activations rounded to 8 bits as llama.cpp does: faster, not
-    # exact), float32 or bfloat16 (de-quantized, and dtype follows); None: gguf for a GGUF
-    # model on the CPU when dtype is float32, else dtype
+    # exact), q8_0 (an HF folder's matrices quantized at load to Q8_0), float32 or
+    # bfloat16 (de-quantized, and dtype follows); None: gguf for a GGUF model on the CPU
+    # when dtype is float32, else dtype
     weights: str | None = None
     device: str = "auto"
     attention_backend: str = "auto"
@@ -69,9 +70,10 @@ class EngineConfig:
             )
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise RequestError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
-        if self.weights not in (None, *QUANTIZED_WEIGHTS, "float32", "bfloat16", "float16"):
-            raise RequestError(
-                f"weights must be gguf, gguf-int8, float32 or bfloat16, got {self.weights!r}")
+        if self.weights not in (None, *QUANTIZED_WEIGHTS, "q8_0", "float32", "bfloat16",
+                                "float16"):
+            raise RequestError(f"weights must be gguf, gguf-int8, q8_0, float32 or bfloat16, "
+                               f"got {self.weights!r}")
         if self.attention_backend not in ("auto", "torch", "cpu", "triton"):
             raise RequestError(
                 "attention_backend must be auto, torch, cpu or triton, "

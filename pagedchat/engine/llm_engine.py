@@ -53,7 +53,8 @@ def open_model(config: EngineConfig) -> OpenedModel:
     config = resolve_weights(config)
     files = prepare_model(config.model, config.weights)
     try:
-        model_config = replace(ModelConfig.from_folder(files.folder), gguf=files.gguf)
+        model_config = replace(ModelConfig.from_folder(files.folder), gguf=files.gguf,
+                               quantize_q8_0=config.weights == "q8_0")
         tokenizer = load_tokenizer(model_config)
     except Exception as error:
         raise ModelLoadError(
@@ -359,8 +360,9 @@ def resolve_weights(config: EngineConfig) -> EngineConfig:
     if weights is None:
         gguf = reads_quantized(config.model) and on_cpu and config.dtype == "float32"
         weights = "gguf" if gguf else config.dtype
-    if weights in QUANTIZED_WEIGHTS and not on_cpu:
+    quantized = weights in (*QUANTIZED_WEIGHTS, "q8_0")
+    if quantized and not on_cpu:
         raise ModelLoadError(f"--weights {weights} runs on the CPU: use --weights float32 or "
                              "bfloat16 on a GPU")
-    dtype = config.dtype if weights in QUANTIZED_WEIGHTS else weights
+    dtype = config.dtype if quantized else weights
     return replace(config, weights=weights, dtype=dtype)

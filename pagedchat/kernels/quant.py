@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 
 __all__ = ["FORMATS", "INT8_ACTIVATIONS", "INT8_ROWS_MAX", "QFormat", "QuantizedWeight", "Segment",
-           "dequantize", "dequantize_blocks", "quantized_embedding", "quantized_linear",
-           "round_activations"]
+           "dequantize", "dequantize_blocks", "quantize_q8_0", "quantized_embedding",
+           "quantized_linear", "round_activations"]
 
 
 @dataclass(frozen=True)
@@ -231,6 +231,20 @@ def dequantize_blocks(format_name: str, blocks: torch.Tensor) -> torch.Tensor:
         scales = blocks[:, 192:208].contiguous().view(torch.int8).float()
         return ((_half(blocks, 208) * scales).unsqueeze(-1) * q).reshape(n, 256)
     raise ValueError(f"unsupported quantization {format_name!r} (supported: {', '.join(FORMATS)})")
+
+
+def quantize_q8_0(weight: torch.Tensor) -> QuantizedWeight:
+    """A float ``[rows, width]`` weight (width a multiple of 32) as Q8_0 blocks, byte for
+    byte as gguf-py's quantizer writes them: per 32 values d = max|w| / 127 (stored as
+    float16), q = w / d rounded half away from zero, in float32."""
+    rows, width = weight.shape
+    runs = weight.detach().float().reshape(rows, width // 32, 32)
+    d = runs.abs().amax(-1, keepdim=True) / 127
+    inverse = torch.where(d == 0, torch.zeros_like(d), 1 / d)
+    scaled = runs * inverse
+    q = (scaled.sign() * (scaled.abs() + 0.5).floor()).to(torch.int8)
+    blocks = torch.cat([d.half().view(torch.uint8), q.view(torch.uint8)], dim=-1)
+    return QuantizedWeight.from_blocks("Q8_0", blocks.reshape(rows, -1), width)
 
 
 def _dequantize_segment(segment: Segment) -> torch.Tensor:

@@ -31,6 +31,7 @@ from pagedchat.engine.config import QUANTIZED_WEIGHTS
 from pagedchat.engine.errors import ModelLoadError
 from pagedchat.engine.loading.gguf_file import SCALARS, STRING, read_gguf_header
 from pagedchat.engine.loading.gguf_weights import Weight, read_gguf_weights, write_metadata
+from pagedchat.kernels.quant import quantize_q8_0
 from pagedchat.paths import cache_root
 
 if TYPE_CHECKING:
@@ -180,6 +181,9 @@ def prepare_model(spec: str | os.PathLike | None = None,
             check_gguf(path)
             _write_folder(folder, path, lambda staging: write_metadata(path, staging))
         return ModelFiles(folder, str(path), from_cache, time.perf_counter() - start, path)
+    if weights == "q8_0":
+        raise ModelLoadError(f"{path}: --weights q8_0 quantizes an HF folder at load; a GGUF "
+                             "keeps its own blocks (--weights gguf)")
     folder = cache_root() / "models" / _gguf_key(path)
     from_cache = (folder / "model.safetensors").is_file()
     if not from_cache:
@@ -225,11 +229,19 @@ def check_gguf(path: Path) -> None:
 
 def load_weights(config: ModelConfig) -> dict[str, Weight]:
     """The model's weights under transformers' names: read quantized from its GGUF where
-    it was prepared with ``weights="gguf"``, else from its folder."""
-    if config.gguf is None:
-        return read_weights(config.folder)
-    return read_gguf_weights(config.gguf, config.num_attention_heads,
-                             config.num_key_value_heads)
+    it was prepared with ``weights="gguf"``, else from its folder (its matrices quantized
+    to Q8_0 where the config asks for it)."""
+    if config.gguf is not None:
+        return read_gguf_weights(config.gguf, config.num_attention_heads,
+                                 config.num_key_value_heads)
+    weights = read_weights(config.folder)
+    if config.quantize_q8_0:
+        # every matrix whose rows are whole blocks: the products' and the embedding's
+        weights = {name: quantize_q8_0(tensor)
+                   if tensor.dim() == 2 and tensor.is_floating_point()
+                   and tensor.shape[1] % 32 == 0 else tensor
+                   for name, tensor in weights.items()}
+    return weights
 
 
 def read_weights(folder: Path) -> dict[str, torch.Tensor]:

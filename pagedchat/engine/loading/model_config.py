@@ -34,6 +34,8 @@ class ModelConfig:
     eos_token_id: int | list[int] | None = None
     # the GGUF file whose tensors are read quantized (see loader.prepare_model), else None
     gguf: Path | None = None
+    # weights read from the folder and quantized at load to Q8_0 (--weights q8_0)
+    quantize_q8_0: bool = False
     # Gemma 3: each layer's kind ("sliding_attention" or "full_attention"), the local
     # layers' window and rope, the query scale and the logits' soft cap (empty elsewhere)
     layer_types: tuple[str, ...] = ()

@@ -261,5 +261,47 @@ def test_weights_option_picks_the_path(tiny_gguf, tiny_model_dir):
     assert not any(w.int8_activations for w in default.engine.runner._quantized_weights())
     with pytest.raises(ModelLoadError, match="--weights gguf-int8 reads a GGUF file"):
         LLM(model=str(tiny_model_dir), weights="gguf-int8", num_kv_blocks=16)
-    with pytest.raises(RequestError, match="weights must be gguf, gguf-int8, float32 or"):
+    with pytest.raises(RequestError, match="weights must be gguf, gguf-int8, q8_0, float32 or"):
         LLM(model=str(tiny_gguf), weights="int4", num_kv_blocks=16)
+
+
+def test_q8_0_blocks_are_gguf_py_byte_for_byte():
+    from pagedchat.kernels.quant import quantize_q8_0
+
+    g = torch.Generator().manual_seed(2)
+    weight = torch.randn(9, 96, generator=g) * 0.1
+    weight[3, 32:64] = 0.0  # an all-zero run: d = 0
+    weight[4, 5] = 127 * 0.5 / 127  # values on the rounding's half-way points
+    ours = quantize_q8_0(weight)
+    theirs = gguf.quants.quantize(weight.numpy(), gguf.GGMLQuantizationType.Q8_0)
+    assert np.array_equal(ours.segments[0].data.numpy(), theirs)
+
+
+def test_q8_0_at_load_is_greedy_exact_on_its_values(tiny_model_dir, tmp_path):
+    """An HF folder quantized to Q8_0 at load: every matrix kept in blocks, and greedy
+    tokens identical to transformers' on the same Q8_0 values (its weights replaced by the
+    blocks' de-quantized values), batched and with preemption."""
+    from safetensors.torch import load_file, save_file
+
+    from pagedchat import LLM, SamplingParams
+    from pagedchat.kernels.quant import quantize_q8_0
+
+    folder = tmp_path / "q8"
+    folder.mkdir()
+    for item in tiny_model_dir.iterdir():
+        if item.suffix != ".safetensors":
+            (folder / item.name).write_bytes(item.read_bytes())
+    state = load_file(tiny_model_dir / "model.safetensors")
+    save_file({name: dequantize(quantize_q8_0(t)) if t.dim() == 2 else t
+               for name, t in state.items()}, folder / "model.safetensors")
+    prompts = _prompts(5, seed=4)
+    refs = reference(folder, prompts, 10)
+    for options in (dict(num_kv_blocks=64), dict(block_size=4, num_kv_blocks=12)):
+        llm = LLM(model=str(tiny_model_dir), weights="q8_0", **options)
+        model = llm.engine.runner.model
+        assert model.quantized and model.embed_tokens.quantized is not None
+        outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=10))
+        assert [o.outputs[0].token_ids for o in outputs] == refs
+    with pytest.raises(ModelLoadError, match="--weights q8_0 quantizes an HF folder"):
+        LLM(model=str(write_tiny_gguf(tiny_model_dir, tmp_path / "t.gguf", {})),
+            weights="q8_0", num_kv_blocks=16)
