@@ -151,27 +151,6 @@ static inline __attribute__((always_inline)) void head_of(int type, const uint8_
  * takes at once. */
 #define TILE_COLS_MAX 8
 
-/* The scales and offsets of the blocks at col[c] + at for `cols` columns, in the formats
- * of one scale per block (Q4_0 to Q8_0): column c's scale at scales[2 c], offsets[c]
- * pointing at its offset (in scales or products). Their float16 values are widened
- * together, in one instruction where the CPU has F16C, to the values head_of gives; and
- * they are left in memory, so that each of their broadcasts is a load rather than a
- * shuffle on the port that decoding the weights keeps busy. */
-static inline __attribute__((always_inline)) void
-block_scales(int type, int cols, const uint8_t *const col[], int at,
-             float scales[2 * TILE_COLS_MAX], const float *offsets[TILE_COLS_MAX],
-             float products[2 * TILE_COLS_MAX]) {
-    const int with_min = type == Q4_1 || type == Q5_1;
-    uint16_t halves[2 * TILE_COLS_MAX] = {0};
-    for (int c = 0; c < cols; c++) memcpy(&halves[2 * c], col[c] + at, with_min ? 4 : 2);
-    halves_to_floats(halves, scales);
-    const float factor = type == Q4_0 ? -8.0f : type == Q5_0 ? -16.0f : 0.0f;
-    for (int i = 0; i < 2 * TILE_COLS_MAX; i++) products[i] = factor * scales[i];
-    for (int c = 0; c < cols; c++) offsets[c] = with_min ? &scales[2 * c + 1] : &products[2 * c];
-    __asm__("" : "+m"(*(float(*)[2 * TILE_COLS_MAX])scales),
-                 "+m"(*(float(*)[2 * TILE_COLS_MAX])products));
-}
-
 /* The columns of the tile of `cols` output columns at n, `count` of them real: a short last
  * tile repeats its last column. */
 static inline void tile_columns(const uint8_t *w, int64_t row_bytes, int n, int count,

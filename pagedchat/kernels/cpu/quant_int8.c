@@ -60,7 +60,7 @@ static void round_row(const float *x, int k_dim, int8_t *q, float *scale, float 
     }
 }
 
-/* x's rows rounded into one allocation (free x8->q); 0 when out of memory. */
+/* x's rows rounded into one allocation (free x8->scale); 0 when out of memory. */
 static int round_rows(const float *x, int rows, int k_dim, X8 *x8) {
     const int64_t runs = (int64_t)rows * (k_dim / 32);
     void *memory = malloc((size_t)rows * k_dim + sizeof(float) * 4 * (size_t)runs);
@@ -183,9 +183,10 @@ static inline void run_integers(int type, const uint8_t *b, int s, int8_t q[32])
 
 #if defined(__AVX2__)
 /* tile8 for the formats of one scale per block of 32 (Q4_0 to Q8_0), on AVX2: the tile's
- * scales are widened together (block_scales), multiplied by each row's d in one
- * instruction, and the offsets' products summed for all columns at once, in the lanes of
- * block_scales' layout (column c's offset at lane 2 c, or 2 c + 1 with a stored minimum). */
+ * float16 scales (and minimums) are widened together, multiplied by each row's d in one
+ * instruction, and the offsets' products summed for all columns at once: column c's in
+ * lane 2 c where the offset is a multiple of the scale (Q4_0, Q5_0), in lane 2 c + 1 where
+ * it is a stored minimum (Q4_1, Q5_1). */
 static inline __attribute__((always_inline)) void
 tile8_blocks32(int type, int rows, int cols, const X8 *x, int k_dim,
                const uint8_t *const col[], int64_t ahead,
