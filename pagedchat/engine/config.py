@@ -22,8 +22,10 @@ def parse_bytes(size: str | int) -> int:
     return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
 
 
-# the --weights choices that keep a GGUF's tensors quantized
+# the --weights choices that keep a GGUF's tensors quantized, and every choice multiplied
+# on quantized blocks (the CPU's kernels only): those and an HF folder quantized at load
 QUANTIZED_WEIGHTS = ("gguf", "gguf-int8")
+CPU_WEIGHTS = (*QUANTIZED_WEIGHTS, "q8_0")
 
 
 @dataclass
@@ -70,8 +72,7 @@ class EngineConfig:
             )
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise RequestError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
-        if self.weights not in (None, *QUANTIZED_WEIGHTS, "q8_0", "float32", "bfloat16",
-                                "float16"):
+        if self.weights not in (None, *CPU_WEIGHTS, "float32", "bfloat16", "float16"):
             raise RequestError(f"weights must be gguf, gguf-int8, q8_0, float32 or bfloat16, "
                                f"got {self.weights!r}")
         if self.attention_backend not in ("auto", "torch", "cpu", "triton"):

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from pagedchat.engine.block_manager import BlockManager
-from pagedchat.engine.config import QUANTIZED_WEIGHTS, EngineConfig
+from pagedchat.engine.config import CPU_WEIGHTS, EngineConfig
 from pagedchat.engine.errors import ModelLoadError, RequestError
 from pagedchat.engine.loading.detokenizer import IncrementalDetokenizer
 from pagedchat.engine.loading.loader import ModelFiles, prepare_model, reads_quantized
@@ -54,6 +54,7 @@ def open_model(config: EngineConfig) -> OpenedModel:
     files = prepare_model(config.model, config.weights)
     try:
         model_config = replace(ModelConfig.from_folder(files.folder), gguf=files.gguf,
+                               int8_activations=config.weights == "gguf-int8",
                                quantize_q8_0=config.weights == "q8_0")
         tokenizer = load_tokenizer(model_config)
     except Exception as error:
@@ -360,9 +361,8 @@ def resolve_weights(config: EngineConfig) -> EngineConfig:
     if weights is None:
         gguf = reads_quantized(config.model) and on_cpu and config.dtype == "float32"
         weights = "gguf" if gguf else config.dtype
-    quantized = weights in (*QUANTIZED_WEIGHTS, "q8_0")
-    if quantized and not on_cpu:
+    if weights in CPU_WEIGHTS and not on_cpu:
         raise ModelLoadError(f"--weights {weights} runs on the CPU: use --weights float32 or "
                              "bfloat16 on a GPU")
-    dtype = config.dtype if quantized else weights
+    dtype = config.dtype if weights in CPU_WEIGHTS else weights
     return replace(config, weights=weights, dtype=dtype)

@@ -31,7 +31,7 @@ from pagedchat.engine.config import QUANTIZED_WEIGHTS
 from pagedchat.engine.errors import ModelLoadError
 from pagedchat.engine.loading.gguf_file import SCALARS, STRING, read_gguf_header
 from pagedchat.engine.loading.gguf_weights import Weight, read_gguf_weights, write_metadata
-from pagedchat.kernels.quant import quantize_q8_0
+from pagedchat.kernels.quant import QuantizedWeight, quantize_q8_0
 from pagedchat.paths import cache_root
 
 if TYPE_CHECKING:
@@ -229,11 +229,16 @@ def check_gguf(path: Path) -> None:
 
 def load_weights(config: ModelConfig) -> dict[str, Weight]:
     """The model's weights under transformers' names: read quantized from its GGUF where
-    it was prepared with ``weights="gguf"``, else from its folder (its matrices quantized
-    to Q8_0 where the config asks for it)."""
+    it was prepared with ``weights="gguf"`` (flagged for 8-bit activations where the config
+    asks for them), else from its folder (its matrices quantized to Q8_0 where the config
+    asks for it)."""
     if config.gguf is not None:
-        return read_gguf_weights(config.gguf, config.num_attention_heads,
-                                 config.num_key_value_heads)
+        weights = read_gguf_weights(config.gguf, config.num_attention_heads,
+                                    config.num_key_value_heads)
+        for weight in weights.values():
+            if isinstance(weight, QuantizedWeight):
+                weight.int8_activations = config.int8_activations
+        return weights
     weights = read_weights(config.folder)
     if config.quantize_q8_0:
         # every matrix whose rows are whole blocks: the products' and the embedding's

@@ -124,9 +124,6 @@ class ModelRunner:
         self.max_model_len = config.max_model_len
         self.model = build_model(model_config, self.kernels, self.tp, self.device, self.dtype,
                                  self.max_model_len)
-        if config.weights == "gguf-int8":
-            for weight in self._quantized_weights():
-                weight.int8_activations = True
         attn = self.model.layers[0].self_attn
         self.kv_shape = (self.block_size, attn.num_kv_heads, attn.head_dim)
         self.kv_groups = kv_groups(model_config)

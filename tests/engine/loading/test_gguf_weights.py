@@ -271,10 +271,13 @@ def test_q8_0_blocks_are_gguf_py_byte_for_byte():
     g = torch.Generator().manual_seed(2)
     weight = torch.randn(9, 96, generator=g) * 0.1
     weight[3, 32:64] = 0.0  # an all-zero run: d = 0
-    weight[4, 5] = 127 * 0.5 / 127  # values on the rounding's half-way points
+    # a run whose d is exactly 1, with values half-way between integers: rounded away
+    # from zero, as gguf-py rounds (to even, 2.5 and -3.5 would give 2 and -4)
+    weight[4, :32] = torch.tensor([127.0, 2.5, -3.5, 0.5] + [0.0] * 28)
     ours = quantize_q8_0(weight)
     theirs = gguf.quants.quantize(weight.numpy(), gguf.GGMLQuantizationType.Q8_0)
     assert np.array_equal(ours.segments[0].data.numpy(), theirs)
+    assert ours.segments[0].data[4, 2:6].view(torch.int8).tolist() == [127, 3, -4, 1]
 
 
 def test_q8_0_at_load_is_greedy_exact_on_its_values(tiny_model_dir, tmp_path):
