@@ -42,13 +42,12 @@ def serve(
     """An OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, ...)."""
     from pagedchat.engine.config import EngineConfig
     from pagedchat.engine.errors import PagedChatError
-    from pagedchat.engine.llm_engine import LLMEngine
-    from pagedchat.server.serve import run_server
+    from pagedchat.server.serve import build_engine, run_server
     from pagedchat.server.state import ServerSettings
 
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s: %(message)s")
     try:
-        engine = LLMEngine(EngineConfig(
+        engine = build_engine(EngineConfig(
             model=model, block_size=block_size, kv_cache_memory=kv_memory,
             num_kv_blocks=kv_blocks, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, dtype=dtype, weights=weights,

@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import threading
 
 import uvicorn
 
+from pagedchat.engine.config import EngineConfig
 from pagedchat.engine.llm_engine import LLMEngine
 from pagedchat.server.app import create_app
 from pagedchat.server.state import ServerSettings, ServerState
@@ -35,6 +37,31 @@ class DrainingServer(uvicorn.Server):
                 bound, state.engine_loop.abort_all,
                 "the server is shutting down and the drain time ran out")
         super().handle_exit(sig, frame)
+
+
+def build_engine(config: EngineConfig) -> LLMEngine:
+    """The engine, built on a thread that ends once it is built, never on the caller's.
+
+    An OpenMP thread pool belongs to the thread that first runs a parallel region and
+    lives as long as that thread. Loading runs parallel regions; if the main thread did it,
+    its idle pool would stay beside the engine thread's own, and libgomp, counting more
+    threads than cores, would stop spinning at the engine's barriers and put its threads
+    to sleep at every one. Load errors are raised here, as if the engine were built here.
+    """
+    built: dict[str, LLMEngine | BaseException] = {}
+
+    def build() -> None:
+        try:
+            built["engine"] = LLMEngine(config)
+        except BaseException as error:  # handed to the caller's thread below
+            built["error"] = error
+
+    loader = threading.Thread(target=build, name="engine-load", daemon=True)
+    loader.start()
+    loader.join()
+    if "error" in built:
+        raise built["error"]
+    return built["engine"]
 
 
 def run_server(engine: LLMEngine, settings: ServerSettings, host: str, port: int,
