@@ -142,6 +142,26 @@ def test_step_plan_is_reused_across_layers_and_never_across_steps():
         del batch, meta
 
 
+def test_step_plan_is_made_once_per_layer_group():
+    """Gemma 3's layers alternate between two groups' metadata (local, global): each
+    group's plan is made by its first layer and reused by the others, in any order."""
+    made = []  # the argument sets the plan was made for, in order
+
+    def same(a: tuple, b: tuple) -> bool:
+        return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
+
+    plan = attention._per_step(lambda *tensors: made.append(tensors) or len(made))
+    groups = [tuple(torch.arange(n + i) for i in range(3)) for n in (1, 5)]
+    order = [0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 1]
+    assert [plan(*groups[g]) for g in order] == [1 + g for g in order]
+    assert len(made) == 2 and same(made[0], groups[0]) and same(made[1], groups[1])
+    many = [tuple(torch.arange(n + i) for i in range(3)) for n in range(attention.STEP_ENTRIES + 1)]
+    for tensors in many:
+        plan(*tensors)
+    plan(*many[0])  # pushed out by the sets after it: made again
+    assert same(made[-1], many[0]) and len(made) == 2 + len(many) + 1
+
+
 def test_store_kv_matches_reference_and_skips_padding_rows():
     for slots in ([5, 0, 17, 3], [5, -1, 17, -1]):
         key, value = torch.randn(4, 2, 8), torch.randn(4, 2, 8)

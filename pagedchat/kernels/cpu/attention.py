@@ -83,21 +83,28 @@ class _Plan(NamedTuple):
     long_seqs: torch.Tensor  # int32: the sequences of the long chunks
 
 
+# the sets of metadata tensors a step's layers take in turn: one per layer group (Gemma 3's
+# local layers read their window's tables, its global layers the whole context's)
+STEP_ENTRIES = 4
+
+
 def _per_step(make):
-    """Memoise ``make`` on the identity of its tensor arguments, one entry deep. Every layer
-    of a step is given the very same metadata tensors, never changed in place, so the first
-    layer computes and the others reuse; weak references mean a freed tensor (a past step)
-    never matches, even if a new one reuses its address."""
-    last: list = [(), None]
+    """Memoise ``make`` on the identity of its tensor arguments, for the last
+    ``STEP_ENTRIES`` argument sets. Every layer of a step is given its group's very same
+    metadata tensors, never changed in place, so each group's first layer computes and the
+    others reuse; weak references mean a freed tensor (a past step) never matches, even if
+    a new one reuses its address."""
+    entries: list[tuple[tuple, object]] = []
 
     @functools.wraps(make)
     def memoised(*tensors: torch.Tensor):
-        refs, value = last
-        if len(refs) == len(tensors) and all(
-                ref() is tensor for ref, tensor in zip(refs, tensors, strict=True)):
-            return value
+        for refs, value in entries:
+            if len(refs) == len(tensors) and all(
+                    ref() is tensor for ref, tensor in zip(refs, tensors, strict=True)):
+                return value
         value = make(*tensors)
-        last[:] = [tuple(weakref.ref(tensor) for tensor in tensors), value]
+        entries.insert(0, (tuple(weakref.ref(tensor) for tensor in tensors), value))
+        del entries[STEP_ENTRIES:]
         return value
 
     return memoised
