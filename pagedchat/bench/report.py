@@ -125,7 +125,7 @@ def run_metadata(engine_config, model_source: str) -> dict[str, object]:
     return {
         "model": model_source,
         "dtype": engine_config.dtype,
-        "weights": getattr(engine_config, "weights", None),
+        "weights": engine_config.weights,
         "block_size": engine_config.block_size,
         "num_kv_blocks": engine_config.num_kv_blocks,
         "versions": {"python": platform.python_version(),

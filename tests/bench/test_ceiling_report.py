@@ -53,7 +53,7 @@ def test_plain_lines_when_piped():
 
 def test_json_and_plots(tmp_path):
     class Config:
-        dtype, block_size, num_kv_blocks = "float32", 16, 100
+        dtype, weights, block_size, num_kv_blocks = "float32", "gguf", 16, 100
 
     meta = report.run_metadata(Config(), "model-x")
     report.write_json(tmp_path / "r.json", meta, {"pagedchat": {"requests_per_s": 2.0}})

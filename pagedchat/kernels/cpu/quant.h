@@ -11,12 +11,6 @@
 
 #if defined(__F16C__) || defined(__AVX512F__)
 #include <immintrin.h>
-/* quant_rows_part's contract, with x rounded to 8 bits (quant_int8.c); type without the
- * flag. Returns 0, 1 for an unknown type, 2 when out of memory. */
-int quant8_rows_part(const float *x, const uint8_t *w, int type, const float *bias,
-                        void *out, int out_bf16, int rows, int k_dim, int n_dim,
-                        int64_t out_stride, int t, int threads);
-
 #endif
 
 /* GGML's type numbers, as in quant.py's FORMATS */
@@ -25,12 +19,6 @@ enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q
 static inline float half_to_float(const uint8_t *p) {
 #if defined(__F16C__)
     return _cvtsh_ss((unsigned short)(p[0] | p[1] << 8));  /* exact, as the branches below */
-/* quant_rows_part's contract, with x rounded to 8 bits (quant_int8.c); type without the
- * flag. Returns 0, 1 for an unknown type, 2 when out of memory. */
-int quant8_rows_part(const float *x, const uint8_t *w, int type, const float *bias,
-                        void *out, int out_bf16, int rows, int k_dim, int n_dim,
-                        int64_t out_stride, int t, int threads);
-
 #endif
     const uint32_t h = (uint32_t)p[0] | (uint32_t)p[1] << 8;
     const uint32_t sign = (h & 0x8000u) << 16, exponent = (h >> 10) & 0x1Fu, mantissa = h & 0x3FFu;
@@ -56,12 +44,6 @@ static inline void halves_to_floats(const uint16_t h[16], float out[16]) {
     _mm256_storeu_ps(out + 8, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + 8))));
 #else
     for (int i = 0; i < 16; i++) out[i] = half_to_float((const uint8_t *)(h + i));
-/* quant_rows_part's contract, with x rounded to 8 bits (quant_int8.c); type without the
- * flag. Returns 0, 1 for an unknown type, 2 when out of memory. */
-int quant8_rows_part(const float *x, const uint8_t *w, int type, const float *bias,
-                        void *out, int out_bf16, int rows, int k_dim, int n_dim,
-                        int64_t out_stride, int t, int threads);
-
 #endif
 }
 
@@ -198,7 +180,6 @@ static inline void store_tile(int rows, int count, float sums[QUANT_ROWS_MAX][TI
  * multiplied exactly, which is the faster way there. */
 #define INT8_ACTIVATIONS 0x100
 
-
 /* out[m][n] (row stride out_stride; float32, or bfloat16 where out_bf16) = x[m] . W[n]
  * (+ bias[n]) for rows <= QUANT_ROWS_MAX rows of x (float32 [rows, k_dim]) and W's n_dim
  * rows of format f. */
@@ -214,7 +195,7 @@ void quant_rows_part(const float *x, const uint8_t *w, const Format *f, const fl
 /* quant_rows_part's contract, with x rounded to 8 bits (quant_int8.c); type without the
  * flag. Returns 0, 1 for an unknown type, 2 when out of memory. */
 int quant8_rows_part(const float *x, const uint8_t *w, int type, const float *bias,
-                        void *out, int out_bf16, int rows, int k_dim, int n_dim,
-                        int64_t out_stride, int t, int threads);
+                     void *out, int out_bf16, int rows, int k_dim, int n_dim,
+                     int64_t out_stride, int t, int threads);
 
 #endif
