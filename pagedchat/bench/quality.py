@@ -17,8 +17,8 @@ from pagedchat.engine.sampling_params import SamplingParams
 
 def _run_alone(engine: LLMEngine, request_id: str, prompt: list[int],
                params: SamplingParams) -> RequestOutput:
-    """One request through the engine with nothing beside it, as a single chat runs: with
-    ``--weights gguf-int8`` its decode steps are then the 8-bit ones."""
+    """One request through the engine with nothing beside it, as a single chat runs (its
+    steps the same whatever else is asked)."""
     engine.add_request(request_id, prompt, params)
     while engine.has_unfinished_requests():
         for out in engine.step():

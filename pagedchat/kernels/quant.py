@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-__all__ = ["FORMATS", "INT8_ACTIVATIONS", "INT8_ROWS_MAX", "QFormat", "QuantizedWeight", "Segment",
+__all__ = ["FORMATS", "INT8_ACTIVATIONS", "QFormat", "QuantizedWeight", "Segment",
            "dequantize", "dequantize_blocks", "quantize_q8_0", "quantized_embedding",
            "quantized_linear", "round_activations"]
 
@@ -55,11 +55,8 @@ FORMATS: dict[str, QFormat] = {f.name: f for f in (
 )}
 
 
-# the flag the C kernels take on a type number for a product with 8-bit activations, and
-# the most rows of x such a product rounds (QUANT_ROWS_MAX in quant.h): a decode step's,
-# where the integer products are the faster ones; more rows are multiplied exactly
+# the flag the C kernels take on a type number for a product with 8-bit activations
 INT8_ACTIVATIONS = 0x100
-INT8_ROWS_MAX = 4
 
 
 @dataclass(frozen=True)
@@ -78,9 +75,9 @@ class Segment:
 class QuantizedWeight:
     """A ``[out_features, in_features]`` weight as GGML blocks, in row segments (see the
     module's docstring). Rows can be taken (a permutation, a shard) and weights stacked
-    without touching a block. ``int8_activations``: products of at most ``INT8_ROWS_MAX``
-    rows round their input to 8 bits first (:func:`round_activations`), as llama.cpp
-    multiplies, rather than multiply exactly."""
+    without touching a block. ``int8_activations``: products round their input to 8 bits
+    first (:func:`round_activations`), as llama.cpp multiplies, rather than multiply
+    exactly."""
 
     def __init__(self, segments: Sequence[Segment], in_features: int,
                  int8_activations: bool = False) -> None:
@@ -281,10 +278,8 @@ def quantized_linear(x: torch.Tensor, weight: QuantizedWeight,
                      out: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ W.T (+ bias)`` in float32 over the de-quantized weight (``ROWS_AT_ONCE`` rows
     at a time), in ``x``'s dtype (float32 or bfloat16); written into ``out`` where given.
-    With ``weight.int8_activations`` and at most ``INT8_ROWS_MAX`` rows, x rounded first
-    (:func:`round_activations`)."""
-    rounds = weight.int8_activations and x.numel() <= INT8_ROWS_MAX * x.shape[-1]
-    wide = round_activations(x.float()) if rounds else x.float()
+    With ``weight.int8_activations``, x rounded first (:func:`round_activations`)."""
+    wide = round_activations(x.float()) if weight.int8_activations else x.float()
     result = torch.empty(*x.shape[:-1], weight.shape[0])
     first = 0
     for segment in weight.segments:

@@ -114,12 +114,23 @@ def test_rows_are_taken_and_stacked_without_decoding():
         QuantizedWeight.from_blocks("IQ2_XS", torch.zeros(2, 18, dtype=torch.uint8), 32)
 
 
-@pytest.fixture(scope="module", params=build.ISAS)
+@pytest.fixture(scope="module", params=[*build.ISAS, "avx512 without extensions"])
 def library(request):
-    """The backend's kernels built for one instruction-set level this CPU runs."""
-    if request.param not in build.runnable_isas():
-        pytest.skip(f"this CPU cannot run the {request.param} path")
-    library = build.kernel_library(request.param)
+    """The backend's kernels built for one instruction-set level this CPU runs; the avx512
+    level also as a CPU without the extensions this one adds to it (AVX512-VNNI, -BF16)
+    builds it, so that both ways of its int8 products are checked here."""
+    level = request.param.split()[0]
+    if level not in build.runnable_isas():
+        pytest.skip(f"this CPU cannot run the {level} path")
+    if request.param == level:
+        library = build.kernel_library(level)
+    elif not any(getattr(torch.cpu, check, bool)()
+                 for check in build.AVX512_EXTENSIONS.values()):
+        pytest.skip("this CPU adds no extension to the avx512 level")
+    else:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(build, "AVX512_EXTENSIONS", {})
+            library = build.build_level(level)
     if library is None:
         pytest.skip("no C compiler")
     return library
@@ -251,12 +262,26 @@ def test_activations_round_to_eight_bits_per_run_of_32():
     assert ((rounded - x).reshape(3, 3, 32).abs() <= d / 2 * 1.0001).all()
 
 
+@pytest.mark.parametrize("rows", [1, 8])
+def test_int8_rounding_breaks_ties_as_the_reference(kernels, rows):
+    """2.58005 is the run's max|x|, so 1.3103404 * (1 / d) is 64.5 exactly: a tie, to even
+    (64). Computed as 1.3103404 * (127 / 2.58005) it is 64.50001 and rounds to 65: the C
+    kernels must not let the compiler fold the reciprocal so. An identity weight reads the
+    rounded x back."""
+    x = torch.zeros(rows, 32)
+    x[:, 0], x[:, 1] = 2.58005, 1.3103404
+    identity = int8(quant.quantize_q8_0(torch.eye(32)))
+    expected = quant.quantized_linear(x, identity)
+    assert torch.equal(expected[:, 1] / expected[:, 0], torch.full((rows,), 64 / 127))
+    close(kernels.quantized_linear(x, identity), expected, 1e-6)
+
+
 @pytest.mark.parametrize("name", FORMATS)
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 13, 33])
 def test_int8_product_matches_reference(kernels, name, rows):
-    """Up to INT8_ROWS_MAX rows the integer products give the reference's result (x
-    rounded, then a float product): the same rounded x, exact integer sums, only the float
-    sums in another order. More rows are multiplied exactly."""
+    """The integer products give the reference's result (x rounded, then a float
+    product): the same rounded x, exact integer sums, only the float sums in another
+    order; up to QUANT_ROWS_MAX rows in registers, more in byte tiles."""
     width = 2 * FORMATS[name].block_size
     weight = int8(random_weight(name, 45, width, seed=rows))
     g = torch.Generator().manual_seed(rows)
@@ -266,10 +291,7 @@ def test_int8_product_matches_reference(kernels, name, rows):
     halves = kernels.quantized_linear(x.bfloat16(), weight, bias)
     close(halves, quant.quantized_linear(x.bfloat16(), weight, bias), 1e-2)
     exact = quant.quantized_linear(x, QuantizedWeight(weight.segments, width), bias)
-    if rows <= quant.INT8_ROWS_MAX:  # x was rounded
-        assert (expected - exact).abs().max() > 1e-4 * exact.abs().max()
-    else:
-        assert torch.equal(expected, exact)
+    assert (expected - exact).abs().max() > 1e-4 * exact.abs().max()  # x was rounded
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
@@ -285,6 +307,26 @@ def test_int8_product_of_mixed_segments_on_any_threads(kernels, threads):
     finally:
         torch.set_num_threads(before)
     close(actual, quant.quantized_linear(x, fused), 1e-5)
+
+
+@pytest.mark.parametrize(("name", "width"),
+                         [("Q4_1", 576), ("Q8_0", 640), ("Q5_0", 640), ("Q4_K", 1024),
+                          ("Q6_K", 2048)])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_int8_tiles_span_several_column_runs(kernels, name, width, threads):
+    """150 columns and 53 rows in byte tiles: each thread's columns take several runs of
+    unpacked groups, the last group part-filled, and the rows whole chunks and a part one,
+    at the default model's and Gemma 3 270M's widths."""
+    weight = int8(random_weight(name, 150, width, seed=width))
+    g = torch.Generator().manual_seed(threads)
+    x, bias = torch.randn(53, width, generator=g), torch.randn(150, generator=g)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        actual = kernels.quantized_linear(x, weight, bias)
+    finally:
+        torch.set_num_threads(before)
+    close(actual, quant.quantized_linear(x, weight, bias), 1e-5)
 
 
 def test_int8_flag_follows_rows_shards_and_stacks():

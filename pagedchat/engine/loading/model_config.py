@@ -34,7 +34,7 @@ class ModelConfig:
     eos_token_id: int | list[int] | None = None
     # the GGUF file whose tensors are read quantized (see loader.prepare_model), else None
     gguf: Path | None = None
-    # its quantized products multiply 8-bit activations in decode steps (--weights gguf-int8)
+    # its quantized products multiply 8-bit activations (--weights gguf-int8)
     int8_activations: bool = False
     # weights read from the folder and quantized at load to Q8_0 (--weights q8_0)
     quantize_q8_0: bool = False

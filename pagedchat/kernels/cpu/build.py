@@ -38,8 +38,9 @@ SOURCES = (
     "quant.c",
     "quant_rows.c",
     "quant_int8.c",
+    "quant_int8_tile.c",
 )
-HEADERS = ("vector.h", "kernels.h", "quant.h")
+HEADERS = ("vector.h", "kernels.h", "quant.h", "quant_int8.h")
 COMPILE_FLAGS = ["-O3", "-ffast-math", "-fopenmp", "-fPIC", "-std=c11"]
 # The instruction-set levels the kernels are built for, from the least to the most the CPU
 # must have: plain C (x86-64's baseline, or the compiler's default elsewhere), AVX2 with
@@ -51,6 +52,10 @@ _ISA_FLAGS = {
     "avx2": ["-march=x86-64-v3", "-mtune=generic"],
     "avx512": ["-march=x86-64-v4", "-mtune=native", "-mprefer-vector-width=512"],
 }
+# Flags the avx512 level adds where torch says the CPU has them (the kernels use them under
+# the compiler's macros for them: __AVX512BF16__, __AVX512VNNI__).
+AVX512_EXTENSIONS = {"-mavx512bf16": "_is_avx512_bf16_supported",
+                      "-mavx512vnni": "_is_vnni_supported"}
 # The C kernels come per element type, named with these suffixes.
 _SUFFIXES = {torch.float32: "f32", torch.bfloat16: "bf16"}
 P, INT, INT64, FLOAT = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
@@ -149,18 +154,22 @@ def kernel_library(level: str | None = None) -> ctypes.CDLL | None:
 
 def _library(level: str) -> ctypes.CDLL | None:
     if level not in _LOADED:
-        _LOADED[level] = _load(level)
+        _LOADED[level] = build_level(level)
     return _LOADED[level]
 
 
-def _load(level: str) -> ctypes.CDLL | None:
+def build_level(level: str) -> ctypes.CDLL | None:
+    """``level``'s library, built now unless the cache has it, for this process's flags
+    (tests build a level as another CPU would); a level that cannot be built falls back to
+    the next one down. :func:`kernel_library` keeps one per level."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         log.warning("no C compiler found: using the (slower) torch reference kernels")
         return None
     flags = [*COMPILE_FLAGS, *_ISA_FLAGS[level]]
-    if level == "avx512" and getattr(torch.cpu, "_is_avx512_bf16_supported", bool)():
-        flags.append("-mavx512bf16")
+    if level == "avx512":  # the extensions beyond the level's that this CPU has
+        flags += [flag for flag, check in AVX512_EXTENSIONS.items()
+                  if getattr(torch.cpu, check, bool)()]
     here = Path(__file__).parent
     identity = "|".join([*((here / name).read_text() for name in SOURCES + HEADERS), compiler,
                          *flags, platform.machine(), _cpu_flags()])

@@ -394,14 +394,15 @@ static void panel_product(const float *x, const float *tile, const float *bias, 
  * bfloat16 where out_bf16) = x[m] . W[n] (+ bias[n]) for W's n_dim rows of `type` blocks;
  * x float32 [rows, k_dim]. Returns 0, 1 for an unknown type, 2 when out of memory.
  * Threads take equal runs of groups of NC columns; each group is decoded once per call and
- * multiplied with every panel of x. */
+ * multiplied with every panel of x. A type flagged INT8_ACTIVATIONS goes to quant_int8.c
+ * (a few rows) or quant_int8_tile.c. */
 int quant_product_part(const float *x, const uint8_t *w, int type, const float *bias,
                        void *out, int out_bf16, int rows, int k_dim, int n_dim,
                        int64_t out_stride, int t, int threads) {
-    if ((type & INT8_ACTIVATIONS) && rows <= QUANT_ROWS_MAX)
-        return quant8_rows_part(x, w, type & ~INT8_ACTIVATIONS, bias, out, out_bf16, rows,
-                                k_dim, n_dim, out_stride, t, threads);
-    type &= ~INT8_ACTIVATIONS;
+    if (type & INT8_ACTIVATIONS)
+        return (rows <= QUANT_ROWS_MAX ? quant8_rows_part : quant8_tile_part)(
+            x, w, type & ~INT8_ACTIVATIONS, bias, out, out_bf16, rows, k_dim, n_dim,
+            out_stride, t, threads);
     Format f;
     if (!format_of(type, &f)) return 1;
     if (rows <= FEW_ROWS) {

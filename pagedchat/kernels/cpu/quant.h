@@ -1,6 +1,6 @@
 /* GGML's block formats, shared by the products on them: quant.c (a decoded tile, any row
- * count), quant_rows.c (decoding in registers, for a few rows) and quant_int8.c (8-bit
- * activations, for a few rows). */
+ * count), quant_rows.c (decoding in registers, for a few rows), quant_int8.c and quant_int8_tile.c
+ * (8-bit activations, for a few rows and for many). */
 #ifndef PAGEDCHAT_CPU_QUANT_H
 #define PAGEDCHAT_CPU_QUANT_H
 
@@ -175,9 +175,8 @@ static inline void store_tile(int rows, int count, float sums[QUANT_ROWS_MAX][TI
     QUANT_TYPE_CASE(COLUMNS, Q8_0) QUANT_TYPE_CASE(COLUMNS, Q4_K)                          \
     QUANT_TYPE_CASE(COLUMNS, Q5_K) QUANT_TYPE_CASE(COLUMNS, Q6_K)
 
-/* A flag on a type number: a product of at most QUANT_ROWS_MAX rows rounds x to 8-bit
- * integers per run of 32 and multiplies in integers (quant_int8.c); more rows are
- * multiplied exactly, which is the faster way there. */
+/* A flag on a type number: x is rounded to 8-bit integers per run of 32 and multiplied in
+ * integers (quant_int8.h), at any row count. */
 #define INT8_ACTIVATIONS 0x100
 
 /* out[m][n] (row stride out_stride; float32, or bfloat16 where out_bf16) = x[m] . W[n]
@@ -195,6 +194,12 @@ void quant_rows_part(const float *x, const uint8_t *w, const Format *f, const fl
 /* quant_rows_part's contract, with x rounded to 8 bits (quant_int8.c); type without the
  * flag. Returns 0, 1 for an unknown type, 2 when out of memory. */
 int quant8_rows_part(const float *x, const uint8_t *w, int type, const float *bias,
+                     void *out, int out_bf16, int rows, int k_dim, int n_dim,
+                     int64_t out_stride, int t, int threads);
+
+/* The same for any row count, in byte tiles (quant_int8_tile.c): for more than
+ * QUANT_ROWS_MAX rows. */
+int quant8_tile_part(const float *x, const uint8_t *w, int type, const float *bias,
                      void *out, int out_bf16, int rows, int k_dim, int n_dim,
                      int64_t out_stride, int t, int threads);
 

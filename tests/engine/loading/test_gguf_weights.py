@@ -193,9 +193,9 @@ def test_tiny_gguf_greedy_matches_transformers(tiny_gguf, tiny_gguf_references, 
 ])
 def test_int8_activations_give_the_reference_tokens(tiny_gguf, tiny_gguf_references,
                                                     options):
-    """With 8-bit activations the tokens are not transformers' (x is rounded in decode
-    steps of up to INT8_ROWS_MAX rows), but the C kernels give the torch reference's under
-    the same schedule: batching, block size, chunking, preemption."""
+    """With 8-bit activations the tokens are not transformers' (x is rounded before every
+    product), but the C kernels give the torch reference's under the same schedule:
+    batching, block size, chunking, preemption."""
     from pagedchat import LLM, SamplingParams
 
     prompts, refs = tiny_gguf_references
