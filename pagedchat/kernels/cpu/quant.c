@@ -400,7 +400,7 @@ int quant_product_part(const float *x, const uint8_t *w, int type, const float *
                        void *out, int out_bf16, int rows, int k_dim, int n_dim,
                        int64_t out_stride, int t, int threads) {
     if (type & INT8_ACTIVATIONS)
-        return (rows <= QUANT_ROWS_MAX ? quant8_rows_part : quant8_tile_part)(
+        return (rows <= INT8_ROWS_MAX ? quant8_rows_part : quant8_tile_part)(
             x, w, type & ~INT8_ACTIVATIONS, bias, out, out_bf16, rows, k_dim, n_dim,
             out_stride, t, threads);
     Format f;

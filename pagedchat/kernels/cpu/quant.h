@@ -191,6 +191,14 @@ void quant_rows_part(const float *x, const uint8_t *w, const Format *f, const fl
                      void *out, int out_bf16, int rows, int k_dim, int n_dim,
                      int64_t out_stride, int t, int count);
 
+/* The most rows the 8-bit products take in registers (quant_int8.c); more go to byte tiles
+ * (quant_int8_tile.c), which with VNNI are already the faster ones at 3 rows. */
+#if defined(__AVX512VNNI__)
+#define INT8_ROWS_MAX 2
+#else
+#define INT8_ROWS_MAX QUANT_ROWS_MAX
+#endif
+
 /* quant_rows_part's contract, with x rounded to 8 bits (quant_int8.c); type without the
  * flag. Returns 0, 1 for an unknown type, 2 when out of memory. */
 int quant8_rows_part(const float *x, const uint8_t *w, int type, const float *bias,
@@ -198,7 +206,7 @@ int quant8_rows_part(const float *x, const uint8_t *w, int type, const float *bi
                      int64_t out_stride, int t, int threads);
 
 /* The same for any row count, in byte tiles (quant_int8_tile.c): for more than
- * QUANT_ROWS_MAX rows. */
+ * INT8_ROWS_MAX rows. */
 int quant8_tile_part(const float *x, const uint8_t *w, int type, const float *bias,
                      void *out, int out_bf16, int rows, int k_dim, int n_dim,
                      int64_t out_stride, int t, int threads);

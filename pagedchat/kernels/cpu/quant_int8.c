@@ -1,5 +1,5 @@
 /* Products on GGML blocks with 8-bit activations (quant_int8.h) for a few rows (at most
- * QUANT_ROWS_MAX, a decode step), where the products wait on decoding the weights and the
+ * INT8_ROWS_MAX, a decode step), where the products wait on decoding the weights and the
  * integer sums save most of that: on AVX2, 32 byte products in two instructions, where the
  * exact path decodes, converts and multiplies each weight in float. Threads take equal runs
  * of tiles of output columns, as in quant_rows.c; each thread rounds all of x itself (a

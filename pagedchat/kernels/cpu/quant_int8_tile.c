@@ -1,5 +1,5 @@
 /* Products on GGML blocks with 8-bit activations (quant_int8.h) for more than
- * QUANT_ROWS_MAX rows: prompts, and decode steps of several sequences.
+ * INT8_ROWS_MAX rows: prompts, and decode steps of several sequences.
  *
  * Threads take equal runs of groups of NCOLS output columns, as in quant.c. A thread unpacks
  * WIDE groups at a time into byte tiles, once per call, and multiplies them with every row
