@@ -142,6 +142,17 @@ def kernels(library, monkeypatch):
     return cpu_quant
 
 
+def product_on_threads(kernels, threads: int, x: torch.Tensor, weight: QuantizedWeight,
+                       bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The kernels' product on ``threads`` threads (torch's setting, which they read)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return kernels.quantized_linear(x, weight, bias)
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("name", FORMATS)
 @pytest.mark.parametrize("chunk", [1, 3, 4, None])
 def test_product_reads_every_weight_exactly(kernels, name, chunk):
@@ -190,12 +201,7 @@ def test_many_rows_product_spans_several_column_runs(kernels, threads):
     weight = random_weight("Q4_0", 150, 64, seed=9)
     g = torch.Generator().manual_seed(9)
     x, bias = torch.randn(53, 64, generator=g), torch.randn(150, generator=g)
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        actual = kernels.quantized_linear(x, weight, bias)
-    finally:
-        torch.set_num_threads(before)
+    actual = product_on_threads(kernels, threads, x, weight, bias)
     close(actual, quant.quantized_linear(x, weight, bias), 1e-5)
 
 
@@ -300,12 +306,7 @@ def test_int8_product_of_mixed_segments_on_any_threads(kernels, threads):
                                         random_weight("Q6_K", 3, 256, seed=6),
                                         random_weight("Q4_1", 150, 256, seed=7)]))
     x = torch.randn(3, 256, generator=torch.Generator().manual_seed(8))
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        actual = kernels.quantized_linear(x, fused)
-    finally:
-        torch.set_num_threads(before)
+    actual = product_on_threads(kernels, threads, x, fused)
     close(actual, quant.quantized_linear(x, fused), 1e-5)
 
 
@@ -320,12 +321,7 @@ def test_int8_tiles_span_several_column_runs(kernels, name, width, threads):
     weight = int8(random_weight(name, 150, width, seed=width))
     g = torch.Generator().manual_seed(threads)
     x, bias = torch.randn(53, width, generator=g), torch.randn(150, generator=g)
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        actual = kernels.quantized_linear(x, weight, bias)
-    finally:
-        torch.set_num_threads(before)
+    actual = product_on_threads(kernels, threads, x, weight, bias)
     close(actual, quant.quantized_linear(x, weight, bias), 1e-5)
 
 

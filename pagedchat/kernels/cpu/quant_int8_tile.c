@@ -105,7 +105,7 @@ static inline int depth(int type) {
 }
 
 /* One group's tile: integers [k_dim / 4][NCOLS][4], per run scale, offset and start
- * [runs][NCOLS]. */
+ * [runs][NCOLS] (Q8_0 has no offset). */
 typedef struct {
     int8_t *q;
     float *scale, *offset;
@@ -147,7 +147,7 @@ pack_tile(int type, const uint8_t *w, int64_t row_bytes, int first, int count, i
             for (int s = 0; s < values / run; s++) {
                 const int64_t to = (int64_t)(k / run + s) * NCOLS + c;
                 tile->scale[to] = head.scale[type >= Q4_K ? s : 0];
-                tile->offset[to] = head.offset[type >= Q4_K ? s : 0];
+                if (type != Q8_0) tile->offset[to] = head.offset[type >= Q4_K ? s : 0];
             }
         }
     for (int k = 0, at = 0; k < k_dim; k += values, at += bytes)
@@ -157,19 +157,19 @@ pack_tile(int type, const uint8_t *w, int64_t row_bytes, int first, int count, i
             for (int c0 = 0; c0 < NCOLS; c0 += 8) {
                 __m256i words[8];
                 for (int c = 0; c < 8; c++) words[c] = run_bytes(type, col[c0 + c] + at, s);
-#if defined(SHIFTED_X)
-                for (int c = 0; type == Q8_0 && c < 8; c++) {  /* -128 * sum(w), from sum(w + 128) */
-                    const __m256i sums = _mm256_sad_epu8(
-                        _mm256_xor_si256(words[c], _mm256_set1_epi8(-128)), _mm256_setzero_si256());
-                    const __m128i half = _mm_add_epi64(_mm256_castsi256_si128(sums),
-                                                       _mm256_extracti128_si256(sums, 1));
-                    const int64_t total = _mm_cvtsi128_si64(_mm_add_epi64(half, _mm_unpackhi_epi64(half, half)));
-                    tile->start[(int64_t)(k / 32 + s) * NCOLS + c0 + c] = -128 * (int32_t)(total - 32 * 128);
-                }
-#endif
                 transpose8(words);
                 for (int i = 0; i < 8; i++)
                     _mm256_storeu_si256((__m256i *)(to + 4 * (i * NCOLS + c0)), words[i]);
+#if defined(SHIFTED_X)
+                if (type == Q8_0) {  /* -128 * each column's sum of the run's weights */
+                    __m256i sum = _mm256_setzero_si256();
+                    for (int i = 0; i < 8; i++)
+                        sum = _mm256_dpbusd_epi32(sum, _mm256_set1_epi8(1), words[i]);
+                    _mm256_storeu_si256((__m256i *)(tile->start + (int64_t)(k / 32 + s) * NCOLS + c0),
+                                        _mm256_sub_epi32(_mm256_setzero_si256(),
+                                                         _mm256_slli_epi32(sum, 7)));
+                }
+#endif
             }
 #else
             for (int c = 0; c < NCOLS; c++) {
@@ -242,7 +242,7 @@ tile_sums(int type, int rows, const X8 *x, int row0, int k_dim, const Tile *tile
         fvec scale[NV], offset[NV];
         for (int v = 0; v < NV; v++) {
             scale[v] = f_load(tile->scale + (int64_t)j * NCOLS + v * LANES);
-            offset[v] = f_load(tile->offset + (int64_t)j * NCOLS + v * LANES);
+            if (type != Q8_0) offset[v] = f_load(tile->offset + (int64_t)j * NCOLS + v * LANES);
         }
         for (int r = 0; r < rows; r++) {
             const fvec d = f_set1(x->scale[(int64_t)(row0 + r) * runs32 + j * run / 32]);
@@ -269,7 +269,8 @@ tile_sums(int type, int rows, const X8 *x, int row0, int k_dim, const Tile *tile
                     sum += (type == Q8_0 ? q : (uint8_t)q) * xq[r][k];
                 }
                 const int64_t at = (int64_t)j * NCOLS + c;
-                sums[r][c] += (float)sum * (tile->scale[at] * d) + tile->offset[at] * x_sum;
+                sums[r][c] += (float)sum * (tile->scale[at] * d);
+                if (type != Q8_0) sums[r][c] += tile->offset[at] * x_sum;
             }
         }
 #endif
