@@ -15,15 +15,16 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on.")] = 8000,
     model: Annotated[str | None, typer.Option(
-        "--model", "-m", help="HF folder or GGUF file [default: SmolLM2-135M-Instruct]")] = None,
+        "--model", "-m",
+        help="HF folder, GGUF file or gemma-3-270m (default: SmolLM2-135M-Instruct).")] = None,
     served_model_name: Annotated[str | None, typer.Option(
-        help="The model's name in the API [default: the model file's or folder's name].")
+        help="The model's name in the API (default: the model file's or folder's name).")
     ] = None,
     api_key: Annotated[str | None, typer.Option(
         envvar="PAGEDCHAT_API_KEY", help="Require 'Authorization: Bearer KEY'.")] = None,
     block_size: Annotated[int, typer.Option(help="Tokens per KV block.")] = 16,
     kv_memory: Annotated[str | None, typer.Option(
-        help="KV pool size in bytes, e.g. 2GiB [default: 2GiB].")] = None,
+        help="KV pool size in bytes, e.g. 2GiB (default: 2GiB).")] = None,
     kv_blocks: Annotated[int | None, typer.Option(min=1, help="KV pool size in blocks.")] = None,
     max_num_seqs: Annotated[int, typer.Option(min=1, help="Most sequences per step.")] = 256,
     max_num_batched_tokens: Annotated[int, typer.Option(

