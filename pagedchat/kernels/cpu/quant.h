@@ -34,19 +34,6 @@ static inline float half_to_float(const uint8_t *p) {
     return v.f;
 }
 
-/* 16 float16 values to float32, exactly (as half_to_float), in one go where the CPU has
- * F16C. */
-static inline void halves_to_floats(const uint16_t h[16], float out[16]) {
-#if defined(__AVX512F__)
-    _mm512_storeu_ps(out, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h)));
-#elif defined(__F16C__)
-    _mm256_storeu_ps(out, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h)));
-    _mm256_storeu_ps(out + 8, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + 8))));
-#else
-    for (int i = 0; i < 16; i++) out[i] = half_to_float((const uint8_t *)(h + i));
-#endif
-}
-
 /* The eight 6-bit scales and mins of a Q4_K / Q5_K block. */
 static inline void k_scales(const uint8_t *s, uint8_t sc[8], uint8_t mn[8]) {
     for (int j = 0; j < 4; j++) {
@@ -139,6 +126,46 @@ static inline void tile_columns(const uint8_t *w, int64_t row_bytes, int n, int 
                                 int cols, const uint8_t *col[TILE_COLS_MAX]) {
     for (int c = 0; c < cols; c++)
         col[c] = w + (int64_t)(n + (c < count ? c : count - 1)) * row_bytes;
+}
+
+#if defined(__F16C__)
+/* The first four bytes of the blocks at `at` of columns 4 half to 4 half + 3 of a tile of
+ * `cols` (the first again past the last), as two float16 values each, widened exactly:
+ * column 4 half + c's in lanes 2 c and 2 c + 1. The bytes are gathered in registers: stores
+ * of two bytes each, read back by one wide load, would hold that load until they retire. */
+static inline __m256 tile_heads4(const uint8_t *const col[], int cols, int at, int half) {
+    int32_t heads[4];
+    for (int c = 0; c < 4; c++)
+        memcpy(&heads[c], col[4 * half + (4 * half + c < cols ? c : 0)] + at, 4);
+    return _mm256_cvtph_ps(_mm_setr_epi32(heads[0], heads[1], heads[2], heads[3]));
+}
+#endif
+
+/* The two float16 values that open each of a tile's blocks at `at`, as float32, exactly (as
+ * half_to_float): a block's scale, then its minimum in Q4_1 and Q5_1 (in the other formats
+ * of one scale per block the second is two bytes of weights, which go unused), column c's
+ * at out[2 c] and out[2 c + 1]. */
+static inline void tile_heads(const uint8_t *const col[], int cols, int at,
+                              float out[2 * TILE_COLS_MAX]) {
+#if defined(__F16C__)
+    for (int half = 0; half < (cols + 3) / 4; half++)
+        _mm256_storeu_ps(out + 8 * half, tile_heads4(col, cols, at, half));
+#else
+    for (int c = 0; c < cols; c++) {
+        out[2 * c] = half_to_float(col[c] + at);
+        out[2 * c + 1] = half_to_float(col[c] + at + 2);
+    }
+#endif
+}
+
+/* Block `at` of each column of the next tile (`ahead` bytes on from col[c]), prefetched
+ * into the second cache level (prefetcht1): a tile's columns are streams too many for the
+ * hardware's prefetcher to follow, and a prefetch into the first level holds one of that
+ * level's few miss buffers until its line comes, so that those buffers, not the memory,
+ * set the rate. */
+static inline void prefetch_next_tile(const uint8_t *const col[], int cols, int at,
+                                      int64_t ahead) {
+    for (int c = 0; c < cols; c++) __builtin_prefetch(col[c] + at + ahead, 0, 2);
 }
 
 /* A tile's sums (+ bias) into columns [n, n + count) of out's rows: float32, or bfloat16

@@ -53,17 +53,12 @@ tile8_blocks32(int type, int rows, int cols, const X8 *x, int k_dim,
     }
     const float factor = type == Q4_0 ? -8.0f : type == Q5_0 ? -16.0f : 1.0f;
     for (int run = 0, at = 0; run < runs; run++, at += bytes) {
-        for (int c = 0; c < cols; c++) __builtin_prefetch(col[c] + at + ahead, 0, 3);
+        prefetch_next_tile(col, cols, at, ahead);
         /* each column's first four bytes: its scale and (Q4_1, Q5_1) its minimum, as
          * float16, widened; column c's scale in lane 2 c (of the pair) */
         __m256 scales[2];
-        for (int half = 0; half < (cols + 3) / 4; half++) {
-            int32_t heads[4];
-            for (int c = 0; c < 4; c++)
-                memcpy(&heads[c], col[4 * half + (4 * half + c < cols ? c : 0)] + at, 4);
-            scales[half] = _mm256_cvtph_ps(_mm_setr_epi32(heads[0], heads[1], heads[2],
-                                                          heads[3]));
-        }
+        for (int half = 0; half < (cols + 3) / 4; half++)
+            scales[half] = tile_heads4(col, cols, at, half);
         /* scale * d: kept in registers where there are 32 of them (AVX-512), else stored,
          * so that each column's is a broadcast load rather than a shuffle */
 #if defined(__AVX512F__)
@@ -128,7 +123,7 @@ tile8(int type, int rows, int cols, const X8 *x, int k_dim,
     float acc[QUANT_ROWS_MAX][TILE_COLS_MAX] = {{0}};
 #endif
     for (int k = 0, at = 0; k < k_dim; k += values, at += bytes) {
-        for (int c = 0; c < cols; c++) __builtin_prefetch(col[c] + at + ahead, 0, 3);
+        prefetch_next_tile(col, cols, at, ahead);
         Head head[TILE_COLS_MAX];
         for (int c = 0; c < cols; c++) head_of(type, col[c] + at, &head[c]);
         for (int s = 0; s < values / 32; s++) {

@@ -35,9 +35,10 @@ static inline vf sixteens(uint32_t bits) {
 }
 #elif defined(VF_AVX2)
 static inline __m256 field8(const uint8_t *p, int shift, int mask) {
-    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
-    return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(b, shift),
-                                               _mm256_set1_epi32(mask)));
+    __m256i b = _mm256_srli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)),
+                                  shift);
+    if ((0xFF >> shift) & ~mask) b = _mm256_and_si256(b, _mm256_set1_epi32(mask));  /* else no bits above */
+    return _mm256_cvtepi32_ps(b);
 }
 static inline vf field16(const uint8_t *p, int shift, int mask) {
     return (vf){field8(p, shift, mask), field8(p + 8, shift, mask)};
@@ -155,19 +156,16 @@ static inline __attribute__((always_inline)) void run_of(int type, const uint8_t
 /* The scales and offsets of the blocks at col[c] + at for `cols` columns, in the formats
  * of one scale per block (Q4_0 to Q8_0): column c's scale at scales[2 c], offsets[c]
  * pointing at its offset (in scales or products). Their float16 values are widened
- * together, in one instruction where the CPU has F16C, to the values head_of gives; and
- * they are left in memory, so that each of their broadcasts is a load rather than a
+ * together (tile_heads) to the values head_of gives; and they are left in memory, so that each of their broadcasts is a load rather than a
  * shuffle on the port that decoding the weights keeps busy. */
 static inline __attribute__((always_inline)) void
 block_scales(int type, int cols, const uint8_t *const col[], int at,
              float scales[2 * TILE_COLS_MAX], const float *offsets[TILE_COLS_MAX],
              float products[2 * TILE_COLS_MAX]) {
     const int with_min = type == Q4_1 || type == Q5_1;
-    uint16_t halves[2 * TILE_COLS_MAX] = {0};
-    for (int c = 0; c < cols; c++) memcpy(&halves[2 * c], col[c] + at, with_min ? 4 : 2);
-    halves_to_floats(halves, scales);
+    tile_heads(col, cols, at, scales);
     const float factor = type == Q4_0 ? -8.0f : type == Q5_0 ? -16.0f : 0.0f;
-    for (int i = 0; i < 2 * TILE_COLS_MAX; i++) products[i] = factor * scales[i];
+    for (int i = 0; i < 2 * cols; i++) products[i] = factor * scales[i];
     for (int c = 0; c < cols; c++) offsets[c] = with_min ? &scales[2 * c + 1] : &products[2 * c];
     __asm__("" : "+m"(*(float(*)[2 * TILE_COLS_MAX])scales),
                  "+m"(*(float(*)[2 * TILE_COLS_MAX])products));
@@ -175,9 +173,8 @@ block_scales(int type, int cols, const uint8_t *const col[], int at,
 
 /* sums[r][c] = x[r] . column c, for `cols` columns whose blocks start at col[c]. Inlined
  * per format and row count, so that both fold into the loops. The blocks `ahead` bytes on
- * from each column's (the next tile's) are prefetched, a block per block read: a few rows
- * read at once are streams too many for the hardware's prefetcher to follow ahead of
- * time. Into every cache level, as linear.c's prefetch_block_row says why. */
+ * from each column's (the next tile's) are prefetched, a block per block read (see
+ * prefetch_next_tile). */
 static inline __attribute__((always_inline)) void
 tile(int type, int rows, int cols, const float *x, int k_dim, const uint8_t *const col[],
      int64_t ahead, float sums[QUANT_ROWS_MAX][TILE_COLS_MAX]) {
@@ -186,7 +183,7 @@ tile(int type, int rows, int cols, const float *x, int k_dim, const uint8_t *con
         for (int c = 0; c < cols; c++) acc[r][c] = vf_zero();
     const int values = block_values(type), bytes = block_bytes(type);
     for (int k = 0, at = 0; k < k_dim; k += values, at += bytes) {
-        for (int c = 0; c < cols; c++) __builtin_prefetch(col[c] + at + ahead, 0, 3);
+        prefetch_next_tile(col, cols, at, ahead);
         Head head[TILE_COLS_MAX];
         float scales[2 * TILE_COLS_MAX], products[2 * TILE_COLS_MAX];
         const float *scale[TILE_COLS_MAX], *offset[TILE_COLS_MAX];
