@@ -178,3 +178,5 @@ def test_throughput_keeps_llama_cpp_best_sequence_count(tiny_gguf, tmp_path):
     assert labels == ["pagedchat", "llama.cpp-s1", "llama.cpp-s4"]
     best = max(data["runs"][1:], key=lambda row: row["output_tokens_per_s"])
     assert best["engine"] == f"llama.cpp-s{theirs['sequences']}"
+    assert "AVX" in data["llama.cpp"]["system_info"] or "NEON" in data["llama.cpp"][
+        "system_info"]

@@ -88,6 +88,8 @@ def throughput(num_requests: opt.NumRequests = 200, model: opt.Model = None,
                     + (f" (median of {rounds} rounds, engines in turn, pagedchat first "
                        "in even rounds and last in odd ones)" if rounds > 1 else ""))
         extra: dict[str, object] = {"runs": rows}
+        if builds := [peer.llama.build() for peer in peers if peer.name == "llama.cpp"]:
+            extra["llama.cpp"] = builds[0]  # which of the CPU's instructions the peer used
         if ceiling:
             extra["ceiling"] = ceiling_shares(engine, figures["pagedchat"])
         if json_path:
