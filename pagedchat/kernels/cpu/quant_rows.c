@@ -182,10 +182,14 @@ tile(int type, int rows, int cols, const float *x, int k_dim, const uint8_t *con
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < cols; c++) acc[r][c] = vf_zero();
     const int values = block_values(type), bytes = block_bytes(type);
-    for (int k = 0, at = 0; k < k_dim; k += values, at += bytes) {
+    /* the one-scale formats' scales are widened a block ahead, into the other of two
+     * buffers, so that their stores are done by the time the broadcasts load them */
+    float scales[2][2 * TILE_COLS_MAX], products[2][2 * TILE_COLS_MAX];
+    const float *offsets[2][TILE_COLS_MAX];
+    if (type < Q4_K) block_scales(type, cols, col, 0, scales[0], offsets[0], products[0]);
+    for (int k = 0, at = 0, i = 0; k < k_dim; k += values, at += bytes, i ^= 1) {
         prefetch_next_tile(col, cols, at, ahead);
         Head head[TILE_COLS_MAX];
-        float scales[2 * TILE_COLS_MAX], products[2 * TILE_COLS_MAX];
         const float *scale[TILE_COLS_MAX], *offset[TILE_COLS_MAX];
         if (type >= Q4_K) {
             for (int c = 0; c < cols; c++) {
@@ -194,8 +198,13 @@ tile(int type, int rows, int cols, const float *x, int k_dim, const uint8_t *con
                 offset[c] = head[c].offset;
             }
         } else {
-            block_scales(type, cols, col, at, scales, offset, products);
-            for (int c = 0; c < cols; c++) scale[c] = &scales[2 * c];
+            if (k + values < k_dim)
+                block_scales(type, cols, col, at + bytes, scales[i ^ 1], offsets[i ^ 1],
+                             products[i ^ 1]);
+            for (int c = 0; c < cols; c++) {
+                scale[c] = &scales[i][2 * c];
+                offset[c] = offsets[i][c];
+            }
         }
         for (int s = 0; s < values / 32; s++) {
             vf xv[QUANT_ROWS_MAX][2];
