@@ -37,7 +37,8 @@ static inline vf sixteens(uint32_t bits) {
 static inline __m256 field8(const uint8_t *p, int shift, int mask) {
     __m256i b = _mm256_srli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)),
                                   shift);
-    if ((0xFF >> shift) & ~mask) b = _mm256_and_si256(b, _mm256_set1_epi32(mask));  /* else no bits above */
+    /* where the shift leaves no bits above the mask (a high nibble), the mask is skipped */
+    if ((0xFF >> shift) & ~mask) b = _mm256_and_si256(b, _mm256_set1_epi32(mask));
     return _mm256_cvtepi32_ps(b);
 }
 static inline vf field16(const uint8_t *p, int shift, int mask) {
@@ -156,8 +157,9 @@ static inline __attribute__((always_inline)) void run_of(int type, const uint8_t
 /* The scales and offsets of the blocks at col[c] + at for `cols` columns, in the formats
  * of one scale per block (Q4_0 to Q8_0): column c's scale at scales[2 c], offsets[c]
  * pointing at its offset (in scales or products). Their float16 values are widened
- * together (tile_heads) to the values head_of gives; and they are left in memory, so that each of their broadcasts is a load rather than a
- * shuffle on the port that decoding the weights keeps busy. */
+ * together (tile_heads) to the values head_of gives; and they are left in memory, so that
+ * each of their broadcasts is a load rather than a shuffle on the port that decoding the
+ * weights keeps busy. */
 static inline __attribute__((always_inline)) void
 block_scales(int type, int cols, const uint8_t *const col[], int at,
              float scales[2 * TILE_COLS_MAX], const float *offsets[TILE_COLS_MAX],
