@@ -65,16 +65,24 @@ static inline void scale_values(const int8_t *q, int n, float d, float m, int ha
 #endif
 }
 
-/* out[j] = d * (((bytes[j] >> shift) & 15) - sub) (+ m where has_offset) for j < n, n a
- * multiple of 16: the 4-bit formats' runs, unpacked in registers. */
-static inline void scale_nibbles(const uint8_t *bytes, int shift, int sub, int n, float d,
-                                 float m, int has_offset, float *out) {
+/* out[j] = d * (((bytes[j] >> shift) & mask | high_j << 4) - sub) (+ m where has_offset)
+ * for j < n, n a multiple of 16, where high_j is ((high[j] >> high_shift) & high_mask),
+ * or 0 without `high`: the runs of the 4-bit formats, of the 5-bit ones (one high bit) and
+ * of Q6_K (two), unpacked in registers. */
+static inline void scale_fields(const uint8_t *bytes, int shift, int mask,
+                                const uint8_t *high, int high_shift, int high_mask, int sub,
+                                int n, float d, float m, int has_offset, float *out) {
 #if defined(__AVX512F__)
     const __m512 dv = _mm512_set1_ps(d), mv = _mm512_set1_ps(m);
     for (int j = 0; j < n; j += 16) {
         __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(bytes + j)));
-        q = _mm512_sub_epi32(_mm512_and_si512(_mm512_srli_epi32(q, shift),
-                                              _mm512_set1_epi32(15)), _mm512_set1_epi32(sub));
+        q = _mm512_and_si512(_mm512_srli_epi32(q, shift), _mm512_set1_epi32(mask));
+        if (high) {
+            __m512i h = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(high + j)));
+            h = _mm512_and_si512(_mm512_srli_epi32(h, high_shift), _mm512_set1_epi32(high_mask));
+            q = _mm512_or_si512(q, _mm512_slli_epi32(h, 4));
+        }
+        q = _mm512_sub_epi32(q, _mm512_set1_epi32(sub));
         __m512 y = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(q));
         if (has_offset) y = _mm512_add_ps(y, mv);
         _mm512_storeu_ps(out + j, y);
@@ -83,54 +91,53 @@ static inline void scale_nibbles(const uint8_t *bytes, int shift, int sub, int n
     const __m256 dv = _mm256_set1_ps(d), mv = _mm256_set1_ps(m);
     for (int j = 0; j < n; j += 8) {
         __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(bytes + j)));
-        q = _mm256_sub_epi32(_mm256_and_si256(_mm256_srli_epi32(q, shift),
-                                              _mm256_set1_epi32(15)), _mm256_set1_epi32(sub));
+        q = _mm256_and_si256(_mm256_srli_epi32(q, shift), _mm256_set1_epi32(mask));
+        if (high) {
+            __m256i h = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(high + j)));
+            h = _mm256_and_si256(_mm256_srli_epi32(h, high_shift), _mm256_set1_epi32(high_mask));
+            q = _mm256_or_si256(q, _mm256_slli_epi32(h, 4));
+        }
+        q = _mm256_sub_epi32(q, _mm256_set1_epi32(sub));
         __m256 y = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(q));
         if (has_offset) y = _mm256_add_ps(y, mv);
         _mm256_storeu_ps(out + j, y);
     }
 #else
     for (int j = 0; j < n; j++) {
-        float y = d * (float)(((bytes[j] >> shift) & 15) - sub);
+        int q = (bytes[j] >> shift) & mask;
+        if (high) q |= ((high[j] >> high_shift) & high_mask) << 4;
+        float y = d * (float)(q - sub);
         if (has_offset) y = y + m;
         out[j] = y;
     }
 #endif
 }
 
-/* bytes[0, n) -> q[0, n) low nibbles, q[n, 2n) high nibbles */
-static inline void nibbles(const uint8_t *bytes, int n, int8_t *q) {
-    for (int j = 0; j < n; j++) {
-        q[j] = (int8_t)(bytes[j] & 0x0F);
-        q[j + n] = (int8_t)(bytes[j] >> 4);
-    }
-}
-
 /* One block of each format to float32 (32 values, 256 for the K formats). */
 static inline void decode_q4_0(const uint8_t *b, float *out) {
     const float d = half_to_float(b);
-    scale_nibbles(b + 2, 0, 8, 16, d, 0.0f, 0, out);
-    scale_nibbles(b + 2, 4, 8, 16, d, 0.0f, 0, out + 16);
+    scale_fields(b + 2, 0, 15, NULL, 0, 0, 8, 16, d, 0.0f, 0, out);
+    scale_fields(b + 2, 4, 15, NULL, 0, 0, 8, 16, d, 0.0f, 0, out + 16);
 }
 
 static inline void decode_q4_1(const uint8_t *b, float *out) {
     const float d = half_to_float(b), m = half_to_float(b + 2);
-    scale_nibbles(b + 4, 0, 0, 16, d, m, 1, out);
-    scale_nibbles(b + 4, 4, 0, 16, d, m, 1, out + 16);
+    scale_fields(b + 4, 0, 15, NULL, 0, 0, 0, 16, d, m, 1, out);
+    scale_fields(b + 4, 4, 15, NULL, 0, 0, 0, 16, d, m, 1, out + 16);
 }
 
-/* Q5_0 (offset 0: d, qh, qs) and Q5_1 (d, m, qh, qs) */
+/* Q5_0 (offset 0: d, qh, qs) and Q5_1 (d, m, qh, qs): the fifth bit of value j is bit j
+ * of qh, spread to a byte per value first. */
 static inline void decode_q5(const uint8_t *b, float *out, int with_min) {
     const uint8_t *qh = b + (with_min ? 4 : 2);
-    int8_t q[32];
-    nibbles(qh + 4, 16, q);
     const uint32_t high = (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16
                           | (uint32_t)qh[3] << 24;
-    for (int j = 0; j < 32; j++) q[j] = (int8_t)(q[j] | ((high >> j) & 1) << 4);
-    if (!with_min)
-        for (int j = 0; j < 32; j++) q[j] -= 16;
-    scale_values(q, 32, half_to_float(b), with_min ? half_to_float(b + 2) : 0.0f, with_min,
-                 out);
+    uint8_t fifth[32];
+    for (int j = 0; j < 32; j++) fifth[j] = (uint8_t)(high >> j & 1);
+    const float d = half_to_float(b), m = with_min ? half_to_float(b + 2) : 0.0f;
+    const int sub = with_min ? 0 : 16;
+    scale_fields(qh + 4, 0, 15, fifth, 0, 1, sub, 16, d, m, with_min, out);
+    scale_fields(qh + 4, 4, 15, fifth + 16, 0, 1, sub, 16, d, m, with_min, out + 16);
 }
 
 static inline void decode_q5_0(const uint8_t *b, float *out) { decode_q5(b, out, 0); }
@@ -149,25 +156,9 @@ static inline void decode_k(const uint8_t *b, float *out, int five) {
     uint8_t sc[8], mn[8];
     k_scales(b + 4, sc, mn);
     const uint8_t *qh = b + 16, *qs = b + (five ? 48 : 16);
-    for (int c = 0; c < 4; c++) {
-        if (!five) {
-            for (int h = 0; h < 2; h++) {
-                const int i = 2 * c + h;
-                scale_nibbles(qs + 32 * c, 4 * h, 0, 32, d * (float)sc[i],
-                              -(dmin * (float)mn[i]), 1, out + 32 * i);
-            }
-            continue;
-        }
-        int8_t q[64];
-        nibbles(qs + 32 * c, 32, q);
-        for (int j = 0; j < 64; j++)
-            q[j] = (int8_t)(q[j] | ((qh[j % 32] >> (2 * c + j / 32)) & 1) << 4);
-        for (int h = 0; h < 2; h++) {
-            const int i = 2 * c + h;
-            scale_values(q + 32 * h, 32, d * (float)sc[i], -(dmin * (float)mn[i]), 1,
-                         out + 32 * i);
-        }
-    }
+    for (int i = 0; i < 8; i++)  /* run i: nibble i % 2 of qs[32 (i / 2) + j], bit i of qh[j] */
+        scale_fields(qs + 32 * (i / 2), 4 * (i % 2), 15, five ? qh : NULL, i, 1, 0, 32,
+                     d * (float)sc[i], -(dmin * (float)mn[i]), 1, out + 32 * i);
 }
 
 static inline void decode_q4_k(const uint8_t *b, float *out) { decode_k(b, out, 0); }
@@ -180,16 +171,10 @@ static inline void decode_q6_k(const uint8_t *b, float *out) {
     const uint8_t *ql = b, *qh = b + 128;
     const int8_t *scales = (const int8_t *)(b + 192);
     const float d = half_to_float(b + 208);
-    for (int h = 0; h < 2; h++) {
-        int8_t q[128];
-        for (int r = 0; r < 128; r++) {
-            const int low = (ql[64 * h + r % 64] >> (4 * (r / 64))) & 0x0F;
-            const int high = (qh[32 * h + r % 32] >> (2 * (r / 32))) & 0x03;
-            q[r] = (int8_t)((low | high << 4) - 32);
-        }
-        for (int s = 0; s < 8; s++)
-            scale_values(q + 16 * s, 16, d * (float)scales[8 * h + s], 0.0f, 0,
-                         out + 128 * h + 16 * s);
+    for (int v = 0; v < 256; v += 16) {
+        const int h = v / 128, r = v % 128;
+        scale_fields(ql + 64 * h + r % 64, 4 * (r / 64), 15, qh + 32 * h + r % 32,
+                     2 * (r / 32), 3, 32, 16, d * (float)scales[v / 16], 0.0f, 0, out + v);
     }
 }
 
