@@ -41,7 +41,9 @@ typedef struct {
 } DecoderLayer;
 
 /* The step: shapes, the attention metadata shared by every layer, scratch buffers sized
- * for its rows (of the element type). Mirrors _DecoderStep in decoder.py. */
+ * for its rows (of the element type), and `bounds`, num_threads + 1 fractions that split
+ * the quantized products' columns among the threads (see thread_run in quant.h), which
+ * the decoder adjusts after each call (see rebalance). Mirrors _DecoderStep in decoder.py. */
 typedef struct {
     int rows, hidden, heads, kv_heads, head_dim, intermediate, block_size, max_blocks;
     int attention_rows, num_threads;
@@ -51,6 +53,7 @@ typedef struct {
     const int32_t *block_tables, *context_lens, *query_start, *row_ids, *row_seqs;
     void *h, *qkv, *q, *attention, *gate_up, *act;
     float *wide;  /* bfloat16 steps on quantized products: x widened, [rows, widest input] */
+    float *bounds;
 } DecoderStep;
 
 /* What the decoder returns besides 0. */
@@ -78,7 +81,8 @@ static inline const float *widened_bf16(const bf16_t *x, float *wide, int64_t n,
  * or a decoder status. */
 #define DEFINE_PRODUCT(T, S)                                                               \
 static int product_##S(const Product *p, const T *x, float *wide, const void *bias,        \
-                       T *out, int rows, int k_dim, int n_dim, int t, int team) {          \
+                       T *out, int rows, int k_dim, int n_dim, int t, int team,            \
+                       const float *bounds) {                                              \
     if (p->segments == NULL) {                                                             \
         linear_blocked_##S##_part(x, p->blocked, bias, out, rows, k_dim, p->padded, n_dim, \
                                   t, team);                                                \
@@ -90,7 +94,7 @@ static int product_##S(const Product *p, const T *x, float *wide, const void *bi
         const QuantSegment *seg = &p->segments[i];                                         \
         if (quant_product_part(xf, seg->data, seg->type, b == NULL ? NULL : b + first,     \
                                out + first, sizeof(T) == sizeof(bf16_t), rows, k_dim,     \
-                               seg->rows, n_dim, t, team))                                 \
+                               seg->rows, n_dim, t, team, bounds))                         \
             return PRODUCT_NO_MEMORY;                                                      \
     }                                                                                      \
     return 0;                                                                              \
@@ -119,16 +123,49 @@ static int known_formats(const DecoderLayer *layers, int count) {
  * statuses above.
  *
  * One team of threads runs every layer: each kernel is called as its _part (the thread's
- * share, split as the kernel's own call splits it), and the team meets at a barrier
+ * share, split as the kernel's own call splits it, a quantized product's columns as
+ * s->bounds splits them), and the team meets at a barrier
  * wherever the next kernel reads what others wrote. That spares a parallel region per
  * kernel. A failure (out of memory) is kept and the team goes on to the end, so that every
  * thread meets every barrier; the results are then discarded. */
-#define STEP(CALL)                                                                         \
+#define STEP_THEN(CALL, AFTER)                                                             \
     do {                                                                                   \
         const int code = (CALL);                                                           \
+        AFTER;                                                                             \
         if (status == 0) status = code;                                                    \
         _Pragma("omp barrier")                                                             \
     } while (0)
+#define STEP(CALL) STEP_THEN(CALL, (void)0)
+/* a product's step, its time before the barrier added to the thread's `busy` */
+#define PRODUCT_STEP(CALL)                                                                 \
+    do {                                                                                   \
+        const double start = omp_get_wtime();                                              \
+        STEP_THEN(CALL, busy += omp_get_wtime() - start);                                  \
+    } while (0)
+
+/* The bounds for the next call: each thread's share of the products' columns in proportion
+ * to the speed it showed in this call (its share over its time in them), halfway from the
+ * old share, as one call's times are noisy; at least half an equal share, so that a thread
+ * slowed down for a while gets its work back. Two vCPUs of a cloud machine can differ in
+ * speed for minutes on end (another tenant on one's core), and with equal shares the faster
+ * would wait for the slower after every product. Which thread multiplies a column does not
+ * change its sum. */
+static void rebalance(float *bounds, const double *busy, int team) {
+    double speed[team], total = 0.0;
+    for (int t = 0; t < team; t++) {
+        if (!(busy[t] > 0.0)) return;
+        speed[t] = (bounds[t + 1] - bounds[t]) / busy[t];
+        total += speed[t];
+    }
+    double share[team], sum = 0.0;
+    for (int t = 0; t < team; t++) {
+        share[t] = 0.5 * (bounds[t + 1] - bounds[t]) + 0.5 * speed[t] / total;
+        if (share[t] < 0.5 / team) share[t] = 0.5 / team;
+        sum += share[t];
+    }
+    for (int t = 0; t < team - 1; t++) bounds[t + 1] = (float)(bounds[t] + share[t] / sum);
+    bounds[team] = 1.0f;
+}
 
 #define DEFINE_DECODER(NAME, T, S)                                                         \
 int NAME(const DecoderLayer *layers, int count, const DecoderStep *s, T *x, T *residual) { \
@@ -139,10 +176,13 @@ int NAME(const DecoderLayer *layers, int count, const DecoderStep *s, T *x, T *r
     T *h = s->h, *qkv = s->qkv, *q = s->q, *attention = s->attention;                      \
     T *gate_up = s->gate_up, *act = s->act;                                                \
     float *wide = s->wide;                                                                 \
-    int failed = 0;                                                                        \
+    int failed = 0, team_size = 0;                                                         \
+    double busy_of[s->num_threads];  /* each thread's seconds in the products */           \
     _Pragma("omp parallel num_threads(s->num_threads)")                                    \
     {                                                                                      \
         const int t = omp_get_thread_num(), team = omp_get_num_threads();                  \
+        const float *bounds = team == s->num_threads ? s->bounds : NULL;                   \
+        double busy = 0.0;                                                                 \
         int status = 0;                                                                    \
         for (int i = 0; i < count; i++) {                                                  \
             const DecoderLayer *l = &layers[i];                                            \
@@ -152,8 +192,8 @@ int NAME(const DecoderLayer *layers, int count, const DecoderStep *s, T *x, T *r
             STEP((rms_norm_##S##_part(x, i == 0 ? NULL : residual, l->input_norm, h,       \
                                       i == 0 ? NULL : residual, rows, hidden, s->eps, t,   \
                                       team), 0));                                          \
-            STEP(product_##S(&l->qkv, h, wide, l->qkv_bias, qkv, rows, hidden, qkv_width,  \
-                             t, team));                                                    \
+            PRODUCT_STEP(product_##S(&l->qkv, h, wide, l->qkv_bias, qkv, rows, hidden,    \
+                                     qkv_width, t, team, bounds));                         \
             STEP((rotary_store_##S##_part(qkv, qkv_width, s->cos, s->sin, s->slots, q,     \
                                           k_cache, v_cache, rows, s->heads, s->kv_heads,   \
                                           s->head_dim, t, team), 0));                      \
@@ -162,21 +202,25 @@ int NAME(const DecoderLayer *layers, int count, const DecoderStep *s, T *x, T *r
                      s->query_start, s->row_ids, s->row_seqs, s->attention_rows,           \
                      s->max_blocks, s->heads, s->kv_heads, s->head_dim, s->block_size,     \
                      s->scale, t, team) ? ATTENTION_NO_MEMORY : 0);                        \
-            STEP(product_##S(&l->o, attention, wide, NULL, x, rows, q_size, hidden, t,     \
-                             team));                                                       \
+            PRODUCT_STEP(product_##S(&l->o, attention, wide, NULL, x, rows, q_size, hidden, \
+                                     t, team, bounds));                                    \
             STEP((rms_norm_##S##_part(x, residual, l->post_norm, h, residual, rows, hidden, \
                                       s->eps, t, team), 0));                               \
-            STEP(product_##S(&l->gate_up, h, wide, NULL, gate_up, rows, hidden,            \
-                             2 * s->intermediate, t, team));                               \
+            PRODUCT_STEP(product_##S(&l->gate_up, h, wide, NULL, gate_up, rows, hidden,    \
+                                     2 * s->intermediate, t, team, bounds));               \
             STEP((silu_mul_##S##_part(gate_up, act, rows, s->intermediate, t, team), 0));  \
-            STEP(product_##S(&l->down, act, wide, NULL, x, rows, s->intermediate, hidden,  \
-                             t, team));                                                    \
+            PRODUCT_STEP(product_##S(&l->down, act, wide, NULL, x, rows, s->intermediate,  \
+                                     hidden, t, team, bounds));                            \
         }                                                                                  \
         if (status != 0) {                                                                 \
             _Pragma("omp atomic write")                                                    \
             failed = status;                                                               \
         }                                                                                  \
+        busy_of[t] = busy;                                                                 \
+        if (t == 0) team_size = team;                                                      \
     }                                                                                      \
+    if (s->bounds != NULL && team_size == s->num_threads && failed == 0)                   \
+        rebalance(s->bounds, busy_of, team_size);                                          \
     return failed;                                                                         \
 }
 

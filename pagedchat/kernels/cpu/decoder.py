@@ -75,7 +75,7 @@ class _DecoderStep(ctypes.Structure):
                [("eps", FLOAT), ("scale", FLOAT)] + \
                [(name, P) for name in ("cos", "sin", "slots", "block_tables", "context_lens",
                                         "query_start", "row_ids", "row_seqs", "h", "qkv", "q",
-                                        "attention", "gate_up", "act", "wide")]
+                                        "attention", "gate_up", "act", "wide", "bounds")]
 
 
 def _product(weight: Weight, keep: list) -> _Product:
@@ -130,6 +130,17 @@ class DecoderStack:
                                                             layer.gate_up, layer.down)),
                 layer.k_cache.data_ptr(), layer.v_cache.data_ptr())
             for layer, bias in zip(layers, biases, strict=True)))
+        # how the quantized products' columns are split among the threads: equal at first,
+        # then as the decoder finds the threads' speeds (see rebalance in decoder.c)
+        self.bounds = (ctypes.c_float * 1)()
+
+    def _bounds_for(self, threads: int) -> int:
+        """The address of the split among ``threads`` threads, equal where the thread count
+        changed."""
+        if len(self.bounds) != threads + 1:
+            self.bounds = (ctypes.c_float * (threads + 1))(
+                *(i / threads for i in range(threads + 1)))
+        return ctypes.addressof(self.bounds)
 
     def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  slot_mapping: torch.Tensor, block_tables: torch.Tensor,
@@ -153,13 +164,15 @@ class DecoderStack:
         # the inputs of quantized products, widened, in a bfloat16 step
         wide = (torch.empty(rows, max(self.hidden, q_size, self.intermediate))
                 if self.dtype == torch.bfloat16 else None)
+        threads = torch.get_num_threads()
         step = _DecoderStep(
             rows, self.hidden, self.heads, self.kv_heads, self.head_dim, self.intermediate,
-            self.block_size, plan.tables.shape[1], len(plan.rows), torch.get_num_threads(),
+            self.block_size, plan.tables.shape[1], len(plan.rows), threads,
             self.eps, self.scale, cos.data_ptr(), sin.data_ptr(), slots.data_ptr(),
             plan.tables.data_ptr(), plan.context_lens.data_ptr(),
             plan.query_start_loc.data_ptr(), plan.rows.data_ptr(), plan.row_seqs.data_ptr(),
-            *(buffer.data_ptr() for buffer in scratch), None if wide is None else wide.data_ptr())
+            *(buffer.data_ptr() for buffer in scratch), None if wide is None else wide.data_ptr(),
+            self._bounds_for(threads))
         status = self._decoder(
             self._layers, len(self._layers), ctypes.byref(step), x.data_ptr(),
             residual.data_ptr())

@@ -8,7 +8,7 @@
  * the products may be in any order, as in every other product of this backend.
  *
  * A few rows of x (at most FEW_ROWS, below: a decode step) go to quant_rows.c, which
- * decodes in registers. For more, threads take equal runs of groups of NC output columns:
+ * decodes in registers. For more, threads take runs of groups of NC output columns:
  * a thread decodes WIDE groups at a time into a float32 scratch and multiplies them with
  * every row of x, packed k-major in panels of XR rows, the sums in registers: the weights
  * are read from memory once and decoded once per call, whatever the row count. One path
@@ -378,27 +378,27 @@ static void panel_product(const float *x, const float *tile, const float *bias, 
 /* Thread t of a team of `threads`: its share of out[m][n] (row stride out_stride; float32, or
  * bfloat16 where out_bf16) = x[m] . W[n] (+ bias[n]) for W's n_dim rows of `type` blocks;
  * x float32 [rows, k_dim]. Returns 0, 1 for an unknown type, 2 when out of memory.
- * Threads take equal runs of groups of NC columns; each group is decoded once per call and
+ * Threads take runs of groups of NC columns (equal, or as bounds has it: see thread_run); each group is decoded once per call and
  * multiplied with every panel of x. A type flagged INT8_ACTIVATIONS goes to quant_int8.c
  * (a few rows) or quant_int8_tile.c. */
 int quant_product_part(const float *x, const uint8_t *w, int type, const float *bias,
                        void *out, int out_bf16, int rows, int k_dim, int n_dim,
-                       int64_t out_stride, int t, int threads) {
+                       int64_t out_stride, int t, int threads, const float *bounds) {
     if (type & INT8_ACTIVATIONS)
         return (rows <= INT8_ROWS_MAX ? quant8_rows_part : quant8_tile_part)(
             x, w, type & ~INT8_ACTIVATIONS, bias, out, out_bf16, rows, k_dim, n_dim,
-            out_stride, t, threads);
+            out_stride, t, threads, bounds);
     Format f;
     if (!format_of(type, &f)) return 1;
     if (rows <= FEW_ROWS) {
         quant_rows_part(x, w, &f, bias, out, out_bf16, rows, k_dim, n_dim, out_stride, t,
-                        threads);
+                        threads, bounds);
         return 0;
     }
     const int64_t row_bytes = (int64_t)k_dim / f.block_size * f.type_size;
     const int groups = (n_dim + NC - 1) / NC;
-    const int end = (int)((int64_t)groups * (t + 1) / threads);
-    int g = (int)((int64_t)groups * t / threads);
+    int g, end;
+    thread_run(groups, t, threads, bounds, &g, &end);
     if (g == end) return 0;
     /* x is packed once per call, each full panel's rows k-major */
     const int64_t packed = rows / XR * XR + (rows % XR >= PANEL_MIN ? XR : 0);
@@ -444,7 +444,8 @@ static int product(const float *x, const uint8_t *w, int type, const float *bias
     int status = 0;
     #pragma omp parallel num_threads(num_threads) reduction(| : status)
     status |= quant_product_part(x, w, type, bias, out, out_bf16, rows, k_dim, n_dim,
-                                 out_stride, omp_get_thread_num(), omp_get_num_threads());
+                                 out_stride, omp_get_thread_num(), omp_get_num_threads(),
+                                 NULL);
     return status;
 }
 

@@ -206,6 +206,21 @@ static inline void store_tile(int rows, int count, float sums[QUANT_ROWS_MAX][TI
  * integers (quant_int8.h), at any row count. */
 #define INT8_ACTIVATIONS 0x100
 
+/* Thread t's run [*first, *end) of `count` items split among a team of `team`: equal runs
+ * where bounds is NULL, else the run between the fractions bounds[t] and bounds[t + 1]
+ * (0 = bounds[0] <= bounds[1] <= ... <= bounds[team] = 1), rounded the same way for the
+ * thread whose run ends there and the one whose run starts there. */
+static inline void thread_run(int count, int t, int team, const float *bounds, int *first,
+                              int *end) {
+    if (bounds == NULL) {
+        *first = (int)((int64_t)count * t / team);
+        *end = (int)((int64_t)count * (t + 1) / team);
+        return;
+    }
+    *first = t == 0 ? 0 : (int)(count * (double)bounds[t] + 0.5);
+    *end = t == team - 1 ? count : (int)(count * (double)bounds[t + 1] + 0.5);
+}
+
 /* out[m][n] (row stride out_stride; float32, or bfloat16 where out_bf16) = x[m] . W[n]
  * (+ bias[n]) for rows <= QUANT_ROWS_MAX rows of x (float32 [rows, k_dim]) and W's n_dim
  * rows of format f. */
@@ -213,10 +228,11 @@ void quant_rows(const float *x, const uint8_t *w, const Format *f, const float *
                 void *out, int out_bf16, int rows, int k_dim, int n_dim, int64_t out_stride,
                 int num_threads);
 
-/* Thread t of a team of `count`: its run of quant_rows' output columns. */
+/* Thread t of a team of `count`: its run of quant_rows' tiles of output columns (see
+ * thread_run for bounds). */
 void quant_rows_part(const float *x, const uint8_t *w, const Format *f, const float *bias,
                      void *out, int out_bf16, int rows, int k_dim, int n_dim,
-                     int64_t out_stride, int t, int count);
+                     int64_t out_stride, int t, int count, const float *bounds);
 
 /* The most rows the 8-bit products take in registers (quant_int8.c); more go to byte tiles
  * (quant_int8_tile.c), which with VNNI are already the faster ones at 3 rows. */
@@ -230,12 +246,12 @@ void quant_rows_part(const float *x, const uint8_t *w, const Format *f, const fl
  * flag. Returns 0, 1 for an unknown type, 2 when out of memory. */
 int quant8_rows_part(const float *x, const uint8_t *w, int type, const float *bias,
                      void *out, int out_bf16, int rows, int k_dim, int n_dim,
-                     int64_t out_stride, int t, int threads);
+                     int64_t out_stride, int t, int threads, const float *bounds);
 
 /* The same for any row count, in byte tiles (quant_int8_tile.c): for more than
  * INT8_ROWS_MAX rows. */
 int quant8_tile_part(const float *x, const uint8_t *w, int type, const float *bias,
                      void *out, int out_bf16, int rows, int k_dim, int n_dim,
-                     int64_t out_stride, int t, int threads);
+                     int64_t out_stride, int t, int threads, const float *bounds);
 
 #endif

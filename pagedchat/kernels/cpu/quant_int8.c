@@ -1,9 +1,9 @@
 /* Products on GGML blocks with 8-bit activations (quant_int8.h) for a few rows (at most
  * INT8_ROWS_MAX, a decode step), where the products wait on decoding the weights and the
  * integer sums save most of that: on AVX2, 32 byte products in two instructions, where the
- * exact path decodes, converts and multiplies each weight in float. Threads take equal runs
- * of tiles of output columns, as in quant_rows.c; each thread rounds all of x itself (a
- * small cost next to reading the weights). More rows go to quant_int8_tile.c.
+ * exact path decodes, converts and multiplies each weight in float. Threads take runs of
+ * tiles of output columns, as in quant_rows.c; each thread rounds all of x itself (a small
+ * cost next to reading the weights). More rows go to quant_int8_tile.c.
  */
 #include <omp.h>
 #include <stdint.h>
@@ -208,13 +208,14 @@ static void columns8_of(int type, int rows, const X8 *x, const uint8_t *w, int64
 
 int quant8_rows_part(const float *x, const uint8_t *w, int type, const float *bias,
                      void *out, int out_bf16, int rows, int k_dim, int n_dim,
-                     int64_t out_stride, int t, int threads) {
+                     int64_t out_stride, int t, int threads, const float *bounds) {
     Format f;
     if (!format_of(type, &f)) return 1;
     const int cols = COLS8_FOR(rows), tiles = (n_dim + cols - 1) / cols;
-    const int first = (int)((int64_t)tiles * t / threads) * cols;
-    const int last = (int)((int64_t)tiles * (t + 1) / threads) * cols;
-    const int end = last < n_dim ? last : n_dim;
+    int first, end;
+    thread_run(tiles, t, threads, bounds, &first, &end);
+    first *= cols;
+    end = end * cols < n_dim ? end * cols : n_dim;
     if (first >= end) return 0;
     X8 x8;
     if (!round_rows(x, rows, k_dim, &x8)) return 2;

@@ -1,7 +1,7 @@
 /* Products on GGML blocks with 8-bit activations (quant_int8.h) for more than
  * INT8_ROWS_MAX rows: prompts, and decode steps of several sequences.
  *
- * Threads take equal runs of groups of NCOLS output columns, as in quant.c. A thread unpacks
+ * Threads take runs of groups of NCOLS output columns, as in quant.c. A thread unpacks
  * WIDE groups at a time into byte tiles, once per call, and multiplies them with every row
  * of x, MR rows at a time:
  * - a tile holds a group's integers k-major, the four values of a column for k = 4 s ..
@@ -307,12 +307,12 @@ static void pack_tile_of(int type, const uint8_t *w, int64_t row_bytes, int firs
 
 int quant8_tile_part(const float *x, const uint8_t *w, int type, const float *bias,
                      void *out, int out_bf16, int rows, int k_dim, int n_dim,
-                     int64_t out_stride, int t, int threads) {
+                     int64_t out_stride, int t, int threads, const float *bounds) {
     Format f;
     if (!format_of(type, &f)) return 1;
     const int groups = (n_dim + NCOLS - 1) / NCOLS;
-    const int end = (int)((int64_t)groups * (t + 1) / threads);
-    int g = (int)((int64_t)groups * t / threads);
+    int g, end;
+    thread_run(groups, t, threads, bounds, &g, &end);
     if (g == end) return 0;
     const size_t q_bytes = (size_t)k_dim * NCOLS;
     const size_t scales = (size_t)(k_dim / run_length(type)) * NCOLS;

@@ -252,13 +252,13 @@ static void columns_of(int type, int rows, const float *x, const uint8_t *w,
 
 void quant_rows_part(const float *x, const uint8_t *w, const Format *f, const float *bias,
                      void *out, int out_bf16, int rows, int k_dim, int n_dim,
-                     int64_t out_stride, int t, int count) {
+                     int64_t out_stride, int t, int count, const float *bounds) {
     const int64_t row_bytes = (int64_t)k_dim / f->block_size * f->type_size;
     const int cols = COLS_FOR(rows), tiles = (n_dim + cols - 1) / cols;
-    const int first = (int)((int64_t)tiles * t / count) * cols;
-    const int last = (int)((int64_t)tiles * (t + 1) / count) * cols;
-    columns_of(f->type, rows, x, w, row_bytes, bias, out, out_bf16, k_dim, out_stride, first,
-               last < n_dim ? last : n_dim);
+    int first, end;
+    thread_run(tiles, t, count, bounds, &first, &end);
+    columns_of(f->type, rows, x, w, row_bytes, bias, out, out_bf16, k_dim, out_stride,
+               first * cols, end * cols < n_dim ? end * cols : n_dim);
 }
 
 void quant_rows(const float *x, const uint8_t *w, const Format *f, const float *bias,
@@ -268,5 +268,5 @@ void quant_rows(const float *x, const uint8_t *w, const Format *f, const float *
     const int threads = num_threads < tiles ? num_threads : tiles;
     #pragma omp parallel num_threads(threads) if (threads > 1)
     quant_rows_part(x, w, f, bias, out, out_bf16, rows, k_dim, n_dim, out_stride,
-                    omp_get_thread_num(), omp_get_num_threads());
+                    omp_get_thread_num(), omp_get_num_threads(), NULL);
 }

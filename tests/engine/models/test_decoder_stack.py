@@ -3,6 +3,7 @@ on packed float weights and on weights kept quantized."""
 
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
 
 import gguf
@@ -68,24 +69,37 @@ def _engine(source: str, dtype: str, folder: Path) -> LLM:
     return llm
 
 
-@pytest.mark.parametrize(("source", "dtype"), [
-    pytest.param("float", "float32", marks=needs_stack),
-    pytest.param("float", "bfloat16", marks=needs_stack),
-    pytest.param("quantized", "float32", marks=needs_kernels),
-    pytest.param("quantized", "bfloat16", marks=needs_kernels),
-    pytest.param("quantized-int8", "float32", marks=needs_kernels),
+# a split of the quantized products' columns among three threads far from the equal one
+SKEWED = (0.0, 0.05, 0.9, 1.0)
+
+
+@pytest.mark.parametrize(("source", "dtype", "split"), [
+    pytest.param("float", "float32", None, marks=needs_stack),
+    pytest.param("float", "bfloat16", None, marks=needs_stack),
+    pytest.param("quantized", "float32", None, marks=needs_kernels),
+    pytest.param("quantized", "float32", SKEWED, marks=needs_kernels),
+    pytest.param("quantized", "bfloat16", None, marks=needs_kernels),
+    pytest.param("quantized-int8", "float32", SKEWED, marks=needs_kernels),
 ])
-def test_stack_gives_the_layers_result_bit_for_bit(tiny_model_dir, monkeypatch, source,
-                                                   dtype):
+def test_stack_gives_the_layers_result_bit_for_bit(tiny_model_dir, monkeypatch, request,
+                                                   source, dtype, split):
     """Every step runs both ways: decode steps (one to six rows, one with a short prompt
     chunk beside them) through the stack must equal the layers exactly, K/V writes
     included; steps with a long prompt chunk are left to the layers. On packed float
     weights, and on quantized ones whose fused products mix formats (multiplied exactly,
-    or with 8-bit activations)."""
+    or with 8-bit activations). With a split: three threads, the quantized products'
+    columns split unequally among them at first, then as the decoder finds their speeds
+    after every step; the split must stay one that gives every thread work."""
     llm = _engine(source, dtype, tiny_model_dir)
     model = llm.engine.runner.model
+    if split is not None:
+        request.addfinalizer(lambda threads=torch.get_num_threads():
+                             torch.set_num_threads(threads))
+        torch.set_num_threads(len(split) - 1)
     stack = model.decoder_stack()
     assert stack is not None
+    if split is not None:
+        stack.bounds = (ctypes.c_float * len(split))(*split)
     taken, left = [], []
 
     def both(input_ids, positions, meta):
@@ -132,6 +146,12 @@ def test_stack_gives_the_layers_result_bit_for_bit(tiny_model_dir, monkeypatch, 
     assert len({rows for rows, _ in taken}) >= 4
     assert any(1 < longest < cpu.PREFILL_MIN_QUERY_LEN for _, longest in taken)
     assert left and min(left) >= cpu.PREFILL_MIN_QUERY_LEN
+    if split is not None:
+        bounds = list(stack.bounds)
+        assert len(bounds) == len(split) and bounds[0] == 0.0 and bounds[-1] == 1.0
+        assert bounds != list(split)  # moved by the threads' times
+        shares = [b - a for a, b in zip(bounds, bounds[1:], strict=False)]
+        assert min(shares) >= 0.4 / len(shares), bounds
 
 
 @needs_stack
