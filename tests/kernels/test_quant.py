@@ -3,6 +3,7 @@ products and lookups against the reference, built once per instruction set this 
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import importlib.util
 from pathlib import Path
@@ -203,6 +204,25 @@ def test_many_rows_product_spans_several_column_runs(kernels, threads):
     x, bias = torch.randn(53, 64, generator=g), torch.randn(150, generator=g)
     actual = product_on_threads(kernels, threads, x, weight, bias)
     close(actual, quant.quantized_linear(x, weight, bias), 1e-5)
+
+
+@pytest.mark.parametrize("int8", [False, True])
+@pytest.mark.parametrize("rows", [1, 3, 53])
+def test_products_split_columns_as_the_threads_speeds_say(kernels, rows, int8):
+    """Three threads start from a split of the columns far from the equal one; the product
+    is the one the equal split gives, bit for bit (few rows and many, exact and 8-bit), and
+    after it the split has moved toward the threads' speeds and still gives every thread
+    work."""
+    weight = random_weight("Q4_1", 150, 64, seed=5)
+    weight.int8_activations = int8
+    x = torch.randn(rows, 64, generator=torch.Generator().manual_seed(5))
+    equal = product_on_threads(kernels, 3, x, weight)
+    skewed = (0.0, 0.05, 0.9, 1.0)
+    kernels._BOUNDS[weight] = (ctypes.c_float * 4)(*skewed)
+    assert torch.equal(product_on_threads(kernels, 3, x, weight), equal)
+    bounds = list(kernels._BOUNDS[weight])
+    assert bounds[0] == 0.0 and bounds[-1] == 1.0 and bounds != list(skewed)
+    assert min(b - a for a, b in zip(bounds, bounds[1:], strict=False)) >= 0.4 / 3, bounds
 
 
 def test_reference_product_decodes_a_few_rows_at_a_time(monkeypatch):

@@ -43,7 +43,7 @@ typedef struct {
 /* The step: shapes, the attention metadata shared by every layer, scratch buffers sized
  * for its rows (of the element type), and `bounds`, num_threads + 1 fractions that split
  * the quantized products' columns among the threads (see thread_run in quant.h), which
- * the decoder adjusts after each call (see rebalance). Mirrors _DecoderStep in decoder.py. */
+ * the decoder adjusts after each call (see rebalance in kernels.h). Mirrors _DecoderStep in decoder.py. */
 typedef struct {
     int rows, hidden, heads, kv_heads, head_dim, intermediate, block_size, max_blocks;
     int attention_rows, num_threads;
@@ -142,30 +142,6 @@ static int known_formats(const DecoderLayer *layers, int count) {
         const double start = omp_get_wtime();                                              \
         STEP_THEN(CALL, busy += omp_get_wtime() - start);                                  \
     } while (0)
-
-/* The bounds for the next call: each thread's share of the products' columns in proportion
- * to the speed it showed in this call (its share over its time in them), halfway from the
- * old share, as one call's times are noisy; at least half an equal share, so that a thread
- * slowed down for a while gets its work back. Two vCPUs of a cloud machine can differ in
- * speed for minutes on end (another tenant on one's core), and with equal shares the faster
- * would wait for the slower after every product. Which thread multiplies a column does not
- * change its sum. */
-static void rebalance(float *bounds, const double *busy, int team) {
-    double speed[team], total = 0.0;
-    for (int t = 0; t < team; t++) {
-        if (!(busy[t] > 0.0)) return;
-        speed[t] = (bounds[t + 1] - bounds[t]) / busy[t];
-        total += speed[t];
-    }
-    double share[team], sum = 0.0;
-    for (int t = 0; t < team; t++) {
-        share[t] = 0.5 * (bounds[t + 1] - bounds[t]) + 0.5 * speed[t] / total;
-        if (share[t] < 0.5 / team) share[t] = 0.5 / team;
-        sum += share[t];
-    }
-    for (int t = 0; t < team - 1; t++) bounds[t + 1] = (float)(bounds[t] + share[t] / sum);
-    bounds[team] = 1.0f;
-}
 
 #define DEFINE_DECODER(NAME, T, S)                                                         \
 int NAME(const DecoderLayer *layers, int count, const DecoderStep *s, T *x, T *residual) { \

@@ -46,7 +46,7 @@
                                    int count);                                             \
     int quant_linear_##S(const T *x, const uint8_t *w, int type, const float *bias,        \
                          T *out, int rows, int k_dim, int n_dim, int64_t out_stride,       \
-                         int num_threads);
+                         int num_threads, float *bounds);
 
 DECLARE_LAYER_KERNELS(float, f32)
 DECLARE_LAYER_KERNELS(bf16_t, bf16)
@@ -58,5 +58,14 @@ DECLARE_LAYER_KERNELS(bf16_t, bf16)
 int quant_product_part(const float *x, const uint8_t *w, int type, const float *bias,
                        void *out, int out_bf16, int rows, int k_dim, int n_dim,
                        int64_t out_stride, int t, int threads, const float *bounds);
+
+/* bounds (team + 1 fractions, see thread_run) for the next product, from each thread's
+ * seconds in this one (busy): each thread's share of the columns in proportion to the
+ * speed it showed (its share over its time), halfway from the old share, as one call's
+ * times are noisy; at least half an equal share, so that a thread slowed down for a while
+ * gets its work back. Two vCPUs of a virtual machine can differ in speed for minutes on
+ * end, and with equal shares the faster would wait for the slower after every product.
+ * Which thread multiplies a column does not change its sum. */
+void rebalance(float *bounds, const double *busy, int team);
 
 #endif

@@ -431,41 +431,66 @@ int quant_product_part(const float *x, const uint8_t *w, int type, const float *
     return 0;
 }
 
-/* The whole product (see quant_product_part) on num_threads threads. */
+/* See kernels.h. */
+void rebalance(float *bounds, const double *busy, int team) {
+    double speed[team], total = 0.0;
+    for (int t = 0; t < team; t++) {
+        if (!(busy[t] > 0.0)) return;
+        speed[t] = (bounds[t + 1] - bounds[t]) / busy[t];
+        total += speed[t];
+    }
+    double share[team], sum = 0.0;
+    for (int t = 0; t < team; t++) {
+        share[t] = 0.5 * (bounds[t + 1] - bounds[t]) + 0.5 * speed[t] / total;
+        if (share[t] < 0.5 / team) share[t] = 0.5 / team;
+        sum += share[t];
+    }
+    for (int t = 0; t < team - 1; t++) bounds[t + 1] = (float)(bounds[t] + share[t] / sum);
+    bounds[team] = 1.0f;
+}
+
+/* The whole product (see quant_product_part) on num_threads threads, its columns split as
+ * bounds (num_threads + 1 fractions) has it, which it then rebalances; equally where bounds
+ * is NULL. */
 static int product(const float *x, const uint8_t *w, int type, const float *bias, void *out,
                    int out_bf16, int rows, int k_dim, int n_dim, int64_t out_stride,
-                   int num_threads) {
+                   int num_threads, float *bounds) {
     Format f;
     if (!format_of(type & ~INT8_ACTIVATIONS, &f)) return 1;
-    if (rows <= FEW_ROWS && !(type & INT8_ACTIVATIONS)) {
-        quant_rows(x, w, &f, bias, out, out_bf16, rows, k_dim, n_dim, out_stride, num_threads);
-        return 0;
-    }
-    int status = 0;
+    if (num_threads < 2) bounds = NULL;
+    int status = 0, team_size = 0;
+    double busy[num_threads];  /* each thread's seconds in its share */
     #pragma omp parallel num_threads(num_threads) reduction(| : status)
-    status |= quant_product_part(x, w, type, bias, out, out_bf16, rows, k_dim, n_dim,
-                                 out_stride, omp_get_thread_num(), omp_get_num_threads(),
-                                 NULL);
+    {
+        const int t = omp_get_thread_num(), team = omp_get_num_threads();
+        const double start = omp_get_wtime();
+        status |= quant_product_part(x, w, type, bias, out, out_bf16, rows, k_dim, n_dim,
+                                     out_stride, t, team, team == num_threads ? bounds : NULL);
+        busy[t] = omp_get_wtime() - start;
+        if (t == 0) team_size = team;
+    }
+    if (bounds != NULL && team_size == num_threads) rebalance(bounds, busy, num_threads);
     return status;
 }
 
 /* x, bias and out float32; see product. */
 int quant_linear_f32(const float *x, const uint8_t *w, int type, const float *bias,
                      float *out, int rows, int k_dim, int n_dim, int64_t out_stride,
-                     int num_threads) {
-    return product(x, w, type, bias, out, 0, rows, k_dim, n_dim, out_stride, num_threads);
+                     int num_threads, float *bounds) {
+    return product(x, w, type, bias, out, 0, rows, k_dim, n_dim, out_stride, num_threads,
+                   bounds);
 }
 
 /* x and out bfloat16, bias float32 (widened once by the caller); x is widened to float32
  * once, before the product. */
 int quant_linear_bf16(const bf16_t *x, const uint8_t *w, int type, const float *bias,
                       bf16_t *out, int rows, int k_dim, int n_dim, int64_t out_stride,
-                      int num_threads) {
+                      int num_threads, float *bounds) {
     float *wide = malloc(sizeof(float) * (size_t)rows * k_dim);
     if (wide == NULL) return 2;
     for (int64_t i = 0; i < (int64_t)rows * k_dim; i++) wide[i] = bf16_load(x, i);
     const int status = product(wide, w, type, bias, out, 1, rows, k_dim, n_dim, out_stride,
-                               num_threads);
+                               num_threads, bounds);
     free(wide);
     return status;
 }

@@ -113,7 +113,7 @@ static inline __attribute__((always_inline)) void head_of(int type, const uint8_
     }
 }
 
-/* The most rows of x quant_rows takes (quant.c's product sends it those). */
+/* The most rows of x quant_rows_part takes (quant.c's product sends it those). */
 #define QUANT_ROWS_MAX 4
 
 /* The most output columns a tile of the few-row products (quant_rows.c, quant_int8.c)
@@ -221,15 +221,10 @@ static inline void thread_run(int count, int t, int team, const float *bounds, i
     *end = t == team - 1 ? count : (int)(count * (double)bounds[t + 1] + 0.5);
 }
 
-/* out[m][n] (row stride out_stride; float32, or bfloat16 where out_bf16) = x[m] . W[n]
- * (+ bias[n]) for rows <= QUANT_ROWS_MAX rows of x (float32 [rows, k_dim]) and W's n_dim
- * rows of format f. */
-void quant_rows(const float *x, const uint8_t *w, const Format *f, const float *bias,
-                void *out, int out_bf16, int rows, int k_dim, int n_dim, int64_t out_stride,
-                int num_threads);
-
-/* Thread t of a team of `count`: its run of quant_rows' tiles of output columns (see
- * thread_run for bounds). */
+/* Thread t of a team of `count`: its run (see thread_run for bounds) of the tiles of output
+ * columns of out[m][n] (row stride out_stride; float32, or bfloat16 where out_bf16) =
+ * x[m] . W[n] (+ bias[n]) for rows <= QUANT_ROWS_MAX rows of x (float32 [rows, k_dim]) and
+ * W's n_dim rows of format f. */
 void quant_rows_part(const float *x, const uint8_t *w, const Format *f, const float *bias,
                      void *out, int out_bf16, int rows, int k_dim, int n_dim,
                      int64_t out_stride, int t, int count, const float *bounds);

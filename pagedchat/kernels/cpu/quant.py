@@ -7,6 +7,9 @@ are not built.
 
 from __future__ import annotations
 
+import ctypes
+import weakref
+
 import torch
 
 from pagedchat.kernels import quant
@@ -15,10 +18,23 @@ from pagedchat.kernels.quant import QuantizedWeight
 
 __all__ = ["quantized_embedding", "quantized_linear"]
 
-declare({"quant_linear": (INT, [P, P, INT, P, P] + [INT] * 3 + [INT64, INT])},
+declare({"quant_linear": (INT, [P, P, INT, P, P] + [INT] * 3 + [INT64, INT, P])},
         {"quant_embedding": (INT, [P, P, INT, P] + [INT] * 4)})
 _TYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
 _PRODUCTS = {dtype: f"quant_linear_{suffix}" for dtype, suffix in _TYPES.items()}
+# weight -> how its products split the columns among the threads (threads + 1 fractions),
+# which quant.c moves toward the threads' speeds after each product (rebalance in kernels.h)
+_BOUNDS: weakref.WeakKeyDictionary[QuantizedWeight, ctypes.Array] = weakref.WeakKeyDictionary()
+
+
+def _bounds(weight: QuantizedWeight, threads: int) -> int:
+    """The address of ``weight``'s split among ``threads`` threads, equal where it has none
+    for that thread count yet."""
+    bounds = _BOUNDS.get(weight)
+    if bounds is None or len(bounds) != threads + 1:
+        bounds = (ctypes.c_float * (threads + 1))(*(i / threads for i in range(threads + 1)))
+        _BOUNDS[weight] = bounds
+    return ctypes.addressof(bounds)
 
 
 def _library():
@@ -60,10 +76,12 @@ def quantized_linear(x: torch.Tensor, weight: QuantizedWeight,
         bias = bias.float().contiguous()
         bias_at = bias.data_ptr()
     first, flag = 0, quant.INT8_ACTIVATIONS if weight.int8_activations else 0
+    bounds = _bounds(weight, threads)
     for segment in weight.segments:
         status = product(x_at, segment.data.data_ptr(), segment.format.type_id | flag,
                          None if bias_at is None else bias_at + 4 * first,
-                         out_at + size * first, rows, width, segment.rows, n_dim, threads)
+                         out_at + size * first, rows, width, segment.rows, n_dim, threads,
+                         bounds)
         _check(status, "linear")
         first += segment.rows
     return out

@@ -260,13 +260,3 @@ void quant_rows_part(const float *x, const uint8_t *w, const Format *f, const fl
     columns_of(f->type, rows, x, w, row_bytes, bias, out, out_bf16, k_dim, out_stride,
                first * cols, end * cols < n_dim ? end * cols : n_dim);
 }
-
-void quant_rows(const float *x, const uint8_t *w, const Format *f, const float *bias,
-                void *out, int out_bf16, int rows, int k_dim, int n_dim, int64_t out_stride,
-                int num_threads) {
-    const int cols = COLS_FOR(rows), tiles = (n_dim + cols - 1) / cols;
-    const int threads = num_threads < tiles ? num_threads : tiles;
-    #pragma omp parallel num_threads(threads) if (threads > 1)
-    quant_rows_part(x, w, f, bias, out, out_bf16, rows, k_dim, n_dim, out_stride,
-                    omp_get_thread_num(), omp_get_num_threads(), NULL);
-}
