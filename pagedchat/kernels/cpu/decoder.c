@@ -43,7 +43,8 @@ typedef struct {
 /* The step: shapes, the attention metadata shared by every layer, scratch buffers sized
  * for its rows (of the element type), and `bounds`, num_threads + 1 fractions that split
  * the quantized products' columns among the threads (see thread_run in quant.h), which
- * the decoder adjusts after each call (see rebalance in kernels.h). Mirrors _DecoderStep in decoder.py. */
+ * the decoder adjusts after each call (rebalance in kernels.h). Mirrors _DecoderStep in
+ * decoder.py. */
 typedef struct {
     int rows, hidden, heads, kv_heads, head_dim, intermediate, block_size, max_blocks;
     int attention_rows, num_threads;

@@ -10,6 +10,7 @@ import torch
 from pagedchat.kernels.cpu.attention import _plan
 from pagedchat.kernels.cpu.build import FLOAT, INT, P, declare, kernel
 from pagedchat.kernels.cpu.linear import BLOCKED_ROWS, blocked_width
+from pagedchat.kernels.cpu.quant import thread_split
 from pagedchat.kernels.quant import INT8_ACTIVATIONS, QuantizedWeight
 
 declare({"decoder_layers": (INT, [P, INT, P, P, P])})
@@ -131,16 +132,8 @@ class DecoderStack:
                 layer.k_cache.data_ptr(), layer.v_cache.data_ptr())
             for layer, bias in zip(layers, biases, strict=True)))
         # how the quantized products' columns are split among the threads: equal at first,
-        # then as the decoder finds the threads' speeds (see rebalance in decoder.c)
-        self.bounds = (ctypes.c_float * 1)()
-
-    def _bounds_for(self, threads: int) -> int:
-        """The address of the split among ``threads`` threads, equal where the thread count
-        changed."""
-        if len(self.bounds) != threads + 1:
-            self.bounds = (ctypes.c_float * (threads + 1))(
-                *(i / threads for i in range(threads + 1)))
-        return ctypes.addressof(self.bounds)
+        # then as the decoder finds the threads' speeds (rebalance in kernels.h)
+        self.bounds: ctypes.Array | None = None
 
     def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  slot_mapping: torch.Tensor, block_tables: torch.Tensor,
@@ -165,6 +158,7 @@ class DecoderStack:
         wide = (torch.empty(rows, max(self.hidden, q_size, self.intermediate))
                 if self.dtype == torch.bfloat16 else None)
         threads = torch.get_num_threads()
+        self.bounds = thread_split(self.bounds, threads)
         step = _DecoderStep(
             rows, self.hidden, self.heads, self.kv_heads, self.head_dim, self.intermediate,
             self.block_size, plan.tables.shape[1], len(plan.rows), threads,
@@ -172,7 +166,7 @@ class DecoderStack:
             plan.tables.data_ptr(), plan.context_lens.data_ptr(),
             plan.query_start_loc.data_ptr(), plan.rows.data_ptr(), plan.row_seqs.data_ptr(),
             *(buffer.data_ptr() for buffer in scratch), None if wide is None else wide.data_ptr(),
-            self._bounds_for(threads))
+            ctypes.addressof(self.bounds))
         status = self._decoder(
             self._layers, len(self._layers), ctypes.byref(step), x.data_ptr(),
             residual.data_ptr())

@@ -378,9 +378,9 @@ static void panel_product(const float *x, const float *tile, const float *bias, 
 /* Thread t of a team of `threads`: its share of out[m][n] (row stride out_stride; float32, or
  * bfloat16 where out_bf16) = x[m] . W[n] (+ bias[n]) for W's n_dim rows of `type` blocks;
  * x float32 [rows, k_dim]. Returns 0, 1 for an unknown type, 2 when out of memory.
- * Threads take runs of groups of NC columns (equal, or as bounds has it: see thread_run); each group is decoded once per call and
- * multiplied with every panel of x. A type flagged INT8_ACTIVATIONS goes to quant_int8.c
- * (a few rows) or quant_int8_tile.c. */
+ * Threads take runs of groups of NC columns (equal, or as bounds has it: see thread_run);
+ * each group is decoded once per call and multiplied with every panel of x. A type flagged
+ * INT8_ACTIVATIONS goes to quant_int8.c (a few rows) or quant_int8_tile.c. */
 int quant_product_part(const float *x, const uint8_t *w, int type, const float *bias,
                        void *out, int out_bf16, int rows, int k_dim, int n_dim,
                        int64_t out_stride, int t, int threads, const float *bounds) {
@@ -469,7 +469,8 @@ static int product(const float *x, const uint8_t *w, int type, const float *bias
         busy[t] = omp_get_wtime() - start;
         if (t == 0) team_size = team;
     }
-    if (bounds != NULL && team_size == num_threads) rebalance(bounds, busy, num_threads);
+    if (bounds != NULL && team_size == num_threads && status == 0)
+        rebalance(bounds, busy, num_threads);
     return status;
 }
 

@@ -27,14 +27,12 @@ _PRODUCTS = {dtype: f"quant_linear_{suffix}" for dtype, suffix in _TYPES.items()
 _BOUNDS: weakref.WeakKeyDictionary[QuantizedWeight, ctypes.Array] = weakref.WeakKeyDictionary()
 
 
-def _bounds(weight: QuantizedWeight, threads: int) -> int:
-    """The address of ``weight``'s split among ``threads`` threads, equal where it has none
-    for that thread count yet."""
-    bounds = _BOUNDS.get(weight)
-    if bounds is None or len(bounds) != threads + 1:
-        bounds = (ctypes.c_float * (threads + 1))(*(i / threads for i in range(threads + 1)))
-        _BOUNDS[weight] = bounds
-    return ctypes.addressof(bounds)
+def thread_split(split: ctypes.Array | None, threads: int) -> ctypes.Array:
+    """``split`` (the C kernels' ``bounds``: threads + 1 float fractions, see thread_run in
+    quant.h) where it is one for ``threads`` threads, else the equal split."""
+    if split is not None and len(split) == threads + 1:
+        return split
+    return (ctypes.c_float * (threads + 1))(*(i / threads for i in range(threads + 1)))
 
 
 def _library():
@@ -76,7 +74,8 @@ def quantized_linear(x: torch.Tensor, weight: QuantizedWeight,
         bias = bias.float().contiguous()
         bias_at = bias.data_ptr()
     first, flag = 0, quant.INT8_ACTIVATIONS if weight.int8_activations else 0
-    bounds = _bounds(weight, threads)
+    split = _BOUNDS[weight] = thread_split(_BOUNDS.get(weight), threads)
+    bounds = ctypes.addressof(split)
     for segment in weight.segments:
         status = product(x_at, segment.data.data_ptr(), segment.format.type_id | flag,
                          None if bias_at is None else bias_at + 4 * first,
