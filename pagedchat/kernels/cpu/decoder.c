@@ -113,7 +113,7 @@ static int known_formats(const DecoderLayer *layers, int count) {
         for (int j = 0; j < 4; j++)
             for (int k = 0; k < products[j]->count; k++) {
                 Format f;
-                if (!format_of(products[j]->segments[k].type & ~INT8_ACTIVATIONS, &f)) return 0;
+                if (!format_of(products[j]->segments[k].type & ~TYPE_FLAGS, &f)) return 0;
             }
     }
     return 1;

@@ -11,7 +11,7 @@ from pagedchat.kernels.cpu.attention import _plan
 from pagedchat.kernels.cpu.build import FLOAT, INT, P, declare, kernel
 from pagedchat.kernels.cpu.linear import BLOCKED_ROWS, blocked_width
 from pagedchat.kernels.cpu.quant import thread_split
-from pagedchat.kernels.quant import INT8_ACTIVATIONS, QuantizedWeight
+from pagedchat.kernels.quant import QuantizedWeight
 
 declare({"decoder_layers": (INT, [P, INT, P, P, P])})
 
@@ -83,9 +83,8 @@ def _product(weight: Weight, keep: list) -> _Product:
     """A product's weight as the C decoder reads it; a segment array it points at goes
     into ``keep``, which the caller holds as long as the structure."""
     if isinstance(weight, QuantizedWeight):
-        flag = INT8_ACTIVATIONS if weight.int8_activations else 0
         segments = (_QuantSegment * len(weight.segments))(*(
-            _QuantSegment(s.data.data_ptr(), s.format.type_id | flag, s.rows)
+            _QuantSegment(s.data.data_ptr(), s.kernel_type(weight.int8_activations), s.rows)
             for s in weight.segments))
         keep.append(segments)
         return _Product(None, 0, segments, len(weight.segments))

@@ -384,6 +384,8 @@ static void panel_product(const float *x, const float *tile, const float *bias, 
 int quant_product_part(const float *x, const uint8_t *w, int type, const float *bias,
                        void *out, int out_bf16, int rows, int k_dim, int n_dim,
                        int64_t out_stride, int t, int threads, const float *bounds) {
+    const int exact_offsets = (type & EXACT_OFFSETS) != 0;
+    type &= ~EXACT_OFFSETS;
     if (type & INT8_ACTIVATIONS)
         return (rows <= INT8_ROWS_MAX ? quant8_rows_part : quant8_tile_part)(
             x, w, type & ~INT8_ACTIVATIONS, bias, out, out_bf16, rows, k_dim, n_dim,
@@ -391,8 +393,8 @@ int quant_product_part(const float *x, const uint8_t *w, int type, const float *
     Format f;
     if (!format_of(type, &f)) return 1;
     if (rows <= FEW_ROWS) {
-        quant_rows_part(x, w, &f, bias, out, out_bf16, rows, k_dim, n_dim, out_stride, t,
-                        threads, bounds);
+        quant_rows_part(x, w, &f, exact_offsets, bias, out, out_bf16, rows, k_dim, n_dim,
+                        out_stride, t, threads, bounds);
         return 0;
     }
     const int64_t row_bytes = (int64_t)k_dim / f.block_size * f.type_size;
@@ -456,7 +458,7 @@ static int product(const float *x, const uint8_t *w, int type, const float *bias
                    int out_bf16, int rows, int k_dim, int n_dim, int64_t out_stride,
                    int num_threads, float *bounds) {
     Format f;
-    if (!format_of(type & ~INT8_ACTIVATIONS, &f)) return 1;
+    if (!format_of(type & ~TYPE_FLAGS, &f)) return 1;
     if (num_threads < 2) bounds = NULL;
     int status = 0, team_size = 0;
     double busy[num_threads];  /* each thread's seconds in its share */

@@ -158,14 +158,22 @@ static inline void tile_heads(const uint8_t *const col[], int cols, int at,
 #endif
 }
 
-/* Block `at` of each column of the next tile (`ahead` bytes on from col[c]), prefetched
- * into the second cache level (prefetcht1): a tile's columns are streams too many for the
- * hardware's prefetcher to follow, and a prefetch into the first level holds one of that
- * level's few miss buffers until its line comes, so that those buffers, not the memory,
- * set the rate. */
-static inline void prefetch_next_tile(const uint8_t *const col[], int cols, int at,
-                                      int64_t ahead) {
+/* Block `at` of each column of a tile further on (`ahead` bytes on from col[c]: see
+ * prefetch_distance), prefetched into the second cache level (prefetcht1): a tile's columns
+ * are streams too many for the hardware's prefetcher to follow, and a prefetch into the
+ * first level holds one of that level's few miss buffers until its line comes, so that
+ * those buffers, not the memory, set the rate. */
+static inline void prefetch_tile_ahead(const uint8_t *const col[], int cols, int at,
+                                       int64_t ahead) {
     for (int c = 0; c < cols; c++) __builtin_prefetch(col[c] + at + ahead, 0, 2);
+}
+
+/* How far ahead a few-row product's tiles of `tile_bytes` bytes (their columns' rows, which
+ * lie one after the other) are prefetched: whole tiles, the nearest count to 4 KiB, at
+ * least one. A narrow tile's next one comes too soon for memory to deliver it. */
+static inline int64_t prefetch_distance(int64_t tile_bytes) {
+    const int64_t tiles = (4096 + tile_bytes / 2) / tile_bytes;
+    return tile_bytes * (tiles < 1 ? 1 : tiles);
 }
 
 /* A tile's sums (+ bias) into columns [n, n + count) of out's rows: float32, or bfloat16
@@ -205,6 +213,11 @@ static inline void store_tile(int rows, int count, float sums[QUANT_ROWS_MAX][TI
 /* A flag on a type number: x is rounded to 8-bit integers per run of 32 and multiplied in
  * integers (quant_int8.h), at any row count. */
 #define INT8_ACTIVATIONS 0x100
+/* A flag on a Q4_1 type number: the loader found every block's d * q + m exact in float32
+ * (kernels/quant.py, Segment.exact_offsets), so a product may take a block's sum as
+ * d * (x . q) + m * sum(x) and multiply by the very weights the reference gives. */
+#define EXACT_OFFSETS 0x200
+#define TYPE_FLAGS (INT8_ACTIVATIONS | EXACT_OFFSETS)
 
 /* Thread t's run [*first, *end) of `count` items split among a team of `team`: equal runs
  * where bounds is NULL, else the run between the fractions bounds[t] and bounds[t + 1]
@@ -224,10 +237,10 @@ static inline void thread_run(int count, int t, int team, const float *bounds, i
 /* Thread t of a team of `count`: its run (see thread_run for bounds) of the tiles of output
  * columns of out[m][n] (row stride out_stride; float32, or bfloat16 where out_bf16) =
  * x[m] . W[n] (+ bias[n]) for rows <= QUANT_ROWS_MAX rows of x (float32 [rows, k_dim]) and
- * W's n_dim rows of format f. */
-void quant_rows_part(const float *x, const uint8_t *w, const Format *f, const float *bias,
-                     void *out, int out_bf16, int rows, int k_dim, int n_dim,
-                     int64_t out_stride, int t, int count, const float *bounds);
+ * W's n_dim rows of format f; exact_offsets as the EXACT_OFFSETS flag says. */
+void quant_rows_part(const float *x, const uint8_t *w, const Format *f, int exact_offsets,
+                     const float *bias, void *out, int out_bf16, int rows, int k_dim,
+                     int n_dim, int64_t out_stride, int t, int count, const float *bounds);
 
 /* The most rows the 8-bit products take in registers (quant_int8.c); more go to byte tiles
  * (quant_int8_tile.c), which with VNNI are already the faster ones at 3 rows. */

@@ -73,11 +73,12 @@ def quantized_linear(x: torch.Tensor, weight: QuantizedWeight,
     if bias is not None:
         bias = bias.float().contiguous()
         bias_at = bias.data_ptr()
-    first, flag = 0, quant.INT8_ACTIVATIONS if weight.int8_activations else 0
+    first = 0
     split = _BOUNDS[weight] = thread_split(_BOUNDS.get(weight), threads)
     bounds = ctypes.addressof(split)
     for segment in weight.segments:
-        status = product(x_at, segment.data.data_ptr(), segment.format.type_id | flag,
+        status = product(x_at, segment.data.data_ptr(),
+                         segment.kernel_type(weight.int8_activations),
                          None if bias_at is None else bias_at + 4 * first,
                          out_at + size * first, rows, width, segment.rows, n_dim, threads,
                          bounds)

@@ -53,7 +53,7 @@ tile8_blocks32(int type, int rows, int cols, const X8 *x, int k_dim,
     }
     const float factor = type == Q4_0 ? -8.0f : type == Q5_0 ? -16.0f : 1.0f;
     for (int run = 0, at = 0; run < runs; run++, at += bytes) {
-        prefetch_next_tile(col, cols, at, ahead);
+        prefetch_tile_ahead(col, cols, at, ahead);
         /* each column's first four bytes: its scale and (Q4_1, Q5_1) its minimum, as
          * float16, widened; column c's scale in lane 2 c (of the pair) */
         __m256 scales[2];
@@ -123,7 +123,7 @@ tile8(int type, int rows, int cols, const X8 *x, int k_dim,
     float acc[QUANT_ROWS_MAX][TILE_COLS_MAX] = {{0}};
 #endif
     for (int k = 0, at = 0; k < k_dim; k += values, at += bytes) {
-        prefetch_next_tile(col, cols, at, ahead);
+        prefetch_tile_ahead(col, cols, at, ahead);
         Head head[TILE_COLS_MAX];
         for (int c = 0; c < cols; c++) head_of(type, col[c] + at, &head[c]);
         for (int s = 0; s < values / 32; s++) {

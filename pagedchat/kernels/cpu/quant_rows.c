@@ -9,6 +9,13 @@
  * sum the reference's addition rounds. A weight of zero may be +0 where the reference's is
  * -0, which no sum begun at +0 can tell. The sums of the products are in another order
  * than quant.c's.
+ *
+ * On AVX2, one row of x times Q4_0, Q8_0, or Q4_1 with exact offsets (EXACT_OFFSETS) is
+ * factored instead (tile_factored): a block's sum is d * (x . q) + m * sum(x), with m = -8 d
+ * for Q4_0 and 0 for Q8_0. Each weight d * q + m is then exact as a real number, so the
+ * weights are still the reference's; only the rounding of the sums differs, as any order
+ * of adding them does. It spares a multiply-add per weight, on the pipes that AVX2's
+ * decoding of the weights keeps busy.
  */
 #include <omp.h>
 #include <stdint.h>
@@ -176,7 +183,7 @@ block_scales(int type, int cols, const uint8_t *const col[], int at,
 /* sums[r][c] = x[r] . column c, for `cols` columns whose blocks start at col[c]. Inlined
  * per format and row count, so that both fold into the loops. The blocks `ahead` bytes on
  * from each column's (the next tile's) are prefetched, a block per block read (see
- * prefetch_next_tile). */
+ * prefetch_tile_ahead). */
 static inline __attribute__((always_inline)) void
 tile(int type, int rows, int cols, const float *x, int k_dim, const uint8_t *const col[],
      int64_t ahead, float sums[QUANT_ROWS_MAX][TILE_COLS_MAX]) {
@@ -190,7 +197,7 @@ tile(int type, int rows, int cols, const float *x, int k_dim, const uint8_t *con
     const float *offsets[2][TILE_COLS_MAX];
     if (type < Q4_K) block_scales(type, cols, col, 0, scales[0], offsets[0], products[0]);
     for (int k = 0, at = 0, i = 0; k < k_dim; k += values, at += bytes, i ^= 1) {
-        prefetch_next_tile(col, cols, at, ahead);
+        prefetch_tile_ahead(col, cols, at, ahead);
         Head head[TILE_COLS_MAX];
         const float *scale[TILE_COLS_MAX], *offset[TILE_COLS_MAX];
         if (type >= Q4_K) {
@@ -226,37 +233,135 @@ tile(int type, int rows, int cols, const float *x, int k_dim, const uint8_t *con
         for (int c = 0; c < cols; c++) sums[r][c] = vf_reduce_add(acc[r][c]);
 }
 
-/* Output columns [first, end) for every row of x. */
+#if defined(VF_AVX2)
+#if ACCUMULATORS != 4
+#error "tile_factored takes the four columns of a one-row tile"
+#endif
+/* Whether tile_factored takes this format (at one row). */
+#define FACTORED(type, rows) ((rows) == 1 && ((type) == Q4_0 || (type) == Q4_1 || (type) == Q8_0))
+
+/* 8 weights' integers q as float32, from the low or high nibbles of 8 widened bytes. */
+static inline __m256 low_nibbles(__m256i bytes) {
+    return _mm256_cvtepi32_ps(_mm256_and_si256(bytes, _mm256_set1_epi32(15)));
+}
+static inline __m256 high_nibbles(__m256i bytes) {
+    return _mm256_cvtepi32_ps(_mm256_srli_epi32(bytes, 4));
+}
+
+/* sums[0][c] = x . column c for the 4 columns at col[c], one row of x; xsum[b]: the sum of
+ * x's 32 values under block b. Per block and column: p = x . q (8 lanes), then
+ * acc += d * p; the offsets' terms m * xsum[b] of all 4 columns go into one register
+ * (the heads' lanes 2 c + 1: m of column c) and are added at the end. */
+static inline __attribute__((always_inline)) void
+tile_factored(int type, const float *x, const float *xsum, int k_dim,
+              const uint8_t *const col[], int64_t ahead,
+              float sums[QUANT_ROWS_MAX][TILE_COLS_MAX]) {
+    __m256 acc[4], offsets = _mm256_setzero_ps();
+    for (int c = 0; c < 4; c++) acc[c] = _mm256_setzero_ps();
+    const int bytes = block_bytes(type), skip = type == Q4_1 ? 4 : 2;
+    /* Q4_0's heads hold weights where Q4_1's hold m: masked out, and -8 d taken instead */
+    const __m256 kept = type == Q4_1 ? _mm256_castsi256_ps(_mm256_set1_epi32(-1))
+                                     : _mm256_castsi256_ps(_mm256_setr_epi32(
+                                           -1, 0, -1, 0, -1, 0, -1, 0));
+    /* the heads widened a block ahead, into the other of two buffers (see tile) */
+    float heads[2][8] __attribute__((aligned(32)));
+    __m256 head = tile_heads4(col, 4, 0, 0);
+    _mm256_store_ps(heads[0], head);
+    for (int k = 0, at = 0, b = 0, i = 0; k < k_dim; k += 32, at += bytes, b++, i ^= 1) {
+        prefetch_tile_ahead(col, 4, at, ahead);
+        if (type != Q8_0)
+            offsets = _mm256_fmadd_ps(_mm256_and_ps(head, kept),
+                                      _mm256_broadcast_ss(xsum + b), offsets);
+        if (k + 32 < k_dim) {
+            head = tile_heads4(col, 4, at + bytes, 0);
+            _mm256_store_ps(heads[i ^ 1], head);
+        }
+        __asm__("" : "+m"(heads));
+        const __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8),
+                     x2 = _mm256_loadu_ps(x + k + 16), x3 = _mm256_loadu_ps(x + k + 24);
+        for (int c = 0; c < 4; c++) {
+            const uint8_t *q = col[c] + at + skip;
+            __m256 p;
+            if (type == Q8_0) {
+                p = _mm256_mul_ps(x0, signed8(q));
+                p = _mm256_fmadd_ps(x1, signed8(q + 8), p);
+                p = _mm256_fmadd_ps(x2, signed8(q + 16), p);
+                p = _mm256_fmadd_ps(x3, signed8(q + 24), p);
+            } else {  /* byte j: weight j in its low nibble, weight j + 16 in its high */
+                const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q));
+                const __m256i b1 =
+                    _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8)));
+                p = _mm256_mul_ps(x0, low_nibbles(b0));
+                p = _mm256_fmadd_ps(x1, low_nibbles(b1), p);
+                p = _mm256_fmadd_ps(x2, high_nibbles(b0), p);
+                p = _mm256_fmadd_ps(x3, high_nibbles(b1), p);
+            }
+            acc[c] = _mm256_fmadd_ps(_mm256_broadcast_ss(&heads[i][2 * c]), p, acc[c]);
+        }
+    }
+    float offset[8];
+    _mm256_storeu_ps(offset, offsets);
+    for (int c = 0; c < 4; c++) {
+        __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc[c]), _mm256_extractf128_ps(acc[c], 1));
+        s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        sums[0][c] = _mm_cvtss_f32(s) + (type == Q4_1   ? offset[2 * c + 1]
+                                         : type == Q4_0 ? -8.0f * offset[2 * c]
+                                                        : 0.0f);
+    }
+}
+#else
+#define FACTORED(type, rows) 0
+#endif
+
+/* Output columns [first, end) for every row of x; factored (tile_factored) where xsum is
+ * given. */
 static inline __attribute__((always_inline)) void
 columns(int type, int rows, const float *x, const uint8_t *w, int64_t row_bytes,
         const float *bias, void *out, int out_bf16, int k_dim, int64_t out_stride, int first,
-        int end) {
+        int end, const float *xsum) {
     const int cols = COLS_FOR(rows);
+    const int64_t ahead = prefetch_distance(cols * row_bytes);
     for (int n = first; n < end; n += cols) {
         const int count = end - n < cols ? end - n : cols;
         const uint8_t *col[TILE_COLS_MAX];
         tile_columns(w, row_bytes, n, count, cols, col);
         float sums[QUANT_ROWS_MAX][TILE_COLS_MAX];
-        tile(type, rows, cols, x, k_dim, col, cols * row_bytes, sums);
+#if defined(VF_AVX2)
+        if (FACTORED(type, rows) && xsum != NULL)
+            tile_factored(type, x, xsum, k_dim, col, ahead, sums);
+        else
+#endif
+            tile(type, rows, cols, x, k_dim, col, ahead, sums);
         store_tile(rows, count, sums, bias, n, out, out_bf16, out_stride);
     }
 }
 
+#define COLUMNS_FACTORED_WHERE_XSUM(...) columns(__VA_ARGS__, xsum)
+
 static void columns_of(int type, int rows, const float *x, const uint8_t *w,
                        int64_t row_bytes, const float *bias, void *out, int out_bf16,
-                       int k_dim, int64_t out_stride, int first, int end) {
+                       int k_dim, int64_t out_stride, int first, int end, const float *xsum) {
     switch (type) {
-        QUANT_TYPE_CASES(columns)
+        QUANT_TYPE_CASES(COLUMNS_FACTORED_WHERE_XSUM)
     }
 }
 
-void quant_rows_part(const float *x, const uint8_t *w, const Format *f, const float *bias,
-                     void *out, int out_bf16, int rows, int k_dim, int n_dim,
-                     int64_t out_stride, int t, int count, const float *bounds) {
+void quant_rows_part(const float *x, const uint8_t *w, const Format *f, int exact_offsets,
+                     const float *bias, void *out, int out_bf16, int rows, int k_dim,
+                     int n_dim, int64_t out_stride, int t, int count, const float *bounds) {
     const int64_t row_bytes = (int64_t)k_dim / f->block_size * f->type_size;
     const int cols = COLS_FOR(rows), tiles = (n_dim + cols - 1) / cols;
     int first, end;
     thread_run(tiles, t, count, bounds, &first, &end);
+    const int factored = FACTORED(f->type, rows) && (f->type != Q4_1 || exact_offsets);
+    float xsum[factored ? k_dim / 32 : 1];
+    if (factored)
+        for (int b = 0; b < k_dim / 32; b++) {
+            float sum = 0.0f;
+            for (int i = 0; i < 32; i++) sum += x[32 * b + i];
+            xsum[b] = sum;
+        }
     columns_of(f->type, rows, x, w, row_bytes, bias, out, out_bf16, k_dim, out_stride,
-               first * cols, end * cols < n_dim ? end * cols : n_dim);
+               first * cols, end * cols < n_dim ? end * cols : n_dim, factored ? xsum : NULL);
 }
