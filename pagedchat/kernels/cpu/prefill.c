@@ -30,6 +30,17 @@
 #else
 #define MAX_ROWS 8
 #endif
+/* Output vectors of the weighted sum of V kept in registers at once (the accumulators)
+ * and the most of one row's a pass takes: on AVX2, where a vf is two of its 16 registers,
+ * 6 (a slice of 2 vectors for 3 rows), so that V's loads and the weights' broadcasts
+ * still have registers. */
+#if VF_REGISTERS >= 32
+#define SUM_VECTORS MAX_ROWS
+#define SUM_SLICE MAX_ROWS
+#else
+#define SUM_VECTORS 6
+#define SUM_SLICE 2
+#endif
 #define KEY_TILE 16
 #define MAX_HEAD_DIM 256
 /* Loops over the rows are unrolled, so that each row's vector is a register of its own
@@ -160,16 +171,16 @@ static inline __attribute__((always_inline)) void prefill_item(
         for (int t = 0; t < span; t += 16) vf_store(row + t, vf_mul(vf_load(row + t), inverse));
     }
     /* out = probs V: a slice of each row's head_dim / 16 output vectors for a few rows at
-     * a time, as many vectors as MAX_ROWS (the accumulators, kept in registers), each
-     * key's V slice loaded once for those rows. A head wider than MAX_ROWS vectors takes
+     * a time, as many vectors as SUM_VECTORS (the accumulators, kept in registers), each
+     * key's V slice loaded once for those rows. A head wider than SUM_SLICE vectors takes
      * several slices. */
-    const int slice = chunks < MAX_ROWS ? chunks : MAX_ROWS;
-    const int per_pass = MAX_ROWS / slice;
+    const int slice = chunks < SUM_SLICE ? chunks : SUM_SLICE;
+    const int per_pass = SUM_VECTORS / slice;
     for (int c0 = 0; c0 < chunks; c0 += slice) {
         const int cols = chunks - c0 < slice ? chunks - c0 : slice;  /* this slice's */
         for (int r0 = 0; r0 < rows; r0 += per_pass) {
             const int n = rows - r0 < per_pass ? rows - r0 : per_pass;
-            vf a[MAX_ROWS];
+            vf a[SUM_VECTORS];
             UNROLLED
             for (int j = 0; j < n * cols; j++) a[j] = vf_zero();
             for (int t = 0; t < keys; t++) {
@@ -193,12 +204,18 @@ static inline __attribute__((always_inline)) void prefill_item(
     }
 }
 
-/* head_dim as a literal where it is a common size, rows as one when the item is full */
+/* head_dim as a literal where it is a common size, rows as one when the item is full: all
+ * MAX_ROWS, or, where three query heads share a KV head (SmolLM2) and MAX_ROWS is not a
+ * multiple of three, the whole positions that fit */
 static inline __attribute__((always_inline)) void prefill_rows(
         const Prefill *p, int i, int seq, int kv, int first, int rows, const int head_dim,
         float *scores, const int bf16) {
     if (rows == MAX_ROWS)
         prefill_item(p, i, seq, kv, first, MAX_ROWS, head_dim, scores, bf16);
+#if MAX_ROWS % 3
+    else if (rows == MAX_ROWS / 3 * 3)
+        prefill_item(p, i, seq, kv, first, MAX_ROWS / 3 * 3, head_dim, scores, bf16);
+#endif
     else
         prefill_item(p, i, seq, kv, first, rows, head_dim, scores, bf16);
 }
