@@ -30,10 +30,10 @@
 #else
 #define MAX_ROWS 8
 #endif
-/* Output vectors of the weighted sum of V kept in registers at once (the accumulators)
- * and the most of one row's a pass takes: on AVX2, where a vf is two of its 16 registers,
- * 6 (a slice of 2 vectors for 3 rows), so that V's loads and the weights' broadcasts
- * still have registers. */
+/* The weighted sum of V keeps SUM_VECTORS output vectors in registers at once (its
+ * accumulators), at most SUM_SLICE of them from one row. On AVX2, where a vf takes two of
+ * its 16 registers, that is 6 (3 rows by 2), which leaves registers for V's loads and the
+ * weights' broadcasts. */
 #if VF_REGISTERS >= 32
 #define SUM_VECTORS MAX_ROWS
 #define SUM_SLICE MAX_ROWS
