@@ -30,6 +30,7 @@ from pagedchat.engine.runner.beam_search import beam_step, fork_beams
 from pagedchat.engine.runner.logprobs import token_logprobs
 from pagedchat.engine.runner.model_runner import ModelRunner, resolve_device
 from pagedchat.engine.runner.sampler import SampleRow, apply_penalties, sample
+from pagedchat.engine.runner.step_input import StepOutput
 from pagedchat.engine.sampling_params import SamplingParams
 from pagedchat.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from pagedchat.engine.sequence import Sequence, SequenceGroup
@@ -163,19 +164,37 @@ class LLMEngine:
         for item in out.scheduled:
             if item.group.metrics.first_scheduled_time is None:
                 item.group.metrics.first_scheduled_time = now
+        sampling = [item for item in out.scheduled if item.samples]
         with timer.phase("prepare"):
             step = out.step_input(self.config.block_size)
-        logits = self.runner.execute(step)
+            step.argmax_rows = [row for row, item in enumerate(sampling)
+                                if self._argmax_only(item)]
+        result = self.runner.execute(step)
         with timer.phase("sample+detokenize"):
-            return self._process(out, logits)
+            return self._process(out, sampling, step.argmax_rows, result)
 
-    def _process(self, out: SchedulerOutput, logits: torch.Tensor) -> list[RequestOutput]:
+    def _argmax_only(self, item: ScheduledSeq) -> bool:
+        """Whether this row's next token is the argmax of the raw logits, nothing else
+        wanted from them (its cumulative_logprob is then not kept)."""
+        return item.group.params.argmax_only and not self._banned(item.group.params, item.seq)
+
+    def _process(self, out: SchedulerOutput, sampling: list[ScheduledSeq],
+                 argmax_rows: list[int], result: StepOutput) -> list[RequestOutput]:
         for item in out.scheduled:
             item.seq.num_computed_tokens += item.num_new_tokens
-        sampling = [item for item in out.scheduled if item.samples]
+        logits = result.logits
+        advanced: dict[str, SequenceGroup] = {}
+        for row, token in zip(argmax_rows, result.tokens, strict=True):
+            group = sampling[row].group
+            [seq] = self._seqs_to_sample(sampling[row])
+            seq.append_token(token, None)
+            self._after_token(group, seq)
+            advanced[group.request_id] = group
+        argmax = set(argmax_rows)
         rows, logit_rows, seqs = [], [], []
         beams: dict[str, tuple[SequenceGroup, dict[int, int]]] = {}  # (group, seq id -> row)
-        for row, item in enumerate(sampling):
+        others = (item for i, item in enumerate(sampling) if i not in argmax)
+        for row, item in enumerate(others):  # row: of the logits
             group = item.group
             if group.params.use_beam_search:
                 beams.setdefault(group.request_id, (group, {}))[1][item.seq.seq_id] = row
@@ -186,7 +205,6 @@ class LLMEngine:
                                       self._banned(group.params, seq)))
                 logit_rows.append(row)
                 seqs.append((group, seq))
-        advanced: dict[str, SequenceGroup] = {}
         if rows:
             # every row is sampled once in a plain decode batch: no copy of the logits then
             every_row = logit_rows == list(range(len(logits)))

@@ -21,7 +21,7 @@ class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
-    cumulative_logprob: float
+    cumulative_logprob: float | None  # None for argmax-only requests (SamplingParams)
     finish_reason: str | None = None
     delta: str = ""
     # per output token, with SamplingParams.logprobs: the chosen token first, then the top k

@@ -114,5 +114,16 @@ class SamplingParams:
         return self.temperature == 0
 
     @property
+    def argmax_only(self) -> bool:
+        """Each next token is the argmax of the raw logits and nothing else is asked of
+        them: greedy, one sequence, no logprobs, penalties, bias or processors. The engine
+        may then find it without the whole vocabulary's exact logits, and reports no
+        cumulative_logprob (None), as vLLM does without logprobs."""
+        return (self.greedy and self.best_of == 1 and not self.use_beam_search
+                and self.logprobs is None and not self.logit_bias
+                and not self.logits_processors and self.repetition_penalty == 1.0
+                and not self.presence_penalty and not self.frequency_penalty)
+
+    @property
     def beam_width(self) -> int:
         return self.best_of

@@ -45,7 +45,8 @@ class Sequence:
         self.cpu_block_tables: list[list[int]] = []
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None
-        self.cumulative_logprob = 0.0
+        # None once a token was chosen without its log-probability (argmax-only requests)
+        self.cumulative_logprob: float | None = 0.0
         self.output_text = ""
         self.emitted_chars = 0
         self.detokenizer = None
@@ -77,9 +78,12 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 
-    def append_token(self, token_id: int, logprob: float) -> None:
+    def append_token(self, token_id: int, logprob: float | None) -> None:
         self.token_ids.append(token_id)
-        self.cumulative_logprob += logprob
+        if logprob is None or self.cumulative_logprob is None:
+            self.cumulative_logprob = None
+        else:
+            self.cumulative_logprob += logprob
 
     def fork(self, index: int) -> Sequence:
         """A copy sharing this sequence's history; ``Scheduler.fork`` shares its blocks."""

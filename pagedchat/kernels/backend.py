@@ -32,6 +32,9 @@ class KernelBackend(Protocol):
     def max_logsumexp(
         self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
 
+    def screen_candidates(self, approx: torch.Tensor, norms: torch.Tensor, slack: torch.Tensor,
+                          capacity: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float,
                  residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]: ...
 

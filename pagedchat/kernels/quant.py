@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 __all__ = ["EXACT_OFFSETS", "FORMATS", "INT8_ACTIVATIONS", "QFormat", "QuantizedWeight", "Segment",
            "dequantize", "dequantize_blocks", "quantize_q8_0", "quantized_embedding",
-           "quantized_linear", "round_activations"]
+           "quantized_linear", "round_activations", "row_norms"]
 
 
 @dataclass(frozen=True)
@@ -290,6 +290,20 @@ def dequantize(weight: QuantizedWeight) -> torch.Tensor:
 # rows de-quantized at a time by the reference product: a vocabulary-sized head (Gemma's
 # 262,144 rows) is never held in float32 whole
 ROWS_AT_ONCE = 4096
+
+
+def row_norms(weight: QuantizedWeight) -> torch.Tensor:
+    """Each row's Euclidean norm, float32 rounded up (never below the norm of the row's
+    exact weights), de-quantized ``ROWS_AT_ONCE`` rows at a time."""
+    norms = []
+    for segment in weight.segments:
+        for start in range(0, segment.rows, ROWS_AT_ONCE):
+            rows = Segment(segment.format, segment.data[start:start + ROWS_AT_ONCE])
+            exact = _dequantize_segment(rows).double().norm(dim=1)
+            rounded = exact.float()
+            norms.append(torch.where(rounded.double() < exact,
+                                     rounded.nextafter(torch.tensor(float("inf"))), rounded))
+    return torch.cat(norms) if norms else torch.empty(0)
 
 
 def round_activations(x: torch.Tensor) -> torch.Tensor:

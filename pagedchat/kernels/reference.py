@@ -17,8 +17,8 @@ from pagedchat.kernels.quant import quantized_embedding, quantized_linear
 
 __all__ = ["copy_blocks", "embedding", "gather_kv", "linear", "max_logsumexp",
            "pack_embedding", "pack_linear", "paged_attention", "quantized_embedding",
-           "quantized_linear", "rms_norm", "rotary", "rotary_store", "silu_mul",
-           "split_rotary", "store_kv", "swap_blocks", "write_slots"]
+           "quantized_linear", "rms_norm", "rotary", "rotary_store", "screen_candidates",
+           "silu_mul", "split_rotary", "store_kv", "swap_blocks", "write_slots"]
 
 
 def store_kv(
@@ -130,6 +130,28 @@ def max_logsumexp(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tor
     logits = logits.float()
     top, index = logits.max(dim=1)
     return top, index, logits.logsumexp(dim=1)
+
+
+def screen_candidates(approx: torch.Tensor, norms: torch.Tensor, slack: torch.Tensor,
+                      capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A greedy head's screen (engine/layers/greedy_head.py). Row r of ``approx``
+    ``[rows, vocab]`` (float32) holds logits each known to within ``norms[j] * slack[r]``:
+    the candidates are the ids whose interval reaches (or touches) the highest lower end of
+    the row, ``max_j(approx[r, j] - norms[j] * slack[r])``, lowered by 2^-20 of the row's largest
+    ``|approx[r, j]| + norms[j] * slack[r]`` (the float32 rounding of a compiled screen).
+    The row's exact maximum is always one. Returns ``found`` ``[rows, capacity]`` int32,
+    each row's first ``capacity`` candidates in increasing id, then -1; and ``counts``
+    ``[rows]`` int32, how many each row has (more than ``capacity`` where it overflowed)."""
+    values = approx.double()
+    reach = slack.double().unsqueeze(1) * norms.double().unsqueeze(0)
+    lowest = (values - reach).amax(dim=1) - 2.0 ** -20 * (values.abs() + reach).amax(dim=1)
+    keep = values + reach >= lowest.unsqueeze(1)
+    counts = keep.sum(dim=1, dtype=torch.int32)
+    found = torch.full((approx.shape[0], capacity), -1, dtype=torch.int32)
+    for r in range(approx.shape[0]):
+        ids = keep[r].nonzero().flatten()[:capacity]
+        found[r, :len(ids)] = ids.to(torch.int32)
+    return found, counts
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,

@@ -210,6 +210,52 @@ def test_max_logsumexp_takes_the_first_of_equal_maxima_and_strided_rows():
     _compare_reductions(logits.bfloat16()[:, :1000])
 
 
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(1, 7), vocab=st.integers(1, 300), slack=st.floats(0.0, 3.0),
+       capacity=st.integers(1, 40), seed=st.integers(0, 2**16))
+def test_screen_candidates_matches_reference(rows, vocab, slack, capacity, seed):
+    """The greedy head's screen: the same candidates as the reference in the same order,
+    the first ``capacity`` of them, and the same counts (an overflow included); every
+    row's largest value is always one (it reaches its own lower end)."""
+    gen = torch.Generator().manual_seed(seed)
+    approx = torch.randn(rows, vocab, generator=gen) * 4
+    approx[:, vocab // 2] = approx[:, 0]  # equal values
+    norms = torch.rand(vocab, generator=gen) * 2
+    slacks = torch.rand(rows, generator=gen) * slack
+    found, counts = cpu.screen_candidates(approx, norms, slacks, capacity)
+    ref_found, ref_counts = ref.screen_candidates(approx, norms, slacks, capacity)
+    assert torch.equal(counts, ref_counts)
+    assert torch.equal(found, ref_found)
+    best = approx.argmax(dim=1)
+    for r in range(rows):
+        kept = found[r][found[r] >= 0].tolist()
+        assert kept == sorted(kept) and len(kept) == min(int(counts[r]), capacity)
+        if counts[r] <= capacity:
+            assert int(best[r]) in kept
+    # without slack only the row's maxima (2^-20 of its magnitude apart) are left
+    found, counts = cpu.screen_candidates(approx, norms, torch.zeros(rows), vocab)
+    for r in range(rows):
+        kept = found[r][:counts[r]]
+        assert (approx[r, kept] >= approx[r].max() - 2.0 ** -20 * approx[r].abs().max()).all()
+    # a row of equal values with no slack (a head of zero rows): every id touches the bar
+    flat = cpu.screen_candidates(torch.zeros(rows, vocab), torch.zeros(vocab),
+                                 torch.zeros(rows), vocab)
+    assert flat[1].tolist() == [vocab] * rows and flat[0][:, 0].tolist() == [0] * rows
+
+
+def test_screen_candidates_on_a_wide_vocabulary_and_strided_rows():
+    gen = torch.Generator().manual_seed(2)
+    wide = torch.randn(5, 262_147, generator=gen) * 3
+    norms = torch.rand(262_147, generator=gen)
+    slacks = torch.tensor([0.0, 0.01, 0.1, 0.5, 2.0])
+    for approx in (wide, wide[:, :70_000]):
+        found, counts = cpu.screen_candidates(approx, norms[:approx.shape[1]], slacks, 512)
+        expected = ref.screen_candidates(approx, norms[:approx.shape[1]], slacks, 512)
+        assert torch.equal(counts, expected[1]) and torch.equal(found, expected[0])
+        assert counts.tolist() == sorted(counts.tolist())  # wider bounds keep more
+        assert (found[:, 0] >= 0).all()
+
+
 def _close(out: torch.Tensor, expected: torch.Tensor) -> bool:
     """Float32 kernels summing in another order than torch: a few ulps apart. bfloat16
     ones compute in float32 and round once where torch rounds after each operation: an ulp

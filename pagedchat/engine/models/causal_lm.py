@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import time
+
+import torch
 from torch import nn
 
+from pagedchat.engine.layers.greedy_head import GreedyHead
 from pagedchat.engine.layers.linear import Linear, fuse_rows
 from pagedchat.engine.loading.gguf_weights import Weight
 
@@ -12,7 +16,10 @@ class CausalLM(nn.Module):
     """A decoder with ``embed_tokens`` (an :class:`Embedding`), ``tied`` when the head reads
     the embedding's table, else its own ``lm_head``, layers with a ``self_attn`` (fused
     ``qkv_proj``, ``o_proj``) and an ``mlp`` (fused ``gate_up_proj``, ``down_proj``), and
-    :class:`Linear` products anywhere in its modules."""
+    :class:`Linear` products anywhere in its modules, a final ``norm``, ``kernels`` and
+    ``tp``."""
+
+    greedy_head: GreedyHead | None = None  # see pack
 
     @property
     def vocab_rows(self) -> int:
@@ -27,6 +34,47 @@ class CausalLM(nn.Module):
                 module.pack()
         if self.tied:
             self.embed_tokens.pack()
+        head = (self.embed_tokens if self.tied else self.lm_head).quantized
+        # a soft-cap's tanh rounds logits far below the largest to its value (equal maxima)
+        if (self.tp.size == 1 and GreedyHead.supports(head)
+                and self.config.final_logit_softcapping is None
+                and head.segments[0].data.is_cpu):
+            self.greedy_head = GreedyHead(head, self.kernels)
+
+    def compute_logits(self, hidden: torch.Tensor,
+                       out: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Logits, in the model's dtype, for the rows that are sampled (and only those),
+        soft-capped where the config says so; under tensor parallelism the vocabulary
+        blocks are gathered on rank 0 (None elsewhere). Not widened here: the sampler's
+        reduction reads bfloat16 as it is. ``out``: where to write this worker's
+        ``[rows, vocab rows]`` (see ``vocab_rows``)."""
+        hidden, _ = self.norm(hidden)
+        head = self.embed_tokens.logits if self.tied else self.lm_head
+        logits = head(hidden, out=out)
+        cap = self.config.final_logit_softcapping
+        if cap is not None:  # in place, in the buffer
+            logits.div_(cap).tanh_().mul_(cap)
+        return self.tp.gather_columns(logits, self.config.vocab_size)
+
+    def greedy_tokens(self, hidden: torch.Tensor,
+                      out: torch.Tensor | None = None) -> torch.Tensor | None:
+        """The greedy token (first index of the largest logit) of each row, int64 (None
+        on workers other than rank 0): through the greedy head's screen where the model
+        has one, the rows are float32 and the screen has proved faster for batches of this
+        size, else from the whole logits (written to ``out``, as :meth:`compute_logits`)."""
+        head = self.greedy_head
+        if head is None or hidden.dtype != torch.float32:
+            return self._argmax(hidden, out)
+        screen = head.way.screen(len(hidden))
+        started = time.perf_counter()
+        tokens = (head.tokens(self.norm(hidden)[0], out) if screen
+                  else self._argmax(hidden, out))
+        head.way.took(len(hidden), screen, time.perf_counter() - started)
+        return tokens
+
+    def _argmax(self, hidden: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor | None:
+        logits = self.compute_logits(hidden, out)
+        return None if logits is None else logits.argmax(dim=1)
 
     def load_products(self, layer: nn.Module, prefix: str, tensors: dict[str, Weight]) -> None:
         """Take one layer's projections from a transformers-named state dict (popped): q/k/v

@@ -158,18 +158,6 @@ class Gemma3ForCausalLM(CausalLM):
             x, residual = layer(x, residual, rope, metas[group])
         return x + residual
 
-    def compute_logits(self, hidden: torch.Tensor,
-                       out: torch.Tensor | None = None) -> torch.Tensor | None:
-        """Logits of the sampled rows, soft-capped where the config says so (in place, in
-        the buffer ``out``); gathered on rank 0 under tensor parallelism."""
-        hidden, _ = self.norm(hidden)
-        head = self.embed_tokens.logits if self.tied else self.lm_head
-        logits = head(hidden, out=out)
-        cap = self.config.final_logit_softcapping
-        if cap is not None:
-            logits.div_(cap).tanh_().mul_(cap)
-        return self.tp.gather_columns(logits, self.config.vocab_size)
-
     @torch.no_grad()
     def load_hf_state_dict(self, tensors: dict[str, Weight]) -> None:
         """Take a transformers-named state dict, fusing q/k/v and gate/up, keeping this

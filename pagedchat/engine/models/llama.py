@@ -120,17 +120,6 @@ class LlamaForCausalLM(CausalLM):
                 self.config.rms_norm_eps, self.layers[0].self_attn.scale)
         return self._stack
 
-    def compute_logits(self, hidden: torch.Tensor,
-                       out: torch.Tensor | None = None) -> torch.Tensor | None:
-        """Logits, in the model's dtype, for the rows that are sampled (and only those); under
-        tensor parallelism the vocabulary blocks are gathered on rank 0 (None elsewhere).
-        Not widened here: the sampler's reduction reads bfloat16 as it is. ``out``: where
-        to write this worker's ``[rows, vocab rows]`` (see ``vocab_rows``)."""
-        hidden, _ = self.norm(hidden)
-        head = self.embed_tokens.logits if self.tied else self.lm_head
-        logits = head(hidden, out=out)
-        return self.tp.gather_columns(logits, self.config.vocab_size)
-
     @torch.no_grad()
     def load_hf_state_dict(self, tensors: dict[str, Weight]) -> None:
         """Take a transformers-named state dict, fusing q/k/v and gate/up, and keeping

@@ -21,7 +21,7 @@ from pagedchat.engine.loading.model_config import ModelConfig
 from pagedchat.engine.models import model_class
 from pagedchat.engine.parallel.tensor_parallel import TensorParallel
 from pagedchat.engine.runner.profiling import StepTimer
-from pagedchat.engine.runner.step_input import StepInput
+from pagedchat.engine.runner.step_input import StepInput, StepOutput
 from pagedchat.kernels import select_backend
 from pagedchat.kernels.quant import QuantizedWeight
 
@@ -192,10 +192,9 @@ class ModelRunner:
         """Nothing to release in one process (the parallel runner stops its workers)."""
 
     @torch.inference_mode()
-    def execute(self, step: StepInput) -> torch.Tensor | None:
-        """Run one step; rank 0 gets the sampled rows' logits ``[len(sample_rows), vocab]``
-        in the step's order (on the CPU a view of a buffer the next step overwrites), other
-        workers None."""
+    def execute(self, step: StepInput) -> StepOutput | None:
+        """Run one step; rank 0 gets the sampled rows' logits and greedy tokens (see
+        StepOutput), other workers None."""
         self.tokens_forwarded += len(step.input_ids)
         self.steps_run += 1
         with self.timer.phase("prepare"):
@@ -204,13 +203,30 @@ class ModelRunner:
         with self.timer.phase("forward"):
             hidden = (self.model(input_ids, positions, metas[0]) if len(metas) == 1
                       else self.model(input_ids, positions, metas[0], metas))
-        if not step.sample_rows:
-            return torch.empty(0, self.model.config.vocab_size)
         with self.timer.phase("logits"):
-            rows = torch.tensor(step.sample_rows, device=self.device)
-            logits = self.model.compute_logits(hidden.index_select(0, rows),
-                                               self._logits_buffer(len(step.sample_rows)))
-            return None if logits is None else to_host(logits)
+            return self._sample_outputs(hidden, step)
+
+    def _sample_outputs(self, hidden: torch.Tensor, step: StepInput) -> StepOutput | None:
+        """The argmax rows' tokens, then the other sampled rows' logits: both use the
+        logits buffer, and the logits returned must outlive the step. Every worker runs
+        both (their logits are gathered)."""
+        argmax = set(step.argmax_rows)
+        greedy = [step.sample_rows[i] for i in step.argmax_rows]
+        wanted = [row for i, row in enumerate(step.sample_rows) if i not in argmax]
+        tokens = torch.empty(0, dtype=torch.int64)
+        if greedy:
+            tokens = self.model.greedy_tokens(self._rows(hidden, greedy),
+                                              self._logits_buffer(len(greedy)))
+        logits = torch.empty(0, self.model.config.vocab_size)
+        if wanted:
+            logits = self.model.compute_logits(self._rows(hidden, wanted),
+                                               self._logits_buffer(len(wanted)))
+        if self.tp.rank != 0:
+            return None
+        return StepOutput(to_host(logits), tokens.tolist())
+
+    def _rows(self, hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        return hidden.index_select(0, torch.tensor(rows, device=self.device))
 
     def _logits_buffer(self, rows: int) -> torch.Tensor:
         """Where this step's logits go: the first ``rows`` rows of a buffer kept from step

@@ -11,9 +11,10 @@ the model has sliding-window layers, see ``engine/kv_groups.py``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
 
 @dataclass
@@ -28,3 +29,16 @@ class StepInput:
     copies: list[tuple[int, int]]  # copy-on-write (src, dst) block pairs
     swap_out: list[tuple[int, int]]  # (device block, host block)
     swap_in: list[tuple[int, int]]  # (host block, device block)
+    # positions in sample_rows whose requests want only the greedy token (no logprobs,
+    # penalties or constraints): the runner may find it without the whole exact logits
+    argmax_rows: list[int] = field(default_factory=list)
+
+
+@dataclass
+class StepOutput:
+    """What rank 0's runner gives back for a step: the logits of the sampled rows that are
+    not argmax rows, in their order (on the CPU a view of a buffer the next step
+    overwrites), and the greedy token of each argmax row, in theirs."""
+
+    logits: torch.Tensor  # [len(sample_rows) - len(argmax_rows), vocab]
+    tokens: list[int]

@@ -1,10 +1,10 @@
 """The CPU backend: compiled C kernels for paged attention (row by row for decodes and
-short chunks, tiled for longer prompt chunks), the sampler's pass over the logits, RMSNorm,
-rotary-and-store and SiLU-and-multiply (float32 and bfloat16), linear layers on weights
-packed once into oneDNN's layout (a compiled product reads that layout for up to 256 rows,
-oneDNN's own product takes the rest; a tied head is packed too, and the embedding reads its
-rows from that layout), a small decode batch through all the layers in one compiled call,
-the reference for everything else.
+short chunks, tiled for longer prompt chunks), the sampler's pass over the logits, a
+greedy head's screen, RMSNorm, rotary-and-store and SiLU-and-multiply (float32 and
+bfloat16), linear layers on weights packed once into oneDNN's layout (a compiled product
+reads that layout for up to 256 rows, oneDNN's own product takes the rest; a tied head is
+packed too, and the embedding reads its rows from that layout), a small decode batch
+through all the layers in one compiled call, the reference for everything else.
 
 The kernels are built for the best instruction-set level the CPU runs (AVX-512, AVX2 or
 portable C; ``PAGEDCHAT_CPU_ISA`` forces one): see :mod:`.build`. Without a C compiler the
@@ -35,7 +35,7 @@ from pagedchat.kernels.cpu.linear import (
     pack_linear,
 )
 from pagedchat.kernels.cpu.quant import quantized_embedding, quantized_linear
-from pagedchat.kernels.cpu.sampling import max_logsumexp
+from pagedchat.kernels.cpu.sampling import max_logsumexp, screen_candidates
 from pagedchat.kernels.reference import copy_blocks, swap_blocks
 
 __all__ = ["BLOCKED_ROWS", "ISAS", "ISA_VARIABLE", "LINEAR_ROWS", "PREFILL_MIN_QUERY_LEN",
@@ -43,4 +43,5 @@ __all__ = ["BLOCKED_ROWS", "ISAS", "ISA_VARIABLE", "LINEAR_ROWS", "PREFILL_MIN_Q
            "copy_blocks", "decoder_stack", "embedding", "isa", "kernel_library", "linear",
            "max_logsumexp", "onednn_rows", "pack_embedding", "pack_linear", "paged_attention",
            "quantized_embedding", "quantized_linear", "rms_norm", "rotary_store",
-           "runnable_isas", "set_isa", "silu_mul", "store_kv", "swap_blocks"]
+           "runnable_isas", "screen_candidates", "set_isa", "silu_mul", "store_kv",
+           "swap_blocks"]

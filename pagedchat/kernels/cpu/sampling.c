@@ -80,3 +80,68 @@ void NAME(const T *logits, int rows, int vocab, int64_t row_stride, float *top, 
 
 DEFINE_MAX_LOGSUMEXP(max_logsumexp_f32, float, 0)
 DEFINE_MAX_LOGSUMEXP(max_logsumexp_bf16, bf16_t, 1)
+
+/* The screen of a greedy head (engine/layers/greedy_head.py): row r of `approx` holds
+ * logits known to within norms[j] * slack[r] each. Every j whose interval reaches (or
+ * touches) the highest lower end of the row, lowest = max_j (approx_j - norms_j * slack),
+ * is a candidate; the row's true maximum is always one. The two passes' float32 rounding
+ * is covered by lowering `lowest` by 2^-20 of the largest |approx_j| + norms_j * slack.
+ * Writes the first `capacity` candidates of row r, in increasing j, to
+ * found[r * capacity ...] and their number (which may exceed capacity) to counts[r]. */
+static inline void keep_candidate(int j, int32_t *found, int capacity, int32_t *count) {
+    if (*count < capacity) found[*count] = j;
+    (*count)++;
+}
+
+/* Pass one reads the row once: its lowest bar and, per chunk of 256, the highest upper end;
+ * pass two scans only the chunks whose highest upper end reaches the bar. Both compute an
+ * upper end with the same fused multiply-add, so a chunk's highest is exactly one of its. */
+enum { SCREEN_CHUNK = 256 };
+
+static void screen_row(const float *a, int n, const float *norms, float s, float *chunk_top,
+                       int32_t *found, int capacity, int32_t *count) {
+    const vf slack = vf_set1(s), zero = vf_zero();
+    vf low = vf_set1(-INFINITY), size = zero;
+    const int whole = n / SCREEN_CHUNK * SCREEN_CHUNK;
+    for (int c = 0; c < whole; c += SCREEN_CHUNK) {
+        vf high = vf_set1(-INFINITY);
+        for (int t = c; t < c + SCREEN_CHUNK; t += 16) {
+            const vf v = vf_load(a + t), norm = vf_load(norms + t);
+            low = vf_max(low, vf_fnmadd(norm, slack, v));
+            high = vf_max(high, vf_fmadd(norm, slack, v));
+            size = vf_max(size, vf_add(vf_max(v, vf_sub(zero, v)), vf_mul(norm, slack)));
+        }
+        chunk_top[c / SCREEN_CHUNK] = vf_reduce_max(high);
+    }
+    float lowest = vf_reduce_max(low), largest = vf_reduce_max(size);
+    for (int j = whole; j < n; j++) {
+        lowest = fmaxf(lowest, fmaf(-norms[j], s, a[j]));
+        largest = fmaxf(largest, fabsf(a[j]) + norms[j] * s);
+    }
+    const float threshold = lowest - 0x1p-20f * largest;
+    const vf bar = vf_set1(threshold);
+    *count = 0;
+    for (int c = 0; c < whole; c += SCREEN_CHUNK) {
+        /* not below the bar: a row whose only values equal it keeps them */
+        if (threshold > chunk_top[c / SCREEN_CHUNK]) continue;
+        for (int t = c; t < c + SCREEN_CHUNK; t += 16) {
+            vmask reach = (vmask)~vf_gt(bar, vf_fmadd(vf_load(norms + t), slack,
+                                                      vf_load(a + t)));
+            for (; reach; reach &= (vmask)(reach - 1))
+                keep_candidate(t + __builtin_ctz(reach), found, capacity, count);
+        }
+    }
+    for (int j = whole; j < n; j++)
+        if (!(threshold > fmaf(norms[j], s, a[j]))) keep_candidate(j, found, capacity, count);
+}
+
+/* scratch: num_threads * (vocab / 256 + 1) floats, a row of chunk maxima per thread */
+void screen_rows(const float *approx, int rows, int vocab, int64_t row_stride,
+                 const float *norms, const float *slack, int32_t *found, int capacity,
+                 int32_t *counts, float *scratch, int num_threads) {
+    #pragma omp parallel for schedule(static) num_threads(rows > 1 ? num_threads : 1)
+    for (int r = 0; r < rows; r++)
+        screen_row(approx + (int64_t)r * row_stride, vocab, norms, slack[r],
+                   scratch + (int64_t)omp_get_thread_num() * (vocab / SCREEN_CHUNK + 1),
+                   found + (int64_t)r * capacity, capacity, counts + r);
+}

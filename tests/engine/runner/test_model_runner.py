@@ -12,14 +12,14 @@ def test_logits_go_to_one_buffer_kept_across_steps(tiny_model_dir):
     llm = LLM(model=str(tiny_model_dir), num_kv_blocks=64, block_size=16)
     runner = llm.engine.runner
     seen = []
-    execute = runner.execute
+    buffer = runner._logits_buffer
 
-    def recording(step):
-        logits = execute(step)
+    def recording(rows):
+        logits = buffer(rows)
         seen.append((logits.shape[0], logits.untyped_storage().data_ptr()))
         return logits
 
-    runner.execute = recording
+    runner._logits_buffer = recording
     prompts = _prompts(5, seed=11)
     ours = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
     assert {rows for rows, _ in seen} >= {5}
