@@ -14,7 +14,7 @@ ROWS = 8
 
 
 def _screened_calls(llm: LLM) -> list[int]:
-    """Have the model's greedy head screen every batch (whichever way is faster here) and
+    """Have the model's greedy head screen every batch (faster here or not) and
     record the row count of each call."""
     head = llm.engine.runner.model.greedy_head
     head.way.screen = lambda rows: True

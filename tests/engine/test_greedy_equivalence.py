@@ -188,3 +188,22 @@ def test_quantized_weights_greedy_matches_transformers(name, real_hf_model, prom
     assert (stats.preemptions > 0) == (name == "preempted")
     assert_same_greedy(real_hf_model, prompts, outputs, references)
     assert stats.used_blocks == 0
+
+
+def test_screened_greedy_matches_transformers(real_hf_model, prompts, references, monkeypatch):
+    """Every batch of the default GGUF through the greedy head's 8-bit screen (forced,
+    faster here or not) against transformers on the same file."""
+    llm = LLM(weights="gguf", block_size=16, num_kv_blocks=blocks_for_all(prompts, 16))
+    head = llm.engine.runner.model.greedy_head
+    monkeypatch.setattr(head.way, "screen", lambda rows: True)
+    screened = []
+    tokens = head.tokens
+
+    def counted(x, out=None):
+        screened.append(len(x))
+        return tokens(x, out)
+
+    monkeypatch.setattr(head, "tokens", counted)
+    outputs = llm.generate(prompts, GREEDY)
+    assert max(screened) == len(prompts)
+    assert_same_greedy(real_hf_model, prompts, outputs, references)

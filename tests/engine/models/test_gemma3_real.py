@@ -63,3 +63,23 @@ def test_greedy_matches_transformers_under_preemption(prompts, references, mode)
                                  max_num_batched_tokens=256)
     assert preemptions > 0
     assert got == references
+
+
+def test_screened_greedy_matches_transformers(prompts, references, monkeypatch):
+    """Every batch through the greedy head's 8-bit screen (forced, faster here or not):
+    the 262,144-token vocabulary's exact argmax, from a few exact logits per row."""
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    with LLM(model="gemma-3-270m", num_kv_blocks=1024) as llm:
+        head = llm.engine.runner.model.greedy_head
+        monkeypatch.setattr(head.way, "screen", lambda rows: True)
+        screened = []
+        tokens = head.tokens
+
+        def counted(x, out=None):
+            screened.append(len(x))
+            return tokens(x, out)
+
+        monkeypatch.setattr(head, "tokens", counted)
+        outs = [out.outputs[0].token_ids for out in llm.generate(prompts, params)]
+    assert len(screened) >= MAX_TOKENS - 1
+    assert outs == references
