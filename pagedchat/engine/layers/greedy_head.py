@@ -72,8 +72,9 @@ class GreedyHead:
             raise ValueError(f"a greedy head screens Q8_0 weights, not {weight!r}")
         self.weight = weight
         self.kernels = kernels
-        self.screen = QuantizedWeight(weight.segments, weight.in_features,
-                                      int8_activations=True)
+        # the same blocks, multiplied with 8-bit activations
+        self.int8_weight = QuantizedWeight(weight.segments, weight.in_features,
+                                           int8_activations=True)
         self.norms = row_norms(weight)
         self.way = FasterWay()
 
@@ -96,7 +97,7 @@ class GreedyHead:
         first index of the largest of ``x @ W.T``. ``out``: a float32
         ``[rows, out_features]`` buffer for the 8-bit logits."""
         x = x.contiguous()
-        approx = self.kernels.quantized_linear(x, self.screen, out=out)
+        approx = self.kernels.quantized_linear(x, self.int8_weight, out=out)
         found, counts = self.kernels.screen_candidates(approx, self.norms, self.slack(x),
                                                        CAPACITY)
         del approx

@@ -53,7 +53,7 @@ def test_tokens_are_the_whole_heads_argmax_and_the_bound_holds(kernels, rows, vo
     x = _hidden(rows, 32 * blocks, gen, outliers)
     head = GreedyHead(weight, kernels)
     exact = kernels.quantized_linear(x, weight)
-    approx = kernels.quantized_linear(x, head.screen)
+    approx = kernels.quantized_linear(x, head.int8_weight)
     assert ((approx - exact).abs() <= head.norms * head.slack(x).unsqueeze(1)).all()
     assert torch.equal(head.tokens(x), exact.argmax(dim=1))
 
@@ -82,8 +82,8 @@ def test_rows_with_too_many_candidates_take_the_whole_head(kernels, monkeypatch)
     x = _hidden(9, 64, gen, 100.0)
     head = GreedyHead(weight, kernels)
     monkeypatch.setattr(greedy_head, "CAPACITY", 2)
-    counts = kernels.screen_candidates(kernels.quantized_linear(x, head.screen), head.norms,
-                                       head.slack(x), 2)[1]
+    approx = kernels.quantized_linear(x, head.int8_weight)
+    counts = kernels.screen_candidates(approx, head.norms, head.slack(x), 2)[1]
     assert (counts > 2).any()
     assert torch.equal(head.tokens(x), kernels.quantized_linear(x, weight).argmax(dim=1))
 
