@@ -13,19 +13,18 @@ GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 ROWS = 8
 
 
-def _screened_calls(llm: LLM) -> list[int]:
-    """Have the model's greedy head screen every batch (faster here or not) and
-    record the row count of each call."""
-    head = llm.engine.runner.model.greedy_head
-    head.way.screen = lambda rows: True
+def force_screen(head, monkeypatch) -> list[int]:
+    """Have a model's greedy head screen every batch (faster here or not); the list
+    returned gets the row count of each call."""
+    monkeypatch.setattr(head.way, "screen", lambda rows: True)
     calls = []
     tokens = head.tokens
 
-    def spy(x, out=None):
+    def counted(x, out=None):
         calls.append(len(x))
         return tokens(x, out)
 
-    head.tokens = spy
+    monkeypatch.setattr(head, "tokens", counted)
     return calls
 
 
@@ -37,11 +36,11 @@ def _whole_head(llm: LLM) -> LLM:
 @pytest.mark.parametrize("options", [dict(num_kv_blocks=128),
                                      dict(block_size=4, num_kv_blocks=64)],
                          ids=["batched", "preempted"])
-def test_screened_tokens_are_the_whole_heads(tiny_model_dir, options):
+def test_screened_tokens_are_the_whole_heads(tiny_model_dir, options, monkeypatch):
     # short prompts: all run at once, then outgrow the small pool
     prompts = [prompt[:16] for prompt in _prompts(ROWS + 4, seed=8)]
     llm = LLM(model=str(tiny_model_dir), weights="q8_0", **options)
-    calls = _screened_calls(llm)
+    calls = force_screen(llm.engine.runner.model.greedy_head, monkeypatch)
     outputs = llm.generate(prompts, GREEDY)
     assert calls and max(calls) >= ROWS  # the screen ran, on whole batches
     whole = _whole_head(LLM(model=str(tiny_model_dir), weights="q8_0", **options))
@@ -53,7 +52,7 @@ def test_screened_tokens_are_the_whole_heads(tiny_model_dir, options):
         assert llm.engine.stats().preemptions > 0
 
 
-def test_argmax_rows_beside_rows_that_need_the_logits(tiny_model_dir):
+def test_argmax_rows_beside_rows_that_need_the_logits(tiny_model_dir, monkeypatch):
     """One batch: argmax-only rows, seeded samples, greedy with logprobs, a penalty and a
     beam search; each answer is what it is with the whole head."""
     prompts = _prompts(ROWS + 6, seed=9)
@@ -67,7 +66,7 @@ def test_argmax_rows_beside_rows_that_need_the_logits(tiny_model_dir):
                        ignore_eos=True),
     ]
     llm = LLM(model=str(tiny_model_dir), weights="q8_0", num_kv_blocks=256)
-    calls = _screened_calls(llm)
+    calls = force_screen(llm.engine.runner.model.greedy_head, monkeypatch)
     ours = llm.generate(prompts, params)
     assert calls and max(calls) >= ROWS
     whole = _whole_head(LLM(model=str(tiny_model_dir), weights="q8_0", num_kv_blocks=256))

@@ -14,6 +14,7 @@ import torch
 
 from pagedchat import LLM, SamplingParams
 from pagedchat.bench.sharegpt import sample_requests
+from tests.engine.test_argmax_rows import force_screen
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("shared_model_loads")]
 
@@ -195,15 +196,7 @@ def test_screened_greedy_matches_transformers(real_hf_model, prompts, references
     faster here or not) against transformers on the same file."""
     llm = LLM(weights="gguf", block_size=16, num_kv_blocks=blocks_for_all(prompts, 16))
     head = llm.engine.runner.model.greedy_head
-    monkeypatch.setattr(head.way, "screen", lambda rows: True)
-    screened = []
-    tokens = head.tokens
-
-    def counted(x, out=None):
-        screened.append(len(x))
-        return tokens(x, out)
-
-    monkeypatch.setattr(head, "tokens", counted)
+    screened = force_screen(head, monkeypatch)
     outputs = llm.generate(prompts, GREEDY)
     assert max(screened) == len(prompts)
     assert_same_greedy(real_hf_model, prompts, outputs, references)

@@ -9,6 +9,7 @@ import pytest
 from pagedchat import LLM, SamplingParams
 from pagedchat.engine.loading.loader import prepare_model
 from tests.engine.models.test_gemma3 import reference
+from tests.engine.test_argmax_rows import force_screen
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("shared_model_loads")]
 
@@ -71,15 +72,7 @@ def test_screened_greedy_matches_transformers(prompts, references, monkeypatch):
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     with LLM(model="gemma-3-270m", num_kv_blocks=1024) as llm:
         head = llm.engine.runner.model.greedy_head
-        monkeypatch.setattr(head.way, "screen", lambda rows: True)
-        screened = []
-        tokens = head.tokens
-
-        def counted(x, out=None):
-            screened.append(len(x))
-            return tokens(x, out)
-
-        monkeypatch.setattr(head, "tokens", counted)
+        screened = force_screen(head, monkeypatch)
         outs = [out.outputs[0].token_ids for out in llm.generate(prompts, params)]
     assert len(screened) >= MAX_TOKENS - 1
     assert outs == references
