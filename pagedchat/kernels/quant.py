@@ -16,7 +16,7 @@ segments of one format are merged, so the usual fused weight is one segment.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -292,17 +292,23 @@ def dequantize(weight: QuantizedWeight) -> torch.Tensor:
 ROWS_AT_ONCE = 4096
 
 
-def row_norms(weight: QuantizedWeight) -> torch.Tensor:
-    """Each row's Euclidean norm, float32 rounded up (never below the norm of the row's
-    exact weights), de-quantized ``ROWS_AT_ONCE`` rows at a time."""
-    norms = []
+def _dequantized_chunks(weight: QuantizedWeight) -> Iterator[torch.Tensor]:
+    """The weight's rows in order, de-quantized to float32 ``ROWS_AT_ONCE`` at a time."""
     for segment in weight.segments:
         for start in range(0, segment.rows, ROWS_AT_ONCE):
-            rows = Segment(segment.format, segment.data[start:start + ROWS_AT_ONCE])
-            exact = _dequantize_segment(rows).double().norm(dim=1)
-            rounded = exact.float()
-            norms.append(torch.where(rounded.double() < exact,
-                                     rounded.nextafter(torch.tensor(float("inf"))), rounded))
+            yield _dequantize_segment(
+                Segment(segment.format, segment.data[start:start + ROWS_AT_ONCE]))
+
+
+def row_norms(weight: QuantizedWeight) -> torch.Tensor:
+    """Each row's Euclidean norm, float32 rounded up (never below the norm of the row's
+    exact weights)."""
+    norms = []
+    for rows in _dequantized_chunks(weight):
+        exact = rows.double().norm(dim=1)
+        rounded = exact.float()
+        norms.append(torch.where(rounded.double() < exact,
+                                 rounded.nextafter(torch.tensor(float("inf"))), rounded))
     return torch.cat(norms) if norms else torch.empty(0)
 
 
@@ -326,11 +332,9 @@ def quantized_linear(x: torch.Tensor, weight: QuantizedWeight,
     wide = round_activations(x.float()) if weight.int8_activations else x.float()
     result = torch.empty(*x.shape[:-1], weight.shape[0])
     first = 0
-    for segment in weight.segments:
-        for start in range(0, segment.rows, ROWS_AT_ONCE):
-            rows = Segment(segment.format, segment.data[start:start + ROWS_AT_ONCE])
-            result[..., first:first + rows.rows] = F.linear(wide, _dequantize_segment(rows))
-            first += rows.rows
+    for rows in _dequantized_chunks(weight):
+        result[..., first:first + len(rows)] = F.linear(wide, rows)
+        first += len(rows)
     if bias is not None:
         result += bias.float()
     result = result.to(x.dtype)

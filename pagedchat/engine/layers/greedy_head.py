@@ -68,7 +68,7 @@ class GreedyHead:
     8-bit screen and the exact logits of its candidates."""
 
     def __init__(self, weight: QuantizedWeight, kernels: ModuleType) -> None:
-        if any(s.format.name != "Q8_0" for s in weight.segments):
+        if not self.supports(weight):
             raise ValueError(f"a greedy head screens Q8_0 weights, not {weight!r}")
         self.weight = weight
         self.kernels = kernels
