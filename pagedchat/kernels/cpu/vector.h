@@ -144,9 +144,15 @@ static inline __m256i avx2_lanes(unsigned m) {
 static inline vf vf_zero(void) { VF_BOTH(_mm256_setzero_ps(), _mm256_setzero_ps()); }
 static inline vf vf_set1(float x) { VF_BOTH(_mm256_set1_ps(x), _mm256_set1_ps(x)); }
 static inline vf vf_load(const float *p) { VF_BOTH(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)); }
+/* A partial load copies its lanes one by one rather than use vmaskmovps: emulators of x86
+ * (qemu's user mode among them) read the whole vector and fault where the masked-off lanes
+ * cross into an unmapped page, which real CPUs never do. */
 static inline vf vf_load_mask(const float *p, vmask m) {
     if (m == 0xFFFF) return vf_load(p);
-    VF_BOTH(_mm256_maskload_ps(p, avx2_lanes(m)), _mm256_maskload_ps(p + 8, avx2_lanes(m >> 8)));
+    float part[16] = {0};
+    for (int i = 0; i < 16; i++)
+        if (m >> i & 1) part[i] = p[i];
+    return vf_load(part);
 }
 static inline void vf_store(float *p, vf v) {
     _mm256_storeu_ps(p, v.lo);
