@@ -8,6 +8,7 @@ import functools
 
 import pytest
 import torch
+from guarded import EDGES, at_page_edge
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from paged_cases import TOL, paged_batch, rel_err
@@ -124,6 +125,73 @@ def test_random_batches_match_reference(seqs, block_size, group, head_dim, dtype
     ctx = [c for c, _ in seqs]
     q_lens = [min(q, c) for c, q in seqs]
     compare(paged_batch(ctx, q_lens, block_size, 2 * group, 2, head_dim, dtype, seed), dtype)
+
+
+@pytest.mark.parametrize("edge", EDGES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("block_size", "head_dim"), [(16, 64), (5, 80), (1, 64)])
+def test_attention_reads_only_the_blocks_it_is_given(edge, dtype, block_size, head_dim):
+    """A pool of just the blocks the tables name, its first and last blocks filled to their
+    last slot, lying against an unreadable page, as do the queries and tables: a decode, a
+    short chunk and a long one (the tiled kernel) read nothing outside them."""
+    contexts = [3 * block_size, 12 + block_size, 2 * block_size + 3]
+    batch = paged_batch(contexts, [1, 12, 3], block_size, 4, 2, head_dim, dtype, seed=5)
+    tables = batch["block_tables"]
+    order = [1, 2, 0]  # sequence 0's last block, full, goes last in the pool
+    named = {i: tables[i, :-(-contexts[i] // block_size)].tolist() for i in order}
+    used = [block for i in order for block in named[i]]
+    renamed = torch.full_like(tables, -1)
+    for i in order:
+        renamed[i, :len(named[i])] = torch.tensor([used.index(b) for b in named[i]])
+    guarded = {"query": at_page_edge(batch["query"], edge),
+               "k_cache": at_page_edge(batch["k_cache"][used], edge),
+               "v_cache": at_page_edge(batch["v_cache"][used], edge),
+               "block_tables": at_page_edge(renamed, edge),
+               "context_lens": at_page_edge(batch["context_lens"], edge),
+               "query_start_loc": at_page_edge(batch["query_start_loc"], edge)}
+    expected = ref.paged_attention(**batch, scale=head_dim ** -0.5)
+    compare(guarded, dtype, expected)
+
+
+@pytest.mark.parametrize("edge", EDGES)
+def test_head_and_layer_kernels_read_only_their_operands(edge):
+    """Every operand against an unreadable page, widths with vector tails: the greedy
+    head's screen and reduction, the float32 product, the norm, the gated activation and
+    the rotary embedding with its stores into the pool's first and last slots."""
+    gen = torch.Generator().manual_seed(8)
+    approx = torch.randn(3, 300, generator=gen) * 4
+    norms, slacks = torch.rand(300, generator=gen), torch.rand(3, generator=gen)
+    found = cpu.screen_candidates(at_page_edge(approx, edge), at_page_edge(norms, edge),
+                                  at_page_edge(slacks, edge), 40)
+    for mine, expected in zip(found, ref.screen_candidates(approx, norms, slacks, 40),
+                              strict=True):
+        assert torch.equal(mine, expected)
+    for dtype in (torch.float32, torch.bfloat16):
+        _compare_reductions(at_page_edge(approx.to(dtype), edge))
+    x, weight = torch.randn(5, 100, generator=gen), torch.randn(7, 100, generator=gen)
+    bias = torch.randn(7, generator=gen)
+    out = torch.empty(5, 7)
+    operands = [at_page_edge(t, edge) for t in (x, weight, bias)]  # alive through the call
+    cpu.kernel_library().linear_f32(*(t.data_ptr() for t in operands), out.data_ptr(),
+                                    5, 100, 7, 2)
+    assert torch.allclose(out, ref.linear(x, weight, bias), rtol=1e-5, atol=1e-4)
+    for dtype in (torch.float32, torch.bfloat16):
+        rows, scale = (torch.randn(7, 100, generator=gen).to(dtype) for _ in range(2))
+        out, total = cpu.rms_norm(at_page_edge(rows, edge), at_page_edge(scale[0], edge), 1e-6,
+                                  at_page_edge(rows.flip(0), edge))
+        ref_out, ref_total = ref.rms_norm(rows, scale[0], 1e-6, rows.flip(0))
+        assert _close(out, ref_out) and torch.equal(total, ref_total)
+        gate_up = torch.randn(5, 200, generator=gen).to(dtype)
+        assert _close(cpu.silu_mul(at_page_edge(gate_up, edge)), ref.silu_mul(gate_up))
+        qkv = torch.randn(3, (4 + 2 * 2) * 80, generator=gen).to(dtype)  # 4 heads, 2 of KV
+        cos, sin = (torch.rand(3, 80, generator=gen).to(dtype) for _ in range(2))
+        slots = torch.tensor([5, 0, 3])  # the pool's last and first slots
+        caches = [torch.zeros(6, 1, 2, 80, dtype=dtype) for _ in range(2)]
+        guarded_caches = [at_page_edge(c, edge) for c in caches]
+        q = cpu.rotary_store(*(at_page_edge(t, edge) for t in (qkv, cos, sin)), 4,
+                             *guarded_caches, at_page_edge(slots, edge))
+        assert _close(q, ref.rotary_store(qkv, cos, sin, 4, *caches, slots))
+        assert all(_close(g, c) for g, c in zip(guarded_caches, caches, strict=True))
 
 
 def test_step_plan_is_reused_across_layers_and_never_across_steps():

@@ -12,6 +12,7 @@ import hypothesis.strategies as st
 import numpy as np
 import pytest
 import torch
+from guarded import EDGES, at_page_edge
 from hypothesis import given, settings
 
 from pagedchat.kernels import quant
@@ -322,6 +323,33 @@ def test_embedding_rows_decode_exactly(kernels, name):
                        quant.quantized_embedding(ids, weight, torch.bfloat16))
     with pytest.raises(IndexError, match="outside"):
         kernels.quantized_embedding(torch.tensor([40]), weight)
+
+
+@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("edge", EDGES)
+def test_products_and_lookups_read_only_their_operands(kernels, name, edge):
+    """Weights, activations and bias each against an unreadable page (a weight may be the
+    last tensor of a mapped GGUF file): a read past any of them would end the process.
+    Rows of 2 and 5 blocks; 1 row, a few, and whole chunks and a part one."""
+    block = FORMATS[name].block_size
+    for width in (2 * block, 5 * block):
+        weight = random_weight(name, 45, width, seed=width)
+        guarded = QuantizedWeight.from_blocks(name, at_page_edge(weight.segments[0].data, edge),
+                                              width)
+        g = torch.Generator().manual_seed(width)
+        bias = torch.randn(45, generator=g)
+        for rows in (1, 5, 33):
+            x = torch.randn(rows, width, generator=g)
+            product = kernels.quantized_linear(at_page_edge(x, edge), guarded,
+                                               at_page_edge(bias, edge))
+            close(product, quant.quantized_linear(x, weight, bias), 1e-5)
+            close(kernels.quantized_linear(at_page_edge(x.bfloat16(), edge), guarded),
+                  quant.quantized_linear(x.bfloat16(), weight), 1e-2)
+            close(kernels.quantized_linear(at_page_edge(x, edge), int8(guarded)),
+                  quant.quantized_linear(x, int8(weight)), 1e-5)
+        ids = at_page_edge(torch.tensor([44, 0, 21]), edge)
+        assert same_bits(kernels.quantized_embedding(ids, guarded),
+                         quant.quantized_embedding(ids, weight))
 
 
 def int8(weight: QuantizedWeight) -> QuantizedWeight:
