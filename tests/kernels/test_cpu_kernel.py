@@ -176,10 +176,11 @@ def test_head_and_layer_kernels_read_only_their_operands(edge):
                                     5, 100, 7, 2)
     assert torch.allclose(out, ref.linear(x, weight, bias), rtol=1e-5, atol=1e-4)
     for dtype in (torch.float32, torch.bfloat16):
-        rows, scale = (torch.randn(7, 100, generator=gen).to(dtype) for _ in range(2))
-        out, total = cpu.rms_norm(at_page_edge(rows, edge), at_page_edge(scale[0], edge), 1e-6,
+        rows = torch.randn(7, 100, generator=gen).to(dtype)
+        scale = torch.randn(100, generator=gen).to(dtype)
+        out, total = cpu.rms_norm(at_page_edge(rows, edge), at_page_edge(scale, edge), 1e-6,
                                   at_page_edge(rows.flip(0), edge))
-        ref_out, ref_total = ref.rms_norm(rows, scale[0], 1e-6, rows.flip(0))
+        ref_out, ref_total = ref.rms_norm(rows, scale, 1e-6, rows.flip(0))
         assert _close(out, ref_out) and torch.equal(total, ref_total)
         gate_up = torch.randn(5, 200, generator=gen).to(dtype)
         assert _close(cpu.silu_mul(at_page_edge(gate_up, edge)), ref.silu_mul(gate_up))
