@@ -3,8 +3,8 @@ past the end (or before the start) of such an operand ends the process with a
 segmentation fault, on real CPUs, where a read outside a torch allocation usually lands in
 readable memory and goes unseen. Masked-off lanes of a masked load do not count: the CPU
 never touches them. An emulator that reads more than an instruction's operand faults here
-where a CPU does not (qemu 7.2's user mode reads a whole vector for a scalar FMA's memory
-operand): these tests are for real CPUs."""
+where a CPU does not (qemu's user mode, 7.2 and 10.0 alike, reads a whole vector for a
+scalar FMA's memory operand): these tests are for real CPUs."""
 
 from __future__ import annotations
 
