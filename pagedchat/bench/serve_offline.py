@@ -105,7 +105,8 @@ def _served_process(options: EngineOptions, requests: list[Request], singles: li
     """``pagedchat serve`` as a child process with the engine options: each single
     request's time to first token, the trace's figures and its per-request results."""
     report.note(f"starting {SERVED} with the same engine options")
-    with ServerProcess(SERVED, partial(pagedchat_command, options)) as server:
+    with ServerProcess(SERVED, partial(pagedchat_command, options),
+                       ready_path="/health") as server:
         served_alone, results, duration = asyncio.run(
             _served(server.url, requests, singles, warmup, max_concurrency))
     return [r.ttft for r in served_alone], serve_figures(results, duration, {}), results

@@ -39,12 +39,15 @@ def free_port() -> int:
 
 class ServerProcess:
     """``with ServerProcess(name, command) as server:`` runs ``command(port)`` until the
-    block ends; ``server.url`` is its base URL. Its output goes to a temporary file and is
+    block ends; ``server.url`` is its base URL. It is ready once ``ready_path`` answers 200
+    (pagedchat's /health, after its warm-up). Its output goes to a temporary file and is
     quoted when it fails to start."""
 
     def __init__(self, name: str, command: Callable[[int], list[str]],
-                 start_timeout: float = 600.0, stop_timeout: float = 60.0) -> None:
+                 start_timeout: float = 600.0, stop_timeout: float = 60.0,
+                 ready_path: str = "/v1/models") -> None:
         self.name = name
+        self.ready_path = ready_path
         self.port = free_port()
         self.command = command(self.port)
         self.url = f"http://{HOST}:{self.port}"
@@ -77,7 +80,7 @@ class ServerProcess:
                 raise ValueError(f"{self.name} exited with code {code} before it answered: "
                                  f"{self.output_tail()}")
             try:
-                if httpx.get(f"{self.url}/v1/models", timeout=10).status_code == 200:
+                if httpx.get(f"{self.url}{self.ready_path}", timeout=10).status_code == 200:
                     return
             except httpx.TransportError:
                 pass

@@ -13,6 +13,7 @@ removed), the rerun stops before running anything and names the line.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import time
@@ -34,14 +35,17 @@ SAMPLING_FIELDS = frozenset({
     "stop_token_ids", "ignore_eos", "presence_penalty", "frequency_penalty",
     "repetition_penalty", "use_beam_search", "length_penalty", "early_stopping"})
 PROMPT_FIELDS = frozenset({"id", "prompt", "messages"})
+ROLES = ("system", "user", "assistant")
 
 
 class LineError(ValueError):
-    """A line that cannot become a request; ``id`` is its own or its line number."""
+    """A line that cannot become a request; ``id`` is its own or its line number, ``param``
+    the field at fault where one is."""
 
-    def __init__(self, request_id: object, reason: str) -> None:
+    def __init__(self, request_id: object, reason: str, param: str | None = None) -> None:
         super().__init__(reason)
         self.request_id = request_id
+        self.param = param
 
 
 @dataclass
@@ -58,6 +62,7 @@ class Rejected:
     request_id: object
     line: int
     reason: str
+    param: str | None = None
 
 
 @dataclass
@@ -72,12 +77,13 @@ class Summary:
     interrupted: bool = False
     seconds: float = 0.0
     unfinished: list[object] = field(default_factory=list)
+    engine_error: str | None = None  # the engine failed as a whole: the run stopped
 
     @property
     def exit_code(self) -> int:
         if self.interrupted:
             return 130
-        return 1 if self.failed else 0
+        return 1 if self.failed or self.engine_error else 0
 
 
 def line_digest(text: str) -> str:
@@ -89,6 +95,10 @@ def parse_line(text: str, line: int, tokenizer, system: str | None,
                defaults: dict[str, object]) -> Job:
     """One input line -> a Job, or LineError naming what is wrong with it."""
     try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise LineError(line, "the line is not valid UTF-8") from None
+    try:
         data = json.loads(text)
     except json.JSONDecodeError as error:
         raise LineError(line, f"malformed JSON ({error.msg} at column {error.colno})") from None
@@ -99,30 +109,39 @@ def parse_line(text: str, line: int, tokenizer, system: str | None,
         raise LineError(line, "id must be a string or a number")
     unknown = sorted(set(data) - PROMPT_FIELDS - SAMPLING_FIELDS)
     if unknown:
-        raise LineError(request_id, f"unknown field {unknown[0]!r}")
+        raise LineError(request_id, f"unknown field {unknown[0]!r}", unknown[0])
     if ("prompt" in data) == ("messages" in data):
-        raise LineError(request_id, "give exactly one of 'prompt' or 'messages'")
+        raise LineError(request_id, "give exactly one of 'prompt' or 'messages'", "prompt")
     if "prompt" in data:
         if not isinstance(data["prompt"], str) or not data["prompt"]:
-            raise LineError(request_id, "'prompt' must be a non-empty string")
+            raise LineError(request_id, "'prompt' must be a non-empty string", "prompt")
         prompt: str | list[int] = f"{system}\n\n{data['prompt']}" if system else data["prompt"]
     else:
-        prompt = render(tokenizer, _messages(request_id, data["messages"], system))
+        messages = _messages(request_id, data["messages"], system)
+        try:
+            prompt = render(tokenizer, messages)
+        except Exception as error:  # the template refuses the conversation (jinja raises)
+            raise LineError(request_id, f"messages: the chat template refused them ({error})",
+                            "messages") from None
     fields = {**defaults, **{k: v for k, v in data.items() if k in SAMPLING_FIELDS}}
     try:
         params = SamplingParams(**fields)
-    except (RequestError, TypeError) as error:
-        raise LineError(request_id, str(error)) from None
+    except RequestError as error:
+        raise LineError(request_id, str(error), error.param) from None
     return Job(request_id, line, line_digest(text), prompt, params)
 
 
 def _messages(request_id: object, messages: object, system: str | None) -> list[dict]:
     if not isinstance(messages, list) or not messages:
-        raise LineError(request_id, "'messages' must be a non-empty list")
+        raise LineError(request_id, "'messages' must be a non-empty list", "messages")
     for message in messages:
         if (not isinstance(message, dict) or not isinstance(message.get("role"), str)
                 or not isinstance(message.get("content"), str)):
-            raise LineError(request_id, "each message needs a string 'role' and 'content'")
+            raise LineError(request_id, "messages: each needs a string 'role' and 'content'",
+                            "messages")
+        if message["role"] not in ROLES:
+            raise LineError(request_id, f"messages: a role must be one of {', '.join(ROLES)}, "
+                            f"got {message['role']!r}", "messages")
     if system and messages[0]["role"] != "system":
         return [{"role": "system", "content": system}, *messages]
     return messages
@@ -142,7 +161,7 @@ def parse_file(lines: Iterable[str], tokenizer, system: str | None,
         try:
             entry: Job | Rejected = parse_line(text, line, tokenizer, system, defaults)
         except LineError as error:
-            entry = Rejected(error.request_id, line, str(error))
+            entry = Rejected(error.request_id, line, str(error), error.param)
         id_key = key(entry.request_id)
         if isinstance(entry, Job) and id_key in first_line:
             entry = Rejected(entry.request_id, line,
@@ -231,28 +250,42 @@ def run_batch(engine: LLMEngine, lines: Iterable[str], sink: IO[str],
         if progress is not None:
             progress(1)
 
-    def fail(entry: Job | Rejected, reason: str) -> None:
+    def fail(entry: Job | Rejected, reason: str, param: str | None = None) -> None:
         summary.failed += 1
         warn(f"line {entry.line}: {reason}")
-        write_record(sink, {"id": entry.request_id, "line": entry.line, "error": reason})
+        record: dict[str, object] = {"id": entry.request_id, "line": entry.line, "error": reason}
+        if param is not None:
+            record["param"] = param
+        write_record(sink, record)
         advance()
 
     def step() -> None:
         for out in engine.step():
-            if out.finished:
-                record = result_record(queued.pop(out.request_id), out)
-                summary.done += 1
-                summary.prompt_tokens += len(out.prompt_token_ids)
-                summary.cached_tokens += out.num_cached_tokens
-                summary.completion_tokens += record["usage"]["completion_tokens"]
-                write_record(sink, record)
-                advance()
+            if not out.finished:
+                continue
+            job = queued.pop(out.request_id)
+            if out.error is not None:  # the request failed inside the step; others go on
+                fail(job, f"the request failed: {out.error}")
+                continue
+            record = result_record(job, out)
+            summary.done += 1
+            summary.prompt_tokens += len(out.prompt_token_ids)
+            summary.cached_tokens += out.num_cached_tokens
+            summary.completion_tokens += record["usage"]["completion_tokens"]
+            write_record(sink, record)
+            advance()
+
+    def stop_all() -> None:
+        for request_id, job in queued.items():
+            with contextlib.suppress(Exception):  # a broken engine still lets go of them
+                engine.abort_request(request_id)
+            summary.unfinished.append(job.request_id)
 
     try:
         for entry in entries:
             summary.requests += 1
             if isinstance(entry, Rejected):
-                fail(entry, entry.reason)
+                fail(entry, entry.reason, entry.param)
             elif entry.line in answered:
                 summary.skipped += 1
                 advance()
@@ -260,16 +293,25 @@ def run_batch(engine: LLMEngine, lines: Iterable[str], sink: IO[str],
                 try:
                     engine.add_request(f"batch-{entry.line}", entry.prompt, entry.params)
                 except RequestError as error:
-                    fail(entry, str(error))
+                    fail(entry, str(error), error.param)
+                    continue
+                except Exception as error:  # a fault of ours with this line: its alone
+                    fail(entry, f"the request could not be added ({type(error).__name__}: "
+                                f"{error})")
                     continue
                 queued[f"batch-{entry.line}"] = entry
         while engine.has_unfinished_requests():
-            step()
+            try:
+                step()
+            except OSError:  # the output cannot be written (a full disk): the run stops
+                raise
+            except Exception as error:  # the engine itself failed: a rerun resumes
+                summary.engine_error = f"{type(error).__name__}: {error}"
+                stop_all()
+                break
     except KeyboardInterrupt:
         summary.interrupted = True
-        for request_id, job in queued.items():
-            engine.abort_request(request_id)
-            summary.unfinished.append(job.request_id)
+        stop_all()
     summary.seconds = time.perf_counter() - start
     return summary
 
@@ -285,4 +327,7 @@ def describe(summary: Summary) -> str:
     if summary.interrupted:
         text += (f"\ninterrupted: {len(summary.unfinished)} unfinished; rerun the same command "
                  "to finish them")
+    if summary.engine_error:
+        text += (f"\nthe engine failed ({summary.engine_error}): {len(summary.unfinished)} "
+                 "unfinished; rerun the same command to finish them")
     return text

@@ -210,6 +210,11 @@ class EngineDriver(CommandThread):
             rid = output.request_id
             if rid not in self._live:
                 continue
+            if output.error is not None:  # this reply alone failed inside the step
+                self._pending.pop(rid, None)
+                self._emit(RequestFailed(rid, f"the reply failed: {output.error}"))
+                self._forget(rid)
+                continue
             completion = output.outputs[0]
             count = len(completion.token_ids)
             self._new_tokens += count - self._token_counts.get(rid, 0)

@@ -44,8 +44,9 @@ def batch(
         if input_path != "-" and not Path(input_path).is_file():
             raise FileNotFoundError(f"{input_path}: no such file")
         done = load_done(Path(output)) if output != "-" else {}
-        lines = (sys.stdin if input_path == "-" else
-                 Path(input_path).open(encoding="utf-8")).read().splitlines()
+        raw = sys.stdin.buffer.read() if input_path == "-" else Path(input_path).read_bytes()
+        # a line that is not UTF-8 becomes that line's error record, not the run's end
+        lines = raw.decode("utf-8", errors="surrogateescape").splitlines()
         engine = EngineOptions(model=model, num_kv_blocks=kv_blocks, kv_cache_memory=kv_memory,
                                tensor_parallel_size=tp, weights=weights).build()
         defaults: dict[str, object] = {"max_tokens": max_tokens}

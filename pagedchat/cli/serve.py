@@ -16,10 +16,12 @@ def serve(
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on.")] = 8000,
     model: Annotated[str | None, typer.Option(
         "--model", "-m",
-        help="HF folder, GGUF file or gemma-3-270m (default: SmolLM2-135M-Instruct).")] = None,
-    served_model_name: Annotated[str | None, typer.Option(
-        help="The model's name in the API (default: the model file's or folder's name).")
-    ] = None,
+        help="HF folder, GGUF file or named model (see pagedchat models); default: "
+             "SmolLM2-135M-Instruct.")] = None,
+    served_model_name: Annotated[list[str] | None, typer.Option(
+        help="The model's name in the API (default: the model file's or folder's name); "
+             "repeat it for aliases, the first is the name answers carry. Each name is "
+             "also answered to without its quantization suffix (.Q4_1, -Q4_K_M).")] = None,
     api_key: Annotated[str | None, typer.Option(
         envvar="PAGEDCHAT_API_KEY", help="Require 'Authorization: Bearer KEY'.")] = None,
     block_size: Annotated[int, typer.Option(help="Tokens per KV block.")] = 16,
@@ -39,15 +41,23 @@ def serve(
     log_prompts: Annotated[bool, typer.Option(
         help="Write prompt text to the log (off: only counts).")] = False,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+    max_request_bytes: Annotated[str, typer.Option(
+        help="Largest request body, e.g. 1MiB; a larger one is refused (413) unread.")]
+    = "1MiB",
+    read_timeout: Annotated[float, typer.Option(
+        min=0.1, help="Seconds a client may take to send its headers, and its body.")] = 30.0,
+    max_concurrent_requests: Annotated[int, typer.Option(
+        min=1, help="Completions running at once; past it a request gets 429.")] = 1024,
 ) -> None:
     """An OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, ...)."""
-    from pagedchat.engine.config import EngineConfig
+    from pagedchat.engine.config import EngineConfig, parse_bytes
     from pagedchat.engine.errors import PagedChatError
     from pagedchat.server.serve import build_engine, run_server
     from pagedchat.server.state import ServerSettings
 
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s: %(message)s")
     try:
+        body_limit = parse_bytes(max_request_bytes)
         engine = build_engine(EngineConfig(
             model=model, block_size=block_size, kv_cache_memory=kv_memory,
             num_kv_blocks=kv_blocks, max_num_seqs=max_num_seqs,
@@ -56,10 +66,17 @@ def serve(
     except PagedChatError as error:
         typer.secho(f"error: {error}", err=True, fg="red")
         raise typer.Exit(1) from error
-    name = served_model_name or Path(engine.model_files.source).name.removesuffix(".gguf")
-    settings = ServerSettings(model_name=name, api_key=api_key, log_prompts=log_prompts,
-                              drain_timeout=drain_timeout)
+    names = served_model_name or [Path(engine.model_files.source).name.removesuffix(".gguf")]
+    if not served_model_name and model and Path(model).name == model and not Path(model).exists():
+        names.append(model)  # a named model (gemma-3-270m) answers to that name too
+    settings = ServerSettings(
+        model_name=names[0], aliases=tuple(names[1:]), api_key=api_key,
+        log_prompts=log_prompts, drain_timeout=drain_timeout, max_request_bytes=body_limit,
+        read_timeout=read_timeout, max_concurrent_requests=max_concurrent_requests)
     try:
         run_server(engine, settings, host, port, log_level.lower())
+    except PagedChatError as error:
+        typer.secho(f"error: {error}", err=True, fg="red")
+        raise typer.Exit(1) from error
     finally:
         engine.shutdown()

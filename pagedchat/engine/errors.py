@@ -10,7 +10,12 @@ class ModelLoadError(PagedChatError):
 
 
 class RequestError(PagedChatError, ValueError):
-    """A request that can never be served (bad parameters, too long, larger than the pool)."""
+    """A request that can never be served (bad parameters, too long, larger than the pool).
+    ``param`` names the field at fault where one is (``"top_k"``, ``"stop_token_ids"``)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class WorkerError(PagedChatError):

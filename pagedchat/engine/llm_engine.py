@@ -10,6 +10,7 @@ samples and to finish sequences, and never touches the block manager itself.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -34,6 +35,8 @@ from pagedchat.engine.runner.step_input import StepOutput
 from pagedchat.engine.sampling_params import SamplingParams
 from pagedchat.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from pagedchat.engine.sequence import Sequence, SequenceGroup
+
+log = logging.getLogger("pagedchat.engine")
 
 
 @dataclass(frozen=True)
@@ -103,7 +106,7 @@ class LLMEngine:
         """Queue a request; a request that can never be served raises RequestError now."""
         params = params or SamplingParams()
         if self.scheduler.find(request_id) is not None:
-            raise RequestError(f"request id {request_id!r} is already in use")
+            raise RequestError(f"request id {request_id!r} is already in use", "request_id")
         text = prompt if isinstance(prompt, str) else None
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         self._check_request(token_ids, params)
@@ -113,21 +116,25 @@ class LLMEngine:
 
     def _check_request(self, token_ids: list[int], params: SamplingParams) -> None:
         if not token_ids:
-            raise RequestError("the prompt is empty")
-        if min(token_ids) < 0 or max(token_ids) >= self.vocab_size:
-            raise RequestError(f"prompt token ids must be in [0, {self.vocab_size})")
+            raise RequestError("the prompt is empty", "prompt")
+        if any(isinstance(t, bool) or not isinstance(t, int) for t in token_ids) or (
+                min(token_ids) < 0 or max(token_ids) >= self.vocab_size):
+            raise RequestError(f"prompt token ids must be in [0, {self.vocab_size})", "prompt")
         limit = self.config.max_model_len
         if len(token_ids) >= limit:
             raise RequestError(
                 f"the prompt has {len(token_ids)} tokens but the model's context is {limit} "
-                "tokens (it must leave room for at least one new token)")
+                "tokens (it must leave room for at least one new token)", "prompt")
         self.scheduler.check_fits(len(token_ids), params)
         if params.use_beam_search and params.stop:
-            raise RequestError("beam search does not take stop strings (stop_token_ids work)")
-        outside = [t for t in params.logit_bias or {} if not 0 <= t < self.vocab_size]
-        if outside:
-            raise RequestError(f"logit_bias names token {outside[0]}, outside the vocabulary "
-                               f"[0, {self.vocab_size})")
+            raise RequestError("beam search does not take stop strings (stop_token_ids work)",
+                               "stop")
+        for param, tokens in (("logit_bias", params.logit_bias or {}),
+                              ("stop_token_ids", params.stop_token_ids)):
+            outside = [t for t in tokens if not 0 <= t < self.vocab_size]
+            if outside:
+                raise RequestError(f"{param} names token {outside[0]}, outside the vocabulary "
+                                   f"[0, {self.vocab_size})", param)
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request and free its blocks at once (unknown ids are ignored)."""
@@ -180,16 +187,22 @@ class LLMEngine:
 
     def _process(self, out: SchedulerOutput, sampling: list[ScheduledSeq],
                  argmax_rows: list[int], result: StepOutput) -> list[RequestOutput]:
+        """Sample, append and check stops. What fails for one request here (its logits
+        processor, its sampling values, its stop check) ends that request with an error
+        and frees its blocks; the others of the step go on."""
         for item in out.scheduled:
             item.seq.num_computed_tokens += item.num_new_tokens
         logits = result.logits
         advanced: dict[str, SequenceGroup] = {}
         for row, token in zip(argmax_rows, result.tokens, strict=True):
             group = sampling[row].group
-            [seq] = self._seqs_to_sample(sampling[row])
-            seq.append_token(token, None)
-            self._after_token(group, seq)
             advanced[group.request_id] = group
+            try:
+                [seq] = self._seqs_to_sample(sampling[row])
+                seq.append_token(token, None)
+                self._after_token(group, seq)
+            except Exception as error:
+                self._fail(group, error)
         argmax = set(argmax_rows)
         rows, logit_rows, seqs = [], [], []
         beams: dict[str, tuple[SequenceGroup, dict[int, int]]] = {}  # (group, seq id -> row)
@@ -209,15 +222,22 @@ class LLMEngine:
             # every row is sampled once in a plain decode batch: no copy of the logits then
             every_row = logit_rows == list(range(len(logits)))
             row_logits = logits if every_row else logits[logit_rows]
-            tokens, logprobs = sample(row_logits, rows, self.runner.kernels.max_logsumexp)
-            self._record_logprobs(row_logits, rows, seqs, tokens)
+            tokens, logprobs = self._sample(row_logits, rows, seqs)
             for (group, seq), token, logprob in zip(seqs, tokens, logprobs, strict=True):
-                seq.append_token(token, logprob)
-                self._after_token(group, seq)
                 advanced[group.request_id] = group
+                if token is None or group.error is not None:
+                    continue
+                try:
+                    seq.append_token(token, logprob)
+                    self._after_token(group, seq)
+                except Exception as error:
+                    self._fail(group, error)
         for request_id, (group, seq_rows) in beams.items():
-            self._advance_beams(group, logits[[seq_rows[seq.seq_id] for seq in group.seqs]])
             advanced[request_id] = group
+            try:
+                self._advance_beams(group, logits[[seq_rows[seq.seq_id] for seq in group.seqs]])
+            except Exception as error:
+                self._fail(group, error)
         now = time.time()
         results = []
         for group in advanced.values():
@@ -225,11 +245,62 @@ class LLMEngine:
             metrics.first_token_time = metrics.first_token_time or now
             metrics.last_token_time = now
             metrics.token_times.append(now)
-            if not group.unfinished_seqs:
+            if not group.is_finished and not group.unfinished_seqs:
                 self.scheduler.finish(group)
                 group.metrics.finished_time = time.time()
-            results.append(self._request_output(group))
+            try:
+                results.append(self._request_output(group))
+            except Exception as error:
+                self._fail(group, error)
+                results.append(self._failed_output(group))
         return results
+
+    def _sample(self, logits: torch.Tensor, rows: list[SampleRow],
+                seqs: list[tuple[SequenceGroup, Sequence]],
+                ) -> tuple[list[int | None], list[float | None]]:
+        """Every row sampled at once; if that fails, each request's rows on their own, so
+        that only the request at fault fails (its rows then give None)."""
+        max_logsumexp = self.runner.kernels.max_logsumexp
+        try:
+            tokens, logprobs = sample(logits, rows, max_logsumexp)
+            self._record_logprobs(logits, rows, seqs, tokens)
+            return tokens, logprobs
+        except Exception:
+            pass
+        by_request: dict[str, list[int]] = {}
+        for i, (group, _) in enumerate(seqs):
+            by_request.setdefault(group.request_id, []).append(i)
+        tokens_or_none: list[int | None] = [None] * len(rows)
+        logprobs_or_none: list[float | None] = [None] * len(rows)
+        for indices in by_request.values():
+            group_rows, group_logits = [rows[i] for i in indices], logits[indices]
+            try:
+                tokens, logprobs = sample(group_logits, group_rows, max_logsumexp)
+                self._record_logprobs(group_logits, group_rows, [seqs[i] for i in indices],
+                                      tokens)
+            except Exception as error:
+                self._fail(seqs[indices[0]][0], error)
+                continue
+            for i, token, logprob in zip(indices, tokens, logprobs, strict=True):
+                tokens_or_none[i], logprobs_or_none[i] = token, logprob
+        return tokens_or_none, logprobs_or_none
+
+    def _fail(self, group: SequenceGroup, error: Exception) -> None:
+        """End one request whose own work failed: its sequences finish with "error" and its
+        blocks are freed now; the reason travels in its RequestOutput."""
+        if group.error is not None:
+            return
+        group.error = f"{type(error).__name__}: {error}"
+        log.error("request %s failed: %s", group.request_id, group.error, exc_info=error)
+        self.scheduler.abort(group, "error")
+        group.metrics.finished_time = time.time()
+
+    @staticmethod
+    def _failed_output(group: SequenceGroup) -> RequestOutput:
+        outputs = [CompletionOutput(i, "", seq.output_token_ids, None, "error")
+                   for i, seq in enumerate(group.seqs[: group.params.n])]
+        return RequestOutput(group.request_id, group.prompt, group.prompt_token_ids, outputs,
+                             True, group.num_cached_tokens, group.metrics, error=group.error)
 
     def _banned(self, params: SamplingParams, seq: Sequence) -> tuple[int, ...]:
         """The ids that may not end the sequence yet (min_tokens)."""
@@ -320,7 +391,7 @@ class LLMEngine:
                 list(seq.token_logprobs) if params.logprobs is not None else None))
         return RequestOutput(
             group.request_id, group.prompt, group.prompt_token_ids, outputs,
-            group.is_finished, group.num_cached_tokens, group.metrics,
+            group.is_finished, group.num_cached_tokens, group.metrics, error=group.error,
         )
 
     def _beam_output(self, group: SequenceGroup) -> RequestOutput:
@@ -341,7 +412,8 @@ class LLMEngine:
                 outputs.append(CompletionOutput(i, text, seq.output_token_ids,
                                                 seq.cumulative_logprob))
         return RequestOutput(group.request_id, group.prompt, group.prompt_token_ids, outputs,
-                             group.is_finished, group.num_cached_tokens, group.metrics, scores)
+                             group.is_finished, group.num_cached_tokens, group.metrics, scores,
+                             group.error)
 
 def _visible_text(seq: Sequence, params: SamplingParams) -> str:
     """Text safe to show now: while a stop string could still be forming, hold back

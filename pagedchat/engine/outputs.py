@@ -42,6 +42,8 @@ class RequestOutput:
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = None
     beam_scores: list[float] = field(default_factory=list)
+    # why the request failed inside a step (its outputs end with finish_reason "error")
+    error: str | None = None
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -14,6 +15,8 @@ if TYPE_CHECKING:
 # (output token ids so far, one row of logits) -> that row, changed; see logits_processors
 LogitsProcessor = Callable[[list[int], "torch.Tensor"], "torch.Tensor"]
 MAX_LOGPROBS = 20
+INT_MIN, INT_MAX = -(1 << 63), (1 << 63) - 1  # what a torch int64 tensor holds
+SEED_MIN, SEED_MAX = INT_MIN, (1 << 64) - 1  # what torch.Generator.manual_seed takes
 
 
 @dataclass
@@ -58,56 +61,91 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
-        self.stop = list(self.stop or [])
-        self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.stop is None or isinstance(self.stop, (list, tuple)):
+            self.stop = list(self.stop or [])
+        if self.stop_token_ids is None or isinstance(self.stop_token_ids, (list, tuple)):
+            self.stop_token_ids = list(self.stop_token_ids or [])
         if self.best_of is None:
             self.best_of = self.n
+        self._check_types()
         self._check()
 
-    def _check(self) -> None:
-        def bad(reason: str) -> RequestError:
-            return RequestError(f"invalid sampling parameters: {reason}")
+    def _check_types(self) -> None:
+        """Every field of the kind it must be, and within what the engine can hold: a value
+        from JSON (a batch line, an HTTP body) reaches the engine only through here."""
+        for name in ("n", "best_of", "top_k", "max_tokens", "min_tokens"):
+            _integer(name, getattr(self, name))
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+                     "frequency_penalty", "length_penalty"):
+            _finite(name, getattr(self, name))
+        if self.seed is not None:
+            _integer("seed", self.seed, SEED_MIN, SEED_MAX)
+        if self.logprobs is not None:
+            _integer("logprobs", self.logprobs)
+        for name in ("ignore_eos", "use_beam_search"):
+            if not isinstance(getattr(self, name), bool):
+                raise _bad(name, f"must be true or false, got {getattr(self, name)!r}")
+        if not isinstance(self.stop, list) or not all(isinstance(s, str) for s in self.stop):
+            raise _bad("stop", f"must be a string or a list of strings, got {self.stop!r}")
+        if not isinstance(self.stop_token_ids, list):
+            raise _bad("stop_token_ids", f"must be a list of token ids, got "
+                       f"{self.stop_token_ids!r}")
+        for token in self.stop_token_ids:
+            _integer("stop_token_ids", token)
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise _bad("logit_bias", f"must map token ids to numbers, got "
+                           f"{self.logit_bias!r}")
+            for token, bias in self.logit_bias.items():
+                _integer("logit_bias", token)
+                _finite("logit_bias", bias)
+        if not isinstance(self.logits_processors, list) or not all(
+                callable(p) for p in self.logits_processors):
+            raise _bad("logits_processors", "must be a list of callables")
 
+    def _check(self) -> None:
         if self.n < 1:
-            raise bad(f"n must be at least 1, got {self.n}")
+            raise _bad("n", f"must be at least 1, got {self.n}")
         if self.best_of < self.n:
-            raise bad(f"best_of ({self.best_of}) must be >= n ({self.n})")
+            raise _bad("best_of", f"({self.best_of}) must be >= n ({self.n})")
         if self.temperature < 0:
-            raise bad(f"temperature must be >= 0, got {self.temperature}")
+            raise _bad("temperature", f"must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
-            raise bad(f"top_p must be in (0, 1], got {self.top_p}")
+            raise _bad("top_p", f"must be in (0, 1], got {self.top_p}")
         if self.top_k < -1:
-            raise bad(f"top_k must be -1, 0 (off) or positive, got {self.top_k}")
+            raise _bad("top_k", f"must be -1, 0 (off) or positive, got {self.top_k}")
         if not 0 <= self.min_p <= 1:
-            raise bad(f"min_p must be in [0, 1], got {self.min_p}")
+            raise _bad("min_p", f"must be in [0, 1], got {self.min_p}")
         if self.repetition_penalty <= 0:
-            raise bad(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+            raise _bad("repetition_penalty", f"must be > 0, got {self.repetition_penalty}")
         if not -2 <= self.presence_penalty <= 2:
-            raise bad(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
+            raise _bad("presence_penalty", f"must be in [-2, 2], got {self.presence_penalty}")
         if not -2 <= self.frequency_penalty <= 2:
-            raise bad(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
+            raise _bad("frequency_penalty", f"must be in [-2, 2], got {self.frequency_penalty}")
         if self.max_tokens < 1:
-            raise bad(f"max_tokens must be at least 1, got {self.max_tokens}")
+            raise _bad("max_tokens", f"must be at least 1, got {self.max_tokens}")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
-            raise bad(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+            raise _bad("logprobs", f"must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
         if not 0 <= self.min_tokens <= self.max_tokens:
-            raise bad(f"min_tokens must be in [0, max_tokens={self.max_tokens}], "
-                      f"got {self.min_tokens}")
+            raise _bad("min_tokens", f"must be in [0, max_tokens={self.max_tokens}], "
+                       f"got {self.min_tokens}")
         for token, bias in (self.logit_bias or {}).items():
             if not -100 <= bias <= 100:
-                raise bad(f"logit_bias of token {token} must be in [-100, 100], got {bias}")
+                raise _bad("logit_bias", f"of token {token} must be in [-100, 100], got {bias}")
+        if any(t < 0 for t in self.stop_token_ids):
+            raise _bad("stop_token_ids", f"must be token ids (>= 0), got {self.stop_token_ids}")
         if any(not s for s in self.stop):
-            raise bad("stop strings must not be empty")
+            raise _bad("stop", "must not hold an empty string")
         if self.use_beam_search:
             if self.temperature != 0:
-                raise bad("beam search is deterministic: set temperature=0")
+                raise _bad("temperature", "beam search is deterministic: set temperature=0")
             if self.early_stopping not in (True, False, "never"):
-                raise bad("early_stopping must be True, False or 'never', "
-                          f"got {self.early_stopping!r}")
+                raise _bad("early_stopping", "must be True, False or 'never', "
+                           f"got {self.early_stopping!r}")
             if (self.logprobs is not None or self.min_tokens or self.logit_bias
                     or self.logits_processors):
-                raise bad("beam search does not take logprobs, min_tokens, logit_bias or "
-                          "logits processors")
+                raise _bad("use_beam_search", "beam search does not take logprobs, min_tokens, "
+                           "logit_bias or logits processors")
 
     @property
     def greedy(self) -> bool:
@@ -127,3 +165,21 @@ class SamplingParams:
     @property
     def beam_width(self) -> int:
         return self.best_of
+
+
+def _bad(param: str, reason: str) -> RequestError:
+    return RequestError(f"invalid sampling parameters: {param} {reason}", param)
+
+
+def _integer(param: str, value: object, low: int = INT_MIN, high: int = INT_MAX) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad(param, f"must be an integer, got {value!r}")
+    if not low <= value <= high:
+        raise _bad(param, f"must be in [{low}, {high}], got {value}")
+
+
+def _finite(param: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _bad(param, f"must be a number, got {value!r}")
+    if isinstance(value, int) and abs(value) > 1 << 1000 or not math.isfinite(value):
+        raise _bad(param, f"must be a finite number, got {value}")

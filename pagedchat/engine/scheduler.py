@@ -104,7 +104,7 @@ class Scheduler:
         if params.best_of > self.config.max_num_seqs:
             raise RequestError(
                 f"the request runs {params.best_of} sequences (n/best_of) but the engine runs at "
-                f"most max_num_seqs={self.config.max_num_seqs} at once")
+                f"most max_num_seqs={self.config.max_num_seqs} at once", "n")
         total = min(num_prompt_tokens + params.max_tokens, self.config.max_model_len)
         bm = self.block_manager
         # counted unshared: a group preempted by recompute prefills each sequence on its own
@@ -114,7 +114,7 @@ class Scheduler:
                 f"the request needs up to {need} KV blocks ({num_prompt_tokens} prompt tokens + "
                 f"{total - num_prompt_tokens} new, x{params.best_of} sequences, block size "
                 f"{bm.block_size}) but the whole pool has {bm.num_blocks}; lower max_tokens "
-                "or give the cache more memory")
+                "or give the cache more memory", "max_tokens")
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
@@ -280,10 +280,10 @@ class Scheduler:
             if group in queue:
                 queue.remove(group)
 
-    def abort(self, group: SequenceGroup) -> None:
-        """End every unfinished sequence of ``group`` with "abort" and finish the group."""
+    def abort(self, group: SequenceGroup, reason: str = "abort") -> None:
+        """End every unfinished sequence of ``group`` with ``reason`` and finish the group."""
         for seq in group.unfinished_seqs:
-            seq.status, seq.finish_reason = SequenceStatus.FINISHED, "abort"
+            seq.status, seq.finish_reason = SequenceStatus.FINISHED, reason
         self.finish(group)
 
     def reset_prefix_cache(self) -> None:

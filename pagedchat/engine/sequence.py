@@ -144,6 +144,7 @@ class SequenceGroup:
         if params.seed is not None:
             self.generator = torch.Generator().manual_seed(params.seed)
         self.status = SequenceStatus.WAITING
+        self.error: str | None = None  # why the request failed inside a step, if it did
 
     @property
     def unfinished_seqs(self) -> list[Sequence]:

@@ -13,6 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pagedchat.engine.llm_engine import LLMEngine
 from pagedchat.server import routes
 from pagedchat.server.errors import APIError, install_handlers
+from pagedchat.server.limits import RequestLimits
 from pagedchat.server.protocol import DetokenizeRequest, TokenizeRequest
 from pagedchat.server.state import ServerSettings, ServerState
 
@@ -42,8 +43,8 @@ open_routes = APIRouter()
 async def models(request: Request) -> dict:
     state = _state(request)
     return {"object": "list", "data": [{
-        "id": state.settings.model_name, "object": "model", "created": state.created,
-        "owned_by": "pagedchat", "max_model_len": state.config.max_model_len}]}
+        "id": name, "object": "model", "created": state.created, "owned_by": "pagedchat",
+        "max_model_len": state.config.max_model_len} for name in state.settings.model_names]}
 
 
 @guarded.post("/tokenize")
@@ -53,9 +54,9 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict:
     if (body.prompt is None) == (body.messages is None):
         raise APIError(400, "give either prompt or messages", "prompt")
     if body.messages is not None:
-        ids = state.chat_prompt(body.messages)
+        ids = await state.chat_prompt(body.messages)
     else:
-        ids = state.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+        ids = await state.encode(body.prompt, body.add_special_tokens)
     return {"tokens": ids, "count": len(ids), "max_model_len": state.config.max_model_len}
 
 
@@ -70,9 +71,15 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> dict:
 
 @open_routes.get("/health")
 async def health(request: Request) -> Response:
+    """200 once the engine has warmed up and while it runs; 503 with the reason otherwise."""
     state = _state(request)
-    if state.draining or not state.engine_loop.alive:
-        return JSONResponse({"status": "unavailable"}, status_code=503)
+    reason = "the server is shutting down" if state.draining else (
+        state.engine_loop.not_ready_reason)
+    if reason is not None:
+        loop = state.engine_loop
+        starting = not state.draining and loop.alive and not loop.ready.is_set()
+        status = "starting" if starting else "unavailable"
+        return JSONResponse({"status": status, "reason": reason}, status_code=503)
     return JSONResponse({"status": "ok"})
 
 
@@ -95,6 +102,9 @@ def create_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
 
     app = FastAPI(title="pagedchat", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.server = state
+    app.add_middleware(RequestLimits, max_bytes=settings.max_request_bytes,
+                       read_timeout=settings.read_timeout,
+                       max_concurrent=settings.max_concurrent_requests)
     install_handlers(app)
     app.include_router(guarded)
     app.include_router(routes.router, dependencies=[Depends(admit)])

@@ -3,6 +3,12 @@
 HTTP handlers never call the engine: they put commands on this loop's queue and read
 events from an asyncio queue of their own. After each engine step, the outputs of that
 step go to the event loop in one call, each to its request's queue.
+
+The thread first warms the engine up (the kernels compile at their first use): until that
+has run, ``ready`` is unset and requests wait in the queue. A request that fails inside a
+step ends alone (its output carries ``error``); a step that fails as a whole means the
+engine is broken: every request is aborted, ``failed`` says why and ``on_failure`` is
+called, so that the server can exit for its supervisor to restart it.
 """
 
 from __future__ import annotations
@@ -10,16 +16,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pagedchat.chat.command_thread import STOP, CommandThread
+from pagedchat.engine.errors import RequestError
 from pagedchat.engine.outputs import RequestOutput
+from pagedchat.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from pagedchat.engine.llm_engine import LLMEngine
     from pagedchat.engine.outputs import EngineStats
-    from pagedchat.engine.sampling_params import SamplingParams
 
 log = logging.getLogger("pagedchat.server")
 
@@ -33,6 +43,8 @@ class Accepted:
 class Refused:
     request_id: str
     message: str
+    param: str | None = None  # the request's field at fault, where one is
+    status: int = 400  # 500 when the fault was the server's
 
 
 @dataclass(frozen=True)
@@ -70,13 +82,21 @@ class _Stats:
     future: asyncio.Future
 
 
+WARM_UP_PROMPT = "Hello!"
+
+
 class EngineLoop(CommandThread):
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: LLMEngine, warm_up: bool = True) -> None:
         super().__init__("engine-loop")
         self.engine = engine
         self._live: dict[str, asyncio.Queue] = {}  # engine thread only
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._warm_up_first = warm_up
+        self.ready = threading.Event()  # set once the warm-up has run
+        self.warm_up_seconds: float | None = None
         self.failed: str | None = None  # why the engine stopped, if it did
+        self.on_ready: Callable[[], None] = lambda: None  # called on the engine thread
+        self.on_failure: Callable[[str], None] = lambda reason: None  # likewise
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -85,6 +105,17 @@ class EngineLoop(CommandThread):
     @property
     def alive(self) -> bool:
         return self._thread.is_alive() and self.failed is None
+
+    @property
+    def not_ready_reason(self) -> str | None:
+        """Why requests cannot be answered now, or None when they can."""
+        if self.failed is not None:
+            return f"the engine failed: {self.failed}"
+        if not self._thread.is_alive():
+            return "the engine is not running"
+        if not self.ready.is_set():
+            return "warming up: compiling the kernels and running a first step"
+        return None
 
     def add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
             arrival_time: float, sink: asyncio.Queue) -> None:
@@ -108,14 +139,43 @@ class EngineLoop(CommandThread):
     # ---- engine thread -----------------------------------------------------------------
     def _run(self) -> None:
         engine = self.engine
+        if not self._warm_up_first or self._warm_up():
+            self.ready.set()
+            self.on_ready()
         while True:
-            for command in self._take(block=not engine.has_unfinished_requests()):
+            for command in self._take(block=self.failed is not None
+                                       or not engine.has_unfinished_requests()):
                 if command is STOP:
                     self._abort_all("the server is shutting down")
                     return
                 self._handle(command)
-            if engine.has_unfinished_requests():
+            if self.failed is None and engine.has_unfinished_requests():
                 self._step()
+
+    def _warm_up(self) -> bool:
+        """One greedy and one sampled request of a few tokens, to their end: every kernel a
+        request meets is compiled and has run once. Leaves the pool as it found it."""
+        engine, start = self.engine, time.perf_counter()
+        prompt = engine.tokenizer.encode(WARM_UP_PROMPT)[: engine.config.max_model_len - 3]
+        try:
+            for rid, temperature in (("warm-up-greedy", 0.0), ("warm-up-sampled", 1.0)):
+                with contextlib.suppress(RequestError):  # a pool too small for it: skipped
+                    engine.add_request(rid, prompt or [0], SamplingParams(
+                        temperature=temperature, max_tokens=2, ignore_eos=True, seed=0))
+            while engine.has_unfinished_requests():
+                engine.step()
+            engine.reset_prefix_cache()
+        except Exception as error:
+            self._engine_failed(error)
+            return False
+        self.warm_up_seconds = time.perf_counter() - start
+        return True
+
+    def _engine_failed(self, error: Exception) -> None:
+        self.failed = f"{type(error).__name__}: {error}"
+        log.error("the engine failed: %s", self.failed, exc_info=error)
+        self._abort_all(f"the engine failed: {self.failed}")
+        self.on_failure(self.failed)
 
     def _handle(self, command) -> None:
         if isinstance(command, _Add):
@@ -126,8 +186,13 @@ class EngineLoop(CommandThread):
             try:
                 self.engine.add_request(rid, command.prompt_token_ids, command.params,
                                         command.arrival_time)
-            except ValueError as error:  # RequestError is a ValueError
-                self._send([(command.sink, Refused(rid, str(error)))])
+            except RequestError as error:
+                self._send([(command.sink, Refused(rid, str(error), error.param))])
+                return
+            except Exception as error:  # a fault of ours in taking it: this request's alone
+                log.error("request %s could not be added", rid, exc_info=error)
+                self._send([(command.sink, Refused(rid, f"{type(error).__name__}: {error}",
+                                                   status=500))])
                 return
             self._live[rid] = command.sink
             self._send([(command.sink, Accepted(rid))])
@@ -154,10 +219,8 @@ class EngineLoop(CommandThread):
     def _step(self) -> None:
         try:
             outputs = self.engine.step()
-        except Exception as error:  # a failed step ends its requests, not the server
-            self.failed = str(error) or type(error).__name__
-            log.error("the engine failed: %s", self.failed)
-            self._abort_all(f"the engine failed: {self.failed}")
+        except Exception as error:  # a request's own faults end it inside the step
+            self._engine_failed(error)
             return
         events = []
         for output in outputs:

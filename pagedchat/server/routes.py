@@ -29,7 +29,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     state.check_model(body.model)
     if body.tools or body.functions:
         raise APIError(400, "tools and functions are not supported", "tools")
-    prompt = state.chat_prompt(body.messages)
+    prompt = await state.chat_prompt(body.messages)
     return await _run(request, state, body, [prompt], f"chatcmpl-{uuid.uuid4().hex}", arrival)
 
 
@@ -41,7 +41,7 @@ async def completions(body: CompletionRequest, request: Request):
     if body.echo or body.suffix:
         raise APIError(400, "echo and suffix are not supported", "echo" if body.echo else
                        "suffix")
-    prompts = state.completion_prompts(body.prompt)
+    prompts = await state.completion_prompts(body.prompt)
     return await _run(request, state, body, prompts, f"cmpl-{uuid.uuid4().hex}", arrival)
 
 
@@ -85,6 +85,7 @@ class Reply:
         self.finals: dict[str, RequestOutput] = {}
         self.started: set[int] = set()  # chat choices whose first chunk (the role) went out
         self.ended = 0  # choices finished or aborted
+        self.error: str | None = None  # why an engine request of this one failed
 
     def _choice(self, request_id: str, index: int) -> int:
         """Choices of the i-th prompt come i-th, n to a prompt."""
@@ -92,6 +93,8 @@ class Reply:
         return prompt * self.n + index
 
     def _finish(self, event: RequestOutput | Aborted) -> None:
+        if isinstance(event, RequestOutput) and event.error is not None:
+            self.error = event.error
         if isinstance(event, Aborted):
             self.ended += self.n
             self.state.metrics.aborted(self.n)
@@ -123,6 +126,8 @@ class Reply:
             self.count_abandoned()
         if aborted is not None:
             raise APIError(503, f"the request was aborted: {aborted.reason}")
+        if self.error is not None:
+            raise APIError(500, f"the request failed: {self.error}")
         choices = []
         for rid, output in self.finals.items():
             for out in output.outputs:
@@ -159,6 +164,9 @@ class Reply:
                         if include_usage:
                             chunk["usage"] = None
                         yield _sse(chunk)
+                    if self.error is not None:  # said once, as OpenAI streams an error
+                        yield _sse(APIError(500, f"the request failed: {self.error}").body())
+                        self.error = None
         finally:
             self.count_abandoned()
         if include_usage:

@@ -3,6 +3,8 @@
 On SIGTERM (or Ctrl-C) the server stops taking requests (503, and /health says so),
 lets running requests finish for ``drain_timeout`` seconds, then aborts what is left
 (each stream ends with finish_reason "abort"), stops the engine and exits with 0.
+If the engine itself fails, the server stops the same way and ``run_server`` raises
+EngineFailed: the process exits non-zero, so that a supervisor restarts it.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ import threading
 import uvicorn
 
 from pagedchat.engine.config import EngineConfig
+from pagedchat.engine.errors import PagedChatError
 from pagedchat.engine.llm_engine import LLMEngine
 from pagedchat.server.app import create_app
+from pagedchat.server.limits import header_timeout_protocol
 from pagedchat.server.state import ServerSettings, ServerState
 
 log = logging.getLogger("pagedchat.server")
@@ -64,16 +68,42 @@ def build_engine(config: EngineConfig) -> LLMEngine:
     return built["engine"]
 
 
+def uvicorn_config(app, settings: ServerSettings, host: str, port: int,
+                   log_level: str = "info") -> uvicorn.Config:
+    """How uvicorn runs the app: HTTP/1.1 with a deadline on each request's headers."""
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                          timeout_graceful_shutdown=settings.drain_timeout + 5,
+                          access_log=log_level == "debug",
+                          http=header_timeout_protocol(settings.read_timeout))
+
+
+class EngineFailed(PagedChatError):
+    """The engine failed as a whole while serving; the server has stopped."""
+
+
 def run_server(engine: LLMEngine, settings: ServerSettings, host: str, port: int,
                log_level: str = "info") -> None:
-    """Serve until SIGTERM or Ctrl-C; returns once everything has stopped."""
+    """Serve until SIGTERM or Ctrl-C; returns once everything has stopped. Raises
+    EngineFailed when the engine failed and the server stopped because of it."""
     app = create_app(engine, settings)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                            timeout_graceful_shutdown=settings.drain_timeout + 5,
-                            access_log=log_level == "debug")
-    server = DrainingServer(config, app.state.server)
+    config = uvicorn_config(app, settings, host, port, log_level)
+    state: ServerState = app.state.server
+    server = DrainingServer(config, state)
+    loop = state.engine_loop
+
+    def ready() -> None:
+        log.info("ready (warm-up %.1f s): serving %s at http://%s:%d", loop.warm_up_seconds or 0,
+                 " / ".join(map(repr, settings.model_names)), host, port)
+
+    def failed(reason: str) -> None:
+        state.draining = True
+        server.should_exit = True
+
+    loop.on_ready, loop.on_failure = ready, failed
     # uvicorn raises the signal it caught again once it has shut down: with these handlers
     # in place beforehand that second delivery is ignored and the process exits with 0
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
     server.run()
+    if loop.failed is not None:
+        raise EngineFailed(f"the engine failed ({loop.failed}); the server stopped")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
+import threading
 import time
 from dataclasses import dataclass
 
@@ -29,20 +31,41 @@ log = logging.getLogger("pagedchat.server")
 
 @dataclass
 class ServerSettings:
-    model_name: str
+    model_name: str  # the name answers carry
+    aliases: tuple[str, ...] = ()  # other names a client may ask for
     api_key: str | None = None
     log_prompts: bool = False  # prompt text in the log; off: only counts are logged
     drain_timeout: float = 30.0  # after SIGTERM, running requests get this long to finish
+    max_request_bytes: int = 1 << 20  # a longer body is refused with 413 unread
+    read_timeout: float = 30.0  # seconds a client may take to send its headers, or its body
+    max_concurrent_requests: int = 1024  # completions at once; 429 past it
+    warm_up: bool = True  # run one short request before /health says ok
+
+    @property
+    def model_names(self) -> list[str]:
+        """Every name this server answers to: each name as given and without a
+        quantization suffix (``SmolLM2-135M-Instruct.Q4_1`` -> ``SmolLM2-135M-Instruct``)."""
+        names: list[str] = []
+        for name in (self.model_name, *self.aliases):
+            for form in (name, _QUANT_SUFFIX.sub("", name)):
+                if form and form not in names:
+                    names.append(form)
+        return names
+
+
+# llama.cpp's file-name suffixes: .Q4_1, -Q4_K_M, -q8_0, -IQ4_XS, -f16, -bf16
+_QUANT_SUFFIX = re.compile(r"[.\-_](?:i?q\d\w*|f16|f32|bf16)$", re.IGNORECASE)
 
 
 class ServerState:
     def __init__(self, engine: LLMEngine, settings: ServerSettings) -> None:
-        self.engine_loop = EngineLoop(engine)
+        self.engine_loop = EngineLoop(engine, settings.warm_up)
         self.settings = settings
         self.config = engine.config
         self.vocab_size = engine.vocab_size
         # its own tokenizer: the engine thread uses the engine's at the same time
         self.tokenizer = load_tokenizer(engine.model_config)
+        self._tokenizer_lock = threading.Lock()
         self.eos_token_ids = sorted(engine.eos_token_ids)
         self.metrics = ServerMetrics()
         self.grammars = Grammars(self.tokenizer, self.vocab_size, self.eos_token_ids)
@@ -51,30 +74,44 @@ class ServerState:
         self.created = int(time.time())
 
     def check_model(self, model: str | None) -> None:
-        served = self.settings.model_name
-        if model is not None and model != served:
+        names = self.settings.model_names
+        if model is not None and model not in names:
             raise APIError(404, f"the model {model!r} does not exist; this server serves "
-                           f"{served!r}", "model", "model_not_found")
+                           + " or ".join(map(repr, names)), "model", "model_not_found")
 
-    # ---- prompts ------------------------------------------------------------------------
-    def chat_prompt(self, messages: list[ChatMessage]) -> list[int]:
-        conversation = [{"role": m.role, "content": _text(m, i)} for i, m in enumerate(messages)]
+    # ---- prompts (the tokenizer runs on a worker thread: the event loop stays free) -------
+    async def chat_prompt(self, messages: list[ChatMessage]) -> list[int]:
+        conversation = [{"role": _ROLES.get(m.role, m.role), "content": _text(m, i)}
+                        for i, m in enumerate(messages)]
         try:
-            encoded = self.tokenizer.apply_chat_template(
-                conversation, add_generation_prompt=True, tokenize=True)
+            encoded = await self._tokenize(self.tokenizer.apply_chat_template, conversation,
+                                           add_generation_prompt=True, tokenize=True)
         except Exception as error:  # the template rejects the conversation (jinja raises)
             raise APIError(400, f"messages: the chat template refused them ({error})",
                            "messages") from error
         return list(encoded["input_ids"])
 
-    def completion_prompts(self, prompt) -> list[list[int]]:
+    async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return await self._tokenize(self.tokenizer.encode, text,
+                                    add_special_tokens=add_special_tokens)
+
+    async def _tokenize(self, call, *args, **kwargs):
+        """``call`` on a worker thread, one at a time: a fast tokenizer sets its truncation
+        state on each call and refuses a second caller meanwhile ("Already borrowed")."""
+        def locked():
+            with self._tokenizer_lock:
+                return call(*args, **kwargs)
+
+        return await asyncio.to_thread(locked)
+
+    async def completion_prompts(self, prompt) -> list[list[int]]:
         if isinstance(prompt, str):
-            return [self.tokenizer.encode(prompt)]
+            return [await self.encode(prompt)]
         if prompt and all(isinstance(p, int) for p in prompt):
             return [list(prompt)]
         if not prompt:
             raise APIError(400, "prompt: must not be empty", "prompt")
-        return [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompt]
+        return [await self.encode(p) if isinstance(p, str) else list(p) for p in prompt]
 
     def check_fits(self, prompt: list[int], sequences: int, param: str) -> None:
         """413 for a prompt the model or the whole pool can never hold."""
@@ -109,9 +146,21 @@ class ServerState:
         for prompt in prompts:
             self.check_fits(prompt, best_of, "messages" if is_chat else "prompt")
         requested = (body.max_completion_tokens or body.max_tokens) if is_chat else body.max_tokens
+        longest = max(map(len, prompts))
         if requested is None:  # OpenAI: as many as fit, here in the context and the pool
             pool = self.config.num_kv_blocks // best_of * self.config.block_size
-            requested = min(self.config.max_model_len, pool) - max(map(len, prompts))
+            requested = min(self.config.max_model_len, pool) - longest
+        elif longest + requested > self.config.max_model_len:
+            field = "max_completion_tokens" if is_chat and body.max_completion_tokens else (
+                "max_tokens")
+            raise APIError(400, f"{field}: the model's context is {self.config.max_model_len} "
+                           f"tokens, but {longest + requested} were asked for ({longest} in "
+                           f"the prompt, {requested} in the completion); lower {field}",
+                           field, "context_length_exceeded")
+        if body.ignore_eos and body.response_format is not None and (
+                body.response_format.type != "text"):
+            raise APIError(400, "ignore_eos cannot be combined with response_format (the "
+                           "grammar ends the reply)", "ignore_eos")
         if is_chat:
             logprobs = (body.top_logprobs or 0) if body.logprobs else None
             if body.top_logprobs and not body.logprobs:
@@ -135,7 +184,7 @@ class ServerState:
                 min_tokens=body.min_tokens, logprobs=logprobs,
                 logit_bias=_logit_bias(body.logit_bias), logits_processors=processors)
         except RequestError as error:
-            raise APIError(400, str(error)) from error
+            raise APIError(400, str(error), error.param) from error
 
     async def _grammar(self, body: SamplingFields) -> GrammarProcessor:
         fmt = body.response_format
@@ -153,6 +202,10 @@ class ServerState:
         except ValueError as error:
             raise APIError(400, str(error), "response_format") from error
         return GrammarProcessor(grammar, self.vocab_size)
+
+
+# OpenAI's "developer" messages are the system prompt of the newer models
+_ROLES = {"developer": "system"}
 
 
 def _text(message: ChatMessage, index: int) -> str:

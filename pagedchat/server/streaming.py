@@ -87,7 +87,7 @@ async def start_job(loop: EngineLoop, base_id: str, prompts: list[list[int]],
     if refusal is not None:
         for rid in ids:
             loop.abort(rid)
-        raise APIError(400, refusal.message)
+        raise APIError(refusal.status, refusal.message, refusal.param)
     return job
 
 

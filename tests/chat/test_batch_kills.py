@@ -111,14 +111,21 @@ def run_batch_in_a_fork(tiny_model_dir):
 
 KINDS = ["valid", "valid", "id-less", "chat", "malformed", "duplicate", "bad params",
          "too long", "blank"]
+# each once ended a whole run (no records, a traceback) or went into the engine unchecked
+BAD_VALUES = [("temperature", -1), ("seed", 2**64), ("seed", "abc"), ("top_k", 2**63),
+              ("stop", [1]), ("stop_token_ids", [10**9]), ("n", "2"), ("max_tokens", 0),
+              ("temperature", float("nan")), ("repetition_penalty", float("inf")),
+              ("messages", [{"role": "wizard", "content": "Hi"}])]
 
 
 @st.composite
-def batch_files(draw) -> tuple[list[str], dict[int, tuple[str, object]]]:
-    """Lines of a batch file, and what each non-blank line must end with in the output:
-    ("text", id) for an accepted request, ("error", id) for a rejected line."""
+def batch_files(draw) -> tuple[list[str], dict[int, tuple[str, object]], dict[int, str]]:
+    """Lines of a batch file, what each non-blank line must end with in the output:
+    ("text", id) for an accepted request, ("error", id) for a rejected line, and the field
+    the error record of a line with a bad value must name."""
     lines: list[str] = []
     expected: dict[int, tuple[str, object]] = {}
+    faults: dict[int, str] = {}  # line -> the field its error record must name
     ids: list[str] = []  # every explicit id so far, accepted or not
     for number, kind in enumerate(draw(st.lists(st.sampled_from(KINDS), min_size=1,
                                                 max_size=8)), 1):
@@ -138,9 +145,12 @@ def batch_files(draw) -> tuple[list[str], dict[int, tuple[str, object]]]:
         elif kind == "malformed":
             lines.append(json.dumps({"id": fresh, "prompt": "cut"})[: draw(st.integers(1, 20))])
             expected[number] = ("error", number)
-        elif kind == "bad params":
-            lines.append(json.dumps({"id": fresh, "prompt": "Hot.", "temperature": -1}))
+        elif kind == "bad params":  # refused naming the field (the engine's door)
+            field, value = draw(st.sampled_from(BAD_VALUES))
+            lines.append(json.dumps({"id": fresh, "prompt": "Hot.", field: value}
+                                    if field != "messages" else {"id": fresh, field: value}))
             expected[number] = ("error", fresh)
+            faults[number] = field
         elif kind == "too long":  # refused by the engine: longer than the context
             lines.append(json.dumps({"id": fresh, "prompt": "word " * 1100, **params}))
             expected[number] = ("error", fresh)
@@ -152,7 +162,7 @@ def batch_files(draw) -> tuple[list[str], dict[int, tuple[str, object]]]:
         if kind in ("valid", "chat", "bad params", "too long") or (kind == "duplicate"
                                                                     and not ids):
             ids.append(fresh)
-    return lines, expected
+    return lines, expected, faults
 
 
 kill_points = st.lists(st.tuples(st.sampled_from(["step", "write", "rename"]),
@@ -162,7 +172,7 @@ kill_points = st.lists(st.tuples(st.sampled_from(["step", "write", "rename"]),
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batch=batch_files(), kills=kill_points)
 def test_killed_any_number_of_times_then_run_to_the_end(run_batch_in_a_fork, batch, kills):
-    lines, expected = batch
+    lines, expected, faults = batch
     with tempfile.TemporaryDirectory() as folder:
         source, out = Path(folder) / "in.jsonl", Path(folder) / "out.jsonl"
         source.write_text("\n".join(lines) + "\n")
@@ -178,6 +188,9 @@ def test_killed_any_number_of_times_then_run_to_the_end(run_batch_in_a_fork, bat
             kind, request_id = expected[record["line"]]
             assert ("error" if "error" in record else "text") == kind, record
             assert record["id"] == request_id
+            if record["line"] in faults:  # the field at fault is named
+                field = faults[record["line"]]
+                assert record["param"] == field and field in record["error"], record
         # a rerun of a finished batch writes the same records again, and no others
         assert run_batch_in_a_fork(source, out, None) == int(failed)
         assert Counter(out.read_text().splitlines()) == Counter(text.splitlines())

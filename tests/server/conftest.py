@@ -34,24 +34,29 @@ def unused_port() -> int:
     return free_port()
 
 
-def start_server(model_dir: Path, api_key: str | None = None, **engine) -> tuple:
+def start_server(model_dir: Path, api_key: str | None = None, settings: dict | None = None,
+                 ready: bool = True, **engine) -> tuple:
+    """A server as ``pagedchat serve`` runs it (the same uvicorn set-up), listening, and
+    with ``ready`` warmed up too; ``settings``: ServerSettings fields."""
     import uvicorn
 
     from pagedchat.engine.config import EngineConfig
     from pagedchat.engine.llm_engine import LLMEngine
     from pagedchat.server.app import create_app
+    from pagedchat.server.serve import uvicorn_config
     from pagedchat.server.state import ServerSettings
 
     config = {"num_kv_blocks": 256, "block_size": 16, "swap_space": "0B", **engine}
     llm = LLMEngine(EngineConfig(model=str(model_dir), **config))
-    app = create_app(llm, ServerSettings(model_name="tiny", api_key=api_key))
+    server_settings = ServerSettings(**{"model_name": "tiny", "api_key": api_key,
+                                        **(settings or {})})
+    app = create_app(llm, server_settings)
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                           log_level="warning", lifespan="on"))
+    server = uvicorn.Server(uvicorn_config(app, server_settings, "127.0.0.1", port, "warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
+    deadline = time.monotonic() + 60
+    while not (server.started and (app.state.server.engine_loop.ready.is_set() or not ready)):
         if time.monotonic() > deadline or not thread.is_alive():
             raise RuntimeError("the test server did not start")
         time.sleep(0.02)

@@ -69,7 +69,7 @@ def openai_client(sse: str) -> openai.OpenAI:
 
 
 async def test_coalesced_chat_chunk(state):
-    prompt = state.chat_prompt([ChatMessage(**message) for message in HELLO])
+    prompt = await state.chat_prompt([ChatMessage(**message) for message in HELLO])
     outputs = engine_outputs(state, prompt, logprobs=2)
     body = ChatCompletionRequest(messages=HELLO, max_tokens=TOKENS, stream=True,
                                  logprobs=True, top_logprobs=2,
@@ -92,7 +92,7 @@ async def test_coalesced_chat_chunk(state):
 
 
 async def test_coalesced_completion_chunk(state):
-    prompt = state.completion_prompts("Once upon a time")[0]
+    prompt = (await state.completion_prompts("Once upon a time"))[0]
     outputs = engine_outputs(state, prompt, logprobs=1)
     body = CompletionRequest(prompt=prompt, max_tokens=TOKENS, stream=True, logprobs=1,
                              stream_options={"include_usage": True})

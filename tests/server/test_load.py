@@ -36,7 +36,7 @@ async def full_stream(http: httpx.AsyncClient, index: int) -> tuple[str | None, 
 async def hang_up(http: httpx.AsyncClient, index: int) -> int:
     """Read two chunks of a long stream, then close the connection."""
     seen = 0
-    async with http.stream("POST", "/v1/chat/completions", json=chat_body(index, 900)) as reply:
+    async with http.stream("POST", "/v1/chat/completions", json=chat_body(index, 850)) as reply:
         async for line in reply.aiter_lines():
             if line.startswith("data: "):
                 seen += 1
@@ -49,7 +49,7 @@ async def give_up(url: str, index: int) -> None:
     """A non-streamed request whose client stops waiting."""
     async with httpx.AsyncClient(base_url=url, timeout=0.5) as http:
         with pytest.raises(httpx.TimeoutException):
-            await http.post("/v1/chat/completions", json=chat_body(index, 900, stream=False))
+            await http.post("/v1/chat/completions", json=chat_body(index, 850, stream=False))
 
 
 def sample_value(live_server, name: str, labels: dict | None = None) -> float:

@@ -1,4 +1,5 @@
-"""SIGTERM during a stream: the stream ends cleanly, the process exits with 0."""
+"""SIGTERM during a stream: the stream ends cleanly, the process exits with 0. A broken
+engine: the process exits with 1, for its supervisor to restart it."""
 
 from __future__ import annotations
 
@@ -11,12 +12,24 @@ import time
 import httpx
 import pytest
 
+# the engine fails at the first step that holds a completion (after the warm-up's steps)
+FAULTY_ENGINE = """
+import pagedchat.engine.llm_engine as engine
+step = engine.LLMEngine.step
+def faulty(self):
+    if any(g.request_id.startswith("cmpl-") for g in self.scheduler.groups()):
+        raise RuntimeError("an injected kernel fault")
+    return step(self)
+engine.LLMEngine.step = faulty
+"""
 
-@pytest.fixture
-def server_process(tiny_model_dir, unused_port):
+
+@pytest.fixture(params=["sound"])
+def server_process(request, tiny_model_dir, unused_port):
     port = unused_port
+    preamble = FAULTY_ENGINE if request.param == "faulty" else ""
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from pagedchat.cli import main; main()", "serve",
+        [sys.executable, "-c", preamble + "from pagedchat.cli import main; main()", "serve",
          "--model", str(tiny_model_dir), "--port", str(port), "--kv-blocks", "256",
          "--drain-timeout", "1", "--log-level", "warning"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -42,7 +55,7 @@ def server_process(tiny_model_dir, unused_port):
 
 def test_sigterm_during_a_stream_ends_it_and_exits_zero(server_process):
     proc, url = server_process
-    body = {"prompt": "Count:", "max_tokens": 5000, "temperature": 0, "ignore_eos": True,
+    body = {"prompt": "Count:", "max_tokens": 1000, "temperature": 0, "ignore_eos": True,
             "stream": True}
     chunks, reasons, done = 0, [], False
     with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as reply:
@@ -58,3 +71,14 @@ def test_sigterm_during_a_stream_ends_it_and_exits_zero(server_process):
     assert proc.wait(timeout=60) == 0
     with pytest.raises(httpx.TransportError):  # nothing listens any more
         httpx.get(f"{url}/health", timeout=2)
+
+
+@pytest.mark.parametrize("server_process", ["faulty"], indirect=True)
+def test_a_broken_engine_ends_the_process_with_1_and_says_why(server_process):
+    proc, url = server_process
+    reply = httpx.post(f"{url}/v1/completions", json={"prompt": "Hi", "max_tokens": 4},
+                       timeout=60)
+    assert reply.status_code == 503 and "injected kernel fault" in reply.text
+    assert proc.wait(timeout=60) == 1
+    output = proc.stdout.read()
+    assert "the engine failed" in output and "injected kernel fault" in output

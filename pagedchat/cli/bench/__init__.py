@@ -13,6 +13,7 @@ import typer
 from pagedchat.cli.bench import (
     blocksize,
     chatbot,
+    isolation,
     latency,
     memory,
     parallel,
@@ -38,4 +39,5 @@ app.command()(latency.latency)
 app.command()(quality.quality)
 app.command()(sharing.sharing)
 app.command()(parallel.parallel)
+app.command()(isolation.isolation)
 app.command("synth-model")(synth_model.synth_model)

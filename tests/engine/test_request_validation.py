@@ -1,0 +1,133 @@
+"""The engine's door: any values a JSON line or an HTTP body can carry either become a
+request that runs to its end, or are refused with a RequestError naming the field; and
+what fails for one request inside a step ends that request alone."""
+
+from __future__ import annotations
+
+import math
+
+import hypothesis.strategies as st
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+
+from pagedchat.engine.errors import RequestError
+from pagedchat.engine.sampling_params import SamplingParams
+
+FIELDS = ["n", "best_of", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+          "presence_penalty", "frequency_penalty", "seed", "max_tokens", "stop",
+          "stop_token_ids", "ignore_eos", "use_beam_search", "length_penalty",
+          "early_stopping", "logprobs", "min_tokens", "logit_bias"]
+
+# what JSON can carry, with the edges that broke the engine before: 2**63, 2**64, NaN
+EDGES = [0, 1, -1, 2, 3, 4, 2**31, 2**63 - 1, 2**63, 2**64 - 1, 2**64, -(2**63) - 1, 10**30,
+         0.5, 1e-300, 1e300, math.inf, -math.inf, math.nan, True, False, None, "abc", "",
+         [], [1], [10**9], ["x"], [""], {}, {"1": 2}, {1: 2.0}, {10**9: 1.0}]
+json_values = st.one_of(st.sampled_from(EDGES), st.integers(), st.floats(),
+                        st.text(max_size=3), st.lists(st.integers(-2, 300), max_size=3),
+                        st.lists(st.text(max_size=2), max_size=2))
+small_values = {  # values that keep an accepted request short
+    "n": st.integers(1, 3), "max_tokens": st.integers(1, 4), "min_tokens": st.integers(0, 2)}
+
+
+@st.composite
+def sampling_fields(draw) -> dict:
+    names = draw(st.lists(st.sampled_from(FIELDS), unique=True, max_size=6))
+    fields = {}
+    for name in names:
+        wild = draw(st.booleans()) or name not in small_values
+        fields[name] = draw(json_values if wild else small_values[name])
+    fields.setdefault("max_tokens", 3)
+    return fields
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(fields=sampling_fields())
+def test_any_values_run_or_are_refused_naming_their_field(tiny_llm, fields):
+    engine = tiny_llm.engine
+    try:
+        params = SamplingParams(**fields)
+        engine.add_request("fuzz", [1, 2, 3, 4], params)
+    except RequestError as error:
+        assert error.param in (*FIELDS, "prompt"), (fields, error)
+        assert error.param in str(error) or error.param in ("n", "max_tokens"), error
+        assert not engine.has_unfinished_requests()
+        return
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += engine.step()
+    final = outputs[-1]
+    assert final.finished and final.error is None, (fields, final.error)
+    assert engine.stats().used_blocks == 0
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"top_k": 2**63}, "top_k"),
+    ({"seed": 2**64}, "seed"),
+    ({"seed": "abc"}, "seed"),
+    ({"stop": [1]}, "stop"),
+    ({"temperature": math.nan}, "temperature"),
+    ({"repetition_penalty": math.inf}, "repetition_penalty"),
+    ({"n": True}, "n"),
+    ({"logit_bias": {"7": 1.0}}, "logit_bias"),
+])
+def test_values_the_engine_cannot_hold_name_their_field(fields, param):
+    with pytest.raises(RequestError) as caught:
+        SamplingParams(**fields)
+    assert caught.value.param == param and param in str(caught.value)
+
+
+def test_token_ids_outside_the_vocabulary_are_refused_at_the_door(tiny_llm):
+    engine = tiny_llm.engine
+    params = SamplingParams(max_tokens=4, min_tokens=1, stop_token_ids=[10**9])
+    with pytest.raises(RequestError, match="outside the vocabulary") as caught:
+        engine.add_request("far", [1, 2, 3], params)
+    assert caught.value.param == "stop_token_ids"
+    assert not engine.has_unfinished_requests()
+
+
+class FailsAfter:
+    """A logits processor that raises once the output holds ``n`` tokens, as a grammar
+    asked for a token past its end does."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __call__(self, history: list[int], row: torch.Tensor) -> torch.Tensor:
+        if len(history) >= self.n:
+            raise RuntimeError("the matcher has terminated")
+        return row
+
+
+@pytest.mark.parametrize("fails_after", [0, 2])
+def test_a_request_that_fails_in_a_step_ends_alone(tiny_llm, fails_after):
+    engine = tiny_llm.engine
+    prompts = {f"ok-{i}": [5 + i, 6, 7, 8] for i in range(3)}
+    greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    sampled = SamplingParams(temperature=1.0, seed=7, max_tokens=6, ignore_eos=True)
+
+    def run(with_failing: bool) -> dict:
+        for rid, prompt in prompts.items():
+            engine.add_request(rid, prompt, sampled if rid == "ok-1" else greedy)
+        if with_failing:
+            engine.add_request("bad", [9, 9, 9], SamplingParams(
+                temperature=0, max_tokens=6, ignore_eos=True,
+                logits_processors=[FailsAfter(fails_after)]))
+        finals = {}
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    finals[out.request_id] = out
+        return finals
+
+    alone = run(with_failing=False)
+    beside = run(with_failing=True)
+    failed = beside.pop("bad")
+    assert failed.error is not None and "matcher has terminated" in failed.error
+    assert [o.finish_reason for o in failed.outputs] == ["error"]
+    assert len(failed.outputs[0].token_ids) == fails_after
+    for rid, out in alone.items():
+        assert beside[rid].error is None
+        assert beside[rid].outputs[0].token_ids == out.outputs[0].token_ids
+    stats = engine.stats()
+    assert stats.used_blocks == 0
