@@ -58,10 +58,11 @@ class ChatApp(App):
                 tooltip="Delete the focused session (asks first)"),
         Binding("f3", "toggle_inspector", "Inspector",
                 tooltip="Show or hide the KV cache inspector"),
+        # priority: the input box would take them for its own scrolling
         Binding("ctrl+pageup", "switch_session(-1)", "Previous chat", show=False,
-                tooltip="Switch to the session above"),
+                priority=True, tooltip="Switch to the session above"),
         Binding("ctrl+pagedown", "switch_session(1)", "Next chat", show=False,
-                tooltip="Switch to the session below"),
+                priority=True, tooltip="Switch to the session below"),
     ]
 
     def __init__(
@@ -114,7 +115,6 @@ class ChatApp(App):
         except StoreError as error:
             self.notify(str(error), title="Could not read the sessions", severity="error")
         await self.open_session(self._first_session())
-        self.query_one(PromptInput).focus()
 
     def _first_session(self) -> int | None:
         if self._start_session is not None:
@@ -176,6 +176,21 @@ class ChatApp(App):
         self.sub_title = session.title
         self.show_sessions()
         self.show_inspector_focus()
+        self.remember_inputs()
+        self.focus_input()
+
+    def focus_input(self) -> None:
+        """Typing goes to the input again (after a switch, a dialog, a copy)."""
+        self.query_one(PromptInput).focus()
+
+    def remember_inputs(self) -> None:
+        """The focused session's messages are what Up and Down recall in the input."""
+        if self.session is not None:
+            self.query_one(PromptInput).remember(
+                [m.content for m in self.session.messages if m.role == "user"])
+
+    def on_message_box_copied(self) -> None:
+        self.focus_input()
 
     def show_sessions(self) -> None:
         self.query_one(SessionList).show(self._ordered(), self.current,
@@ -196,7 +211,6 @@ class ChatApp(App):
 
     async def action_new_session(self, title: str = DEFAULT_TITLE) -> None:
         await self.open_session(self._create_session(title))
-        self.query_one(PromptInput).focus()
 
     def action_rename_session(self) -> None:
         if self.session is not None:
@@ -204,6 +218,7 @@ class ChatApp(App):
 
     def rename(self, title: str | None) -> None:
         """Rename the focused session (None or empty: leave it as it is)."""
+        self.focus_input()
         session = self.session
         if title and session is not None:
             session.title = title
@@ -219,7 +234,7 @@ class ChatApp(App):
         count = len(self._messages(session))
         question = f"Delete the session “{session.title}” and its {count} messages?"
         self.push_screen(ConfirmScreen(question, yes="Delete"),
-                         lambda yes: self._delete(session) if yes else None)
+                         lambda yes: self._delete(session) if yes else self.focus_input())
 
     async def _delete(self, session: Session) -> None:
         try:
@@ -246,6 +261,7 @@ class ChatApp(App):
             done = await self.send(event.text)
         if done:
             event.prompt_input.clear()
+            self.remember_inputs()
 
     async def send(self, text: str) -> bool:
         """Send ``text`` in the focused session; False (the text stays in the input) when it

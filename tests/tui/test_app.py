@@ -10,6 +10,7 @@ from pagedchat.tui.screens.confirm import ConfirmScreen
 from pagedchat.tui.screens.rename import RenameScreen
 from pagedchat.tui.widgets.chat_view import ChatView
 from pagedchat.tui.widgets.message_box import MessageBox
+from pagedchat.tui.widgets.prompt_input import PromptInput
 from pagedchat.tui.widgets.session_list import SessionList
 from tests.tui.conftest import ready, replies_done, say, wait_until
 
@@ -106,3 +107,42 @@ async def test_sessions_and_messages_survive_a_restart(make_app, fake_engine):
     app = make_app(session_id=kept[0], engine=False)
     async with app.run_test(size=(100, 30)):
         assert app.current == kept[0]
+
+
+async def test_keys_work_from_the_input_and_focus_comes_back_to_it(make_app, tmp_path):
+    cooking, travel = seed_store(tmp_path / "chats.db",
+                                 ("Cooking", ["how long for an egg?", "7 minutes",
+                                              "and for two?", "the same"]),
+                                 ("Travel", ["best time for Oslo?", "June"]))
+    app = make_app(continue_last=True, engine=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        box = app.query_one(PromptInput)
+        assert app.focused is box
+        await pilot.press(*"first", "ctrl+j", *"second")
+        assert box.text == "first\nsecond"  # Ctrl+J: a new line, nothing sent
+        box.clear()
+        await pilot.press("up")  # earlier inputs of this session, newest first
+        assert box.text == "and for two?"
+        await pilot.press("up")
+        assert box.text == "how long for an egg?"
+        await pilot.press("up")  # no older one: stays
+        assert box.text == "how long for an egg?"
+        await pilot.press("down", "down")
+        assert box.text == ""  # past the newest: the draft again
+        await pilot.press("ctrl+pagedown")  # from the input itself
+        assert app.current == travel and app.focused is box
+        await pilot.press("up")
+        assert box.text == "best time for Oslo?"
+        box.clear()
+        app.query(MessageBox).first().focus()
+        await pilot.press("ctrl+pageup")
+        assert app.current == cooking and app.focused is box
+        await pilot.press("f2")
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: not isinstance(app.screen, RenameScreen))
+        assert app.focused is box
+        await pilot.press("f8", "n")
+        assert app.focused is box
+        await pilot.press("f8", "y")
+        await wait_until(pilot, lambda: cooking not in app.sessions)
+        assert app.current == travel and app.focused is box

@@ -1,4 +1,5 @@
-"""/clear: forget the session's messages (a reply being generated stops)."""
+"""/clear: forget the session's messages, once the user says yes (a reply being
+generated stops)."""
 
 from __future__ import annotations
 
@@ -6,21 +7,36 @@ from typing import TYPE_CHECKING
 
 from pagedchat.chat.store import StoreError
 from pagedchat.tui.commands.registry import command
+from pagedchat.tui.screens.confirm import ConfirmScreen
 
 if TYPE_CHECKING:
+    from pagedchat.chat.conversation import Session
     from pagedchat.tui.app import ChatApp
 
 
-@command("/clear", "forget this session's messages")
+@command("/clear", "forget this session's messages (asks first)")
 async def clear(app: ChatApp, argument: str) -> bool:
     session = app.session
+    count = len(session.messages)
+    question = f"Forget the {count} messages of “{session.title}”?"
+
+    async def answered(yes: bool | None) -> None:
+        if yes:
+            await _clear(app, session)
+        app.focus_input()
+
+    app.push_screen(ConfirmScreen(question, yes="Clear"), answered)
+    return True
+
+
+async def _clear(app: ChatApp, session: Session) -> None:
     app.replies.drop(session)
     try:
         app.store.clear_messages(session.id)
     except StoreError as error:
         app.notify(str(error), title="Could not clear", severity="error")
-        return False
+        return
     session.messages.clear()
     await app.view(session.id).remove_children()
     app.show_sessions()
-    return True
+    app.remember_inputs()

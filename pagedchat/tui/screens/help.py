@@ -27,7 +27,9 @@ def key_name(key: str) -> str:
 
 def help_markdown(bindings: list[Binding]) -> str:
     keys = [(key_name(b.key), b.tooltip or b.description) for b in bindings if b.description]
-    keys += [("Enter / Ctrl+J", "send / new line in the input"),
+    keys += [("Enter / Ctrl+J", "send / new line in the input (Shift+Enter too, where the "
+                                 "terminal sends it)"),
+             ("Up / Down", "earlier inputs of this session (on the input's first / last line)"),
              ("Y / C", "copy the focused message / its last code block"),
              ("Ctrl+P", "command palette")]
     key_rows = "\n".join(f"| `{key}` | {does} |" for key, does in keys)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
+from textual.message import Message as UIMessage
 from textual.widgets import Label, Markdown, Static
 
 from pagedchat.chat.conversation import Message
@@ -25,6 +26,9 @@ class MessageBox(Vertical, can_focus=True):
         Binding("c", "copy_code", "Copy code"),
     ]
 
+    class Copied(UIMessage):
+        """Text went to the clipboard (the app gives the input its focus back)."""
+
     def __init__(self, message: Message) -> None:
         super().__init__(classes=message.role)
         self.message = message
@@ -33,7 +37,7 @@ class MessageBox(Vertical, can_focus=True):
         # Held here, not queried: engine events can arrive while Textual tears the app
         # down children first, when a query would find the box but not its parts.
         self._header_label = Label(self._header(), classes="header")
-        self._markdown = Markdown(message.content)
+        self._markdown = Markdown(with_line_breaks(message.content))
         self._caption_static = Static(self._caption(), classes="caption", markup=False)
 
     def compose(self) -> ComposeResult:
@@ -59,12 +63,12 @@ class MessageBox(Vertical, can_focus=True):
             self._timer = None
         self.note = ""
         if self.is_mounted:
-            self._markdown.update(self.message.content)
+            self._markdown.update(with_line_breaks(self.message.content))
             self._show_info()
 
     def _flush(self) -> None:
         markdown = self._markdown
-        text, shown = self.message.content, markdown.source
+        text, shown = with_line_breaks(self.message.content), markdown.source
         if text == shown:
             return
         if text.startswith(shown):
@@ -102,6 +106,7 @@ class MessageBox(Vertical, can_focus=True):
     def action_copy_text(self) -> None:
         self.app.copy_to_clipboard(self.message.content)
         self.notify("Message copied")
+        self.post_message(self.Copied())
 
     def action_copy_code(self) -> None:
         blocks = code_blocks(self.message.content)
@@ -110,6 +115,22 @@ class MessageBox(Vertical, can_focus=True):
             return
         self.app.copy_to_clipboard(blocks[-1])
         self.notify("Code block copied")
+        self.post_message(self.Copied())
+
+
+def with_line_breaks(text: str) -> str:
+    """``text`` as Markdown that keeps its single line breaks (a poem's lines): each line
+    that ends outside a code block ends with a hard break. A line is changed only once it
+    has ended, so a streamed reply's shown text only grows."""
+    lines = text.split("\n")
+    in_code = False
+    for i, line in enumerate(lines[:-1]):
+        fence = line.lstrip().startswith("```")
+        if fence:
+            in_code = not in_code
+        elif not in_code and line.strip():
+            lines[i] = line + "  "
+    return "\n".join(lines)
 
 
 def code_blocks(text: str) -> list[str]:

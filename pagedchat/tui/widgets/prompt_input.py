@@ -1,4 +1,5 @@
-"""The box the user types into: Enter sends, Ctrl+J (or Shift+Enter) starts a new line."""
+"""The box the user types into: Enter sends, Ctrl+J (or Shift+Enter) starts a new line,
+Up on the first line and Down on the last walk through the session's earlier inputs."""
 
 from __future__ import annotations
 
@@ -23,6 +24,14 @@ class PromptInput(TextArea):
             placeholder="Message · Enter sends · Ctrl+J new line · /help",
             soft_wrap=True, show_line_numbers=False, **kwargs,
         )
+        self.inputs: list[str] = []  # earlier inputs, oldest first (not undo history)
+        self._recalled: int | None = None  # index into history while walking it
+        self._draft = ""  # what was typed before the walk began
+
+    def remember(self, inputs: list[str]) -> None:
+        """Take ``inputs`` (oldest first) as the history Up and Down walk; ends a walk."""
+        self.inputs = list(inputs)
+        self._recalled = None
 
     async def _on_key(self, event: events.Key) -> None:
         if event.key == "enter":
@@ -31,7 +40,33 @@ class PromptInput(TextArea):
             if self.text.strip():
                 self.post_message(self.Submitted(self, self.text.strip()))
             return
+        row = self.cursor_location[0]
+        if event.key == "up" and row == 0 and self._walk(-1):
+            event.stop()
+            event.prevent_default()
+            return
+        if event.key == "down" and row == self.document.line_count - 1 and self._walk(1):
+            event.stop()
+            event.prevent_default()
+            return
         await super()._on_key(event)
+
+    def _walk(self, step: int) -> bool:
+        """Show the input ``step`` away from the one shown (the draft past the newest);
+        False when there is none that way."""
+        if not self.inputs:
+            return False
+        if self._recalled is None:
+            if step > 0:
+                return False
+            self._draft, self._recalled = self.text, len(self.inputs)
+        target = self._recalled + step
+        if target < 0 or target > len(self.inputs):
+            return False
+        self._recalled = None if target == len(self.inputs) else target
+        self.load_text(self._draft if self._recalled is None else self.inputs[target])
+        self.move_cursor(self.document.end if step > 0 else (0, len(self.document[0])))
+        return True
 
     def action_newline(self) -> None:
         self.insert("\n")

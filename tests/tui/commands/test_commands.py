@@ -6,8 +6,10 @@ import json
 
 from pagedchat.chat.conversation import Message
 from pagedchat.tui.commands import COMMANDS, parse
+from pagedchat.tui.screens.confirm import ConfirmScreen
 from pagedchat.tui.screens.help import HelpScreen, help_markdown
-from tests.tui.conftest import say
+from pagedchat.tui.widgets.prompt_input import PromptInput
+from tests.tui.conftest import say, wait_until
 
 
 def test_parse():
@@ -53,8 +55,14 @@ async def test_slash_commands(make_app, tmp_path):
         assert data["system_prompt"] == "You answer in French."
         assert data["messages"][0]["content"] == "bonjour"
 
+        await say(pilot, "/clear")  # asks first: "n" keeps them, "y" clears
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("n")
+        assert len(app.session.messages) == 1 and isinstance(app.focused, PromptInput)
         await say(pilot, "/clear")
-        assert app.session.messages == [] and app.store.load_messages(first) == []
+        await pilot.press("y")
+        await wait_until(pilot, lambda: app.session.messages == [])
+        assert app.store.load_messages(first) == [] and isinstance(app.focused, PromptInput)
 
         await say(pilot, "/new Second")
         assert app.current != first and app.session.title == "Second"
