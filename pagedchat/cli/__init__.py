@@ -9,7 +9,7 @@ import gc
 
 import typer
 
-from pagedchat.cli import batch, bench, chat, inspect, run, serve
+from pagedchat.cli import batch, bench, chat, inspect, models, run, serve
 
 app = typer.Typer(
     help="A terminal chatbot on a from-scratch PagedAttention engine.",
@@ -20,6 +20,7 @@ app = typer.Typer(
 app.command()(chat.chat)
 app.command()(batch.batch)
 app.command()(inspect.inspect)
+app.command()(models.models)
 app.command()(run.run)
 app.command()(serve.serve)
 app.add_typer(bench.app, name="bench")

@@ -8,14 +8,12 @@ from typing import Annotated
 import typer
 
 from pagedchat.chat.prompt import DEFAULT_CONTEXT_WINDOW
-from pagedchat.cli.options import Weights
+from pagedchat.cli.options import MODEL_HELP, Weights
 from pagedchat.tui.main import DEFAULT_KV_BLOCKS, run_chat
 
 
 def chat(
-    model: Annotated[str | None, typer.Option(
-        "--model", "-m",
-        help="HF folder, GGUF file or gemma-3-270m (default: SmolLM2-135M-Instruct).")] = None,
+    model: Annotated[str | None, typer.Option("--model", "-m", help=MODEL_HELP)] = None,
     db: Annotated[Path | None, typer.Option(
         help="SQLite file of the sessions (default: chats.db in $PAGEDCHAT_DATA_DIR, "
              "else in $XDG_DATA_HOME/pagedchat).")] = None,

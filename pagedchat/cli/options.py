@@ -12,8 +12,9 @@ import typer
 from pagedchat.bench import report
 from pagedchat.engine.errors import PagedChatError
 
-Model = Annotated[str | None, typer.Option(
-    "--model", help="HF folder, GGUF file or gemma-3-270m (default: SmolLM2-135M-Instruct).")]
+MODEL_HELP = ("HF folder, GGUF file or named model (see pagedchat models); default: "
+              "SmolLM2-135M-Instruct.")
+Model = Annotated[str | None, typer.Option("--model", help=MODEL_HELP)]
 JsonPath = Annotated[Path | None, typer.Option("--json", help="Write figures + metadata.")]
 BlockSize = Annotated[int, typer.Option("--block-size", help="Tokens per KV block.")]
 KvBlocks = Annotated[int | None, typer.Option("--kv-blocks", min=1,

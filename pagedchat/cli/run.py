@@ -8,15 +8,13 @@ from typing import Annotated
 
 import typer
 
-from pagedchat.cli.options import KvBlocks, KvMemory, Weights
+from pagedchat.cli.options import MODEL_HELP, KvBlocks, KvMemory, Weights
 
 
 def run(
     prompt: Annotated[str | None, typer.Argument(
         help="The question; '-' or nothing reads it from standard input.")] = None,
-    model: Annotated[str | None, typer.Option(
-        "--model", "-m",
-        help="HF folder, GGUF file or gemma-3-270m (default: SmolLM2-135M-Instruct).")] = None,
+    model: Annotated[str | None, typer.Option("--model", "-m", help=MODEL_HELP)] = None,
     system: Annotated[str | None, typer.Option(help="A system prompt.")] = None,
     max_tokens: Annotated[int, typer.Option(min=1, help="Most tokens to generate.")] = 512,
     temperature: Annotated[float, typer.Option(min=0.0, help="0 is greedy.")] = 0.0,

