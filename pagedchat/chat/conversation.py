@@ -20,8 +20,10 @@ DEFAULT_TITLE = "New chat"
 Role = Literal["user", "assistant"]
 # generating: the reply is being written; cancelled: the user stopped it;
 # interrupted: the app ended before it did; error: the engine refused it;
-# unanswered (a user message): no reply to it was saved, the app ended or failed first.
-Status = Literal["done", "generating", "cancelled", "interrupted", "error", "unanswered"]
+# unanswered (a user message): no reply to it was saved, the app ended or failed first;
+# looped: the repetition guard stopped it (the text so far is kept).
+Status = Literal["done", "generating", "cancelled", "interrupted", "error", "unanswered",
+                 "looped"]
 
 
 @dataclass
@@ -34,9 +36,12 @@ class SamplingSettings:
     repetition_penalty: float = 1.0
     max_tokens: int = 512
     seed: int | None = None
+    loop_guard: bool = True  # stop a reply that repeats itself (chat/repetition.py)
 
     def to_params(self) -> SamplingParams:
-        return SamplingParams(**asdict(self))
+        knobs = asdict(self)
+        del knobs["loop_guard"]  # the chat's, not the engine's
+        return SamplingParams(**knobs)
 
     def with_value(self, name: str, text: str) -> SamplingSettings:
         """A copy with ``name`` set from ``text``; ValueError names what was wrong."""
@@ -47,12 +52,15 @@ class SamplingSettings:
         try:
             if name == "seed" and text.strip().lower() in ("none", "off", ""):
                 value = None
+            elif kinds[name] == "bool":
+                value = _switch(text)
             elif kinds[name] == "float":
                 value = float(text)
             else:
                 value = int(text)
         except ValueError:
-            raise ValueError(f"{name} wants a number, got {text!r}") from None
+            wanted = "on or off" if kinds[name] == "bool" else "a number"
+            raise ValueError(f"{name} wants {wanted}, got {text!r}") from None
         updated = replace(self, **{name: value})
         updated.to_params()  # the engine's own checks (RequestError is a ValueError)
         return updated
@@ -102,3 +110,12 @@ def title_from(text: str, width: int = 32) -> str:
     """A session title made of the first words of ``text``."""
     words = " ".join(text.split())
     return words if len(words) <= width else words[: width - 1].rstrip() + "…"
+
+
+def _switch(text: str) -> bool:
+    words = {"on": True, "true": True, "yes": True, "1": True,
+             "off": False, "false": False, "no": False, "0": False}
+    try:
+        return words[text.strip().lower()]
+    except KeyError:
+        raise ValueError(text) from None

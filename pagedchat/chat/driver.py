@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from pagedchat.chat.command_thread import STOP, CommandThread
 from pagedchat.chat.prompt import PLAIN_STOP, PromptTooLong, build_prompt, has_chat_template
+from pagedchat.chat.repetition import repeating
 
 if TYPE_CHECKING:
     from pagedchat.engine.llm_engine import LLMEngine
@@ -35,6 +36,7 @@ class Submit:
     params: SamplingParams
     context_window: int
     raw: bool = False  # plain continuation of the messages' text (see chat/prompt.py)
+    loop_guard: bool = True  # stop the reply once it repeats itself (chat/repetition.py)
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,9 @@ class PromptReady:
     prompt_tokens: int
     dropped_messages: int
     truncated: bool
+
+
+LOOPED = "looped"  # a ReplyUpdate's finish reason when the repetition guard stopped it
 
 
 @dataclass(frozen=True)
@@ -111,6 +116,7 @@ class EngineDriver(CommandThread):
         self._stats_interval = stats_interval
         self._pending: dict[str, ReplyUpdate] = {}
         self._live: set[str] = set()
+        self._guarded: set[str] = set()  # live requests the repetition guard watches
         self._token_counts: dict[str, int] = {}
         self._new_tokens = 0
         self._last_flush = self._last_stats = time.monotonic()
@@ -178,6 +184,8 @@ class EngineDriver(CommandThread):
         if not self._live:  # tokens/s is measured over busy time only
             self._new_tokens, self._last_stats = 0, time.monotonic()
         self._live.add(rid)
+        if command.loop_guard:
+            self._guarded.add(rid)
         self._token_counts[rid] = 0
         self._stats_dirty = True
         self._emit(PromptReady(rid, len(prompt.token_ids), prompt.dropped_messages,
@@ -192,6 +200,7 @@ class EngineDriver(CommandThread):
 
     def _forget(self, rid: str) -> None:
         self._live.discard(rid)
+        self._guarded.discard(rid)
         self._token_counts.pop(rid, None)
 
     def _step(self, engine: LLMEngine) -> None:
@@ -219,11 +228,15 @@ class EngineDriver(CommandThread):
             count = len(completion.token_ids)
             self._new_tokens += count - self._token_counts.get(rid, 0)
             self._token_counts[rid] = count
+            finished, reason = output.finished, completion.finish_reason
+            if not finished and rid in self._guarded and repeating(completion.token_ids):
+                engine.abort_request(rid)  # its blocks are freed now; the text is kept
+                finished, reason = True, LOOPED
             self._pending[rid] = ReplyUpdate(
-                rid, completion.text, output.finished, completion.finish_reason,
+                rid, completion.text, finished, reason,
                 len(output.prompt_token_ids), output.num_cached_tokens, count,
             )
-            if output.finished:
+            if finished:
                 self._forget(rid)
         self._stats_dirty = True
 

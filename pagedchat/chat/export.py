@@ -8,7 +8,7 @@ from dataclasses import asdict
 from pagedchat.chat.conversation import Session
 
 _MARKS = {"cancelled": " (cancelled)", "interrupted": " (interrupted)", "error": " (failed)",
-          "unanswered": " (no reply)"}
+          "unanswered": " (no reply)", "looped": " (stopped: repeating itself)"}
 
 
 def to_markdown(session: Session) -> str:

@@ -20,11 +20,11 @@ def chat(
     continue_last: Annotated[bool, typer.Option(
         "--continue", "-c", help="Reopen the last session.")] = False,
     session: Annotated[int | None, typer.Option(help="Reopen the session with this id.")] = None,
-    context_window: Annotated[int, typer.Option(
-        min=16, help="Prompt tokens kept: system prompt plus the newest messages that fit."
-    )] = DEFAULT_CONTEXT_WINDOW,
-    kv_blocks: Annotated[int, typer.Option(
-        min=1, help="Blocks in the KV cache pool.")] = DEFAULT_KV_BLOCKS,
+    context_window: Annotated[int | None, typer.Option(
+        min=16, help="Prompt tokens kept: system prompt plus the newest messages that fit "
+                     f"(default: {DEFAULT_CONTEXT_WINDOW}).")] = None,
+    kv_blocks: Annotated[int | None, typer.Option(
+        min=1, help=f"Blocks in the KV cache pool (default: {DEFAULT_KV_BLOCKS}).")] = None,
     tensor_parallel_size: Annotated[int, typer.Option(
         "--tensor-parallel-size", "-tp", min=1,
         help="Workers that split the model's heads (one process each).")] = 1,
@@ -32,7 +32,41 @@ def chat(
     raw: Annotated[bool, typer.Option(
         "--raw", help="Plain continuation: the model continues your text, no chat format."
     )] = False,
+    system: Annotated[str | None, typer.Option(
+        help="System prompt of new sessions.")] = None,
+    temperature: Annotated[float | None, typer.Option(
+        min=0.0, help="Temperature of new sessions (0: greedy).")] = None,
+    top_p: Annotated[float | None, typer.Option(help="top_p of new sessions.")] = None,
+    top_k: Annotated[int | None, typer.Option(help="top_k of new sessions (0: off).")] = None,
+    repetition_penalty: Annotated[float | None, typer.Option(
+        help="Repetition penalty of new sessions (1: off).")] = None,
+    max_tokens: Annotated[int | None, typer.Option(
+        min=1, help="Longest reply of new sessions, in tokens.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed of new sessions.")] = None,
+    loop_guard: Annotated[bool | None, typer.Option(
+        "--loop-guard/--no-loop-guard",
+        help="Stop a reply that repeats itself (on by default).")] = None,
+    config: Annotated[Path | None, typer.Option(
+        help="Defaults file (default: $XDG_CONFIG_HOME/pagedchat/config.toml); these flags "
+             "win over it.")] = None,
 ) -> None:
     """Chat in the terminal with a model served by the paged engine."""
-    run_chat(model, db, continue_last, session, context_window, kv_blocks, tensor_parallel_size,
-             weights, raw)
+    from pagedchat.chat.config_file import ConfigError, read_config, settings_of
+    from pagedchat.chat.conversation import DEFAULT_SYSTEM_PROMPT, SamplingSettings
+
+    try:
+        defaults = read_config(config)
+        settings = settings_of({
+            "temperature": temperature, "top_p": top_p, "top_k": top_k,
+            "repetition_penalty": repetition_penalty, "max_tokens": max_tokens, "seed": seed,
+            "loop_guard": loop_guard}, settings_of(defaults, SamplingSettings()))
+    except ConfigError as error:
+        raise typer.BadParameter(str(error), param_hint="--config") from error
+    def chosen(flag, key: str, fallback):
+        """The flag, else the config file's value, else the built-in default."""
+        return flag if flag is not None else defaults.get(key, fallback)
+
+    run_chat(chosen(model, "model", None), db, continue_last, session,
+             chosen(context_window, "context_window", DEFAULT_CONTEXT_WINDOW),
+             chosen(kv_blocks, "kv_blocks", DEFAULT_KV_BLOCKS), tensor_parallel_size, weights,
+             raw, settings, chosen(system, "system", DEFAULT_SYSTEM_PROMPT))

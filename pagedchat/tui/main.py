@@ -9,6 +9,7 @@ from pathlib import Path
 
 import typer
 
+from pagedchat.chat.conversation import DEFAULT_SYSTEM_PROMPT, SamplingSettings
 from pagedchat.chat.driver import load_engine
 from pagedchat.chat.prompt import DEFAULT_CONTEXT_WINDOW
 from pagedchat.chat.store import Store, StoreError
@@ -27,8 +28,11 @@ def run_chat(
     tensor_parallel_size: int = 1,
     weights: str | None = None,
     raw: bool = False,
+    settings: SamplingSettings | None = None,
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT,
 ) -> None:
-    """Open the store, check the asked-for session, and run the app until the user quits."""
+    """Open the store, check the asked-for session, and run the app until the user quits;
+    ``settings`` and ``system_prompt`` are those of new sessions."""
     from pagedchat.tui.app import ChatApp  # Textual loads only when the app runs
 
     try:
@@ -42,8 +46,8 @@ def run_chat(
     load = partial(load_engine, model, num_kv_blocks=kv_blocks,
                    tensor_parallel_size=tensor_parallel_size, weights=weights)
     app = ChatApp(store, load, name, context_window=context_window, raw=raw,
-                  session_id=session_id,
-                  continue_last=continue_last)
+                  session_id=session_id, continue_last=continue_last, settings=settings,
+                  system_prompt=system_prompt)
     app.run()
     if not app.engine_stopped:
         # The engine thread is inside a model load or a step that cannot be interrupted;

@@ -17,6 +17,7 @@ from textual.message import Message as TextualMessage
 
 from pagedchat.chat.conversation import DEFAULT_TITLE, Message, Session, title_from
 from pagedchat.chat.driver import (
+    LOOPED,
     EngineFailed,
     EngineReady,
     Event,
@@ -107,7 +108,8 @@ class Replies:
         self.turns[rid] = Turn(session, reply, time.monotonic())
         self.session_of[rid] = session.id
         self.driver.submit(Submit(rid, session.system_prompt, session.history(), params,
-                                  self.context_window, self.raw))
+                                  self.context_window, self.raw,
+                                  session.settings.loop_guard))
         session.messages.append(reply)
         view = app.view(session.id)
         await view.add(user)
@@ -205,8 +207,8 @@ class Replies:
         reply.cached_tokens = update.cached_tokens
         reply.output_tokens = update.output_tokens
         if update.finished:
-            self.finish(update.request_id,
-                        "cancelled" if update.finish_reason == "abort" else "done")
+            status = {"abort": "cancelled", LOOPED: "looped"}.get(update.finish_reason, "done")
+            self.finish(update.request_id, status)
             return
         if (box := self._box(turn)) is not None:
             box.refresh_info()

@@ -12,6 +12,7 @@ import pytest
 
 from pagedchat.chat.conversation import DEFAULT_SYSTEM_PROMPT
 from pagedchat.chat.driver import (
+    LOOPED,
     EngineDriver,
     EngineFailed,
     EngineReady,
@@ -142,3 +143,19 @@ def test_a_failed_load_is_reported_and_requests_refused():
     refused = events.wait_for(lambda e: isinstance(e, RequestFailed))
     assert refused.request_id == "a" and "failed to load" in refused.error
     assert driver.stop()
+
+
+@pytest.mark.parametrize("guarded", [True, False])
+def test_the_repetition_guard_stops_a_looping_reply(start, guarded):
+    driver, events, engine = start()
+    engine.answer_with("The block table maps logical blocks to physical blocks. ")  # cycles
+    command = submit("a", "hello", 400)
+    driver.submit(Submit(**{**command.__dict__, "loop_guard": guarded}))
+    final = events.wait_for(lambda e: isinstance(e, ReplyUpdate) and e.finished)
+    if guarded:
+        assert final.finish_reason == LOOPED and final.output_tokens < 100
+        assert final.text.startswith("The block table maps")
+    else:
+        assert final.finish_reason == "length" and final.output_tokens == 400
+    stats = events.wait_for(lambda e: isinstance(e, StatsUpdate) and e.stats.num_running == 0)
+    assert stats.stats.used_blocks == 0

@@ -17,7 +17,8 @@ from pagedchat.tui.widgets.inspector import Inspector
 from pagedchat.tui.widgets.message_box import MessageBox
 from tests.tui.conftest import ready, replies_done, say, wait_until
 
-LONG = SamplingSettings(temperature=1.0, top_p=1.0, max_tokens=64, seed=0)
+# STORY says one sentence again and again: the repetition guard would stop it
+LONG = SamplingSettings(temperature=1.0, top_p=1.0, max_tokens=64, seed=0, loop_guard=False)
 STORY = "Once upon a time a block table met a pool of blocks. " * 20
 
 
@@ -174,3 +175,20 @@ async def test_real_model_answers(tmp_path, shared_model_loads):
         reply = app.session.messages[-1]
         assert reply.status == "done"
         assert "Paris" in reply.content
+
+
+async def test_a_looping_reply_is_stopped_and_says_so(make_app, fake_engine):
+    fake_engine.answer_with("I will say this again. " * 30)
+    app = make_app(settings=SamplingSettings(temperature=0.0, max_tokens=400))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        await say(pilot, "tell me something")
+        reply = app.session.messages[-1]
+        await replies_done(pilot)
+        assert reply.status == "looped" and reply.output_tokens < 100
+        caption = str(last_box(app).query_one(".caption").content)
+        assert "repeating itself" in caption
+        stored = app.store.load_session(app.current).messages[-1]
+        assert (stored.status, stored.content) == ("looped", reply.content)
+        await say(pilot, "/set loop_guard off")
+        assert app.session.settings.loop_guard is False

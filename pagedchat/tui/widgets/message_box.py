@@ -17,7 +17,8 @@ from pagedchat.chat.conversation import Message
 
 FLUSH_SECONDS = 0.1
 _STATUS_WORDS = {"generating": "writing…", "cancelled": "cancelled",
-                 "interrupted": "interrupted", "error": "failed", "unanswered": "no reply"}
+                 "interrupted": "interrupted", "error": "failed", "unanswered": "no reply",
+                 "looped": "stopped"}
 
 
 class MessageBox(Vertical, can_focus=True):
@@ -99,6 +100,8 @@ class MessageBox(Vertical, can_focus=True):
             parts.append(f"reply {m.output_tokens} tok")
         if m.dropped_messages:
             parts.append(f"{m.dropped_messages} older messages dropped")
+        if m.status == "looped":
+            parts.append("stopped: it began repeating itself (/set loop_guard off to allow)")
         if m.error:
             parts.append(m.error)
         return " · ".join(parts)
