@@ -24,13 +24,13 @@ import torch
 from pagedchat.bench import llamacpp, report, sharegpt
 from pagedchat.bench.load import run_load, served_model
 from pagedchat.bench.remote import model_tokenizer, run_at_rate
+from pagedchat.bench.serve_defaults import DEFAULT_SLO
 from pagedchat.bench.servers import ServerProcess, llama_server_command, pagedchat_command
 from pagedchat.bench.suite import WARMUP_TEXT, EngineOptions, warmup_prompt
 
 PAGEDCHAT, LLAMA = "pagedchat serve", "llama-server"
 CONTEXT = 2048  # the longest request (prompt + output) of the trace
 LLAMA_CONTEXT = CONTEXT + 256  # room for a text that llama.cpp splits into a few more tokens
-DEFAULT_SLO = "ttft=2000,tpot=100"
 TARGET_RATIO = 2.0  # issue 24: pagedchat sustains at least this multiple of llama-server's rate
 
 

@@ -26,6 +26,7 @@ from pagedchat.bench import report
 from pagedchat.bench.engines import PagedChat
 from pagedchat.bench.http_client import ServedRequest
 from pagedchat.bench.load import run_load, served_model
+from pagedchat.bench.serve_defaults import CONCURRENCY
 from pagedchat.bench.serve_stats import serve_figures, summary_ms
 from pagedchat.bench.servers import ServerProcess, pagedchat_command
 from pagedchat.bench.sharegpt import Request
@@ -41,7 +42,6 @@ from pagedchat.bench.suite import (
 # less than this many milliseconds to the first token of a request alone
 THROUGHPUT_SHARE = 0.9
 ADDED_TTFT_MS = 50.0
-CONCURRENCY = 64  # the issue's: requests in flight at the server
 ALONE_TOKENS = 4  # a request sent alone is timed to its first token; it need not run long
 OFFLINE, SERVED = "offline engine", "pagedchat serve"
 

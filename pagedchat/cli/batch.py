@@ -9,7 +9,6 @@ from typing import Annotated
 import typer
 
 from pagedchat.bench import report
-from pagedchat.bench.suite import EngineOptions
 from pagedchat.cli.options import (
     KvBlocks,
     KvMemory,
@@ -38,6 +37,7 @@ def batch(
     weights: Weights = None,
 ) -> None:
     """Run a JSONL file of prompts through the engine; resumable (a rerun skips answered lines)."""
+    from pagedchat.bench.suite import EngineOptions
     from pagedchat.chat.batch import describe, load_done, run_batch
 
     with user_errors():

@@ -11,8 +11,6 @@ from typing import Annotated
 import typer
 
 from pagedchat.bench import report
-from pagedchat.bench.suite import EngineOptions
-from pagedchat.chat.inspect import default_scenario, prompt_scenario, run_scenario
 from pagedchat.cli import inspect_render
 from pagedchat.cli.options import BlockSize, JsonPath, Model, Weights, user_errors
 
@@ -44,6 +42,8 @@ def inspect(
     weights: Weights = None,
 ) -> None:
     """Watch the KV block pool, block tables and sharing, one engine step at a time."""
+    from pagedchat.bench.suite import EngineOptions
+    from pagedchat.chat.inspect import default_scenario, prompt_scenario, run_scenario
     with user_errors():
         prompts = list(prompt or [])
         if file is not None:

@@ -8,12 +8,15 @@ its own character too, so the picture still reads without colours (piped output)
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from pagedchat.engine.outputs import EngineStats, SeqBlockTable
+if TYPE_CHECKING:
+    from pagedchat.engine.outputs import EngineStats, SeqBlockTable
+
 
 PALETTE = ("cyan", "magenta", "yellow", "green", "blue", "red", "bright_cyan",
            "bright_magenta", "bright_yellow", "bright_green", "bright_blue", "bright_red")

@@ -7,8 +7,6 @@ from typing import Annotated
 import typer
 
 from pagedchat.bench import report
-from pagedchat.bench.engines import PagedChat
-from pagedchat.bench.suite import measure, parse_list, poisson_arrivals, sample_trace, warmup_prompt
 from pagedchat.cli.bench import options as opt
 from pagedchat.cli.options import user_errors
 
@@ -24,6 +22,14 @@ def blocksize(num_requests: opt.NumRequests = 100, model: opt.Model = None,
               weights: opt.Weights = None, json_path: opt.JsonPath = None,
               tp: opt.TensorParallelSize = 1) -> None:
     """The block-size ablation: the same KV memory cut into blocks of each size."""
+    from pagedchat.bench.engines import PagedChat
+    from pagedchat.bench.suite import (
+        measure,
+        parse_list,
+        poisson_arrivals,
+        sample_trace,
+        warmup_prompt,
+    )
     with user_errors():
         figures: dict[str, dict[str, object]] = {}
         for size in parse_list(sizes, int):

@@ -7,9 +7,6 @@ from typing import Annotated
 
 import typer
 
-from pagedchat.bench import sharegpt
-from pagedchat.bench.online import serve_rates
-from pagedchat.bench.suite import length_limit, parse_list, parse_peers
 from pagedchat.cli.bench import options as opt
 from pagedchat.cli.options import user_errors
 
@@ -27,6 +24,9 @@ def chatbot(num_requests: opt.NumRequests = 100, model: opt.Model = None,
             plot: opt.Plot = Path("bench-chatbot.png"), json_path: opt.JsonPath = None,
             tp: opt.TensorParallelSize = 1) -> None:
     """The paper's chatbot: multi-turn history + new message, last 1024 tokens kept."""
+    from pagedchat.bench import sharegpt
+    from pagedchat.bench.online import serve_rates
+    from pagedchat.bench.suite import length_limit, parse_list, parse_peers
     with user_errors():
         options = opt.engine_options(model, dtype, block_size, kv_blocks, kv_memory,
                                      max_num_seqs, tp, weights=weights)

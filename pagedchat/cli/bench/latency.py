@@ -6,8 +6,7 @@ from typing import Annotated
 
 import typer
 
-from pagedchat.bench import report, sharegpt
-from pagedchat.bench.suite import parse_list, warmup_prompt
+from pagedchat.bench import report
 from pagedchat.cli.bench import options as opt
 from pagedchat.cli.options import user_errors
 
@@ -30,6 +29,7 @@ def latency(model: opt.Model = None, max_tokens: opt.MaxTokens = 128,
             = "hf-generate") -> None:
     """Single stream: decode tokens/s, time to first token of a long prompt, load times,
     and decode's share of the machine's copy bandwidth."""
+    from pagedchat.bench import sharegpt
     from pagedchat.bench.bandwidth import memory_speed
     from pagedchat.bench.latency import (
         check_single_stream_peers,
@@ -38,6 +38,7 @@ def latency(model: opt.Model = None, max_tokens: opt.MaxTokens = 128,
         single_stream_peers,
     )
     from pagedchat.bench.llamacpp import check_tokens
+    from pagedchat.bench.suite import parse_list, warmup_prompt
 
     with user_errors():
         names = check_single_stream_peers(parse_list(compare))  # before a model is loaded

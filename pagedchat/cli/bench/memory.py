@@ -9,10 +9,7 @@ from typing import Annotated
 
 import typer
 
-from pagedchat.bench import context_memory, report
-from pagedchat.bench.engines import PagedChat
-from pagedchat.bench.memory import PARTS, POLICIES, Tally, simulate_contiguous
-from pagedchat.bench.suite import measure, parse_list, sample_trace, warmup_prompt
+from pagedchat.bench import report
 from pagedchat.cli.bench import options as opt
 from pagedchat.cli.options import user_errors
 
@@ -42,6 +39,7 @@ def memory(num_requests: TraceRequests = None, model: opt.Model = None,
            tp: opt.TensorParallelSize = 1) -> None:
     """KV bytes per token by context length, against keeping every layer; then the paper's
     Fig. 2: KV memory holding token states vs reserved vs fragmented."""
+    from pagedchat.bench.suite import parse_list
     with user_errors():
         engine = opt.engine_options(model, dtype, block_size, kv_blocks, None, max_num_seqs, tp,
                                     weights=weights).build()
@@ -58,6 +56,7 @@ def memory(num_requests: TraceRequests = None, model: opt.Model = None,
 
 def _by_context(engine, lengths: list[int], run_model: bool) -> list[dict[str, object]]:
     """The per-context table, printed; lengths past the model's context are left out."""
+    from pagedchat.bench import context_memory
     limit = engine.config.max_model_len
     fits = [n for n in lengths if n + 3 <= limit]
     if len(fits) < len(lengths):
@@ -77,6 +76,9 @@ def _by_context(engine, lengths: list[int], run_model: bool) -> list[dict[str, o
 def _trace_shares(engine, num_requests: int, seed: int, max_tokens: int | None,
                   max_len: int, plot: Path) -> dict[str, dict[str, float]]:
     """Fig. 2 over ``num_requests`` ShareGPT requests (none: nothing run)."""
+    from pagedchat.bench.engines import PagedChat
+    from pagedchat.bench.memory import PARTS, POLICIES, Tally, simulate_contiguous
+    from pagedchat.bench.suite import measure, sample_trace, warmup_prompt
     if not num_requests:
         return {}
     requests = sample_trace(engine, num_requests, seed, max_tokens)

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from pagedchat.bench.suite import EngineOptions, parse_list, parse_peers
 from pagedchat.cli.options import (
     BlockSize,
     JsonPath,
@@ -21,6 +20,9 @@ from pagedchat.cli.options import (
     Weights,
 )
 from pagedchat.engine.config import EngineConfig
+
+if TYPE_CHECKING:
+    from pagedchat.bench.suite import EngineOptions
 
 __all__ = ["MAX_SEQS", "BlockSize", "Compare", "DType", "Dtype", "HfBatch", "HfPage",
            "HfRequests", "JsonPath", "KvBlocks", "KvMemory", "MaxSeqs", "MaxTokens", "Model",
@@ -35,6 +37,7 @@ class DType(str, Enum):
 
 
 def _check_peers(value: str) -> str:
+    from pagedchat.bench.suite import parse_peers
     try:
         parse_peers(value)
     except ValueError as error:
@@ -43,6 +46,7 @@ def _check_peers(value: str) -> str:
 
 
 def _positive_list(value: str, kind: type, what: str, example: str) -> str:
+    from pagedchat.bench.suite import parse_list
     try:
         items = parse_list(value, kind)
     except ValueError as error:
@@ -90,6 +94,7 @@ Plot = Annotated[Path, typer.Option("--plot", help="Where to write the PNG.")]
 def engine_options(model, dtype, block_size=16, kv_blocks=None, kv_memory=None,
                    max_num_seqs=MAX_SEQS, tp=1, weights=None) -> EngineOptions:
     """The engine a bench builds from its command line."""
+    from pagedchat.bench.suite import EngineOptions
     return EngineOptions(model=model, block_size=block_size, num_kv_blocks=kv_blocks,
                          kv_cache_memory=kv_memory, max_num_seqs=max_num_seqs,
                          dtype=DType(dtype).value, tensor_parallel_size=tp, weights=weights)

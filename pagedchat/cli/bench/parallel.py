@@ -7,8 +7,6 @@ from typing import Annotated
 import typer
 
 from pagedchat.bench import report
-from pagedchat.bench.engines import PagedChat
-from pagedchat.bench.suite import measure, parse_list, sample_trace, warmup_prompt
 from pagedchat.cli.bench import options as opt
 from pagedchat.cli.options import user_errors
 
@@ -24,7 +22,9 @@ def parallel(num_requests: opt.NumRequests = 32, model: opt.Model = None,
              json_path: opt.JsonPath = None) -> None:
     """Throughput for each tensor-parallel size on the same requests, with the bytes
     all-reduced per token and broadcast per step, next to the model's size."""
+    from pagedchat.bench.engines import PagedChat
     from pagedchat.bench.parallel import communication_figures
+    from pagedchat.bench.suite import measure, parse_list, sample_trace, warmup_prompt
 
     with user_errors():
         options = opt.engine_options(model, dtype, kv_blocks=kv_blocks, weights=weights)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 from pagedchat.bench import report
-from pagedchat.bench.engines import PagedChat
-from pagedchat.bench.suite import measure, sample_trace, warmup_prompt
 from pagedchat.cli.bench import options as opt
 from pagedchat.cli.options import user_errors
 
@@ -16,6 +14,8 @@ def preemption(num_requests: opt.NumRequests = 100, model: opt.Model = None,
                weights: opt.Weights = None, json_path: opt.JsonPath = None,
                tp: opt.TensorParallelSize = 1) -> None:
     """Recompute vs swap under memory pressure (a small KV pool)."""
+    from pagedchat.bench.engines import PagedChat
+    from pagedchat.bench.suite import measure, sample_trace, warmup_prompt
     with user_errors():
         figures: dict[str, dict[str, object]] = {}
         for mode in ("recompute", "swap"):

@@ -6,9 +6,7 @@ from typing import Annotated
 
 import typer
 
-from pagedchat.bench import report, sharegpt
-from pagedchat.bench.engines import PagedChat
-from pagedchat.bench.suite import measure, warmup_prompt
+from pagedchat.bench import report
 from pagedchat.cli.bench import options as opt
 from pagedchat.cli.options import user_errors
 
@@ -24,6 +22,9 @@ def prefix(num_requests: opt.NumRequests = 100, model: opt.Model = None,
            json_path: opt.JsonPath = None,
            tp: opt.TensorParallelSize = 1) -> None:
     """A shared few-shot prefix on every request, prefix caching on vs off."""
+    from pagedchat.bench import sharegpt
+    from pagedchat.bench.engines import PagedChat
+    from pagedchat.bench.suite import measure, warmup_prompt
     with user_errors():
         options = opt.engine_options(model, dtype, block_size, kv_blocks, kv_memory,
                                      max_num_seqs, tp, weights=weights)

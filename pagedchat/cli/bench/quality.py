@@ -8,7 +8,6 @@ from typing import Annotated
 import typer
 
 from pagedchat.bench import report
-from pagedchat.bench.suite import sample_trace
 from pagedchat.cli.bench import options as opt
 from pagedchat.cli.options import user_errors
 
@@ -25,6 +24,7 @@ def quality(num_requests: opt.NumRequests = 16, model: opt.Model = None,
     and the perplexity of held-out answers under both."""
     from pagedchat.bench.quality import greedy_agreement, held_out_perplexity
     from pagedchat.bench.sharegpt import sample_replies
+    from pagedchat.bench.suite import sample_trace
 
     with user_errors():
         engine = opt.engine_options(model, dtype, tp=tp, weights=weights).build()

@@ -7,16 +7,7 @@ from typing import Annotated
 
 import typer
 
-from pagedchat.bench.online import serve_rates
-from pagedchat.bench.remote import bench_remote
-from pagedchat.bench.serve_llama import DEFAULT_SLO, compare_llama_server
-from pagedchat.bench.serve_offline import CONCURRENCY, compare_offline
-from pagedchat.bench.serve_stats import parse_slo
-from pagedchat.bench.suite import (
-    parse_list,
-    parse_peers,
-    sample_trace,
-)
+from pagedchat.bench.serve_defaults import CONCURRENCY, DEFAULT_SLO
 from pagedchat.cli.bench import options as opt
 from pagedchat.cli.options import user_errors
 
@@ -43,6 +34,7 @@ TRACE_REQUESTS = 200
 
 
 def _check_compare(value: str) -> str:
+    from pagedchat.bench.suite import parse_list, parse_peers
     names = parse_list(value)
     if any(name in SERVER_COMPARISONS for name in names):
         if len(names) > 1:
@@ -92,6 +84,12 @@ def serve(num_requests: ServeRequests = None, model: opt.Model = None,
           api_key: ApiKey = None, alone_requests: AloneRequests = 8,
           rounds: Rounds = 1) -> None:
     """Online serving: Poisson arrivals; TTFT, TPOT, ITL, e2e and normalized latency."""
+    from pagedchat.bench.online import serve_rates
+    from pagedchat.bench.remote import bench_remote
+    from pagedchat.bench.serve_llama import compare_llama_server
+    from pagedchat.bench.serve_offline import compare_offline
+    from pagedchat.bench.serve_stats import parse_slo
+    from pagedchat.bench.suite import parse_list, sample_trace
     with user_errors():
         names, rates = parse_list(compare), parse_list(rate, float)
         options = opt.engine_options(model, dtype, block_size, kv_blocks, kv_memory,

@@ -7,7 +7,6 @@ from typing import Annotated
 import typer
 
 from pagedchat.bench import report
-from pagedchat.bench.suite import parse_list
 from pagedchat.cli.bench import options as opt
 from pagedchat.cli.options import user_errors
 
@@ -21,6 +20,7 @@ def sharing(num_requests: opt.NumRequests = 24, model: opt.Model = None,
             tp: opt.TensorParallelSize = 1, weights: opt.Weights = None) -> None:
     """The paper's Fig. 15: KV memory saved by sharing, parallel sampling and beam search."""
     from pagedchat.bench.sharing import COLUMNS, measure_sharing
+    from pagedchat.bench.suite import parse_list
 
     with user_errors():
         engine = opt.engine_options(model, opt.DType.float32.value, tp=tp, weights=weights).build()

@@ -7,17 +7,6 @@ from typing import Annotated
 import typer
 
 from pagedchat.bench import report
-from pagedchat.bench.engines import PagedChat
-from pagedchat.bench.memory import resident_figures
-from pagedchat.bench.suite import (
-    make_peers,
-    measure,
-    parse_list,
-    parse_peers,
-    sample_trace,
-    warmup_prompt,
-)
-from pagedchat.bench.throughput import ceiling_shares, run_rounds, step_profile, summarize
 from pagedchat.cli.bench import options as opt
 from pagedchat.cli.options import user_errors
 
@@ -50,6 +39,17 @@ def throughput(num_requests: opt.NumRequests = 200, model: opt.Model = None,
                         "drift of the machine's speed cancels).")] = 1,
                ) -> None:
     """Offline throughput on ShareGPT (ignore_eos, output = reference length)."""
+    from pagedchat.bench.engines import PagedChat
+    from pagedchat.bench.memory import resident_figures
+    from pagedchat.bench.suite import (
+        make_peers,
+        measure,
+        parse_list,
+        parse_peers,
+        sample_trace,
+        warmup_prompt,
+    )
+    from pagedchat.bench.throughput import ceiling_shares, run_rounds, step_profile, summarize
     with user_errors():
         batch_sizes = parse_list(hf_batch_size, int)
         engine = opt.engine_options(model, dtype, block_size, kv_blocks, kv_memory,
