@@ -42,3 +42,15 @@ def write_tokenizer_gguf(folder: Path, target: Path) -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return target
+
+
+def copy_tokenizer(writer, tokenizer_gguf: Path) -> int:
+    """Add every ``tokenizer.*`` key of ``tokenizer_gguf`` to ``writer``; the vocabulary's size."""
+    import gguf
+
+    source = gguf.GGUFReader(tokenizer_gguf)
+    for key, field in source.fields.items():
+        if key.startswith("tokenizer."):
+            sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(key, field.contents(), field.types[0], sub_type)
+    return len(source.fields["tokenizer.ggml.tokens"].data)

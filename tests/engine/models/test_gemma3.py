@@ -73,6 +73,11 @@ def reference(folder: Path, prompt_sets: list[list[int]], max_tokens: int,
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **load).eval()
+    return greedy_tokens(model, prompt_sets, max_tokens)
+
+
+def greedy_tokens(model, prompt_sets: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """A transformers model's ``generate`` greedy tokens after each prompt, one at a time."""
     outs = []
     for ids in prompt_sets:
         with torch.no_grad():

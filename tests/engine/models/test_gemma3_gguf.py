@@ -19,6 +19,7 @@ from pagedchat.engine.loading.gguf_weights import read_gguf_weights
 from pagedchat.engine.loading.loader import reads_quantized
 from pagedchat.kernels.quant import FORMATS, QuantizedWeight, dequantize
 from tests.engine.models.test_gemma3 import reference
+from tests.gguf_tokenizer import copy_tokenizer
 
 gguf = pytest.importorskip("gguf")
 
@@ -50,7 +51,7 @@ def _tensors(layer: int) -> list[tuple[str, tuple[int, ...], str]]:
     )]
 
 
-def _data(rng: np.random.Generator, shape: tuple[int, ...], kind: str) -> np.ndarray:
+def random_tensor(rng: np.random.Generator, shape: tuple[int, ...], kind: str) -> np.ndarray:
     """A norm's stored ``1 + w``; a matrix drawn wide (so greedy steps are not near-ties)
     and quantized by gguf-py; for the K formats, which gguf-py cannot quantize, random
     blocks with finite scales."""
@@ -71,9 +72,8 @@ def _data(rng: np.random.Generator, shape: tuple[int, ...], kind: str) -> np.nda
 
 def write_tiny_gemma3_gguf(target: Path, tokenizer_gguf: Path, seed: int = 0) -> Path:
     """A random Gemma 3 GGUF with the tokenizer of ``tokenizer_gguf`` (copied from it)."""
-    source = gguf.GGUFReader(tokenizer_gguf)
-    vocab = len(source.fields["tokenizer.ggml.tokens"].data)
     writer = gguf.GGUFWriter(target, "gemma3")
+    vocab = copy_tokenizer(writer, tokenizer_gguf)
     writer.add_context_length(1024)
     writer.add_embedding_length(HIDDEN)
     writer.add_block_count(LAYERS)
@@ -86,16 +86,12 @@ def write_tiny_gemma3_gguf(target: Path, tokenizer_gguf: Path, seed: int = 0) ->
     writer.add_sliding_window(WINDOW)
     writer.add_rope_freq_base(1_000_000.0)
     writer.add_vocab_size(vocab)
-    for key, field in source.fields.items():
-        if key.startswith("tokenizer."):
-            sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-            writer.add_key_value(key, field.contents(), field.types[0], sub_type)
     tensors = [("token_embd.weight", (vocab, HIDDEN), "Q8_0")]
     tensors += [t for layer in range(LAYERS) for t in _tensors(layer)]
     tensors.append(("output_norm.weight", (HIDDEN,), "F32"))
     rng = np.random.default_rng(seed)
     for name, shape, kind in tensors:
-        data = _data(rng, shape, kind)
+        data = random_tensor(rng, shape, kind)
         if kind == "F32":
             writer.add_tensor(name, data)
         else:
@@ -185,3 +181,13 @@ def test_quantized_and_de_quantized_paths_agree(gemma_gguf, references):
     file_bytes = sum(int(t.n_bytes) for t in gguf.GGUFReader(gemma_gguf).tensors)
     assert quantized_bytes == file_bytes
     assert plain_bytes > 3 * file_bytes
+
+
+def test_prefix_cache_hits_keep_the_tokens(gemma_gguf, references):
+    """The same prompts again read their prefixes from the cache, to the same tokens."""
+    llm = LLM(model=str(gemma_gguf), block_size=16, num_kv_blocks=64)
+    params = SamplingParams(temperature=0, max_tokens=12)
+    llm.generate(_prompts(), params, use_progress=False)
+    again = llm.generate(_prompts(), params, use_progress=False)
+    assert sum(o.num_cached_tokens for o in again) > 0
+    assert [o.outputs[0].token_ids for o in again] == references
