@@ -26,7 +26,6 @@ from pagedchat.bench import report
 from pagedchat.bench.engines import PagedChat
 from pagedchat.bench.http_client import ServedRequest
 from pagedchat.bench.load import run_load, served_model
-from pagedchat.bench.serve_defaults import CONCURRENCY
 from pagedchat.bench.serve_stats import serve_figures, summary_ms
 from pagedchat.bench.servers import ServerProcess, pagedchat_command
 from pagedchat.bench.sharegpt import Request
