@@ -85,6 +85,10 @@ class Message:
     output_tokens: int = 0
     dropped_messages: int = 0
     error: str = ""
+    parent_id: int | None = None  # the message this one follows (None: the first)
+    # (place, count) among the messages of its role that follow the same one: 2 of 3
+    # regenerated replies, or an edited message and its original
+    branch: tuple[int, int] = (1, 1)
 
 
 @dataclass

@@ -41,10 +41,22 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX messages_by_session ON messages (session_id, id);
     """,
+    # 2: a session is a tree of messages (regenerated replies, edited messages branch off);
+    # each message names the one it follows, the session the last message of its branch
+    """
+    ALTER TABLE messages ADD COLUMN parent_id INTEGER
+        REFERENCES messages(id) ON DELETE CASCADE;
+    ALTER TABLE sessions ADD COLUMN head_id INTEGER;
+    UPDATE messages SET parent_id = (SELECT MAX(before.id) FROM messages AS before
+        WHERE before.session_id = messages.session_id AND before.id < messages.id);
+    UPDATE sessions SET head_id = (SELECT MAX(m.id) FROM messages AS m
+        WHERE m.session_id = sessions.id);
+    CREATE INDEX messages_by_parent ON messages (parent_id);
+    """,
 ]
 
 _MESSAGE_FIELDS = ("role", "content", "status", "created_at", "prompt_tokens",
-                   "cached_tokens", "output_tokens", "dropped_messages", "error")
+                   "cached_tokens", "output_tokens", "dropped_messages", "error", "parent_id")
 
 
 class StoreError(Exception):
@@ -150,28 +162,66 @@ class Store:
         return session
 
     def load_messages(self, session_id: int) -> list[Message]:
+        """The session's current branch, oldest first: the messages its last one follows,
+        each with its place among the alternatives at that point (``branch``)."""
         rows = self._run(
-            "SELECT * FROM messages WHERE session_id = ? ORDER BY id", (session_id,)
+            "WITH RECURSIVE branch(id) AS ("
+            " SELECT head_id FROM sessions WHERE id = ? AND head_id IS NOT NULL"
+            " UNION ALL SELECT m.parent_id FROM messages AS m JOIN branch ON m.id = branch.id"
+            " WHERE m.parent_id IS NOT NULL) "
+            "SELECT m.*, (SELECT COUNT(*) FROM messages AS s WHERE s.session_id = m.session_id"
+            " AND s.parent_id IS m.parent_id AND s.role = m.role AND s.id <= m.id) AS place,"
+            " (SELECT COUNT(*) FROM messages AS s WHERE s.session_id = m.session_id"
+            " AND s.parent_id IS m.parent_id AND s.role = m.role) AS places "
+            "FROM messages AS m JOIN branch ON m.id = branch.id ORDER BY m.id",
+            (session_id,),
         ).fetchall()
-        return [Message(id=row["id"], **{name: row[name] for name in _MESSAGE_FIELDS})
-                for row in rows]
+        return [Message(id=row["id"], branch=(row["place"], row["places"]),
+                        **{name: row[name] for name in _MESSAGE_FIELDS}) for row in rows]
+
+    def alternatives(self, message: Message) -> list[int]:
+        """The ids of ``message`` and the other messages of its role that follow the same
+        one (regenerated replies, edited messages), oldest first."""
+        rows = self._run(
+            "SELECT id FROM messages WHERE session_id = (SELECT session_id FROM messages "
+            "WHERE id = ?) AND parent_id IS ? AND role = ? ORDER BY id",
+            (message.id, message.parent_id, message.role)).fetchall()
+        return [row["id"] for row in rows]
+
+    def switch_to(self, session: Session, message_id: int) -> None:
+        """Make the branch through ``message_id`` the session's current one, down to the
+        newest message written after it (the branch last written in)."""
+        head = self._run(
+            "WITH RECURSIVE below(id) AS (SELECT ? UNION ALL SELECT m.id FROM messages AS m "
+            "JOIN below ON m.parent_id = below.id) SELECT MAX(id) AS id FROM below",
+            (message_id,)).fetchone()["id"]
+        self._run("UPDATE sessions SET head_id = ? WHERE id = ?", (head, session.id))
+        session.messages = self.load_messages(session.id)
 
     # messages
 
     def add_message(self, session: Session, message: Message) -> Message:
-        """Insert ``message`` (it gets its id) and mark the session as just used."""
+        """Insert ``message`` after the session's last one (it gets its id) and mark the
+        session as just used."""
+        message.parent_id = self._head(session)
         self._insert(session, message)
         self._touch(session)
         return message
 
-    def add_turn(self, session: Session, user: Message, reply: Message) -> None:
-        """Save a user message with the reply about to be written to it, both or neither.
+    def add_turn(self, session: Session, user: Message, reply: Message,
+                 instead_of: Message | None = None) -> None:
+        """Save a user message with the reply about to be written to it, both or neither;
+        the user message follows the session's last message, or, as an edit of
+        ``instead_of``, the message that one follows (a new branch).
 
         So a user message is never stored without the reply that answers it or, by its
         status, says why not; when this raises, neither has an id and nothing is stored."""
         try:
             self._run("BEGIN")
+            user.parent_id = (instead_of.parent_id if instead_of is not None
+                              else self._head(session))
             self._insert(session, user)
+            reply.parent_id = user.id
             self._insert(session, reply)
             self._touch(session)
             self._run("COMMIT")
@@ -181,6 +231,16 @@ class Store:
             user.id = reply.id = None
             raise
 
+    def add_reply(self, session: Session, user: Message, reply: Message) -> None:
+        """Save another reply to ``user`` (a regenerated one), now the session's last."""
+        reply.parent_id = user.id
+        self._insert(session, reply)
+        self._touch(session)
+
+    def _head(self, session: Session) -> int | None:
+        row = self._run("SELECT head_id FROM sessions WHERE id = ?", (session.id,)).fetchone()
+        return row["head_id"] if row is not None else None
+
     def _insert(self, session: Session, message: Message) -> None:
         values = tuple(getattr(message, name) for name in _MESSAGE_FIELDS)
         cursor = self._run(
@@ -189,6 +249,7 @@ class Store:
             (session.id, *values),
         )
         message.id = cursor.lastrowid
+        self._run("UPDATE sessions SET head_id = ? WHERE id = ?", (message.id, session.id))
 
     def _touch(self, session: Session) -> None:
         session.updated_at = time.time()
@@ -211,6 +272,7 @@ class Store:
 
     def clear_messages(self, session_id: int) -> None:
         self._run("DELETE FROM messages WHERE session_id = ?", (session_id,))
+        self._run("UPDATE sessions SET head_id = NULL WHERE id = ?", (session_id,))
 
     def mark_interrupted(self) -> int:
         """Mark what an earlier exit left unfinished; returns how many messages it marked.
@@ -222,9 +284,8 @@ class Store:
             "UPDATE messages SET status = 'interrupted' WHERE status = 'generating'").rowcount
         users = self._run(
             "UPDATE messages SET status = 'unanswered' WHERE role = 'user' AND status = 'done' "
-            "AND COALESCE((SELECT after.role FROM messages AS after "
-            "WHERE after.session_id = messages.session_id AND after.id > messages.id "
-            "ORDER BY after.id LIMIT 1), '') != 'assistant'").rowcount
+            "AND NOT EXISTS (SELECT 1 FROM messages AS reply "
+            "WHERE reply.parent_id = messages.id AND reply.role = 'assistant')").rowcount
         return replies + users
 
 

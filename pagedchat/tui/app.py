@@ -36,6 +36,7 @@ from pagedchat.tui.screens.help import HelpScreen
 from pagedchat.tui.screens.rename import RenameScreen
 from pagedchat.tui.widgets.chat_view import ChatView, view_id
 from pagedchat.tui.widgets.inspector import Inspector
+from pagedchat.tui.widgets.message_box import MessageBox
 from pagedchat.tui.widgets.prompt_input import PromptInput
 from pagedchat.tui.widgets.session_list import SessionList
 from pagedchat.tui.widgets.status_line import StatusLine
@@ -58,6 +59,12 @@ class ChatApp(App):
                 tooltip="Delete the focused session (asks first)"),
         Binding("f3", "toggle_inspector", "Inspector",
                 tooltip="Show or hide the KV cache inspector"),
+        Binding("ctrl+r", "regenerate", "Regenerate", show=False, priority=True,
+                tooltip="Write another reply to the last message (the old one is kept)"),
+        Binding("alt+left", "alternative(-1)", "Previous version", show=False, priority=True,
+                tooltip="The previous version of the focused (else the last) message"),
+        Binding("alt+right", "alternative(1)", "Next version", show=False, priority=True,
+                tooltip="The next version of the focused (else the last) message"),
         # priority: the input box would take them for its own scrolling
         Binding("ctrl+pageup", "switch_session(-1)", "Previous chat", show=False,
                 priority=True, tooltip="Switch to the session above"),
@@ -92,6 +99,7 @@ class ChatApp(App):
         self._start_session = session_id
         self._continue_last = continue_last
         self._loaded: set[int] = set()  # sessions whose messages are read
+        self.editing: Message | None = None  # the user message the input is an edit of
         self._load_started = time.monotonic()
 
     # layout and start-up
@@ -177,6 +185,8 @@ class ChatApp(App):
         self.show_sessions()
         self.show_inspector_focus()
         self.remember_inputs()
+        if self.editing is not None and self.editing not in session.messages:
+            self.stop_editing()
         self.focus_input()
 
     def focus_input(self) -> None:
@@ -191,6 +201,49 @@ class ChatApp(App):
 
     def on_message_box_copied(self) -> None:
         self.focus_input()
+
+    def on_message_box_edit_asked(self, event: MessageBox.EditAsked) -> None:
+        self.edit(event.message)
+
+    def edit(self, message: Message) -> None:
+        """Put ``message`` in the input: Enter sends it as a new branch, Esc leaves it."""
+        box = self.query_one(PromptInput)
+        box.load_text(message.content)
+        box.move_cursor(box.document.end)
+        box.border_title = "editing: Enter sends a new branch · Esc leaves the edit"
+        self.editing = message
+        self.focus_input()
+
+    def stop_editing(self) -> None:
+        box = self.query_one(PromptInput)
+        box.border_title = None
+        if self.editing is not None:
+            box.clear()
+        self.editing = None
+
+    async def action_regenerate(self) -> None:
+        if self.session is not None:
+            await self.replies.regenerate(self.session)
+
+    async def action_alternative(self, step: int) -> None:
+        """Show the previous or next version of the focused message (the last one when no
+        message is focused): its other regenerated replies, or its edits."""
+        session = self.session
+        if session is None or not session.messages:
+            return
+        if self.replies.reply_of(session.id) is not None:
+            self.notify("This session is still answering", severity="warning")
+            return
+        focused = self.focused.message if isinstance(self.focused, MessageBox) else None
+        message = focused or session.messages[-1]
+        versions = self.store.alternatives(message)
+        place = versions.index(message.id) + step
+        if not 0 <= place < len(versions):
+            return
+        self.save(lambda: self.store.switch_to(session, versions[place]))
+        await self.view(session.id).show_messages()
+        self.remember_inputs()
+        self.show_inspector_focus()
 
     def show_sessions(self) -> None:
         self.query_one(SessionList).show(self._ordered(), self.current,
@@ -257,6 +310,10 @@ class ChatApp(App):
         command = parse(event.text)
         if command is not None:
             done = await run_slash(self, *command)
+        elif self.editing is not None and self.session is not None:
+            done = await self.replies.send(self.session, event.text, instead_of=self.editing)
+            if done:
+                self.stop_editing()
         else:
             done = await self.send(event.text)
         if done:
@@ -272,7 +329,11 @@ class ChatApp(App):
         return await self.replies.send(self.session, text)
 
     def action_cancel_reply(self) -> None:
-        """Stop the focused session's reply; its blocks are freed, its text kept."""
+        """Leave an edit, else stop the focused session's reply (its blocks are freed, its
+        text kept)."""
+        if self.editing is not None:
+            self.stop_editing()
+            return
         if self.replies.cancel(self.current):
             self.notify("Reply cancelled")
 

@@ -29,6 +29,7 @@ from pagedchat.chat.driver import (
 )
 from pagedchat.chat.prompt import PLAIN_FORMAT_NOTE
 from pagedchat.chat.store import StoreError
+from pagedchat.engine.sampling_params import SamplingParams
 from pagedchat.tui.widgets.inspector import Inspector
 from pagedchat.tui.widgets.status_line import StatusLine
 
@@ -78,32 +79,78 @@ class Replies:
         """The request id of the reply ``session_id`` is generating, if any."""
         return next((rid for rid, t in self.turns.items() if t.session.id == session_id), None)
 
-    async def send(self, session: Session, text: str) -> bool:
-        """Save ``text`` as the session's next message and ask for a reply.
+    async def send(self, session: Session, text: str, instead_of: Message | None = None,
+                   ) -> bool:
+        """Save ``text`` as the session's next message and ask for a reply; with
+        ``instead_of`` (an earlier user message), as an edit of it: a new branch that
+        shares what came before it, the old one kept.
 
         Returns False (the text stays in the input) when it could not be sent."""
         app = self.app
-        if self.reply_of(session.id) is not None:
-            app.notify("This session is still answering: wait, or press Esc to stop it",
-                       severity="warning")
-            return False
-        try:
-            params = session.settings.to_params()
-        except ValueError as error:  # settings edited outside the app
-            app.notify(f"{error}; fix it with /set", title="Not sent", severity="error")
+        params = self._params(session)
+        if params is None:
             return False
         user = Message("user", text)
         reply = Message("assistant", "", status="generating")
         try:
-            app.store.add_turn(session, user, reply)
+            app.store.add_turn(session, user, reply, instead_of)
         except StoreError as error:
             app.notify(f"The message was not sent: {error}", title="Could not save",
                        severity="error")
             return False
+        if instead_of is not None:
+            session.messages = session.messages[: session.messages.index(instead_of)]
+            user.branch = _last_of(app.store.alternatives(user))
+            await app.view(session.id).show_messages()
         session.messages.append(user)
         if session.title == DEFAULT_TITLE:
             session.title = app.sub_title = title_from(text)
             app.save(lambda: app.store.save_session(session))
+        await app.view(session.id).add(user)
+        await self._answer(session, reply, params)
+        return True
+
+    async def regenerate(self, session: Session) -> bool:
+        """Write another reply to the session's last message; the one shown stays, as an
+        alternative (its prompt's blocks are found in the prefix cache)."""
+        app = self.app
+        last = session.messages[-1] if session.messages else None
+        if last is None or last.role != "assistant" or len(session.messages) < 2:
+            app.notify("There is no reply to regenerate", severity="warning")
+            return False
+        params = self._params(session)
+        if params is None:
+            return False
+        reply = Message("assistant", "", status="generating")
+        try:
+            app.store.add_reply(session, session.messages[-2], reply)
+        except StoreError as error:
+            app.notify(str(error), title="Could not save", severity="error")
+            return False
+        reply.branch = _last_of(app.store.alternatives(reply))
+        session.messages.pop()
+        view = app.view(session.id)
+        if (box := view.box_for(last)) is not None:
+            await box.remove()
+        await self._answer(session, reply, params)
+        return True
+
+    def _params(self, session: Session) -> SamplingParams | None:
+        """The session's sampling parameters, once it may start a reply (None: it may not,
+        and the user was told why)."""
+        if self.reply_of(session.id) is not None:
+            self.app.notify("This session is still answering: wait, or press Esc to stop it",
+                            severity="warning")
+            return None
+        try:
+            return session.settings.to_params()
+        except ValueError as error:  # settings edited outside the app
+            self.app.notify(f"{error}; fix it with /set", title="Not sent", severity="error")
+            return None
+
+    async def _answer(self, session: Session, reply: Message, params: SamplingParams) -> None:
+        """Ask the engine for ``reply`` to the session's messages, and show it."""
+        app = self.app
         rid = f"s{session.id}-r{next(self._request_numbers)}"
         self.turns[rid] = Turn(session, reply, time.monotonic())
         self.session_of[rid] = session.id
@@ -111,12 +158,9 @@ class Replies:
                                   self.context_window, self.raw,
                                   session.settings.loop_guard))
         session.messages.append(reply)
-        view = app.view(session.id)
-        await view.add(user)
-        box = await view.add(reply)
+        box = await app.view(session.id).add(reply)
         box.refresh_info("" if self.engine_ready else "waiting for the model")
         app.show_sessions()
-        return True
 
     def cancel(self, session_id: int | None) -> bool:
         """Stop the session's reply; its blocks are freed, its text kept."""
@@ -225,3 +269,8 @@ class Replies:
         if update.tokens_per_second:
             parts.append(f"{update.tokens_per_second:.0f} tok/s")
         self.app.query_one(StatusLine).load = " · ".join(parts)
+
+
+def _last_of(alternatives: list[int]) -> tuple[int, int]:
+    """The place of the newest of ``alternatives`` among them."""
+    return len(alternatives), len(alternatives)

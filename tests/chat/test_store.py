@@ -191,3 +191,51 @@ def test_exports():
     data = json.loads(to_json(session))
     assert data["title"] == "T" and data["messages"][1]["status"] == "cancelled"
     assert data["settings"]["max_tokens"] == SamplingSettings().max_tokens
+
+
+def test_an_old_database_is_upgraded_in_place_to_the_tree(tmp_path):
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)
+    db.executescript(f"BEGIN; {MIGRATIONS[0]}; PRAGMA user_version = 1; COMMIT;")
+    db.execute("INSERT INTO sessions (title, system_prompt, settings, created_at, updated_at) "
+               "VALUES ('old', '', '{}', 1, 1)")
+    for i, role in enumerate(["user", "assistant", "user", "assistant"]):
+        db.execute("INSERT INTO messages (session_id, role, content, status, created_at) "
+                   "VALUES (1, ?, ?, 'done', ?)", (role, f"m{i}", i))
+    db.commit()
+    db.close()
+    store = Store(path)
+    assert store.schema_version == len(MIGRATIONS)
+    messages = store.load_messages(1)
+    assert [m.content for m in messages] == ["m0", "m1", "m2", "m3"]
+    assert [m.parent_id for m in messages] == [None, *[m.id for m in messages[:-1]]]
+    assert all(m.branch == (1, 1) for m in messages)
+
+
+def test_regenerated_replies_and_edited_messages_branch_and_can_be_switched(tmp_path):
+    store = Store(tmp_path / "c.db")
+    session = store.create_session(Session())
+    question, first = Message("user", "why?"), Message("assistant", "because")
+    store.add_turn(session, question, first)
+    session.messages = store.load_messages(session.id)
+    second = Message("assistant", "it depends")
+    store.add_reply(session, question, second)  # a regenerated reply
+    session.messages = store.load_messages(session.id)
+    assert [m.content for m in session.messages] == ["why?", "it depends"]
+    assert session.messages[-1].branch == (2, 2)
+    assert store.alternatives(second) == [first.id, second.id]
+    store.switch_to(session, first.id)
+    assert [m.content for m in session.messages] == ["why?", "because"]
+    assert session.messages[-1].branch == (1, 2)
+    store.add_turn(session, Message("user", "and then?"), Message("assistant", "then this"))
+    edited = Message("user", "why not?")  # an edit of the first question: a new branch
+    store.add_turn(session, edited, Message("assistant", "no reason"), instead_of=question)
+    session.messages = store.load_messages(session.id)
+    assert [m.content for m in session.messages] == ["why not?", "no reason"]
+    assert session.messages[0].branch == (2, 2)
+    store.switch_to(session, question.id)  # back to the first question: its newest branch
+    assert [m.content for m in session.messages] == ["why?", "because", "and then?",
+                                                     "then this"]
+    store.close()
+    assert [m.content for m in Store(tmp_path / "c.db").load_messages(session.id)] == [
+        "why?", "because", "and then?", "then this"]  # the current branch survives a restart

@@ -31,6 +31,7 @@ def help_markdown(bindings: list[Binding]) -> str:
                                  "terminal sends it)"),
              ("Up / Down", "earlier inputs of this session (on the input's first / last line)"),
              ("Y / C", "copy the focused message / its last code block"),
+             ("E", "edit the focused message of yours and send it again as a new branch"),
              ("Ctrl+P", "command palette")]
     key_rows = "\n".join(f"| `{key}` | {does} |" for key, does in keys)
     command_rows = "\n".join(f"| `{c.usage}` | {c.help} |" for c in COMMANDS.values())

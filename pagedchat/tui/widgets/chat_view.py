@@ -21,6 +21,11 @@ class ChatView(VerticalScroll):
     def on_mount(self) -> None:
         self.anchor()
 
+    async def show_messages(self) -> None:
+        """Show the session's messages anew (its branch changed)."""
+        await self.remove_children()
+        await self.mount_all([MessageBox(message) for message in self.session.messages])
+
     async def add(self, message: Message) -> MessageBox:
         box = MessageBox(message)
         await self.mount(box)

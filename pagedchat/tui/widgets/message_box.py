@@ -25,10 +25,18 @@ class MessageBox(Vertical, can_focus=True):
     BINDINGS = [
         Binding("y", "copy_text", "Copy message"),
         Binding("c", "copy_code", "Copy code"),
+        Binding("e", "edit", "Edit and resend"),
     ]
 
     class Copied(UIMessage):
         """Text went to the clipboard (the app gives the input its focus back)."""
+
+    class EditAsked(UIMessage):
+        """The user wants to edit this (user) message and send it again as a branch."""
+
+        def __init__(self, message: Message) -> None:
+            super().__init__()
+            self.message = message
 
     def __init__(self, message: Message) -> None:
         super().__init__(classes=message.role)
@@ -91,9 +99,10 @@ class MessageBox(Vertical, can_focus=True):
 
     def _caption(self) -> str:
         m = self.message
+        place, count = m.branch
+        parts = [f"{place}/{count} · Alt+←/→"] if count > 1 else []
         if m.role == "user":
-            return ""
-        parts = []
+            return " · ".join(parts)
         if m.prompt_tokens:
             parts.append(f"prompt {m.prompt_tokens} tok, {m.cached_tokens} cached")
         if m.output_tokens:
@@ -110,6 +119,13 @@ class MessageBox(Vertical, can_focus=True):
         self.app.copy_to_clipboard(self.message.content)
         self.notify("Message copied")
         self.post_message(self.Copied())
+
+    def action_edit(self) -> None:
+        if self.message.role == "user":
+            self.post_message(self.EditAsked(self.message))
+        else:
+            self.notify("Only your messages can be edited (Ctrl+R writes another reply)",
+                        severity="warning")
 
     def action_copy_code(self) -> None:
         blocks = code_blocks(self.message.content)
