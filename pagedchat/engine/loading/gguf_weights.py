@@ -35,6 +35,10 @@ _GEMMA3_LAYER_NAMES = {**_LAYER_NAMES, "ffn_norm": "pre_feedforward_layernorm",
                        "post_attention_norm": "post_attention_layernorm",
                        "post_ffw_norm": "post_feedforward_layernorm",
                        "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+# Qwen 3 adds the per-head QK-norm to Llama's layer
+_QWEN3_LAYER_NAMES = {**_LAYER_NAMES, "attn_q_norm": "self_attn.q_norm",
+                      "attn_k_norm": "self_attn.k_norm"}
+_ARCHITECTURE_LAYER_NAMES = {"gemma3": _GEMMA3_LAYER_NAMES, "qwen3": _QWEN3_LAYER_NAMES}
 _LAYER = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 _PLAIN = ("F32", "F16", "BF16")
 
@@ -61,7 +65,7 @@ def hf_name(name: str, architecture: str = "llama") -> str | None:
     one it does not load (such as llama.cpp's precomputed ``rope_freqs``)."""
     if (match := _LAYER.match(name)) is not None:
         layer, part, kind = match.groups()
-        names = _GEMMA3_LAYER_NAMES if architecture == "gemma3" else _LAYER_NAMES
+        names = _ARCHITECTURE_LAYER_NAMES.get(architecture, _LAYER_NAMES)
         if part not in names:
             return None
         return f"model.layers.{layer}.{names[part]}.{kind}"

@@ -1,4 +1,5 @@
-"""Our own transformer implementations: the Llama family and Gemma 3."""
+"""Our own transformer implementations: the Llama family (Qwen 3 with its QK-norm) and
+Gemma 3."""
 
 from __future__ import annotations
 
@@ -13,6 +14,10 @@ def model_class(config: ModelConfig) -> type[nn.Module]:
         from pagedchat.engine.models.gemma3 import Gemma3ForCausalLM
 
         return Gemma3ForCausalLM
+    if config.model_type == "qwen3":
+        from pagedchat.engine.models.qwen3 import Qwen3ForCausalLM
+
+        return Qwen3ForCausalLM
     from pagedchat.engine.models.llama import LlamaForCausalLM
 
     return LlamaForCausalLM

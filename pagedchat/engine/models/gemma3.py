@@ -16,11 +16,12 @@ import torch
 from torch import nn
 
 from pagedchat.engine.kv_groups import kv_groups
-from pagedchat.engine.layers.attention import Attention, AttentionMetadata
+from pagedchat.engine.layers.attention import AttentionMetadata
 from pagedchat.engine.layers.embedding import Embedding
 from pagedchat.engine.layers.geglu import GeGLU
 from pagedchat.engine.layers.linear import Linear
 from pagedchat.engine.layers.offset_norm import OffsetRMSNorm
+from pagedchat.engine.layers.qk_norm import QKNormAttention
 from pagedchat.engine.layers.rotary import Rope, RotaryEmbedding
 from pagedchat.engine.layers.sliding_window import (
     single_token_blocks,
@@ -35,27 +36,19 @@ from pagedchat.engine.parallel.tensor_parallel import TensorParallel
 LOCAL = "sliding_attention"
 
 
-class Gemma3Attention(Attention):
-    """The engine's attention with the per-head norms of Q and K before rotary and the K/V
-    store, a query scale of its own, and over the window for a local layer (see
+class Gemma3Attention(QKNormAttention):
+    """The engine's attention with the per-head norms of Q and K (``1 + w``) before rotary and
+    the K/V store, a query scale of its own, and over the window for a local layer (see
     ``layers/sliding_window.py``)."""
 
     def __init__(self, config: ModelConfig, kernels: ModuleType, tp: TensorParallel,
                  local: bool) -> None:
-        super().__init__(config, kernels, tp)
+        super().__init__(config, kernels, tp, OffsetRMSNorm)
         self.local = local
-        self.q_norm = OffsetRMSNorm(self.head_dim, config.rms_norm_eps, kernels)
-        self.k_norm = OffsetRMSNorm(self.head_dim, config.rms_norm_eps, kernels)
         self.scale = float(config.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     def forward(self, x: torch.Tensor, rope: Rope, meta: AttentionMetadata) -> torch.Tensor:
-        tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q, _ = self.q_norm(q.reshape(-1, self.head_dim))
-        k, _ = self.k_norm(k.reshape(-1, self.head_dim))
-        qkv = torch.cat((q.view(tokens, -1), k.view(tokens, -1), v), dim=-1)
-        q = self.kernels.rotary_store(qkv, *rope, self.num_heads, self.k_cache, self.v_cache,
-                                      meta.slot_mapping)
+        q = self.normed_store(x, rope, meta)
         k_cache, v_cache = self.k_cache, self.v_cache
         if self.local:
             k_cache, v_cache = single_token_blocks(k_cache), single_token_blocks(v_cache)

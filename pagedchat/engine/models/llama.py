@@ -33,10 +33,11 @@ from pagedchat.engine.parallel.tensor_parallel import TensorParallel
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, kernels: ModuleType, tp: TensorParallel) -> None:
+    def __init__(self, config: ModelConfig, kernels: ModuleType, tp: TensorParallel,
+                 attention: type[Attention] = Attention) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, kernels)
-        self.self_attn = Attention(config, kernels, tp)
+        self.self_attn = attention(config, kernels, tp)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, kernels)
         self.mlp = MLP(config, kernels, tp)
 
@@ -54,6 +55,8 @@ class DecoderLayer(nn.Module):
 class LlamaForCausalLM(CausalLM):
     """The embedding and the head hold this worker's rows of the vocabulary."""
 
+    attention: type[Attention] = Attention  # each layer's (Qwen 3's adds the QK-norm)
+
     def __init__(
         self, config: ModelConfig, kernels: ModuleType, tp: TensorParallel | None = None
     ) -> None:
@@ -62,7 +65,8 @@ class LlamaForCausalLM(CausalLM):
         self.tp = tp = tp or TensorParallel()
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, kernels, tp)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, kernels, tp) for _ in range(config.num_hidden_layers))
+            DecoderLayer(config, kernels, tp, self.attention)
+            for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, kernels)
         self.tied = config.tie_word_embeddings
         self.lm_head = (None if self.tied else

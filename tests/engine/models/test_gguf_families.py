@@ -25,6 +25,9 @@ FAMILIES = {
                       rope_theta=1_000_000.0),
     "qwen2": Family("qwen2", "Qwen2.5 Coder 0.5B Instruct", tied=True, qkv_bias=True,
                     rope_theta=1_000_000.0),
+    # transformers reads no head_dim from a qwen3 file: Qwen3's own 128 is what it takes
+    "qwen3": Family("qwen3", "Qwen3 0.6B", heads=2, kv_heads=1, head_dim=128, tied=True,
+                    qk_norm=True, rope_theta=1_000_000.0),
 }
 MAX_TOKENS = 12
 
