@@ -253,6 +253,22 @@ def test_product_at_gemma3_widths(kernels, name, width):
     close(kernels.quantized_linear(x, weight), quant.quantized_linear(x, weight), 1e-5)
 
 
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_0", "Q6_K", "Q8_0"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_one_row_product_over_many_blocks(kernels, name, threads):
+    """One row of x (a decode step), as the one-row tiles take it: rows of 6 blocks of 256
+    (48 of 32), 29 columns (whole tiles of 8 and a part one), each thread a run of them;
+    bias and bfloat16 as the other products."""
+    width = 1536
+    weight = random_weight(name, 29, width, seed=11)
+    g = torch.Generator().manual_seed(11)
+    x, bias = torch.randn(1, width, generator=g), torch.randn(29, generator=g)
+    close(product_on_threads(kernels, threads, x, weight, bias),
+          quant.quantized_linear(x, weight, bias), 1e-5)
+    halves = product_on_threads(kernels, threads, x.bfloat16(), weight, bias)
+    close(halves, quant.quantized_linear(x.bfloat16(), weight, bias), 1e-2)
+
+
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_many_rows_product_spans_several_column_runs(kernels, threads):
     """150 columns and 53 rows: each thread's columns take several runs of decoded groups,

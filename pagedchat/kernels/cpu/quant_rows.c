@@ -180,10 +180,19 @@ block_scales(int type, int cols, const uint8_t *const col[], int at,
                  "+m"(*(float(*)[2 * TILE_COLS_MAX])products));
 }
 
+/* Every cache line of the blocks at `at` of the tile's columns, `ahead` bytes on (see
+ * prefetch_tile_ahead): a K-format block spans three or four lines. */
+static inline void prefetch_lines_ahead(const uint8_t *const col[], int cols, int at,
+                                        int bytes, int64_t ahead) {
+    for (int c = 0; c < cols; c++)
+        for (int line = 0; line < bytes; line += 64)
+            __builtin_prefetch(col[c] + at + ahead + line, 0, 2);
+}
+
 /* sums[r][c] = x[r] . column c, for `cols` columns whose blocks start at col[c]. Inlined
  * per format and row count, so that both fold into the loops. The blocks `ahead` bytes on
- * from each column's (the next tile's) are prefetched, a block per block read (see
- * prefetch_tile_ahead). */
+ * from each column's (the next tile's) are prefetched, a line per block read (see
+ * prefetch_tile_ahead), every line of a K-format block. */
 static inline __attribute__((always_inline)) void
 tile(int type, int rows, int cols, const float *x, int k_dim, const uint8_t *const col[],
      int64_t ahead, float sums[QUANT_ROWS_MAX][TILE_COLS_MAX]) {
@@ -197,7 +206,8 @@ tile(int type, int rows, int cols, const float *x, int k_dim, const uint8_t *con
     const float *offsets[2][TILE_COLS_MAX];
     if (type < Q4_K) block_scales(type, cols, col, 0, scales[0], offsets[0], products[0]);
     for (int k = 0, at = 0, i = 0; k < k_dim; k += values, at += bytes, i ^= 1) {
-        prefetch_tile_ahead(col, cols, at, ahead);
+        if (type >= Q4_K) prefetch_lines_ahead(col, cols, at, bytes, ahead);
+        else prefetch_tile_ahead(col, cols, at, ahead);
         Head head[TILE_COLS_MAX];
         const float *scale[TILE_COLS_MAX], *offset[TILE_COLS_MAX];
         if (type >= Q4_K) {
@@ -232,6 +242,152 @@ tile(int type, int rows, int cols, const float *x, int k_dim, const uint8_t *con
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < cols; c++) sums[r][c] = vf_reduce_add(acc[r][c]);
 }
+
+#if defined(VF_AVX512)
+/* Whether tile_one takes this format (AVX-512, one row of x). */
+#define ONE_ROW(type, rows) \
+    ((rows) == 1 && ((type) == Q4_K || (type) == Q5_0 || (type) == Q6_K))
+
+/* A Q4_K block's eight scales d * sc and eight offsets -(dmin * mn), as head_of gives them
+ * (lanes 0-7, 8-15): the 6-bit fields unpacked four at a time in 32-bit words, widened and
+ * multiplied in one vector. */
+static inline __m512 k_head16(const uint8_t *b) {
+    uint32_t s0, s1, s2;
+    memcpy(&s0, b + 4, 4);
+    memcpy(&s1, b + 8, 4);
+    memcpy(&s2, b + 12, 4);
+    const uint32_t sc_lo = s0 & 0x3F3F3F3Fu, mn_lo = s1 & 0x3F3F3F3Fu;
+    const uint32_t sc_hi = (s2 & 0x0F0F0F0Fu) | ((s0 >> 2) & 0x30303030u);
+    const uint32_t mn_hi = ((s2 >> 4) & 0x0F0F0F0Fu) | ((s1 >> 2) & 0x30303030u);
+    const __m512 fields = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+        _mm_setr_epi32((int)sc_lo, (int)sc_hi, (int)mn_lo, (int)mn_hi)));
+    int32_t dm;
+    memcpy(&dm, b, 4);
+    const __m512 halves = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128(dm)));
+    __m512 factors = _mm512_permutexvar_ps(
+        _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1), halves);
+    factors = _mm512_mask_sub_ps(factors, 0xFF00, _mm512_setzero_ps(), factors);
+    return _mm512_mul_ps(fields, factors);  /* -(dmin mn) = (-dmin) mn, exactly */
+}
+
+/* A Q6_K half-block's 128 integers q - 32 (values 128 h to 128 h + 127), as signed bytes:
+ * out[0]: values 0-63 (low nibbles of ql, high pairs 0 and 1 of qh), out[1]: 64-127 (high
+ * nibbles, pairs 2 and 3). Each pair is moved to bits 4-5 by a 16-bit shift, whose bits
+ * carried across a byte the masks drop. */
+static inline void q6_half(const uint8_t *ql, const uint8_t *qh, __m512i out[2]) {
+    const __m512i low = _mm512_loadu_si512(ql);
+    const __m512i high = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qh));
+    const __m512i nibble = _mm512_set1_epi8(0x0F), pair = _mm512_set1_epi8(0x30),
+                  bias = _mm512_set1_epi8(32);
+    const __m512i up = _mm512_sllv_epi16(high, _mm512_setr_epi64(
+        0x0004000400040004, 0x0004000400040004, 0x0004000400040004, 0x0004000400040004,
+        0x0002000200020002, 0x0002000200020002, 0x0002000200020002, 0x0002000200020002));
+    const __m512i down = _mm512_srlv_epi16(high, _mm512_setr_epi64(
+        0, 0, 0, 0, 0x0002000200020002, 0x0002000200020002, 0x0002000200020002,
+        0x0002000200020002));
+    /* (a & b) | c */
+    out[0] = _mm512_sub_epi8(_mm512_ternarylogic_epi32(low, nibble,
+                                                        _mm512_and_si512(up, pair), 0xEA),
+                             bias);
+    out[1] = _mm512_sub_epi8(_mm512_ternarylogic_epi32(_mm512_srli_epi16(low, 4), nibble,
+                                                        _mm512_and_si512(down, pair), 0xEA),
+                             bias);
+}
+
+/* sums[0][c] = x . column c for the `cols` columns at col[c], one row of x, AVX-512, in
+ * Q4_K, Q5_0 or Q6_K. Each weight is made exactly as run_of makes it (a table of a run's
+ * 16 or 32 weights looked up, or the integer times its run's scale), with fewer
+ * instructions per weight: a block's scales are unpacked in vectors, a Q4_K byte's two
+ * nibbles are widened once for both runs, a Q6_K half-block's integers are assembled 64
+ * bytes at a time, and every line of the next tiles is prefetched. */
+static inline __attribute__((always_inline)) void
+tile_one(int type, int cols, const float *x, int k_dim, const uint8_t *const col[],
+         int64_t ahead, float sums[QUANT_ROWS_MAX][TILE_COLS_MAX]) {
+    __m512 acc[TILE_COLS_MAX];
+    for (int c = 0; c < cols; c++) acc[c] = _mm512_setzero_ps();
+    const int values = block_values(type), bytes = block_bytes(type);
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (int k = 0, at = 0; k < k_dim; k += values, at += bytes) {
+        prefetch_lines_ahead(col, cols, at, bytes, ahead);
+        if (type == Q4_K) {
+            float head[TILE_COLS_MAX][16];
+            for (int c = 0; c < cols; c++) _mm512_storeu_ps(head[c], k_head16(col[c] + at));
+            for (int p = 0; p < 4; p++) {  /* runs 2 p (low nibbles) and 2 p + 1 (high) */
+                const float *xp = x + k + 64 * p;
+                const __m512 x0 = _mm512_loadu_ps(xp), x1 = _mm512_loadu_ps(xp + 16),
+                             x2 = _mm512_loadu_ps(xp + 32), x3 = _mm512_loadu_ps(xp + 48);
+                for (int c = 0; c < cols; c++) {
+                    const uint8_t *qs = col[c] + at + 16 + 32 * p;
+                    const __m512i q0 = widen16(qs), q1 = widen16(qs + 16);
+                    const __m512 low = _mm512_fmadd_ps(_mm512_set1_ps(head[c][2 * p]), iota,
+                                                       _mm512_set1_ps(head[c][8 + 2 * p]));
+                    const __m512 high = _mm512_fmadd_ps(
+                        _mm512_set1_ps(head[c][2 * p + 1]), iota,
+                        _mm512_set1_ps(head[c][9 + 2 * p]));
+                    acc[c] = _mm512_fmadd_ps(x0, _mm512_permutexvar_ps(q0, low), acc[c]);
+                    acc[c] = _mm512_fmadd_ps(x1, _mm512_permutexvar_ps(q1, low), acc[c]);
+                    acc[c] = _mm512_fmadd_ps(
+                        x2, _mm512_permutexvar_ps(_mm512_srli_epi32(q0, 4), high), acc[c]);
+                    acc[c] = _mm512_fmadd_ps(
+                        x3, _mm512_permutexvar_ps(_mm512_srli_epi32(q1, 4), high), acc[c]);
+                }
+            }
+        } else if (type == Q5_0) {
+            /* factored: d (x . (q - 16)), the integers q - 16 looked up (q < 16 in one
+             * table, q >= 16, the fifth bit set, in the other) */
+            float d[2 * TILE_COLS_MAX];
+            tile_heads(col, cols, at, d);
+            const __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
+            const __m512 below = _mm512_sub_ps(iota, _mm512_set1_ps(16.0f));
+            for (int c = 0; c < cols; c++) {
+                const uint8_t *b = col[c] + at;
+                uint32_t fifth;
+                memcpy(&fifth, b + 2, 4);
+                const __m512i q = widen16(b + 6), qh = _mm512_srli_epi32(q, 4);
+                const __m512 v0 = _mm512_mask_permutexvar_ps(
+                    _mm512_permutexvar_ps(q, below), (__mmask16)fifth, q, iota);
+                const __m512 v1 = _mm512_mask_permutexvar_ps(
+                    _mm512_permutexvar_ps(qh, below), (__mmask16)(fifth >> 16), qh, iota);
+                acc[c] = _mm512_fmadd_ps(_mm512_set1_ps(d[2 * c]),
+                                         _mm512_fmadd_ps(x1, v1, _mm512_mul_ps(x0, v0)),
+                                         acc[c]);
+            }
+        } else {  /* Q6_K */
+            float scale[TILE_COLS_MAX][16];
+            for (int c = 0; c < cols; c++) {
+                const uint8_t *b = col[c] + at;
+                _mm512_storeu_ps(scale[c], _mm512_mul_ps(
+                    _mm512_set1_ps(half_to_float(b + 208)),
+                    _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                        _mm_loadu_si128((const __m128i *)(b + 192))))));
+            }
+            for (int h = 0; h < 2; h++) {
+                __m512 xv[8];
+                for (int g = 0; g < 8; g++) xv[g] = _mm512_loadu_ps(x + k + 128 * h + 16 * g);
+                for (int c = 0; c < cols; c++) {
+                    const uint8_t *b = col[c] + at;
+                    int8_t q[128] __attribute__((aligned(64)));
+                    __m512i parts[2];
+                    q6_half(b + 64 * h, b + 128 + 32 * h, parts);
+                    _mm512_store_si512(q, parts[0]);
+                    _mm512_store_si512(q + 64, parts[1]);
+                    for (int g = 0; g < 8; g++) {
+                        /* (q - 32) times its scale: exact (at most 23 bits) */
+                        const __m512 w = _mm512_mul_ps(
+                            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                _mm_load_si128((const __m128i *)(q + 16 * g)))),
+                            _mm512_set1_ps(scale[c][8 * h + g]));
+                        acc[c] = _mm512_fmadd_ps(xv[g], w, acc[c]);
+                    }
+                }
+            }
+        }
+    }
+    for (int c = 0; c < cols; c++) sums[0][c] = _mm512_reduce_add_ps(acc[c]);
+}
+#else
+#define ONE_ROW(type, rows) 0
+#endif
 
 #if defined(VF_AVX2)
 #if ACCUMULATORS != 4
@@ -330,6 +486,11 @@ columns(int type, int rows, const float *x, const uint8_t *w, int64_t row_bytes,
 #if defined(VF_AVX2)
         if (FACTORED(type, rows) && xsum != NULL)
             tile_factored(type, x, xsum, k_dim, col, ahead, sums);
+        else
+#endif
+#if defined(VF_AVX512)
+        if (ONE_ROW(type, rows))
+            tile_one(type, cols, x, k_dim, col, ahead, sums);
         else
 #endif
             tile(type, rows, cols, x, k_dim, col, ahead, sums);
