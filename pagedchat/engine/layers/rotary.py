@@ -30,6 +30,8 @@ class RotaryEmbedding(nn.Module):
 def rope_parameters(config: ModelConfig) -> tuple[torch.Tensor, float]:
     """inv_freq and cos/sin scaling for the config's rope type, as transformers computes them.
     Scaled rope types (llama3, yarn, ...) take transformers' own formulas and config."""
+    if config.rope_parameters.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError("rope over part of each head (partial_rotary_factor) is not supported")
     if config.rope_type == "default":
         dim = config.head_dim
         inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))

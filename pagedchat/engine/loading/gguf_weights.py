@@ -38,7 +38,11 @@ _GEMMA3_LAYER_NAMES = {**_LAYER_NAMES, "ffn_norm": "pre_feedforward_layernorm",
 # Qwen 3 adds the per-head QK-norm to Llama's layer
 _QWEN3_LAYER_NAMES = {**_LAYER_NAMES, "attn_q_norm": "self_attn.q_norm",
                       "attn_k_norm": "self_attn.k_norm"}
-_ARCHITECTURE_LAYER_NAMES = {"gemma3": _GEMMA3_LAYER_NAMES, "qwen3": _QWEN3_LAYER_NAMES}
+# Phi-3 keeps q/k/v in one tensor, and gate and up in one ("ffn_up"), as transformers does
+_PHI3_LAYER_NAMES = {**_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj",
+                     "ffn_up": "mlp.gate_up_proj"}
+_ARCHITECTURE_LAYER_NAMES = {"gemma3": _GEMMA3_LAYER_NAMES, "qwen3": _QWEN3_LAYER_NAMES,
+                             "phi3": _PHI3_LAYER_NAMES}
 _LAYER = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 _PLAIN = ("F32", "F16", "BF16")
 

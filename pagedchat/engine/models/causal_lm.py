@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from itertools import accumulate
 
 import torch
 from torch import nn
@@ -79,13 +80,18 @@ class CausalLM(nn.Module):
     def load_products(self, layer: nn.Module, prefix: str, tensors: dict[str, Weight]) -> None:
         """Take one layer's projections from a transformers-named state dict (popped): q/k/v
         and gate/up fused, this worker's shard of each (output rows of the column-parallel
-        ones, input columns of o and down)."""
-        shard = self.tp.shard
+        ones, input columns of o and down). A checkpoint that fuses them itself (Phi-3's
+        ``qkv_proj`` and ``gate_up_proj``) is cut into its parts first."""
+        shard, config = self.tp.shard, self.config
         attn, mlp = layer.self_attn, layer.mlp
-        attn.qkv_proj.load(fuse_rows(
-            [shard(tensors.pop(prefix + f"self_attn.{n}_proj.weight")) for n in "qkv"]))
-        mlp.gate_up_proj.load(fuse_rows(
-            [shard(tensors.pop(prefix + f"mlp.{n}_proj.weight")) for n in ("gate", "up")]))
+        q_rows = config.num_attention_heads * config.head_dim
+        kv_rows = config.num_key_value_heads * config.head_dim
+        qkv = _parts(tensors, prefix + "self_attn.", "qkv_proj", ("q_proj", "k_proj", "v_proj"),
+                     (q_rows, kv_rows, kv_rows))
+        gate_up = _parts(tensors, prefix + "mlp.", "gate_up_proj", ("gate_proj", "up_proj"),
+                         (config.intermediate_size, config.intermediate_size))
+        attn.qkv_proj.load(fuse_rows([shard(part) for part in qkv]))
+        mlp.gate_up_proj.load(fuse_rows([shard(part) for part in gate_up]))
         attn.o_proj.load(shard(tensors.pop(prefix + "self_attn.o_proj.weight"), dim=1))
         mlp.down_proj.load(shard(tensors.pop(prefix + "mlp.down_proj.weight"), dim=1))
 
@@ -100,3 +106,16 @@ class CausalLM(nn.Module):
             self.lm_head.load(head[self.embed_tokens.start:self.embed_tokens.end])
         if tensors:
             raise KeyError(f"unexpected weights: {', '.join(sorted(tensors)[:5])}")
+
+
+def _parts(tensors: dict[str, Weight], prefix: str, fused: str, names: tuple[str, ...],
+           rows: tuple[int, ...]) -> list[Weight]:
+    """The weights ``names`` under ``prefix`` (popped), or, where the checkpoint holds them
+    as one ``fused`` weight, its consecutive blocks of ``rows`` rows."""
+    weight = tensors.pop(f"{prefix}{fused}.weight", None)
+    if weight is None:
+        return [tensors.pop(f"{prefix}{name}.weight") for name in names]
+    if weight.shape[0] != sum(rows):
+        raise KeyError(f"{prefix}{fused}.weight has {weight.shape[0]} rows, not {sum(rows)}")
+    ends = list(accumulate(rows))
+    return [weight[end - size:end] for size, end in zip(rows, ends, strict=True)]

@@ -1,4 +1,4 @@
-"""A Llama-family decoder (Llama, SmolLM, Mistral, Qwen2) composed of the engine's layers.
+"""A Llama-family decoder (Llama, SmolLM, Mistral, Qwen2, Phi-3) composed of the engine's layers.
 
 Attention reads and writes K/V only through :mod:`pagedchat.kernels`; the batch's
 attention metadata (slot mapping, block tables, context lengths) is passed in, so

@@ -28,6 +28,7 @@ FAMILIES = {
     # transformers reads no head_dim from a qwen3 file: Qwen3's own 128 is what it takes
     "qwen3": Family("qwen3", "Qwen3 0.6B", heads=2, kv_heads=1, head_dim=128, tied=True,
                     qk_norm=True, rope_theta=1_000_000.0),
+    "phi3": Family("phi3", "Phi 3 Mini 4k Instruct", heads=4, kv_heads=4, fused=True),
 }
 MAX_TOKENS = 12
 
