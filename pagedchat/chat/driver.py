@@ -37,6 +37,7 @@ class Submit:
     context_window: int
     raw: bool = False  # plain continuation of the messages' text (see chat/prompt.py)
     loop_guard: bool = True  # stop the reply once it repeats itself (chat/repetition.py)
+    continue_reply: bool = False  # the last message is a reply cut short: go on with it
 
 
 @dataclass(frozen=True)
@@ -173,7 +174,8 @@ class EngineDriver(CommandThread):
         rid = command.request_id
         try:
             prompt = build_prompt(engine.tokenizer, command.system_prompt, command.messages,
-                                  command.context_window, command.raw)
+                                  command.context_window, command.raw,
+                                  command.continue_reply)
             params = command.params
             if not command.raw and not has_chat_template(engine.tokenizer):
                 params = replace(params, stop=[*params.stop, PLAIN_STOP])

@@ -48,23 +48,25 @@ def build_prompt(
     messages: list[dict[str, str]],
     context_window: int = DEFAULT_CONTEXT_WINDOW,
     raw: bool = False,
+    continue_last: bool = False,
 ) -> Prompt:
     """Render ``messages`` (oldest first, the newest is answered) within ``context_window``;
-    ``raw``: their text alone, without the system prompt or any markup."""
+    ``raw``: their text alone, without the system prompt or any markup; ``continue_last``:
+    the newest is a reply cut short, to be continued where it stopped."""
     if not messages:
         raise ValueError("a prompt needs at least one message")
     head = [{"role": "system", "content": system_prompt}] if system_prompt and not raw else []
     kept: list[int] | None = None
     count = 0
     for start in range(len(messages) - 1, -1, -1):
-        ids = render(tokenizer, head + messages[start:], raw)
+        ids = render(tokenizer, head + messages[start:], raw, continue_last)
         if len(ids) > context_window:
             break
         kept, count = ids, len(messages) - start
     if kept is not None:
         return Prompt(kept, count, len(messages) - count, truncated=False)
-    return Prompt(_cut_newest(tokenizer, head, messages[-1], context_window, raw),
-                  1, len(messages) - 1, truncated=True)
+    return Prompt(_cut_newest(tokenizer, head, messages[-1], context_window, raw,
+                              continue_last), 1, len(messages) - 1, truncated=True)
 
 
 def has_chat_template(tokenizer: Tokenizer) -> bool:
@@ -72,32 +74,37 @@ def has_chat_template(tokenizer: Tokenizer) -> bool:
 
 
 def render(tokenizer: Tokenizer, conversation: list[dict[str, str]],
-           raw: bool = False) -> list[int]:
+           raw: bool = False, continue_last: bool = False) -> list[int]:
     """Token ids of ``conversation`` in the chat template, ready for the assistant's turn
-    (plain "User: / Assistant:" lines without a template; ``raw``: the text alone)."""
+    (plain "User: / Assistant:" lines without a template; ``raw``: the text alone);
+    ``continue_last``: the last message is the assistant's, left open to go on."""
     if raw:
         return list(tokenizer.encode("".join(m["content"] for m in conversation)))
     if has_chat_template(tokenizer):
         ids = tokenizer.apply_chat_template(
-            conversation, add_generation_prompt=True, tokenize=True
+            conversation, add_generation_prompt=not continue_last,
+            continue_final_message=continue_last, tokenize=True
         )
         return list(ids["input_ids"] if not isinstance(ids, list) else ids)
+    *earlier, last = conversation
+    lines = earlier if continue_last else conversation
     text = "".join(f"{m['content']}\n\n" if m["role"] == "system"
-                   else f"{m['role'].capitalize()}: {m['content']}\n" for m in conversation)
-    return list(tokenizer.encode(text + "Assistant:"))
+                   else f"{m['role'].capitalize()}: {m['content']}\n" for m in lines)
+    return list(tokenizer.encode(text + "Assistant:"
+                                 + (f" {last['content']}" if continue_last else "")))
 
 
 def _cut_newest(
     tokenizer: Tokenizer, head: list[dict[str, str]], newest: dict[str, str], window: int,
-    raw: bool = False,
+    raw: bool = False, continue_last: bool = False,
 ) -> list[int]:
-    overhead = len(render(tokenizer, head + [{**newest, "content": ""}], raw))
+    overhead = len(render(tokenizer, head + [{**newest, "content": ""}], raw, continue_last))
     budget = window - overhead
     content_ids = tokenizer.encode(newest["content"], add_special_tokens=False)
     # Re-tokenizing decoded text can merge or split tokens; shrink until it fits.
     while budget > 0:
         text = tokenizer.decode(content_ids[-budget:])
-        ids = render(tokenizer, head + [{**newest, "content": text}], raw)
+        ids = render(tokenizer, head + [{**newest, "content": text}], raw, continue_last)
         if len(ids) <= window:
             return ids
         budget -= len(ids) - window

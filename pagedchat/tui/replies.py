@@ -56,6 +56,9 @@ class Turn:
     session: Session
     reply: Message
     saved_at: float = 0.0
+    # a continued reply: its text and tokens before, which the new ones follow
+    before: str = ""
+    tokens_before: int = 0
 
 
 class Replies:
@@ -133,6 +136,30 @@ class Replies:
         if (box := view.box_for(last)) is not None:
             await box.remove()
         await self._answer(session, reply, params)
+        return True
+
+    async def continue_reply(self, session: Session) -> bool:
+        """Go on with the session's last reply where it stopped (cut by max_tokens, Esc,
+        the app's end or the repetition guard), in the same message."""
+        app = self.app
+        reply = session.messages[-1] if session.messages else None
+        if reply is None or reply.role != "assistant" or not reply.content:
+            app.notify("There is no reply to continue", severity="warning")
+            return False
+        params = self._params(session)
+        if params is None:
+            return False
+        rid = f"s{session.id}-r{next(self._request_numbers)}"
+        self.turns[rid] = Turn(session, reply, time.monotonic(), reply.content,
+                               reply.output_tokens)
+        self.session_of[rid] = session.id
+        self.driver.submit(Submit(rid, session.system_prompt, session.history(), params,
+                                  self.context_window, self.raw,
+                                  session.settings.loop_guard, continue_reply=True))
+        reply.status = "generating"
+        if (box := app.view(session.id).box_for(reply)) is not None:
+            box.resume()
+        app.show_sessions()
         return True
 
     def _params(self, session: Session) -> SamplingParams | None:
@@ -246,10 +273,10 @@ class Replies:
         if turn is None:  # cancelled or deleted meanwhile
             return
         reply = turn.reply
-        reply.content = update.text
+        reply.content = turn.before + update.text
         reply.prompt_tokens = update.prompt_tokens
         reply.cached_tokens = update.cached_tokens
-        reply.output_tokens = update.output_tokens
+        reply.output_tokens = turn.tokens_before + update.output_tokens
         if update.finished:
             status = {"abort": "cancelled", LOOPED: "looped"}.get(update.finish_reason, "done")
             self.finish(update.request_id, status)

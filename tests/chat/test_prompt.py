@@ -19,8 +19,11 @@ class WordTokenizer:
         names = {i: w for w, i in self.vocab.items()}
         return " ".join(names[i] for i in ids)
 
-    def apply_chat_template(self, conversation, add_generation_prompt, tokenize):
+    def apply_chat_template(self, conversation, add_generation_prompt, tokenize,
+                            continue_final_message=False):
         text = " ".join(f"<{m['role']}> {m['content']} </>" for m in conversation)
+        if continue_final_message:  # the last message left open, as transformers does
+            return {"input_ids": self.encode(text.removesuffix(" </>"))}
         return {"input_ids": self.encode(text + " <assistant>")}
 
 
@@ -104,3 +107,13 @@ def test_raw_keeps_the_newest_messages_within_the_window():
     prompt = build_prompt(tok, "sys", history, context_window=10, raw=True)
     assert prompt.dropped_messages == 1
     assert tok.decode(prompt.token_ids) == f"{words(6, 'b')} {words(3, 'c')}"
+
+
+def test_a_reply_cut_short_is_continued_where_it_stopped():
+    tok = WordTokenizer()
+    prompt = build_prompt(tok, "sys", [user("count"), assistant("one two")],
+                          continue_last=True)
+    assert tok.decode(prompt.token_ids).endswith("<assistant> one two")
+    plain = PlainTokenizer()
+    ids = render(plain, [user("count"), assistant("one two")], continue_last=True)
+    assert plain.decode(ids).endswith("User: count Assistant: one two")

@@ -73,3 +73,24 @@ async def test_edit_is_left_with_escape_and_regenerate_needs_a_reply(make_app, f
         await pilot.press("escape")
         assert app.editing is None and box.text == ""
         assert [m.role for m in app.session.messages] == ["user", "assistant"]
+
+
+async def test_a_reply_cut_short_goes_on_in_the_same_message(make_app, fake_engine):
+    fake_engine.answer_with("one two three four five six seven eight nine ten")
+    app = make_app(settings=SamplingSettings(temperature=0.0, max_tokens=3))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        await say(pilot, "count to ten")
+        await replies_done(pilot)
+        reply = app.session.messages[-1]
+        before, tokens = reply.content, reply.output_tokens
+        assert tokens == 3
+        await say(pilot, "/continue")
+        await replies_done(pilot)
+        assert app.session.messages[-1] is reply and len(app.session.messages) == 2
+        assert reply.content.startswith(before) and len(reply.content) > len(before)
+        assert reply.output_tokens == 2 * tokens and reply.status == "done"
+        stored = app.store.load_messages(app.current)[-1]
+        assert (stored.content, stored.output_tokens) == (reply.content, reply.output_tokens)
+        await wait_until(pilot, lambda: list(app.view(app.current).query(MessageBox))[-1]
+                         .query_one("Markdown").source.startswith(before))

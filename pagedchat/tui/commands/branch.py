@@ -1,5 +1,6 @@
 """/regen and /edit: another reply to the last message, or an edit of the last message
-you sent, each a new branch beside the old one (Alt+←/→ goes between them)."""
+you sent, each a new branch beside the old one (Alt+←/→ goes between them); /continue:
+the last reply goes on where it stopped."""
 
 from __future__ import annotations
 
@@ -25,3 +26,9 @@ async def edit(app: ChatApp, argument: str) -> bool:
         return False
     app.edit(mine[-1])
     return False  # the input now holds the message being edited
+
+
+@command("/continue", "go on with the last reply where it stopped (cut short, cancelled, "
+                      "interrupted)")
+async def continue_(app: ChatApp, argument: str) -> bool:
+    return await app.replies.continue_reply(app.session)

@@ -65,6 +65,12 @@ class MessageBox(Vertical, can_focus=True):
         if self.is_mounted:
             self._show_info()
 
+    def resume(self) -> None:
+        """The reply goes on (continued): stream again."""
+        if self._timer is None and self.is_mounted:
+            self._timer = self.set_interval(FLUSH_SECONDS, self._flush)
+        self.refresh_info()
+
     def finish(self) -> None:
         """The reply ended: stop streaming and render the whole text once."""
         if self._timer is not None:
