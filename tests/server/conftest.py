@@ -34,6 +34,26 @@ def unused_port() -> int:
     return free_port()
 
 
+def wait_until_healthy(proc, url: str, timeout: float) -> None:
+    """Wait for the server process ``proc`` at ``url`` to answer /health with 200; fail the
+    test (and kill it) if it exits or takes longer than ``timeout`` seconds."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"the server exited: {proc.stdout.read()}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail("the server did not become ready")
+        time.sleep(0.2)
+
+
 def start_server(model_dir: Path, api_key: str | None = None, settings: dict | None = None,
                  ready: bool = True, **engine) -> tuple:
     """A server as ``pagedchat serve`` runs it (the same uvicorn set-up), listening, and

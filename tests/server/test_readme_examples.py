@@ -7,14 +7,12 @@ import json
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
-from tests.server.conftest import free_port
+from tests.server.conftest import free_port, wait_until_healthy
 
 README = Path(__file__).parents[2] / "README.md"
 pytestmark = pytest.mark.slow
@@ -33,19 +31,8 @@ def default_server() -> Iterator[str]:
                              "--kv-memory", "64MiB"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"127.0.0.1:{port}"
-    deadline = time.monotonic() + 600  # a fresh machine converts the GGUF and compiles first
-    while True:
-        if proc.poll() is not None:
-            pytest.fail(f"pagedchat serve exited: {proc.stdout.read()}")
-        try:
-            if httpx.get(f"http://{url}/health", timeout=2).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail("pagedchat serve did not become ready")
-        time.sleep(0.5)
+    # a fresh machine converts the GGUF and compiles the kernels first
+    wait_until_healthy(proc, f"http://{url}", 600)
     yield url
     proc.terminate()
     assert proc.wait(timeout=60) == 0

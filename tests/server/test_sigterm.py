@@ -7,10 +7,11 @@ import json
 import signal
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
+
+from tests.server.conftest import wait_until_healthy
 
 # the engine fails at the first step that holds a completion (after the warm-up's steps)
 FAULTY_ENGINE = """
@@ -34,19 +35,7 @@ def server_process(request, tiny_model_dir, unused_port):
          "--drain-timeout", "1", "--log-level", "warning"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        if proc.poll() is not None:
-            pytest.fail(f"the server exited: {proc.stdout.read()}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail("the server did not start")
-        time.sleep(0.2)
+    wait_until_healthy(proc, url, 120)
     yield proc, url
     if proc.poll() is None:
         proc.kill()
