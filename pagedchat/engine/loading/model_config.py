@@ -28,6 +28,8 @@ class ModelConfig:
     rope_parameters: dict[str, Any]  # always with rope_type and rope_theta
     attention_bias: bool
     tie_word_embeddings: bool = False
+    # a GGUF's rope_freqs: llama.cpp's divisor of each inverse frequency (Llama 3's scaling)
+    rope_freqs: tuple[float, ...] | None = None
     # transformers' LlamaConfig defaults, for files that leave these out
     rms_norm_eps: float = 1e-6
     max_position_embeddings: int = 2048
@@ -67,6 +69,8 @@ class ModelConfig:
                                                   "final_logit_softcapping",
                                                   "attn_logit_softcapping")
                     if raw.get(name) is not None}
+        if raw.get("rope_freqs") is not None:
+            optional["rope_freqs"] = tuple(raw["rope_freqs"])
         rope = _rope_parameters(raw)
         if raw["model_type"] == "gemma3_text":
             rope, optional["local_rope_parameters"] = _gemma3_rope_parameters(raw)

@@ -2,7 +2,9 @@
 (see ``family_gguf.py``), read by the engine on its quantized path and by transformers.
 
 Weights read value for value as transformers loads them; greedy tokens equal transformers
-``generate``'s under batching, prefix caching, chunked prefill and preemption."""
+``generate``'s under batching, prefix caching, chunked prefill and preemption. transformers
+reads every file here but for one thing: it ignores a Llama 3 file's ``rope_freqs``, so that
+family is compared with transformers' Llama on the file's weights with its llama3 rope."""
 
 from __future__ import annotations
 
@@ -19,7 +21,14 @@ from tests.engine.models.test_gemma3 import greedy_tokens
 
 gguf = pytest.importorskip("gguf")
 
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0,
+               # Llama 3's is 8192: a short one puts the scaled frequencies in reach of the
+               # prompts here
+               "original_max_position_embeddings": 64}
 FAMILIES = {
+    "llama3": Family("llama", "Llama 3.2 1B Instruct", tied=True,
+                     llama3_rope={k: v for k, v in LLAMA3_ROPE.items() if k != "rope_type"}),
     # llama.cpp writes Mistral as a llama file; transformers reads it as Llama
     "mistral": Family("llama", "Mistral 7B Instruct v0.3", heads=4, kv_heads=1,
                       rope_theta=1_000_000.0),
@@ -48,11 +57,19 @@ def files(tmp_path_factory, small_tokenizer_gguf) -> dict[str, Path]:
 
 
 def _transformers_model(path: Path):
-    """transformers' model of the file, in float32."""
-    from transformers import AutoModelForCausalLM
+    """transformers' model of the file, in float32; for a Llama 3 file, its weights in a
+    Llama with the llama3 rope the file's ``rope_freqs`` were computed from."""
+    from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                 dtype=torch.float32).eval()
+    if path.stem != "llama3":
+        return model
+    config = model.config
+    config.rope_parameters = {**LLAMA3_ROPE, "rope_theta": config.rope_parameters["rope_theta"]}
+    scaled = LlamaForCausalLM(config).eval()
+    scaled.load_state_dict(model.state_dict())
+    return scaled
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +94,17 @@ def test_weights_read_as_transformers_loads_them(files, models, name):
         quantized = key.endswith("proj.weight") or "embed" in key or "lm_head" in key
         assert isinstance(weight, QuantizedWeight) == quantized, key
         assert torch.equal(dequantize(weight) if quantized else weight, theirs[key]), key
+
+
+def test_llama3_rope_freqs_change_the_tokens(files, references):
+    """Without the file's rope scaling (as transformers reads the file) the tokens differ:
+    the Llama 3 comparison checks the scaling."""
+    from transformers import AutoModelForCausalLM
+
+    path = files["llama3"]
+    plain = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                 dtype=torch.float32).eval()
+    assert greedy_tokens(plain, _prompts()[3:5], MAX_TOKENS) != references["llama3"][3:5]
 
 
 @pytest.mark.parametrize("name", FAMILIES)
