@@ -78,6 +78,7 @@ class SamplingParams:
         for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",
                      "frequency_penalty", "length_penalty"):
             _finite(name, getattr(self, name))
+            setattr(self, name, float(getattr(self, name)))  # an int of any size -> float
         if self.seed is not None:
             _integer("seed", self.seed, SEED_MIN, SEED_MAX)
         if self.logprobs is not None:
@@ -99,6 +100,7 @@ class SamplingParams:
             for token, bias in self.logit_bias.items():
                 _integer("logit_bias", token)
                 _finite("logit_bias", bias)
+            self.logit_bias = {token: float(bias) for token, bias in self.logit_bias.items()}
         if not isinstance(self.logits_processors, list) or not all(
                 callable(p) for p in self.logits_processors):
             raise _bad("logits_processors", "must be a list of callables")

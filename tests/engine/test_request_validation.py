@@ -21,6 +21,7 @@ FIELDS = ["n", "best_of", "temperature", "top_p", "top_k", "min_p", "repetition_
 
 # what JSON can carry, with the edges that broke the engine before: 2**63, 2**64, NaN
 EDGES = [0, 1, -1, 2, 3, 4, 2**31, 2**63 - 1, 2**63, 2**64 - 1, 2**64, -(2**63) - 1, 10**30,
+         10**305, 10**400,
          0.5, 1e-300, 1e300, math.inf, -math.inf, math.nan, True, False, None, "abc", "",
          [], [1], [10**9], ["x"], [""], {}, {"1": 2}, {1: 2.0}, {10**9: 1.0}]
 json_values = st.one_of(st.sampled_from(EDGES), st.integers(), st.floats(),
@@ -131,3 +132,16 @@ def test_a_request_that_fails_in_a_step_ends_alone(tiny_llm, fails_after):
         assert beside[rid].outputs[0].token_ids == out.outputs[0].token_ids
     stats = engine.stats()
     assert stats.used_blocks == 0
+
+
+@pytest.mark.parametrize("fields", [
+    {"temperature": 2**63}, {"temperature": 1e-300}, {"repetition_penalty": 10**300},
+    {"top_k": 2**62, "temperature": 1}, {"logit_bias": {5: 2**6}, "temperature": 1},
+])
+def test_large_but_valid_values_run_to_the_end(tiny_llm, fields):
+    engine = tiny_llm.engine
+    engine.add_request("edge", [1, 2, 3], SamplingParams(max_tokens=3, **fields))
+    while engine.has_unfinished_requests():
+        outputs = engine.step()
+    assert outputs[-1].finished and outputs[-1].error is None
+    assert engine.stats().used_blocks == 0
