@@ -148,7 +148,10 @@ class EngineLoop(CommandThread):
                 if command is STOP:
                     self._abort_all("the server is shutting down")
                     return
-                self._handle(command)
+                try:
+                    self._handle(command)
+                except Exception as error:  # the thread must live to answer every request
+                    self._engine_failed(error)
             if self.failed is None and engine.has_unfinished_requests():
                 self._step()
 

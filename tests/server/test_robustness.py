@@ -161,3 +161,27 @@ def test_a_client_may_name_the_model_by_any_of_its_names(tiny_model_dir):
     finally:
         live.server.should_exit = True
         thread.join(30)
+
+
+def test_an_engine_that_fails_to_abort_is_reported_too(tiny_model_dir):
+    live, thread = start_server(tiny_model_dir)
+    loop = live.state.engine_loop
+    stopped = threading.Event()
+    loop.on_failure = lambda reason: stopped.set()
+
+    def broken(request_id):
+        raise RuntimeError("the pool is corrupt")
+
+    loop.engine.abort_request = broken
+    try:
+        body = {"prompt": "Hi", "max_tokens": 200, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{live.url}/v1/completions", json=body, timeout=30) as reply:
+            for line in reply.iter_lines():
+                if line.startswith("data: {"):
+                    break  # hang up: the server aborts the request, which fails
+        assert stopped.wait(10)
+        health = httpx.get(f"{live.url}/health", timeout=10)
+        assert health.status_code == 503 and "the pool is corrupt" in health.json()["reason"]
+    finally:
+        live.server.should_exit = True
+        thread.join(30)
