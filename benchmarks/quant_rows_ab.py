@@ -1,0 +1,39 @@
+"""One-row quantized products (a decode step) of two builds of the CPU kernels in one process:
+a saved library (BASELINE.so, e.g. a copy of the cached build before a change) against the
+current sources' build, alternated, one thread, thread CPU time, best of 5 runs over every
+layer's weight of that name (``blk.0.ffn_gate.weight`` stands for all layers) or a single
+tensor (``output.weight``). Prints ms, GB/s, new/old and the largest output difference.
+
+    python benchmarks/quant_rows_ab.py MODEL.gguf BASELINE.so blk.0.ffn_gate.weight,output.weight
+"""
+import sys, time, ctypes, statistics, functools
+import gguf, numpy as np, torch
+from pagedchat.kernels.cpu import build, quant as cq
+from pagedchat.kernels.quant import QuantizedWeight
+torch.set_num_threads(1)
+path = sys.argv[1]; base = sys.argv[2]; names = sys.argv[3].split(",")
+reader = gguf.GGUFReader(path)
+T = {t.name: t for t in reader.tensors}
+def load(n):
+    t = T[n]; return QuantizedWeight.from_blocks(t.tensor_type.name, torch.from_numpy(np.array(t.data)), int(t.shape[0]))
+new = build.kernel_library()
+old = ctypes.CDLL(base); build._set_signatures(old, build._SIGNATURES)
+layers = sum(1 for n in T if n.endswith(".attn_norm.weight"))
+for name in names:
+    ws = [load(name)] if not name.startswith("blk") else [load(name.replace("blk.0.", f"blk.{i}.")) for i in range(layers)]
+    x = torch.randn(1, ws[0].in_features)
+    res = {}
+    for lib in (old, new):
+        cq._library = lambda lib=lib: lib
+        res[id(lib)] = torch.cat([cq.quantized_linear(x, w) for w in ws], 1)
+    d = (res[id(old)] - res[id(new)]).abs().max().item()
+    ts = {id(old): [], id(new): []}
+    for r in range(5):
+        for lib in (old, new):
+            cq._library = lambda lib=lib: lib
+            s = time.thread_time()
+            for w in ws: cq.quantized_linear(x, w)
+            ts[id(lib)].append((time.thread_time() - s) * 1e3 / len(ws))
+    o, n = min(ts[id(old)]), min(ts[id(new)])
+    mb = ws[0].nbytes / 1e6
+    print(f"{name:28} {ws[0].segments[0].format.name} {mb:7.2f}MB old {o:7.3f} ms ({mb/o:5.2f} GB/s) new {n:7.3f} ms ({mb/n:5.2f} GB/s) new/old {n/o:.2f} maxdiff {d:.2e}")
