@@ -37,8 +37,9 @@ def pagedchat_bytes_per_token(engine, context_len: float) -> int:
     weights = runner.weight_bytes
     model = runner.model
     if not model.tied:  # an untied embedding gives one row per token
-        table = model.embed_tokens.weight
-        weights -= table.numel() * table.element_size()
+        table = model.embed_tokens
+        weights -= (table.quantized.nbytes if table.quantized is not None
+                    else table.weight.numel() * table.weight.element_size())
     # a page holds one group's layers; a windowed group reads only its window
     tokens_read = sum(context_len if window is None else min(context_len, window)
                       for window in runner.kv_groups.windows)
