@@ -2,11 +2,11 @@
 clients send bodies far over the server's limit?
 
 ``pagedchat serve`` runs as a child process. Two phases on the same server: ``streams``
-chat streams alone, then the same streams while ``floods`` clients each send ``body_mb``
-MB bodies one after another until the streams end. In both, /health is polled every
-``health_interval`` seconds. The figures: the worst and median gap between two chunks of
-a stream, /health's worst and median latency, and for the flood, the status and time of
-each refusal.
+chat streams alone, then the same streams while ``floods`` clients each send a ``body_mb``
+MB body every ``interval`` seconds (0: back to back, a flood) until the streams end. In
+both, /health is polled every ``health_interval`` seconds. The figures: the worst and
+median gap between two chunks of a stream, /health's worst and median latency, and for
+the big bodies, the status and time of each refusal.
 """
 
 from __future__ import annotations
@@ -78,8 +78,9 @@ async def _poll_health(http: httpx.AsyncClient, interval: float, phase: Phase,
         await asyncio.sleep(interval)
 
 
-async def _flood(url: str, body: bytes, phase: Phase, done: asyncio.Event) -> None:
-    """Big bodies one after another on fresh connections (a refused one is closed)."""
+async def _flood(url: str, body: bytes, interval: float, phase: Phase,
+                 done: asyncio.Event) -> None:
+    """Big bodies on fresh connections, one every ``interval`` seconds."""
     while not done.is_set():
         start = time.perf_counter()
         async with httpx.AsyncClient(base_url=url, timeout=120) as http:
@@ -90,16 +91,18 @@ async def _flood(url: str, body: bytes, phase: Phase, done: asyncio.Event) -> No
             except httpx.TransportError:  # closed while still sending: refused all the same
                 status = 0
         phase.refusals.append((status, (time.perf_counter() - start) * 1000))
+        await asyncio.sleep(interval)
 
 
 async def _phase(url: str, streams: int, max_tokens: int, floods: int, body: bytes,
-                 health_interval: float) -> Phase:
+                 interval: float, health_interval: float) -> Phase:
     phase = Phase()
     done = asyncio.Event()
     limits = httpx.Limits(max_connections=streams + 4)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
         watchers = [asyncio.create_task(_poll_health(http, health_interval, phase, done))]
-        watchers += [asyncio.create_task(_flood(url, body, phase, done)) for _ in range(floods)]
+        watchers += [asyncio.create_task(_flood(url, body, interval, phase, done))
+                     for _ in range(floods)]
         try:
             await asyncio.gather(*(_stream(http, max_tokens, phase) for _ in range(streams)))
         finally:
@@ -116,12 +119,14 @@ def big_body(megabytes: float) -> bytes:
 
 
 def isolation(options: EngineOptions, streams: int, max_tokens: int, floods: int,
-              body_mb: float, health_interval: float) -> dict[str, dict[str, object]]:
+              body_mb: float, interval: float, health_interval: float,
+              ) -> dict[str, dict[str, object]]:
     """The two phases' figures, ``alone`` and ``flooded``."""
     body = big_body(body_mb)
     with ServerProcess("pagedchat serve", partial(pagedchat_command, options),
                        ready_path="/health") as server:
-        run = partial(_phase, server.url, streams, max_tokens, health_interval=health_interval)
+        run = partial(_phase, server.url, streams, max_tokens, interval=interval,
+                      health_interval=health_interval)
         alone = asyncio.run(run(0, body))
         flooded = asyncio.run(run(floods, body))
     return {"alone": alone.figures(), "flooded": flooded.figures()}

@@ -22,6 +22,10 @@ def isolation(model: opt.Model = None, kv_memory: opt.KvMemory = "256MiB",
                        "run.")] = 2,
               body_mb: Annotated[float, typer.Option(
                   "--body-mb", min=0.01, help="Size of each big body in MB.")] = 5.0,
+              interval: Annotated[float, typer.Option(
+                  "--interval", min=0.0,
+                  help="Seconds each client waits between two big bodies (0: a flood, "
+                       "back to back).")] = 0.5,
               health_interval: Annotated[float, typer.Option(
                   "--health-interval", min=0.001, help="Seconds between two /health "
                                                        "polls.")] = 0.05,
@@ -33,7 +37,7 @@ def isolation(model: opt.Model = None, kv_memory: opt.KvMemory = "256MiB",
 
     with user_errors():
         options = opt.engine_options(model, opt.DType.float32, kv_memory=kv_memory)
-        figures = run(options, streams, max_tokens, floods, body_mb, health_interval)
+        figures = run(options, streams, max_tokens, floods, body_mb, interval, health_interval)
         rows = [{"phase": name, **f} for name, f in figures.items()]
         report.emit_table("isolation", rows, [
             "phase", "worst_chunk_gap_ms", "median_chunk_gap_ms", "worst_health_ms",
@@ -42,8 +46,8 @@ def isolation(model: opt.Model = None, kv_memory: opt.KvMemory = "256MiB",
         alone, flooded = figures["alone"], figures["flooded"]
         ratio = flooded["worst_chunk_gap_ms"] / alone["worst_chunk_gap_ms"]
         report.note(f"{streams} streams of {max_tokens} tokens; {floods} clients sending "
-                    f"{body_mb:g} MB bodies in the second phase; worst gap between chunks "
-                    f"with them / without: {ratio:.2f}x")
+                    f"a {body_mb:g} MB body every {interval:g} s in the second phase; worst "
+                    f"gap between chunks with them / without: {ratio:.2f}x")
         if json_path:
             from pagedchat.engine.config import EngineConfig
 
