@@ -83,27 +83,32 @@ def test_a_grammar_that_fails_inside_a_step_fails_its_request_alone(live_server,
     assert stats.used_blocks == 0
 
 
-def test_a_failed_engine_is_reported_and_stops_the_server(tiny_model_dir):
+@pytest.fixture
+def own_server(tiny_model_dir):
+    """A server of the test's own, whose engine it may break, and an event set when the
+    engine loop reports its failure."""
     live, thread = start_server(tiny_model_dir)
-    loop = live.state.engine_loop
     stopped = threading.Event()
-    loop.on_failure = lambda reason: stopped.set()
+    live.state.engine_loop.on_failure = lambda reason: stopped.set()
+    yield live, stopped
+    live.server.should_exit = True
+    thread.join(30)
+
+
+def test_a_failed_engine_is_reported_and_stops_the_server(own_server):
+    live, stopped = own_server
 
     def broken(step):
         raise RuntimeError("a kernel fault")
 
-    loop.engine.runner.execute = broken
-    try:
-        error = error_of(post(live.url, "/v1/completions", {"prompt": "Hi", "max_tokens": 4}),
-                         503)
-        assert "a kernel fault" in error["message"]
-        assert stopped.wait(10)
-        health = httpx.get(f"{live.url}/health", timeout=10)
-        assert health.status_code == 503 and "a kernel fault" in health.json()["reason"]
-        assert post(live.url, "/v1/completions", {"prompt": "Hi"}).status_code == 503
-    finally:
-        live.server.should_exit = True
-        thread.join(30)
+    live.state.engine_loop.engine.runner.execute = broken
+    error = error_of(post(live.url, "/v1/completions", {"prompt": "Hi", "max_tokens": 4}),
+                     503)
+    assert "a kernel fault" in error["message"]
+    assert stopped.wait(10)
+    health = httpx.get(f"{live.url}/health", timeout=10)
+    assert health.status_code == 503 and "a kernel fault" in health.json()["reason"]
+    assert post(live.url, "/v1/completions", {"prompt": "Hi"}).status_code == 503
 
 
 def test_health_is_503_with_a_reason_until_the_warm_up_has_run(tiny_model_dir, monkeypatch):
@@ -163,25 +168,18 @@ def test_a_client_may_name_the_model_by_any_of_its_names(tiny_model_dir):
         thread.join(30)
 
 
-def test_an_engine_that_fails_to_abort_is_reported_too(tiny_model_dir):
-    live, thread = start_server(tiny_model_dir)
-    loop = live.state.engine_loop
-    stopped = threading.Event()
-    loop.on_failure = lambda reason: stopped.set()
+def test_an_engine_that_fails_to_abort_is_reported_too(own_server):
+    live, stopped = own_server
 
     def broken(request_id):
         raise RuntimeError("the pool is corrupt")
 
-    loop.engine.abort_request = broken
-    try:
-        body = {"prompt": "Hi", "max_tokens": 200, "ignore_eos": True, "stream": True}
-        with httpx.stream("POST", f"{live.url}/v1/completions", json=body, timeout=30) as reply:
-            for line in reply.iter_lines():
-                if line.startswith("data: {"):
-                    break  # hang up: the server aborts the request, which fails
-        assert stopped.wait(10)
-        health = httpx.get(f"{live.url}/health", timeout=10)
-        assert health.status_code == 503 and "the pool is corrupt" in health.json()["reason"]
-    finally:
-        live.server.should_exit = True
-        thread.join(30)
+    live.state.engine_loop.engine.abort_request = broken
+    body = {"prompt": "Hi", "max_tokens": 200, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{live.url}/v1/completions", json=body, timeout=30) as reply:
+        for line in reply.iter_lines():
+            if line.startswith("data: {"):
+                break  # hang up: the server aborts the request, which fails
+    assert stopped.wait(10)
+    health = httpx.get(f"{live.url}/health", timeout=10)
+    assert health.status_code == 503 and "the pool is corrupt" in health.json()["reason"]
