@@ -37,6 +37,7 @@ SOURCES = (
     "decoder.c",
     "quant.c",
     "quant_rows.c",
+    "quant_split.c",
     "quant_int8.c",
     "quant_int8_tile.c",
 )

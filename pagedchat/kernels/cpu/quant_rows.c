@@ -19,6 +19,7 @@
  */
 #include <omp.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "quant.h"
@@ -180,15 +181,6 @@ block_scales(int type, int cols, const uint8_t *const col[], int at,
                  "+m"(*(float(*)[2 * TILE_COLS_MAX])products));
 }
 
-/* Every cache line of the blocks at `at` of the tile's columns, `ahead` bytes on (see
- * prefetch_tile_ahead): a K-format block spans three or four lines. */
-static inline void prefetch_lines_ahead(const uint8_t *const col[], int cols, int at,
-                                        int bytes, int64_t ahead) {
-    for (int c = 0; c < cols; c++)
-        for (int line = 0; line < bytes; line += 64)
-            __builtin_prefetch(col[c] + at + ahead + line, 0, 2);
-}
-
 /* sums[r][c] = x[r] . column c, for `cols` columns whose blocks start at col[c]. Inlined
  * per format and row count, so that both fold into the loops. The blocks `ahead` bytes on
  * from each column's (the next tile's) are prefetched, a line per block read (see
@@ -271,27 +263,10 @@ static inline __m512 k_head16(const uint8_t *b) {
 }
 
 /* A Q6_K half-block's 128 integers q - 32 (values 128 h to 128 h + 127), as signed bytes:
- * out[0]: values 0-63 (low nibbles of ql, high pairs 0 and 1 of qh), out[1]: 64-127 (high
- * nibbles, pairs 2 and 3). Each pair is moved to bits 4-5 by a 16-bit shift, whose bits
- * carried across a byte the masks drop. */
+ * out[0]: values 0-63, out[1]: 64-127. */
 static inline void q6_half(const uint8_t *ql, const uint8_t *qh, __m512i out[2]) {
-    const __m512i low = _mm512_loadu_si512(ql);
-    const __m512i high = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qh));
-    const __m512i nibble = _mm512_set1_epi8(0x0F), pair = _mm512_set1_epi8(0x30),
-                  bias = _mm512_set1_epi8(32);
-    const __m512i up = _mm512_sllv_epi16(high, _mm512_setr_epi64(
-        0x0004000400040004, 0x0004000400040004, 0x0004000400040004, 0x0004000400040004,
-        0x0002000200020002, 0x0002000200020002, 0x0002000200020002, 0x0002000200020002));
-    const __m512i down = _mm512_srlv_epi16(high, _mm512_setr_epi64(
-        0, 0, 0, 0, 0x0002000200020002, 0x0002000200020002, 0x0002000200020002,
-        0x0002000200020002));
-    /* (a & b) | c */
-    out[0] = _mm512_sub_epi8(_mm512_ternarylogic_epi32(low, nibble,
-                                                        _mm512_and_si512(up, pair), 0xEA),
-                             bias);
-    out[1] = _mm512_sub_epi8(_mm512_ternarylogic_epi32(_mm512_srli_epi16(low, 4), nibble,
-                                                        _mm512_and_si512(down, pair), 0xEA),
-                             bias);
+    q6_half_bytes(ql, qh, out);
+    for (int i = 0; i < 2; i++) out[i] = _mm512_sub_epi8(out[i], _mm512_set1_epi8(32));
 }
 
 /* sums[0][c] = x . column c for the `cols` columns at col[c], one row of x, AVX-512, in
@@ -515,6 +490,11 @@ void quant_rows_part(const float *x, const uint8_t *w, const Format *f, int exac
     const int cols = COLS_FOR(rows), tiles = (n_dim + cols - 1) / cols;
     int first, end;
     thread_run(tiles, t, count, bounds, &first, &end);
+    if (SPLIT_ROW(f->type, rows) && !getenv("PAGEDCHAT_NO_SPLIT")) {
+        split_row_columns(f->type, x, w, row_bytes, bias, out, out_bf16, k_dim, first * cols,
+                          end * cols < n_dim ? end * cols : n_dim);
+        return;
+    }
     const int factored = FACTORED(f->type, rows) && (f->type != Q4_1 || exact_offsets);
     float xsum[factored ? k_dim / 32 : 1];
     if (factored)

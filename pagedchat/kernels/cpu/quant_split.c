@@ -1,0 +1,312 @@
+/* One row of x times Q4_K or Q6_K weights (a decode step) in integer products, on AVX2 and
+ * AVX-512: decoding each weight to float32 leaves those products bound by instructions,
+ * far from the memory's speed. x is split, per group of 256 values, into two rounded terms
+ *     x ~ s (a + b / 254),  s = max|x| / 127,  a = round(x / s),  b = round(254 (x - s a) / s),
+ * with a and b in [-127, 127], so that each value is off by at most max|x| / 64516: 16 bits
+ * against the group's largest, where llama.cpp's 8-bit activations keep 8. A run's weights
+ * are scale * q + offset for small unsigned integers q, so a block's sum is
+ *     d s / 254 (254 sum_j sc_j (q . a)_j + sum_j sc_j (q . b)_j) + sum_j offset_j X_j,
+ * its dot products exact in integers (byte products summed in pairs, times the run's integer
+ * scale sc_j), X_j the run's float sum of x. Its agreement with the exact product is
+ * measured against the torch reference (kernels/quant.py, split_activations) and, through the
+ * engine, against transformers.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "quant.h"
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+
+/* Values per group that share one split scale, and the ratio of the two terms' scales. */
+#define SPLIT_GROUP 256
+#define SPLIT_RATIO 128.0f
+#ifndef SPLIT_TERMS
+#define SPLIT_TERMS 3
+#endif
+
+typedef struct {
+    const int8_t *term[SPLIT_TERMS];  /* k_dim each */
+    const float *scale;  /* per group: s / 254^(terms - 1) */
+    const float *sums;   /* per run of the format (32 in Q4_K, 16 in Q6_K): sum of x */
+} SplitX;
+
+/* x's split terms (see the top of the file) and its sums per run of `run` values. Where
+ * `interleaved`, the second and third runs of 32 of every 128 values trade places (the order
+ * of Q4_K's nibbles in 64 bytes). */
+static void split_x(const float *x, int k_dim, int run, int interleaved,
+                    int8_t *term[SPLIT_TERMS], float *scale, float *sums) {
+    for (int g = 0; g < k_dim; g += SPLIT_GROUP) {
+        float amax = 0.0f;
+        for (int i = 0; i < SPLIT_GROUP; i++) amax = fmaxf(amax, fabsf(x[g + i]));
+        /* s: the least power of two with max|x| <= 127 s, so that every scale is exact */
+        int e = 0;
+        frexpf(amax * (1.0f / 127.0f), &e);
+        const float s = amax > 0.0f ? ldexpf(1.0f, e) : 0.0f;
+        const float inverse = amax > 0.0f ? ldexpf(1.0f, -e) : 0.0f;
+        for (int i = 0; i < SPLIT_GROUP; i++) {
+            const int of_128 = i / 32 % 4;
+            const int at = g + i - 32 * of_128
+                           + 32 * (interleaved && (of_128 == 1 || of_128 == 2) ? 3 - of_128 : of_128);
+            float rest = x[g + i], unit = s, per_unit = inverse;
+            for (int t = 0; t < SPLIT_TERMS; t++) {
+                const float whole = fmaxf(-127.0f, fminf(127.0f, nearbyintf(rest * per_unit)));
+                term[t][at] = (int8_t)whole;
+                rest -= whole * unit;
+                unit *= 1.0f / SPLIT_RATIO;
+                per_unit *= SPLIT_RATIO;
+            }
+        }
+        float last = s;
+        for (int t = 1; t < SPLIT_TERMS; t++) last *= 1.0f / SPLIT_RATIO;
+        scale[g / SPLIT_GROUP] = last;
+    }
+    for (int r = 0; r < k_dim / run; r++) {
+        float sum = 0.0f;
+        for (int i = 0; i < run; i++) sum += x[run * r + i];
+        sums[r] = sum;
+    }
+}
+
+/* A Q4_K block's eight 6-bit scales and minimums. */
+static inline void k_fields(const uint8_t *b, uint64_t *sc, uint64_t *mn) {
+    uint32_t s0, s1, s2;
+    memcpy(&s0, b + 4, 4);
+    memcpy(&s1, b + 8, 4);
+    memcpy(&s2, b + 12, 4);
+    const uint32_t sc_hi = (s2 & 0x0F0F0F0Fu) | ((s0 >> 2) & 0x30303030u);
+    const uint32_t mn_hi = ((s2 >> 4) & 0x0F0F0F0Fu) | ((s1 >> 2) & 0x30303030u);
+    *sc = (uint64_t)(s0 & 0x3F3F3F3Fu) | (uint64_t)sc_hi << 32;
+    *mn = (uint64_t)(s1 & 0x3F3F3F3Fu) | (uint64_t)mn_hi << 32;
+}
+
+/* sum_j offset_j X_j of a block, for Q4_K (-dmin mn_j, runs of 32) or Q6_K (-32 d sc_j,
+ * runs of 16), as 8 lanes to add up. */
+static inline __m256 k_offsets(int type, const uint8_t *b, const float *sums) {
+    if (type == Q4_K) {
+        uint64_t sc, mn;
+        k_fields(b, &sc, &mn);
+        const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((int64_t)mn)));
+        return _mm256_mul_ps(_mm256_mul_ps(m, _mm256_set1_ps(-half_to_float(b + 2))),
+                             _mm256_loadu_ps(sums));
+    }
+    const __m256 factor = _mm256_set1_ps(-32.0f * half_to_float(b + 208));
+    const __m128i sc = _mm_loadu_si128((const __m128i *)(b + 192));
+    const __m256 lo = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)),
+                                    _mm256_loadu_ps(sums));
+    const __m256 hi = _mm256_mul_ps(
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(sc, sc))),
+        _mm256_loadu_ps(sums + 8));
+    return _mm256_mul_ps(_mm256_add_ps(lo, hi), factor);
+}
+
+/* The block's scale d (both formats keep it as float16). */
+static inline float k_scale(int type, const uint8_t *b) {
+    return half_to_float(type == Q4_K ? b : b + 208);
+}
+
+#if defined(__AVX512BW__)
+#define SPLIT_COLS 4
+
+/* acc += (q . x) in pairs, times the words sc (VNNI's one instruction where the CPU has it). */
+static inline __m512i dot_scaled(__m512i acc, __m512i q, __m512i x, __m512i sc) {
+#if defined(__AVX512VNNI__)
+    return _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(q, x), sc);
+#else
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(q, x), sc));
+#endif
+}
+
+/* A Q4_K block's 64 integers of part `part`: the low nibbles of 64 bytes of qs (runs 4 h and
+ * 4 h + 2, h = part / 2) or their high nibbles (runs 4 h + 1 and 4 h + 3), in the order
+ * split_x lays x out for them. */
+static inline __m512i q4k_part(const uint8_t *b, int part) {
+    const __m512i v = _mm512_loadu_si512(b + 16 + 64 * (part / 2));
+    return _mm512_and_si512(part % 2 ? _mm512_srli_epi16(v, 4) : v, _mm512_set1_epi8(0x0F));
+}
+
+/* For the 64 values of part `part` of a block, the index of each 16-bit lane's scale among
+ * the block's (a lane holds a pair of byte products). */
+static inline __m512i k_scale_index(int type, int part) {
+    if (type == Q4_K) {
+        const short r = (short)(4 * (part / 2) + part % 2);
+        return _mm512_inserti64x4(_mm512_set1_epi16(r), _mm256_set1_epi16((short)(r + 2)), 1);
+    }
+    const short r = (short)(4 * part);
+    return _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_setr_m128i(_mm_set1_epi16(r), _mm_set1_epi16(r + 1))),
+        _mm256_setr_m128i(_mm_set1_epi16(r + 2), _mm_set1_epi16(r + 3)), 1);
+}
+
+/* The block's integer scales as 16-bit lanes (Q4_K's eight, Q6_K's sixteen). */
+static inline __m512i k_scale_words(int type, const uint8_t *b) {
+    if (type == Q4_K) {
+        uint64_t sc, mn;
+        k_fields(b, &sc, &mn);
+        return _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((int64_t)sc)));
+    }
+    return _mm512_castsi256_si512(
+        _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192))));
+}
+
+static inline __attribute__((always_inline)) void
+tile_split(int type, int cols, const SplitX *x, int k_dim, const uint8_t *const col[],
+           int64_t ahead, float sums[TILE_COLS_MAX]) {
+    const int bytes = block_bytes(type), run = type == Q4_K ? 32 : 16;
+    __m512 acc[SPLIT_COLS];
+    for (int c = 0; c < cols; c++) acc[c] = _mm512_setzero_ps();
+    for (int k = 0, at = 0; k < k_dim; k += 256, at += bytes) {
+        prefetch_lines_ahead(col, cols, at, bytes, ahead);
+        __m512i words[SPLIT_COLS], dot[SPLIT_TERMS][SPLIT_COLS], q6[SPLIT_COLS][2];
+        for (int c = 0; c < cols; c++) {
+            words[c] = k_scale_words(type, col[c] + at);
+            for (int t = 0; t < SPLIT_TERMS; t++) dot[t][c] = _mm512_setzero_si512();
+            acc[c] = _mm512_add_ps(acc[c], _mm512_zextps256_ps512(
+                                               k_offsets(type, col[c] + at, x->sums + k / run)));
+        }
+        for (int part = 0; part < 4; part++) {
+            __m512i xt[SPLIT_TERMS];
+            for (int t = 0; t < SPLIT_TERMS; t++)
+                xt[t] = _mm512_loadu_si512(x->term[t] + k + 64 * part);
+            const __m512i index = k_scale_index(type, part);
+            for (int c = 0; c < cols; c++) {
+                const uint8_t *b = col[c] + at;
+                if (type == Q6_K && part % 2 == 0)  /* the half's 128 integers */
+                    q6_half_bytes(b + 32 * part, b + 128 + 16 * part, q6[c]);
+                const __m512i q = type == Q4_K ? q4k_part(b, part) : q6[c][part % 2];
+                const __m512i sc = _mm512_permutexvar_epi16(index, words[c]);
+                for (int t = 0; t < SPLIT_TERMS; t++)
+                    dot[t][c] = dot_scaled(dot[t][c], q, xt[t], sc);
+            }
+        }
+        const float s = x->scale[k / 256];
+        for (int c = 0; c < cols; c++) {
+            __m512 dots = _mm512_cvtepi32_ps(dot[0][c]);
+            for (int t = 1; t < SPLIT_TERMS; t++)
+                dots = _mm512_fmadd_ps(dots, _mm512_set1_ps(SPLIT_RATIO),
+                                       _mm512_cvtepi32_ps(dot[t][c]));
+            acc[c] = _mm512_fmadd_ps(dots, _mm512_set1_ps(k_scale(type, col[c] + at) * s),
+                                     acc[c]);
+        }
+    }
+    for (int c = 0; c < cols; c++) sums[c] = _mm512_reduce_add_ps(acc[c]);
+}
+#else
+#define SPLIT_COLS 2
+
+/* acc += (q . x) in pairs times the run's scale sc. */
+static inline __m256i dot_scaled(__m256i acc, __m256i q, __m256i x, __m256i sc) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), sc));
+}
+
+/* 32 unsigned integers of the block at b, values 32 piece to 32 piece + 31. */
+static inline __m256i k_piece(int type, const uint8_t *b, int piece) {
+    if (type == Q4_K) {  /* run `piece`: the low nibbles of its pair's bytes, or the high */
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * (piece / 2)));
+        return _mm256_and_si256(piece % 2 ? _mm256_srli_epi16(v, 4) : v,
+                                _mm256_set1_epi8(0x0F));
+    }
+    /* Q6_K: values 128 h + 32 i: low or high nibbles of ql, two bits of qh */
+    const int h = piece / 4, i = piece % 4;
+    const __m256i ql = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32 * (i % 2)));
+    const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+    const __m256i low = _mm256_and_si256(i < 2 ? ql : _mm256_srli_epi16(ql, 4),
+                                         _mm256_set1_epi8(0x0F));
+    const __m256i high = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * i), _mm256_set1_epi8(0x03));
+    return _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
+}
+
+static inline __attribute__((always_inline)) void
+tile_split(int type, int cols, const SplitX *x, int k_dim, const uint8_t *const col[],
+           int64_t ahead, float sums[TILE_COLS_MAX]) {
+    const int bytes = block_bytes(type), run = type == Q4_K ? 32 : 16;
+    __m256 acc[SPLIT_COLS];
+    for (int c = 0; c < cols; c++) acc[c] = _mm256_setzero_ps();
+    for (int k = 0, at = 0; k < k_dim; k += 256, at += bytes) {
+        prefetch_lines_ahead(col, cols, at, bytes, ahead);
+        int16_t words[SPLIT_COLS][16];
+        __m256i dot[SPLIT_TERMS][SPLIT_COLS];
+        for (int c = 0; c < cols; c++) {
+            const uint8_t *b = col[c] + at;
+            if (type == Q4_K) {
+                uint64_t sc, mn;
+                k_fields(b, &sc, &mn);
+                for (int j = 0; j < 8; j++) words[c][j] = (int16_t)(sc >> 8 * j & 0xFF);
+            } else {
+                for (int j = 0; j < 16; j++) words[c][j] = (int8_t)b[192 + j];
+            }
+            for (int t = 0; t < SPLIT_TERMS; t++) dot[t][c] = _mm256_setzero_si256();
+            acc[c] = _mm256_add_ps(acc[c], k_offsets(type, b, x->sums + k / run));
+        }
+        for (int piece = 0; piece < 8; piece++) {
+            __m256i xt[SPLIT_TERMS];
+            for (int t = 0; t < SPLIT_TERMS; t++)
+                xt[t] = _mm256_loadu_si256((const __m256i *)(x->term[t] + k + 32 * piece));
+            for (int c = 0; c < cols; c++) {
+                const __m256i q = k_piece(type, col[c] + at, piece);
+                const __m256i sc = type == Q4_K
+                    ? _mm256_set1_epi16(words[c][piece])
+                    : _mm256_setr_m128i(_mm_set1_epi16(words[c][2 * piece]),
+                                        _mm_set1_epi16(words[c][2 * piece + 1]));
+                for (int t = 0; t < SPLIT_TERMS; t++)
+                    dot[t][c] = dot_scaled(dot[t][c], q, xt[t], sc);
+            }
+        }
+        const float s = x->scale[k / 256];
+        for (int c = 0; c < cols; c++) {
+            __m256 dots = _mm256_cvtepi32_ps(dot[0][c]);
+            for (int t = 1; t < SPLIT_TERMS; t++)
+                dots = _mm256_fmadd_ps(dots, _mm256_set1_ps(SPLIT_RATIO),
+                                       _mm256_cvtepi32_ps(dot[t][c]));
+            acc[c] = _mm256_fmadd_ps(dots, _mm256_set1_ps(k_scale(type, col[c] + at) * s),
+                                     acc[c]);
+        }
+    }
+    for (int c = 0; c < cols; c++) {
+        const __m128 four = _mm_add_ps(_mm256_castps256_ps128(acc[c]),
+                                       _mm256_extractf128_ps(acc[c], 1));
+        const __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
+        sums[c] = _mm_cvtss_f32(_mm_add_ss(two, _mm_movehdup_ps(two)));
+    }
+}
+#endif
+
+static inline __attribute__((always_inline)) void
+split_columns_of(int type, const SplitX *x, const uint8_t *w, int64_t row_bytes,
+                 const float *bias, void *out, int out_bf16, int k_dim, int first, int end) {
+    const int64_t ahead = prefetch_distance(SPLIT_COLS * row_bytes);
+    for (int n = first; n < end; n += SPLIT_COLS) {
+        const int count = end - n < SPLIT_COLS ? end - n : SPLIT_COLS;
+        const uint8_t *col[TILE_COLS_MAX];
+        tile_columns(w, row_bytes, n, count, SPLIT_COLS, col);
+        float sums[QUANT_ROWS_MAX][TILE_COLS_MAX];
+        tile_split(type, SPLIT_COLS, x, k_dim, col, ahead, sums[0]);
+        store_tile(1, count, sums, bias, n, out, out_bf16, 0);
+    }
+}
+
+void split_row_columns(int type, const float *x, const uint8_t *w, int64_t row_bytes,
+                       const float *bias, void *out, int out_bf16, int k_dim, int first,
+                       int end) {
+    if (first >= end) return;
+    const int run = type == Q4_K ? 32 : 16;
+    int8_t bytes[SPLIT_TERMS][k_dim];
+    int8_t *term[SPLIT_TERMS];
+    for (int t = 0; t < SPLIT_TERMS; t++) term[t] = bytes[t];
+    float scale[k_dim / SPLIT_GROUP], sums[k_dim / run];
+#if defined(__AVX512BW__)
+    const int interleaved = type == Q4_K;
+#else
+    const int interleaved = 0;
+#endif
+    split_x(x, k_dim, run, interleaved, term, scale, sums);
+    SplitX split = {.scale = scale, .sums = sums};
+    for (int t = 0; t < SPLIT_TERMS; t++) split.term[t] = term[t];
+    if (type == Q4_K)
+        split_columns_of(Q4_K, &split, w, row_bytes, bias, out, out_bf16, k_dim, first, end);
+    else
+        split_columns_of(Q6_K, &split, w, row_bytes, bias, out, out_bf16, k_dim, first, end);
+}
+#endif
