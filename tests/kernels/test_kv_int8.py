@@ -89,7 +89,8 @@ def test_rotary_store_writes_the_references_int8_rows(isa, dtype, kv_heads, head
 def int8_case(context_lens, query_lens, block_size, heads, kv_heads, head_dim, dtype, seed):
     """A paged batch on int8 caches, the same batch on float caches, and the reference on
     each (kept for the next level)."""
-    shape = (list(context_lens), list(query_lens), block_size, heads, kv_heads, head_dim, dtype, seed)
+    shape = (list(context_lens), list(query_lens), block_size, heads, kv_heads, head_dim,
+             dtype, seed)
     batch, plain = paged_batch(*shape, kv_dtype=INT8), paged_batch(*shape)
     scale = head_dim ** -0.5
     return (batch, ref.paged_attention(**batch, scale=scale),
