@@ -103,3 +103,17 @@ def test_int8_with_the_triton_backend_is_refused_naming_both(tiny_model_dir):
     with pytest.raises(RequestError, match="int8 KV cache.*triton attention backend"):
         LLMEngine(EngineConfig(model=str(tiny_model_dir), kv_cache_dtype="int8",
                                attention_backend="triton", num_kv_blocks=16))
+
+
+def test_stats_metrics_and_inspect_name_the_kv_dtype(tiny_model_dir):
+    """EngineStats carries the KV dtype in force; /metrics and inspect's figures show it."""
+    from pagedchat.cli.inspect_render import figures
+    from pagedchat.server.metrics import ServerMetrics
+
+    for kv, shown in (("auto", "float32"), ("int8", "int8")):
+        engine = LLMEngine(EngineConfig(model=str(tiny_model_dir), num_kv_blocks=8,
+                                        kv_cache_dtype=kv))
+        stats = engine.stats()
+        assert stats.kv_cache_dtype == shown and figures(stats)["kv_cache_dtype"] == shown
+        text = ServerMetrics().render(stats).decode()
+        assert f'pagedchat_kv_cache_dtype_info{{dtype="{shown}"}} 1.0' in text
