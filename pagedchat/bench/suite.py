@@ -38,6 +38,7 @@ class EngineOptions:
     max_num_batched_tokens: int = EngineConfig.max_num_batched_tokens
     dtype: str = "float32"
     weights: str | None = None
+    kv_cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
     preemption_mode: str = "recompute"
     tensor_parallel_size: int = 1
@@ -52,7 +53,7 @@ class EngineOptions:
             model=self.model, block_size=self.block_size, num_kv_blocks=self.num_kv_blocks,
             kv_cache_memory=self.kv_cache_memory, max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens, dtype=self.dtype,
-            weights=self.weights,
+            weights=self.weights, kv_cache_dtype=self.kv_cache_dtype,
             enable_prefix_caching=self.enable_prefix_caching,
             preemption_mode=self.preemption_mode,
             tensor_parallel_size=self.tensor_parallel_size,

@@ -11,6 +11,7 @@ import typer
 from pagedchat.bench import report
 from pagedchat.cli.options import (
     KvBlocks,
+    KvCacheDtype,
     KvMemory,
     Model,
     TensorParallelSize,
@@ -35,6 +36,7 @@ def batch(
     kv_memory: KvMemory = None,
     tp: TensorParallelSize = 1,
     weights: Weights = None,
+    kv_cache_dtype: KvCacheDtype = "auto",
 ) -> None:
     """Run a JSONL file of prompts through the engine; resumable (a rerun skips answered lines)."""
     from pagedchat.bench.suite import EngineOptions
@@ -48,7 +50,8 @@ def batch(
         # a line that is not UTF-8 becomes that line's error record, not the run's end
         lines = raw.decode("utf-8", errors="surrogateescape").splitlines()
         engine = EngineOptions(model=model, num_kv_blocks=kv_blocks, kv_cache_memory=kv_memory,
-                               tensor_parallel_size=tp, weights=weights).build()
+                               tensor_parallel_size=tp, weights=weights,
+                               kv_cache_dtype=kv_cache_dtype).build()
         defaults: dict[str, object] = {"max_tokens": max_tokens}
         if temperature is not None:
             defaults["temperature"] = temperature

@@ -12,7 +12,14 @@ import typer
 
 from pagedchat.bench import report
 from pagedchat.cli import inspect_render
-from pagedchat.cli.options import BlockSize, JsonPath, Model, Weights, user_errors
+from pagedchat.cli.options import (
+    BlockSize,
+    JsonPath,
+    KvCacheDtype,
+    Model,
+    Weights,
+    user_errors,
+)
 
 
 class Preemption(str, Enum):
@@ -40,6 +47,7 @@ def inspect(
     max_steps: Annotated[int, typer.Option("--max-steps", min=1)] = 500,
     model: Model = None,
     weights: Weights = None,
+    kv_cache_dtype: KvCacheDtype = "auto",
 ) -> None:
     """Watch the KV block pool, block tables and sharing, one engine step at a time."""
     from pagedchat.bench.suite import EngineOptions
@@ -52,7 +60,7 @@ def inspect(
             prompts += [t for t in file.read_text(encoding="utf-8").splitlines() if t.strip()]
         engine = EngineOptions(model=model, block_size=block_size, num_kv_blocks=kv_blocks,
                                preemption_mode=Preemption(preemption_mode).value,
-                               weights=weights).build()
+                               weights=weights, kv_cache_dtype=kv_cache_dtype).build()
         arrivals = (prompt_scenario(prompts, max_tokens) if prompts
                     else default_scenario(engine.tokenizer, max_tokens))
 

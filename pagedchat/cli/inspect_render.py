@@ -119,6 +119,7 @@ def figures(stats: EngineStats) -> dict[str, object]:
     """The numbers under the picture, by stable names."""
     return {
         "used_blocks": f"{stats.used_blocks}/{stats.total_blocks}",
+        "kv_cache_dtype": stats.kv_cache_dtype,
         "cached_blocks": stats.cached_blocks,
         "utilization": f"{stats.utilization:.1%}",
         "internal_fragmentation": f"{stats.internal_fragmentation:.1%}",

@@ -27,6 +27,11 @@ Weights = Annotated[str | None, typer.Option(
                       "bits, as llama.cpp does (faster, not token-exact); q8_0: an HF "
                       "folder's weights quantized to Q8_0 at load; float32 or bfloat16: "
                       "de-quantized.")]
+KvCacheDtype = Annotated[str, typer.Option(
+    "--kv-cache-dtype", help="auto: K/V kept in the model's dtype; int8: K/V rounded to 8 bits "
+                             "with a scale per token and head (about a quarter of float32's "
+                             "bytes, so about 4x the tokens in the same pool; not token-exact). "
+                             "Refused where the attention backend lacks it.")]
 TensorParallelSize = Annotated[int, typer.Option(
     "--tensor-parallel-size", "-tp", min=1,
     help="Workers that split the model's heads (one process each).")]

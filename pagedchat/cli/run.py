@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from pagedchat.cli.options import MODEL_HELP, KvBlocks, KvMemory, Weights
+from pagedchat.cli.options import MODEL_HELP, KvBlocks, KvCacheDtype, KvMemory, Weights
 
 
 def run(
@@ -25,6 +25,7 @@ def run(
     weights: Weights = None,
     kv_blocks: KvBlocks = None,
     kv_memory: KvMemory = None,
+    kv_cache_dtype: KvCacheDtype = "auto",
     tensor_parallel_size: Annotated[int, typer.Option(
         "--tensor-parallel-size", "-tp", min=1,
         help="Workers that split the model's heads (one process each).")] = 1,
@@ -54,7 +55,7 @@ def run(
         start = time.perf_counter()
         opened = open_model(EngineConfig(model=model, dtype=dtype, weights=weights,
                                          num_kv_blocks=kv_blocks, kv_cache_memory=kv_memory,
-                                         swap_space="0B",
+                                         kv_cache_dtype=kv_cache_dtype, swap_space="0B",
                                          tensor_parallel_size=tensor_parallel_size))
         if raw:
             prompt_ids = list(opened.tokenizer.encode(prompt))
@@ -122,7 +123,8 @@ def _print_run_stats(engine, final, load_seconds: float) -> None:
         f"cached prompt tokens: {final.num_cached_tokens}",
         f"kv cache:             {engine.config.num_kv_blocks} blocks of "
         f"{engine.config.block_size} tokens "
-        f"({engine.config.num_kv_blocks * engine.runner.block_bytes / 2**20:.1f} MiB)",
+        f"({engine.config.num_kv_blocks * engine.runner.block_bytes / 2**20:.1f} MiB, "
+        f"{engine.kv_cache_dtype})",
         f"time to first token:  {ttft * 1000:.1f}ms",
         f"eval count:           {len(out.token_ids)} token(s)",
         f"eval rate:            {rate:.2f} tokens/s",

@@ -26,6 +26,7 @@ def parse_bytes(size: str | int) -> int:
 # on quantized blocks (the CPU's kernels only): those and an HF folder quantized at load
 QUANTIZED_WEIGHTS = ("gguf", "gguf-int8")
 CPU_WEIGHTS = (*QUANTIZED_WEIGHTS, "q8_0")
+KV_CACHE_DTYPES = ("auto", "int8")
 
 
 @dataclass
@@ -46,6 +47,9 @@ class EngineConfig:
     max_num_batched_tokens: int = 1024
     max_model_len: int | None = None
     dtype: str = "float32"
+    # auto: K/V kept in dtype; int8: each token's head rounded to 8 bits with a float16
+    # scale (kernels/kv_int8.py), about a quarter of float32's bytes, not exact
+    kv_cache_dtype: str = "auto"
     # gguf (a GGUF's tensors kept in their blocks; activations in dtype), gguf-int8 (the
     # same, the products' activations rounded to 8 bits as llama.cpp does: faster, not
     # exact), q8_0 (an HF folder's matrices quantized at load to Q8_0), float32 or
@@ -72,6 +76,8 @@ class EngineConfig:
             )
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise RequestError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise RequestError(f"kv_cache_dtype must be auto or int8, got {self.kv_cache_dtype!r}")
         if self.weights not in (None, *CPU_WEIGHTS, "float32", "bfloat16", "float16"):
             raise RequestError(f"weights must be gguf, gguf-int8, q8_0, float32 or bfloat16, "
                                f"got {self.weights!r}")

@@ -152,7 +152,12 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     def stats(self) -> EngineStats:
-        return self.scheduler.stats()
+        return replace(self.scheduler.stats(), kv_cache_dtype=self.kv_cache_dtype)
+
+    @property
+    def kv_cache_dtype(self) -> str:
+        """The K/V pool's element type in force: int8, or the activations' dtype."""
+        return str(self.runner.kv_dtype).removeprefix("torch.")
 
     def shutdown(self) -> None:
         """Release the model's workers (tensor parallelism); safe to call twice."""

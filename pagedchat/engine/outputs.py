@@ -103,6 +103,7 @@ class EngineStats:
     num_waiting: int
     num_swapped: int
     window_freed_blocks: int = 0  # blocks given back to the pool as they slid out of a window
+    kv_cache_dtype: str = "float32"  # the K/V pool's element type in force (int8: kv_int8.py)
     # per layer group its sliding window, None for global layers (one None: no windows)
     group_windows: list[int | None] = field(default_factory=lambda: [None])
     block_tables: list[SeqBlockTable] = field(default_factory=list)

@@ -4,6 +4,8 @@ definition of what is right for every backend.
 
 KV cache layout (shared by every kernel), per layer:
     k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]
+in the activations' type, or int8 rows with their scales, ``head_dim + 2`` wide (see
+``kv_int8.py``), which every operation here reads and writes through the same functions.
 A token's slot is ``block_id * block_size + offset``. Block tables are int32
 ``[num_seqs, max_blocks_per_seq]`` padded with -1.
 """
@@ -13,12 +15,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from pagedchat.kernels.kv_int8 import dequantize, quantize
 from pagedchat.kernels.quant import quantized_embedding, quantized_linear
 
 __all__ = ["copy_blocks", "embedding", "gather_kv", "linear", "max_logsumexp",
            "pack_embedding", "pack_linear", "paged_attention", "quantized_embedding",
            "quantized_linear", "rms_norm", "rotary", "rotary_store", "screen_candidates",
            "silu_mul", "split_rotary", "store_kv", "swap_blocks", "write_slots"]
+
+# this backend reads and writes int8 KV caches (see kv_int8.py)
+KV_INT8 = True
 
 
 def store_kv(
@@ -39,7 +45,10 @@ def store_kv(
 
 def write_slots(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, slots: torch.Tensor) -> None:
-    """Write every row of ``key``/``value`` to its (valid, int64) slot."""
+    """Write every row of ``key``/``value`` to its (valid, int64) slot, quantized where
+    the cache holds int8 rows."""
+    if k_cache.dtype == torch.int8:
+        key, value = quantize(key), quantize(value)
     k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, key.to(k_cache.dtype))
     v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, value.to(v_cache.dtype))
 
@@ -47,11 +56,13 @@ def write_slots(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
 def gather_kv(
     cache: torch.Tensor, block_table: torch.Tensor, context_len: int
 ) -> torch.Tensor:
-    """The first ``context_len`` cached rows of one sequence, ``[context_len, kv_heads, dim]``."""
+    """The first ``context_len`` cached rows of one sequence, ``[context_len, kv_heads, dim]``
+    (de-quantized to float32 from an int8 cache)."""
     block_size = cache.shape[1]
     num_blocks = (context_len + block_size - 1) // block_size
     blocks = block_table[:num_blocks].long()
-    return cache[blocks].reshape(-1, *cache.shape[2:])[:context_len]
+    rows = cache[blocks].reshape(-1, *cache.shape[2:])[:context_len]
+    return dequantize(rows) if cache.dtype == torch.int8 else rows
 
 
 def paged_attention(

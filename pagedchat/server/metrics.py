@@ -60,6 +60,11 @@ class _Snapshot:
             family = CounterMetricFamily(f"pagedchat_{name}", text)
             family.add_metric([], value)
             yield family
+        info = GaugeMetricFamily("pagedchat_kv_cache_dtype_info",
+                                 "The KV cache's element type in force (1 on its label).",
+                                 labels=["dtype"])
+        info.add_metric([s.kv_cache_dtype], 1)
+        yield info
 
 
 class ServerMetrics:

@@ -27,6 +27,7 @@ def run_chat(
     kv_blocks: int = DEFAULT_KV_BLOCKS,
     tensor_parallel_size: int = 1,
     weights: str | None = None,
+    kv_cache_dtype: str = "auto",
     raw: bool = False,
     settings: SamplingSettings | None = None,
     system_prompt: str = DEFAULT_SYSTEM_PROMPT,
@@ -44,7 +45,8 @@ def run_chat(
         raise typer.BadParameter(str(error), param_hint="--db") from error
     name = Path(model).name if model else DEFAULT_MODEL_NAME
     load = partial(load_engine, model, num_kv_blocks=kv_blocks,
-                   tensor_parallel_size=tensor_parallel_size, weights=weights)
+                   tensor_parallel_size=tensor_parallel_size, weights=weights,
+                   kv_cache_dtype=kv_cache_dtype)
     app = ChatApp(store, load, name, context_window=context_window, raw=raw,
                   session_id=session_id, continue_last=continue_last, settings=settings,
                   system_prompt=system_prompt)

@@ -20,6 +20,24 @@ def test_run_streams_an_answer_and_reports_stats(tiny_model_dir):
     assert "finish reason:        length" in result.output
 
 
+def test_run_shows_the_kv_dtype_in_force(tiny_model_dir):
+    """-v names the KV cache's element type; an int8 pool of the same bytes holds about
+    3.5x the blocks (heads of 16: 18 bytes a token and head against 64)."""
+    blocks = {}
+    for kv, shown in (("auto", "float32"), ("int8", "int8")):
+        result = runner.invoke(app, ["run", "--model", str(tiny_model_dir), "--max-tokens", "2",
+                                     "--kv-memory", "1MiB", "--kv-cache-dtype", kv, "-v", "hi"])
+        assert result.exit_code == 0, result.output
+        (line,) = [x for x in result.output.splitlines() if x.startswith("kv cache:")]
+        assert line.endswith(f" MiB, {shown})"), line
+        blocks[kv] = _stat(result.output, "kv cache:")
+    per_block = 2 * 2 * 16 * 2  # K and V, 2 layers, 16 tokens, 2 KV heads
+    assert blocks == {"auto": 2**20 // (per_block * 16 * 4), "int8": 2**20 // (per_block * 18)}
+    result = runner.invoke(app, ["run", "--model", str(tiny_model_dir), "--kv-cache-dtype",
+                                 "int4", "hi"])
+    assert result.exit_code == 1 and "kv_cache_dtype must be auto or int8" in result.output
+
+
 def test_run_reads_the_prompt_from_stdin(tiny_model_dir):
     result = runner.invoke(app, ["run", "--model", str(tiny_model_dir), "--max-tokens", "3",
                                  "-"], input="a question from a pipe\n")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from pagedchat.kernels import reference as ref
+from pagedchat.kernels.kv_int8 import SCALE_BYTES
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
@@ -30,8 +31,11 @@ def paged_batch(
     head_dim: int,
     dtype: torch.dtype,
     seed: int,
+    kv_dtype: torch.dtype | None = None,
 ) -> dict:
-    """Random K/V for each sequence's context, in shuffled blocks of a NaN pool."""
+    """Random K/V for each sequence's context, in shuffled blocks of a NaN pool. With
+    ``kv_dtype`` int8 the caches hold int8 rows (kv_int8.py) whose unused slots have a NaN
+    scale; the same random K/V as without it."""
     gen = torch.Generator().manual_seed(seed)
     blocks_per_seq = [-(-c // block_size) for c in context_lens]
     num_blocks = sum(blocks_per_seq) + 3  # spare blocks stay NaN
@@ -43,9 +47,16 @@ def paged_batch(
         tables[i, :nb] = perm[used : used + nb].to(torch.int32)
         used += nb
         slots += [int(tables[i, t // block_size]) * block_size + t % block_size for t in range(ctx)]
-    shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    k_cache = torch.full(shape, float("nan"), dtype=dtype)
-    v_cache = torch.full(shape, float("nan"), dtype=dtype)
+    if kv_dtype == torch.int8:
+        shape = (num_blocks, block_size, num_kv_heads, head_dim + SCALE_BYTES)
+        k_cache = torch.zeros(shape, dtype=torch.int8)
+        k_cache[..., -SCALE_BYTES:] = torch.tensor([float("nan")], dtype=torch.float16).view(
+            torch.int8)
+        v_cache = k_cache.clone()
+    else:
+        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        k_cache = torch.full(shape, float("nan"), dtype=dtype)
+        v_cache = torch.full(shape, float("nan"), dtype=dtype)
     n = len(slots)
     key = torch.randn(n, num_kv_heads, head_dim, generator=gen).to(dtype)
     value = torch.randn(n, num_kv_heads, head_dim, generator=gen).to(dtype)

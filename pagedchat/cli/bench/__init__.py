@@ -14,6 +14,7 @@ from pagedchat.cli.bench import (
     blocksize,
     chatbot,
     isolation,
+    kv_cache,
     latency,
     memory,
     parallel,
@@ -37,6 +38,7 @@ app.command()(blocksize.blocksize)
 app.command()(preemption.preemption)
 app.command()(latency.latency)
 app.command()(quality.quality)
+app.command("kv-cache")(kv_cache.kv_cache)
 app.command()(sharing.sharing)
 app.command()(parallel.parallel)
 app.command()(isolation.isolation)

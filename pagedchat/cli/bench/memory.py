@@ -11,7 +11,7 @@ import typer
 
 from pagedchat.bench import report
 from pagedchat.cli.bench import options as opt
-from pagedchat.cli.options import user_errors
+from pagedchat.cli.options import KvCacheDtype, user_errors
 
 TraceRequests = Annotated[int | None, typer.Option(
     "-n", "--num-requests", min=0,
@@ -36,13 +36,13 @@ def memory(num_requests: TraceRequests = None, model: opt.Model = None,
            weights: opt.Weights = None, contexts: Contexts = "1024,4096,16384",
            run_model: RunModel = False,
            plot: opt.Plot = Path("bench-memory.png"), json_path: opt.JsonPath = None,
-           tp: opt.TensorParallelSize = 1) -> None:
+           tp: opt.TensorParallelSize = 1, kv_cache_dtype: KvCacheDtype = "auto") -> None:
     """KV bytes per token by context length, against keeping every layer; then the paper's
     Fig. 2: KV memory holding token states vs reserved vs fragmented."""
     from pagedchat.bench.suite import parse_list
     with user_errors():
         engine = opt.engine_options(model, dtype, block_size, kv_blocks, None, max_num_seqs, tp,
-                                    weights=weights).build()
+                                    weights=weights, kv_cache_dtype=kv_cache_dtype).build()
         by_context = _by_context(engine, parse_list(contexts, int), run_model)
         windowed = engine.scheduler.block_manager.has_windows
         num_requests = num_requests if num_requests is not None else (0 if windowed else 200)
@@ -69,7 +69,8 @@ def _by_context(engine, lengths: list[int], run_model: bool) -> list[dict[str, o
                "the engine's scheduler and block manager on the model's layer groups, with "
                "no forward pass (allocation does not depend on the values)")
         report.note(f"one sequence's blocks while it computes the token at each context "
-                    f"length, counted in {how}; full: every layer's K and V for every token")
+                    f"length, counted in {how}; full: every layer's K and V for every token; "
+                    f"K/V in {engine.kv_cache_dtype}")
     return rows
 
 

@@ -92,9 +92,11 @@ Plot = Annotated[Path, typer.Option("--plot", help="Where to write the PNG.")]
 
 
 def engine_options(model, dtype, block_size=16, kv_blocks=None, kv_memory=None,
-                   max_num_seqs=MAX_SEQS, tp=1, weights=None) -> EngineOptions:
+                   max_num_seqs=MAX_SEQS, tp=1, weights=None,
+                   kv_cache_dtype="auto") -> EngineOptions:
     """The engine a bench builds from its command line."""
     from pagedchat.bench.suite import EngineOptions
     return EngineOptions(model=model, block_size=block_size, num_kv_blocks=kv_blocks,
                          kv_cache_memory=kv_memory, max_num_seqs=max_num_seqs,
-                         dtype=DType(dtype).value, tensor_parallel_size=tp, weights=weights)
+                         dtype=DType(dtype).value, tensor_parallel_size=tp, weights=weights,
+                         kv_cache_dtype=kv_cache_dtype)

@@ -9,7 +9,7 @@ import typer
 
 from pagedchat.bench import report
 from pagedchat.cli.bench import options as opt
-from pagedchat.cli.options import user_errors
+from pagedchat.cli.options import KvCacheDtype, user_errors
 
 
 def quality(num_requests: opt.NumRequests = 16, model: opt.Model = None,
@@ -19,13 +19,19 @@ def quality(num_requests: opt.NumRequests = 16, model: opt.Model = None,
             tp: opt.TensorParallelSize = 1,
             replies: Annotated[int, typer.Option(
                 "--replies", min=0, help="Held-out ShareGPT answers to score (0: none).")] = 16,
+            kv_cache_dtype: KvCacheDtype = "auto",
             ) -> None:
     """Greedy agreement with transformers at a lower precision, beside its noise floor,
-    and the perplexity of held-out answers under both."""
+    and the perplexity of held-out answers under both. With --kv-cache-dtype int8: against
+    the same engine with K/V in --dtype instead (use --dtype float32 for float32 K/V)."""
     from pagedchat.bench.quality import greedy_agreement, held_out_perplexity
     from pagedchat.bench.sharegpt import sample_replies
     from pagedchat.bench.suite import sample_trace
 
+    if kv_cache_dtype != "auto":
+        _kv_quality(num_requests, model, max_tokens, dtype, weights, seed, json_path, replies,
+                    kv_cache_dtype)
+        return
     with user_errors():
         engine = opt.engine_options(model, dtype, tp=tp, weights=weights).build()
         requests = sample_trace(engine, num_requests, seed, max_tokens)
@@ -41,3 +47,29 @@ def quality(num_requests: opt.NumRequests = 16, model: opt.Model = None,
               if replies else [])])
         if json_path:
             report.write_json(json_path, report.engine_metadata(engine), {"pagedchat": figures})
+
+
+def _kv_quality(num_requests, model, max_tokens, dtype, weights, seed, json_path, replies,
+                kv_cache_dtype) -> None:
+    """Agreement and perplexity of quantized K/V against K/V in the engine's dtype."""
+    from pagedchat.bench.kv_cache import agreement, perplexity
+    from pagedchat.bench.sharegpt import sample_replies
+    from pagedchat.bench.suite import sample_trace
+
+    with user_errors():
+        base = opt.engine_options(model, dtype, weights=weights)
+        plain = base.build()
+        quantized = base.with_(kv_cache_dtype=kv_cache_dtype).build()
+        requests = sample_trace(plain, num_requests, seed, max_tokens)
+        figures = agreement(quantized, plain, [r.prompt_ids for r in requests],
+                            max_tokens or 32)
+        if replies:
+            figures |= perplexity(quantized, plain,
+                                  sample_replies(plain.tokenizer, replies, seed))
+        row = {"kv_dtype": quantized.kv_cache_dtype, "against": plain.kv_cache_dtype,
+               **figures}
+        report.emit_table("kv quality", [row], list(row))
+        report.note("token_agreement: the plain engine's greedy tokens forced through the "
+                    "quantized one, the share it would have chosen itself; the rest free-run")
+        if json_path:
+            report.write_json(json_path, report.engine_metadata(quantized), {"pagedchat": row})

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from pagedchat.engine.config import EngineConfig, parse_bytes
+from pagedchat.engine.errors import RequestError
 from pagedchat.engine.kv_groups import kv_groups
 from pagedchat.engine.layers.attention import AttentionMetadata
 from pagedchat.engine.loading.loader import load_weights
@@ -22,7 +23,8 @@ from pagedchat.engine.models import model_class
 from pagedchat.engine.parallel.tensor_parallel import TensorParallel
 from pagedchat.engine.runner.profiling import StepTimer
 from pagedchat.engine.runner.step_input import StepInput, StepOutput
-from pagedchat.kernels import select_backend
+from pagedchat.kernels import backend_name, select_backend
+from pagedchat.kernels.kv_int8 import SCALE_BYTES
 from pagedchat.kernels.quant import QuantizedWeight
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -81,6 +83,19 @@ def materialize(model: torch.nn.Module, device: torch.device) -> None:
             setattr(module, name, empty)
 
 
+def kv_cache_dtype(config: EngineConfig, kernels, dtype: torch.dtype) -> torch.dtype:
+    """The KV pools' element type: the activations' (``auto``) or int8, which only the
+    backends that quantize and de-quantize it offer; with another, refused, never ignored."""
+    if config.kv_cache_dtype == "auto":
+        return dtype
+    if not getattr(kernels, "KV_INT8", False):
+        raise RequestError(
+            f"an {config.kv_cache_dtype} KV cache (--kv-cache-dtype {config.kv_cache_dtype}) "
+            f"is not available with the {backend_name(kernels)} attention backend: the cpu "
+            "and torch backends have it; or keep --kv-cache-dtype auto")
+    return torch.int8
+
+
 def to_host(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor`` on the CPU. From a GPU, into page-locked memory (torch keeps freed
     page-locked blocks for reuse): a large block of logits comes back far sooner this way
@@ -120,12 +135,15 @@ class ModelRunner:
             torch.cuda.set_device(self.device)
         self.dtype = DTYPES[config.dtype]
         self.kernels = select_backend(self.device.type, config.attention_backend)
+        self.kv_dtype = kv_cache_dtype(config, self.kernels, self.dtype)
         self.block_size = config.block_size
         self.max_model_len = config.max_model_len
         self.model = build_model(model_config, self.kernels, self.tp, self.device, self.dtype,
                                  self.max_model_len)
         attn = self.model.layers[0].self_attn
-        self.kv_shape = (self.block_size, attn.num_kv_heads, attn.head_dim)
+        int8 = self.kv_dtype == torch.int8
+        self.kv_shape = (self.block_size, attn.num_kv_heads,
+                         attn.head_dim + (SCALE_BYTES if int8 else 0))
         self.kv_groups = kv_groups(model_config)
         self.num_blocks = self._num_blocks()
         self.num_host_blocks = parse_bytes(config.swap_space) // self.block_bytes
@@ -145,7 +163,7 @@ class ModelRunner:
     def block_bytes(self) -> int:
         """Bytes of K and V for one block of the pool (this worker's heads): one block of
         tokens for each of its group's layers (every layer, with one group)."""
-        per_layer = 2 * int(np.prod(self.kv_shape)) * torch.finfo(self.dtype).bits // 8
+        per_layer = 2 * int(np.prod(self.kv_shape)) * self.kv_dtype.itemsize
         return per_layer * self.kv_groups.layers_per_page
 
     @property
@@ -181,11 +199,12 @@ class ModelRunner:
         spends a noticeable share of its time in page faults inside the K/V store)."""
         shape = (2 * self.kv_groups.layers_per_page, num_blocks, *self.kv_shape)
         if torch.device(device).type == "cpu":
-            pool = anonymous_tensor(shape, self.dtype)
+            pool = anonymous_tensor(shape, self.kv_dtype)
             if write:
                 pool.zero_()
         else:
-            pool = (torch.zeros if write else torch.empty)(shape, dtype=self.dtype, device=device)
+            pool = (torch.zeros if write else torch.empty)(shape, dtype=self.kv_dtype,
+                                                           device=device)
         return list(pool[0::2]), list(pool[1::2])
 
     def shutdown(self) -> None:

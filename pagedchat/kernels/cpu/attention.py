@@ -23,6 +23,9 @@ PREFILL_MIN_QUERY_LEN = 8
 declare({
     "paged_attention": (INT, [P] * 9 + [INT] * 6 + [FLOAT, INT]),
     "paged_prefill": (INT, [P] * 8 + [INT] * 6 + [FLOAT, INT]),
+    # over int8 caches (kv_int8.py), queries and outputs of the type the name ends with
+    "paged_attention_kv8": (INT, [P] * 9 + [INT] * 6 + [FLOAT, INT]),
+    "paged_prefill_kv8": (INT, [P] * 8 + [INT] * 6 + [FLOAT, INT]),
 })
 
 
@@ -36,7 +39,12 @@ def paged_attention(
     scale: float,
 ) -> torch.Tensor:
     """Same contract as :func:`pagedchat.kernels.reference.paged_attention`."""
-    attention = kernel("paged_attention", query, k_cache, v_cache)
+    int8 = k_cache.dtype == torch.int8
+    if int8:  # the queries' type names the kernel; the caches must be int8 on the CPU
+        both = v_cache.dtype == torch.int8 and k_cache.is_cpu and v_cache.is_cpu
+        attention = kernel("paged_attention_kv8", query) if both else None
+    else:
+        attention = kernel("paged_attention", query, k_cache, v_cache)
     if attention is None:
         return reference.paged_attention(
             query, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale)
@@ -54,7 +62,7 @@ def paged_attention(
             raise MemoryError("paged attention: out of memory for the score buffer")
     long_chunks = plan.long_chunks
     if long_chunks:
-        status = kernel("paged_prefill", query)(
+        status = kernel("paged_prefill_kv8" if int8 else "paged_prefill", query)(
             query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
             plan.tables.data_ptr(), plan.context_lens.data_ptr(),
             plan.query_start_loc.data_ptr(), plan.long_seqs.data_ptr(), len(long_chunks),
@@ -152,12 +160,12 @@ def _plan(block_tables: torch.Tensor, context_lens: torch.Tensor,
 
 def _sdpa(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
           block_table: torch.Tensor, context_len: int, scale: float) -> torch.Tensor:
-    """A long chunk of one sequence: gather its context once, then torch's fused SDPA
-    (causal, aligned to the end of the context). The inputs are 4-D on purpose: with 3-D
-    ones torch falls back to its slow path on the CPU."""
+    """A long chunk of one sequence: gather its context once (de-quantized from int8
+    caches), then torch's fused SDPA (causal, aligned to the end of the context). The
+    inputs are 4-D on purpose: with 3-D ones torch falls back to its slow path on the CPU."""
     q_len = q.shape[0]
-    k = gather_kv(k_cache, block_table, context_len).transpose(0, 1).unsqueeze(0)
-    v = gather_kv(v_cache, block_table, context_len).transpose(0, 1).unsqueeze(0)
+    k = gather_kv(k_cache, block_table, context_len).to(q.dtype).transpose(0, 1).unsqueeze(0)
+    v = gather_kv(v_cache, block_table, context_len).to(q.dtype).transpose(0, 1).unsqueeze(0)
     q4 = q.transpose(0, 1).unsqueeze(0)
     if q_len == context_len:
         out = F.scaled_dot_product_attention(q4, k, v, is_causal=True, scale=scale,

@@ -48,6 +48,7 @@ typedef struct {
 typedef struct {
     int rows, hidden, heads, kv_heads, head_dim, intermediate, block_size, max_blocks;
     int attention_rows, num_threads;
+    int kv8;  /* the caches hold int8 rows with their scales (kv8.h) */
     float eps, scale;
     const void *cos, *sin;
     const int64_t *slots;
@@ -144,6 +145,16 @@ static int known_formats(const DecoderLayer *layers, int count) {
         STEP_THEN(CALL, busy += omp_get_wtime() - start);                                  \
     } while (0)
 
+/* The arguments of rotary-and-store and of attention in a layer of DEFINE_DECODER, the same
+ * for float caches and int8 ones (s->kv8). */
+#define ROTARY_ARGS                                                                        \
+    qkv, qkv_width, s->cos, s->sin, s->slots, q, k_cache, v_cache, rows, s->heads,        \
+    s->kv_heads, s->head_dim, t, team
+#define ATTENTION_ARGS                                                                     \
+    q, k_cache, v_cache, attention, s->block_tables, s->context_lens, s->query_start,     \
+    s->row_ids, s->row_seqs, s->attention_rows, s->max_blocks, s->heads, s->kv_heads,     \
+    s->head_dim, s->block_size, s->scale, t, team
+
 #define DEFINE_DECODER(NAME, T, S)                                                         \
 int NAME(const DecoderLayer *layers, int count, const DecoderStep *s, T *x, T *residual) { \
     if (!known_formats(layers, count)) return PRODUCT_UNKNOWN_TYPE;                        \
@@ -163,7 +174,7 @@ int NAME(const DecoderLayer *layers, int count, const DecoderStep *s, T *x, T *r
         int status = 0;                                                                    \
         for (int i = 0; i < count; i++) {                                                  \
             const DecoderLayer *l = &layers[i];                                            \
-            T *k_cache = l->k_cache, *v_cache = l->v_cache;                                \
+            void *k_cache = l->k_cache, *v_cache = l->v_cache;                             \
             /* no residual before layer 0: the stream starts as the embeddings */          \
             if (i == 0 && t == 0) memcpy(residual, x, sizeof(T) * (size_t)rows * hidden);  \
             STEP((rms_norm_##S##_part(x, i == 0 ? NULL : residual, l->input_norm, h,       \
@@ -171,14 +182,11 @@ int NAME(const DecoderLayer *layers, int count, const DecoderStep *s, T *x, T *r
                                       team), 0));                                          \
             PRODUCT_STEP(product_##S(&l->qkv, h, wide, l->qkv_bias, qkv, rows, hidden,    \
                                      qkv_width, t, team, bounds));                         \
-            STEP((rotary_store_##S##_part(qkv, qkv_width, s->cos, s->sin, s->slots, q,     \
-                                          k_cache, v_cache, rows, s->heads, s->kv_heads,   \
-                                          s->head_dim, t, team), 0));                      \
-            STEP(paged_attention_##S##_part(                                               \
-                     q, k_cache, v_cache, attention, s->block_tables, s->context_lens,     \
-                     s->query_start, s->row_ids, s->row_seqs, s->attention_rows,           \
-                     s->max_blocks, s->heads, s->kv_heads, s->head_dim, s->block_size,     \
-                     s->scale, t, team) ? ATTENTION_NO_MEMORY : 0);                        \
+            STEP((s->kv8 ? rotary_store_kv8_##S##_part(ROTARY_ARGS)                        \
+                         : rotary_store_##S##_part(ROTARY_ARGS), 0));                      \
+            STEP((s->kv8 ? paged_attention_kv8_##S##_part(ATTENTION_ARGS)                  \
+                         : paged_attention_##S##_part(ATTENTION_ARGS))                     \
+                 ? ATTENTION_NO_MEMORY : 0);                                               \
             PRODUCT_STEP(product_##S(&l->o, attention, wide, NULL, x, rows, q_size, hidden, \
                                      t, team, bounds));                                    \
             STEP((rms_norm_##S##_part(x, residual, l->post_norm, h, residual, rows, hidden, \

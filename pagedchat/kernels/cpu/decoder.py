@@ -11,6 +11,7 @@ from pagedchat.kernels.cpu.attention import _plan
 from pagedchat.kernels.cpu.build import FLOAT, INT, P, declare, kernel
 from pagedchat.kernels.cpu.linear import BLOCKED_ROWS, blocked_width
 from pagedchat.kernels.cpu.quant import thread_split
+from pagedchat.kernels.kv_int8 import head_dim_of
 from pagedchat.kernels.quant import QuantizedWeight
 
 declare({"decoder_layers": (INT, [P, INT, P, P, P])})
@@ -72,7 +73,7 @@ class _DecoderStep(ctypes.Structure):
 
     _fields_ = [(name, INT) for name in ("rows", "hidden", "heads", "kv_heads", "head_dim",
                                           "intermediate", "block_size", "max_blocks",
-                                          "attention_rows", "num_threads")] + \
+                                          "attention_rows", "num_threads", "kv8")] + \
                [("eps", FLOAT), ("scale", FLOAT)] + \
                [(name, P) for name in ("cos", "sin", "slots", "block_tables", "context_lens",
                                         "query_start", "row_ids", "row_seqs", "h", "qkv", "q",
@@ -111,7 +112,9 @@ class DecoderStack:
         first = layers[0]
         self.hidden = first.input_norm.shape[0]
         self.heads = num_heads
-        _, self.block_size, self.kv_heads, self.head_dim = first.k_cache.shape
+        _, self.block_size, self.kv_heads, _ = first.k_cache.shape
+        self.head_dim = head_dim_of(first.k_cache)
+        self.kv8 = first.k_cache.dtype == torch.int8
         self.qkv_width = first.qkv.shape[0]
         self.intermediate = first.gate_up.shape[0] // 2
         self.eps, self.scale = eps, scale
@@ -160,7 +163,7 @@ class DecoderStack:
         self.bounds = thread_split(self.bounds, threads)
         step = _DecoderStep(
             rows, self.hidden, self.heads, self.kv_heads, self.head_dim, self.intermediate,
-            self.block_size, plan.tables.shape[1], len(plan.rows), threads,
+            self.block_size, plan.tables.shape[1], len(plan.rows), threads, self.kv8,
             self.eps, self.scale, cos.data_ptr(), sin.data_ptr(), slots.data_ptr(),
             plan.tables.data_ptr(), plan.context_lens.data_ptr(),
             plan.query_start_loc.data_ptr(), plan.rows.data_ptr(), plan.row_seqs.data_ptr(),
@@ -189,22 +192,27 @@ def decoder_stack(layers: list[LayerTensors], num_heads: int, eps: float,
                   scale: float) -> DecoderStack | None:
     """The layers as one C call where they can be: float32 or bfloat16 on the CPU, every
     product's weight packed in the blocked layout the C product reads or kept quantized,
-    caches contiguous; else None (the model then calls its layers one by one)."""
+    caches contiguous, of the step's type or all int8; else None (the model then calls its
+    layers one by one)."""
     if not layers or kernel("decoder_layers", layers[0].input_norm) is None:
         return None
     dtype = layers[0].input_norm.dtype
     hidden = layers[0].input_norm.shape[0]
+    cache_dtype = layers[0].k_cache.dtype if layers[0].k_cache.dtype == torch.int8 else dtype
     for layer in layers:
-        q_size = num_heads * layer.k_cache.shape[-1]
+        q_size = num_heads * head_dim_of(layer.k_cache)
         intermediate = layer.gate_up.shape[0] // 2
         products = ((layer.qkv, hidden), (layer.o, q_size), (layer.gate_up, hidden),
                     (layer.down, intermediate))
-        plain = [layer.input_norm, layer.post_norm, layer.k_cache, layer.v_cache]
+        plain = [layer.input_norm, layer.post_norm]
         if layer.qkv_bias is not None:
             plain.append(layer.qkv_bias)
         if not all(_product_ok(weight, dtype, width) for weight, width in products):
             return None
         if not all(tensor.dtype == dtype and tensor.is_cpu and tensor.is_contiguous()
                    for tensor in plain):
+            return None
+        if not all(cache.dtype == cache_dtype and cache.is_cpu and cache.is_contiguous()
+                   for cache in (layer.k_cache, layer.v_cache)):
             return None
     return DecoderStack(layers, num_heads, eps, scale)

@@ -51,6 +51,26 @@
 DECLARE_LAYER_KERNELS(float, f32)
 DECLARE_LAYER_KERNELS(bf16_t, bf16)
 
+/* The same store and attention over int8 KV caches (kv8.h), queries and outputs of T. */
+#define DECLARE_KV8_KERNELS(T, S)                                                          \
+    void rotary_store_kv8_##S##_part(const T *qkv, int64_t row_stride, const T *cos,       \
+                                     const T *sin, const int64_t *slots, T *q_out,         \
+                                     int8_t *k_cache, int8_t *v_cache, int tokens,         \
+                                     int heads, int kv_heads, int head_dim, int t,         \
+                                     int count);                                           \
+    int paged_attention_kv8_##S##_part(const T *query, const int8_t *k_cache,              \
+                                       const int8_t *v_cache, T *out,                      \
+                                       const int32_t *block_tables,                        \
+                                       const int32_t *context_lens,                        \
+                                       const int32_t *query_start, const int32_t *rows,    \
+                                       const int32_t *row_seqs, int num_rows,              \
+                                       int max_blocks, int num_heads, int num_kv_heads,    \
+                                       int head_dim, int block_size, float scale, int t,   \
+                                       int count);
+
+DECLARE_KV8_KERNELS(float, f32)
+DECLARE_KV8_KERNELS(bf16_t, bf16)
+
 /* Thread t of a team of `threads`: its share of a product on GGML blocks (quant.c), float32
  * x, out float32 or (out_bf16) bfloat16; equal shares of the output columns where bounds is
  * NULL, else as thread_run (quant.h) reads bounds. Returns 0, 1 for an unknown type, 2 when

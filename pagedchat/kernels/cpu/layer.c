@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "kernels.h"
+#include "kv8.h"
 #include "vector.h"
 
 /* Below this many elements a call stays on the calling thread. */
@@ -153,6 +154,50 @@ void NAME(const T *qkv, int64_t row_stride, const T *cos, const T *sin,         
               v_cache, tokens, heads, kv_heads, head_dim);                                 \
 }
 
+/* NAME (rotary_store_kv8_S): rotary_store_S's rotation, with the keys and values stored as
+ * int8 rows with their scales (kv8.h): each key head rotated into a row of T, as
+ * rotary_store_S would store it, then quantized from that row. */
+#define DEFINE_ROTARY_STORE_KV8(NAME, T, S, LOAD1)                                         \
+void NAME##_part(const T *qkv, int64_t row_stride, const T *cos, const T *sin,             \
+                 const int64_t *slots, T *q_out, int8_t *k_cache, int8_t *v_cache,         \
+                 int tokens, int heads, int kv_heads, int head_dim, int thread, int count) { \
+    const int64_t head_bytes = kv8_head_bytes(head_dim);                                   \
+    const int64_t kv_row = kv_heads * head_bytes;                                          \
+    T key[head_dim];                                                                       \
+    float wide[head_dim];                                                                  \
+    int first, end;                                                                        \
+    rows_of(tokens, row_stride * tokens, thread, count, &first, &end);                     \
+    for (int t = first; t < end; t++) {                                                    \
+        const T *row = qkv + (int64_t)t * row_stride;                                      \
+        const T *c = cos + (int64_t)t * head_dim;                                          \
+        const T *s = sin + (int64_t)t * head_dim;                                          \
+        for (int h = 0; h < heads; h++)                                                    \
+            rotary_store_##S##_head(row + (int64_t)h * head_dim, c, s,                     \
+                                    q_out + ((int64_t)t * heads + h) * head_dim, head_dim); \
+        if (slots[t] < 0) continue;                                                        \
+        const T *keys = row + (int64_t)heads * head_dim;                                   \
+        const T *values = keys + (int64_t)kv_heads * head_dim;                             \
+        for (int h = 0; h < kv_heads; h++) {                                               \
+            rotary_store_##S##_head(keys + (int64_t)h * head_dim, c, s, key, head_dim);    \
+            for (int d = 0; d < head_dim; d++) wide[d] = LOAD1(key, d);                    \
+            kv8_quantize(wide, k_cache + slots[t] * kv_row + h * head_bytes, head_dim);    \
+            for (int d = 0; d < head_dim; d++)                                             \
+                wide[d] = LOAD1(values + (int64_t)h * head_dim, d);                        \
+            kv8_quantize(wide, v_cache + slots[t] * kv_row + h * head_bytes, head_dim);    \
+        }                                                                                  \
+    }                                                                                      \
+}                                                                                          \
+                                                                                           \
+void NAME(const T *qkv, int64_t row_stride, const T *cos, const T *sin,                    \
+          const int64_t *slots, T *q_out, int8_t *k_cache, int8_t *v_cache, int tokens,    \
+          int heads, int kv_heads, int head_dim, int num_threads) {                        \
+    TEAM_CALL(NAME, row_stride * tokens, qkv, row_stride, cos, sin, slots, q_out, k_cache, \
+              v_cache, tokens, heads, kv_heads, head_dim);                                 \
+}
+
+#define F32_LOAD1(p, i) ((p)[i])
+#define BF16_LOAD1(p, i) bf16_load((p), (i))
+
 /* out = silu(gate) * up, gate and up the two halves of each row of gate_up
  * ([rows, 2 * width] contiguous); out: [rows, width]. */
 #define SILU_MUL_ROW(P)                                                                    \
@@ -184,3 +229,5 @@ DEFINE_SILU_MUL(silu_mul_f32, float, F32)
 DEFINE_RMS_NORM(rms_norm_bf16, bf16_t, BF16)
 DEFINE_ROTARY_STORE(rotary_store_bf16, bf16_t, BF16)
 DEFINE_SILU_MUL(silu_mul_bf16, bf16_t, BF16)
+DEFINE_ROTARY_STORE_KV8(rotary_store_kv8_f32, float, f32, F32_LOAD1)
+DEFINE_ROTARY_STORE_KV8(rotary_store_kv8_bf16, bf16_t, bf16, BF16_LOAD1)

@@ -7,10 +7,12 @@ import torch
 
 from pagedchat.kernels import reference
 from pagedchat.kernels.cpu.build import FLOAT, INT, INT64, P, declare, kernel
+from pagedchat.kernels.kv_int8 import head_dim_of
 
 declare({
     "rms_norm": (None, [P] * 5 + [INT, INT, FLOAT, INT]),
     "rotary_store": (None, [P, INT64] + [P] * 6 + [INT] * 5),
+    "rotary_store_kv8": (None, [P, INT64] + [P] * 6 + [INT] * 5),  # into int8 caches
     "silu_mul": (None, [P, P, INT, INT, INT]),
 })
 
@@ -40,11 +42,15 @@ def rotary_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_he
                  slot_mapping: torch.Tensor) -> torch.Tensor:
     """Same contract as :func:`pagedchat.kernels.reference.rotary_store`, one pass over
     each token: keys and values go straight to their slots."""
-    function = kernel("rotary_store", qkv, cos, sin, k_cache, v_cache)
+    if k_cache.dtype == torch.int8:  # int8 caches (kv_int8.py): quantized as stored
+        int8 = v_cache.dtype == torch.int8 and k_cache.is_cpu and v_cache.is_cpu
+        function = kernel("rotary_store_kv8", qkv, cos, sin) if int8 else None
+    else:
+        function = kernel("rotary_store", qkv, cos, sin, k_cache, v_cache)
     if (function is None or qkv.stride(1) != 1 or not k_cache.is_contiguous()
             or not v_cache.is_contiguous()):
         return reference.rotary_store(qkv, cos, sin, num_heads, k_cache, v_cache, slot_mapping)
-    tokens, (kv_heads, head_dim) = qkv.shape[0], k_cache.shape[2:]
+    tokens, kv_heads, head_dim = qkv.shape[0], k_cache.shape[2], head_dim_of(k_cache)
     cos, sin = cos.contiguous(), sin.contiguous()
     slots = slot_mapping.to(torch.int64).contiguous()
     q = torch.empty(tokens, num_heads, head_dim, dtype=qkv.dtype)

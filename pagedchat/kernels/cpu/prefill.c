@@ -14,13 +14,15 @@
  * bfloat16 (computed in float32), head sizes that are multiples of 16 up to MAX_HEAD_DIM
  * and groups of up to MAX_ROWS query heads only; attention.py sends the rest to SDPA. The
  * torch reference kernel is the definition; the tests compare the two.
- * Layout (DESIGN.md): caches [num_blocks, block_size, num_kv_heads, head_dim].
+ * Layout (DESIGN.md): caches [num_blocks, block_size, num_kv_heads, head_dim], or int8
+ * rows with their scales (kv8.h), de-quantized as they are gathered.
  */
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "kv8.h"
 #include "vector.h"
 
 /* Query rows (positions x heads of one KV group) per item: their score vectors, one
@@ -95,24 +97,37 @@ static inline __attribute__((always_inline)) void store16_at(void *p, int64_t i,
         vf_store((float *)p + i, v);
 }
 
+/* Element d of the KV head at byte `at` of a cache as float32: of the query's type (bf16 as
+ * in load_at), or (kv8) an int8 row's value times its scale. */
+static inline __attribute__((always_inline)) float kv_at(const void *cache, int64_t at,
+                                                         int d, int head_dim, const int bf16,
+                                                         const int kv8) {
+    const char *head = (const char *)cache + at;
+    if (kv8) return (float)((const int8_t *)head)[d] * kv8_scale((const int8_t *)head, head_dim);
+    return load_at(head, d, bf16);
+}
+
 /* keys_t[kv][d][t] = K of token t, head kv, dimension d, and values[kv][t][d] = V of it
- * (as float32), for t < context (then zeros up to key_width), read once per call through
- * the block table: the items then read both contiguously, with no slot arithmetic. */
+ * (as float32, de-quantized from an int8 cache), for t < context (then zeros up to
+ * key_width), read once per call through the block table: the items then read both
+ * contiguously, with no slot arithmetic. */
 static inline __attribute__((always_inline)) void gather_kv(
         const void *k_cache, const void *v_cache, const int32_t *table, int block_size,
         int context, int num_kv_heads, int head_dim, float *keys_t, float *values,
-        const int bf16) {
+        const int bf16, const int kv8) {
     const int64_t width = key_width(context);
+    const int64_t head_bytes = kv8 ? kv8_head_bytes(head_dim)
+                                   : (int64_t)head_dim * (bf16 ? 2 : 4);
     for (int t = 0; t < width; t++) {
         const int64_t k = t < context
-            ? slot_of(table, block_size, t) * num_kv_heads * head_dim : -1;
+            ? slot_of(table, block_size, t) * num_kv_heads * head_bytes : -1;
         for (int kv = 0; kv < num_kv_heads; kv++)
             for (int d = 0; d < head_dim; d++) {
-                const int64_t at = k + (int64_t)kv * head_dim + d;
+                const int64_t at = k + kv * head_bytes;
                 keys_t[((int64_t)kv * head_dim + d) * width + t] =
-                    k >= 0 ? load_at(k_cache, at, bf16) : 0.0f;
+                    k >= 0 ? kv_at(k_cache, at, d, head_dim, bf16, kv8) : 0.0f;
                 values[((int64_t)kv * width + t) * head_dim + d] =
-                    k >= 0 ? load_at(v_cache, at, bf16) : 0.0f;
+                    k >= 0 ? kv_at(v_cache, at, d, head_dim, bf16, kv8) : 0.0f;
             }
     }
 }
@@ -227,7 +242,8 @@ static inline __attribute__((always_inline)) int paged_prefill(
         const void *query, const void *k_cache, const void *v_cache, void *out,
         const int32_t *block_tables, const int32_t *context_lens, const int32_t *query_start,
         const int32_t *seqs, int num_seqs, int max_blocks, int num_heads, int num_kv_heads,
-        int head_dim, int block_size, float scale, int num_threads, const int bf16) {
+        int head_dim, int block_size, float scale, int num_threads, const int bf16,
+        const int kv8) {
     const int group = num_heads / num_kv_heads;
     if (head_dim % 16 != 0 || head_dim > MAX_HEAD_DIM || group > MAX_ROWS) return 1;
     const int positions = MAX_ROWS / group;  /* query positions per item */
@@ -265,7 +281,7 @@ static inline __attribute__((always_inline)) int paged_prefill(
         for (int i = 0; i < num_seqs; i++)
             gather_kv(k_cache, v_cache, block_tables + (int64_t)seqs[i] * max_blocks,
                       block_size, context_lens[seqs[i]], num_kv_heads, head_dim,
-                      keys_t + keys_at[i], values + keys_at[i], bf16);
+                      keys_t + keys_at[i], values + keys_at[i], bf16, kv8);
         /* the last tiles of a chunk see the most keys: hand them out first */
         #pragma omp for schedule(dynamic, 1)
         for (int64_t back = 0; back < items; back++) {
@@ -295,10 +311,13 @@ static inline __attribute__((always_inline)) int paged_prefill(
     return failed ? 2 : 0;
 }
 
-#define PREFILL_CALL(BF16)                                                                 \
+#define PREFILL_CALL(BF16, KV8)                                                            \
     paged_prefill(query, k_cache, v_cache, out, block_tables, context_lens, query_start,  \
                   seqs, num_seqs, max_blocks, num_heads, num_kv_heads, head_dim,          \
-                  block_size, scale, num_threads, BF16)
+                  block_size, scale, num_threads, BF16, KV8)
 
-int paged_prefill_f32(PREFILL_ARGS) { return PREFILL_CALL(0); }
-int paged_prefill_bf16(PREFILL_ARGS) { return PREFILL_CALL(1); }
+int paged_prefill_f32(PREFILL_ARGS) { return PREFILL_CALL(0, 0); }
+int paged_prefill_bf16(PREFILL_ARGS) { return PREFILL_CALL(1, 0); }
+/* the caches int8 rows with their scales (kv8.h) */
+int paged_prefill_kv8_f32(PREFILL_ARGS) { return PREFILL_CALL(0, 1); }
+int paged_prefill_kv8_bf16(PREFILL_ARGS) { return PREFILL_CALL(1, 1); }

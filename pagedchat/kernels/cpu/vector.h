@@ -80,6 +80,11 @@ static inline vf vf_load_bf16(const bf16_t *p, vmask m) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
 }
 
+/* 16 int8 values as float32 (exactly). */
+static inline vf vf_load_i8(const int8_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+
 /* 16 float32 lanes rounded to nearest even, as torch rounds to bfloat16: one instruction
  * with AVX512-BF16 (vcvtneps2bf16, the same bits for every finite float32 but the
  * subnormals below 2^-126, which it reads as zero), else integer arithmetic on the bits. */
@@ -229,6 +234,10 @@ static inline vf vf_load_bf16(const bf16_t *p, vmask m) {
     VF_BOTH(avx2_widen_bf16(_mm_loadu_si128((const __m128i *)p)),
             avx2_widen_bf16(_mm_loadu_si128((const __m128i *)(p + 8))));
 }
+static inline __m256 avx2_widen_i8(const int8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+static inline vf vf_load_i8(const int8_t *p) { VF_BOTH(avx2_widen_i8(p), avx2_widen_i8(p + 8)); }
 static inline __m256i avx2_round_bits(__m256 v) {  /* bfloat16 bits in the low halves */
     const __m256i bits = _mm256_castps_si256(v);
     const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
@@ -332,6 +341,7 @@ static inline vf vf_scale2(vf y, vf n) { VF_MAP(scale2(y.f[i], (int)n.f[i])); }
 static inline vf vf_load_bf16(const bf16_t *p, vmask m) {
     VF_MAP(m >> i & 1 ? bf16_load(p, i) : 0.0f);
 }
+static inline vf vf_load_i8(const int8_t *p) { VF_MAP((float)p[i]); }
 static inline void vf_store_bf16(bf16_t *p, vmask m, vf v) {
     for (int i = 0; i < 16; i++)
         if (m >> i & 1) p[i] = bf16_round(v.f[i]);

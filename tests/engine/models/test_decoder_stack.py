@@ -64,9 +64,9 @@ def _quantize(model, folder: Path) -> None:
         ["Q4_0", "Q8_0", "Q5_0"]
 
 
-def _engine(source: str, dtype: str, folder: Path) -> LLM:
+def _engine(source: str, dtype: str, folder: Path, kv_cache_dtype: str = "auto") -> LLM:
     llm = LLM(model=str(folder), num_kv_blocks=128, block_size=16, max_num_batched_tokens=64,
-              dtype=dtype)
+              dtype=dtype, kv_cache_dtype=kv_cache_dtype)
     if source.startswith("quantized"):
         _quantize(llm.engine.runner.model, folder)
     if source == "quantized-int8":
@@ -79,24 +79,27 @@ def _engine(source: str, dtype: str, folder: Path) -> LLM:
 SKEWED = (0.0, 0.05, 0.9, 1.0)
 
 
-@pytest.mark.parametrize(("source", "dtype", "split"), [
-    pytest.param("float", "float32", None, marks=needs_stack),
-    pytest.param("float", "bfloat16", None, marks=needs_bfloat16_stack),
-    pytest.param("quantized", "float32", None, marks=needs_kernels),
-    pytest.param("quantized", "float32", SKEWED, marks=needs_kernels),
-    pytest.param("quantized", "bfloat16", None, marks=needs_kernels),
-    pytest.param("quantized-int8", "float32", SKEWED, marks=needs_kernels),
+@pytest.mark.parametrize(("source", "dtype", "split", "kv"), [
+    pytest.param("float", "float32", None, "auto", marks=needs_stack),
+    pytest.param("float", "bfloat16", None, "auto", marks=needs_bfloat16_stack),
+    pytest.param("quantized", "float32", None, "auto", marks=needs_kernels),
+    pytest.param("quantized", "float32", SKEWED, "auto", marks=needs_kernels),
+    pytest.param("quantized", "bfloat16", None, "auto", marks=needs_kernels),
+    pytest.param("quantized-int8", "float32", SKEWED, "auto", marks=needs_kernels),
+    pytest.param("quantized", "float32", None, "int8", marks=needs_kernels),
+    pytest.param("quantized", "bfloat16", None, "int8", marks=needs_kernels),
 ])
 def test_stack_gives_the_layers_result_bit_for_bit(tiny_model_dir, monkeypatch, request,
-                                                   source, dtype, split):
+                                                   source, dtype, split, kv):
     """Every step runs both ways: decode steps (one to six rows, one with a short prompt
     chunk beside them) through the stack must equal the layers exactly, K/V writes
     included; steps with a long prompt chunk are left to the layers. On packed float
     weights, and on quantized ones whose fused products mix formats (multiplied exactly,
     or with 8-bit activations). With a split: three threads, the quantized products'
     columns split unequally among them at first, then as the decoder finds their speeds
-    after every step; the split must stay one that gives every thread work."""
-    llm = _engine(source, dtype, tiny_model_dir)
+    after every step; the split must stay one that gives every thread work. With int8 KV
+    caches, the stack stores and reads them as the layers do."""
+    llm = _engine(source, dtype, tiny_model_dir, kv)
     model = llm.engine.runner.model
     if split is not None:
         request.addfinalizer(lambda threads=torch.get_num_threads():

@@ -40,3 +40,18 @@ def test_folder_greedy_matches_transformers(tmp_path: Path, family):
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=10),
                            use_progress=False)
     assert [o.outputs[0].token_ids for o in outputs] == references
+    # int8 K/V rows (Qwen3's normed keys, Phi-3's cut projections): the same first tokens;
+    # a pool that preempts gives the same tokens as one that does not
+    int8 = _tokens(tmp_path, prompts, num_kv_blocks=64)
+    squeezed = _tokens(tmp_path, prompts, num_kv_blocks=20, max_num_batched_tokens=16)
+    assert squeezed == int8 and [t[0] for t in int8] == [t[0] for t in references]
+
+
+def _tokens(folder: Path, prompts: list[list[int]], **options) -> list[list[int]]:
+    """Greedy tokens on int8 KV caches, checking that ``options`` made the engine preempt
+    where the pool is under 64 blocks."""
+    with LLM(model=str(folder), block_size=4, kv_cache_dtype="int8", **options) as llm:
+        outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=10,
+                                                       ignore_eos=True))
+        assert (llm.engine.scheduler.num_preemptions > 0) == (options["num_kv_blocks"] < 64)
+        return [o.outputs[0].token_ids for o in outputs]

@@ -146,3 +146,15 @@ def test_head_dim_256_matches_transformers(wide_head_gemma_dir):
     batch = prompts(4)
     expected = reference(wide_head_gemma_dir, batch, 16)
     assert generate(wide_head_gemma_dir, batch, 16, num_kv_blocks=128) == expected
+
+
+def test_int8_kv_cache_over_windows_and_preemption(tiny_gemma_dir, tiny_gemma_references):
+    """int8 K/V rows in the local layers' windows and the global layers' blocks: the same
+    tokens with a pool that swaps as without (each token's rows quantized on their own),
+    and here, where this model's margins are wider than the rounding, transformers'."""
+    plain = generate(tiny_gemma_dir, prompts(), 24, num_kv_blocks=256, kv_cache_dtype="int8")
+    swapped, preemptions = generate_counting(
+        tiny_gemma_dir, prompts(), 24, block_size=4, num_kv_blocks=64,
+        max_num_batched_tokens=24, preemption_mode="swap", kv_cache_dtype="int8")
+    assert preemptions > 0 and swapped == plain
+    assert plain == tiny_gemma_references
