@@ -1,16 +1,16 @@
 /* One row of x times Q4_K or Q6_K weights (a decode step) in integer products, on AVX2 and
  * AVX-512: decoding each weight to float32 leaves those products bound by instructions,
- * far from the memory's speed. x is split, per group of 256 values, into two rounded terms
- *     x ~ s (a + b / 254),  s = max|x| / 127,  a = round(x / s),  b = round(254 (x - s a) / s),
- * with a and b in [-127, 127], so that each value is off by at most max|x| / 64516: 16 bits
- * against the group's largest, where llama.cpp's 8-bit activations keep 8. A run's weights
- * are scale * q + offset for small unsigned integers q, so a block's sum is
- *     d s / 254 (254 sum_j sc_j (q . a)_j + sum_j sc_j (q . b)_j) + sum_j offset_j X_j,
+ * far from the memory's speed. x is split, per group of 256 values, into three rounded terms
+ *     x ~ s (a + b / 128 + c / 128^2),  a = round(x / s),  b, c the rounded rests,
+ * with s a power of two and |a| <= 127 (|b|, |c| <= 64), so that each value is off by at
+ * most 2^-21 of the group's largest: float32's reach, where llama.cpp's 8-bit activations
+ * keep 8 bits. A run's weights are scale * q + offset for small unsigned integers q, so a
+ * block's sum is
+ *     d s / 128^2 sum_j sc_j (128 (128 (q . a)_j + (q . b)_j) + (q . c)_j) + sum_j offset_j X_j,
  * its dot products exact in integers (byte products summed in pairs, times the run's integer
- * scale sc_j), X_j the run's float sum of x. Its agreement with the exact product is
- * measured against the torch reference (kernels/quant.py, split_activations) and, through the
- * engine, against transformers.
- */
+ * scale sc_j), X_j the run's float sum of x, and every scale a power of two, so that a unit
+ * row of x still picks each weight bit for bit. tests/kernels/test_quant_split.py holds the
+ * products to that bound. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -20,16 +20,15 @@
 #if defined(__AVX2__)
 #include <immintrin.h>
 
-/* Values per group that share one split scale, and the ratio of the two terms' scales. */
+/* Values per group that share one split scale, the ratio of a term's scale to the next's,
+ * and the number of terms. */
 #define SPLIT_GROUP 256
 #define SPLIT_RATIO 128.0f
-#ifndef SPLIT_TERMS
 #define SPLIT_TERMS 3
-#endif
 
 typedef struct {
     const int8_t *term[SPLIT_TERMS];  /* k_dim each */
-    const float *scale;  /* per group: s / 254^(terms - 1) */
+    const float *scale;  /* per group: the last term's scale, s / 128^2 */
     const float *sums;   /* per run of the format (32 in Q4_K, 16 in Q6_K): sum of x */
 } SplitX;
 
@@ -41,7 +40,8 @@ static void split_x(const float *x, int k_dim, int run, int interleaved,
     for (int g = 0; g < k_dim; g += SPLIT_GROUP) {
         float amax = 0.0f;
         for (int i = 0; i < SPLIT_GROUP; i++) amax = fmaxf(amax, fabsf(x[g + i]));
-        /* s: the least power of two with max|x| <= 127 s, so that every scale is exact */
+        /* s: a power of two with max|x| <= 127 s (at most twice the least), so that every
+         * scale is exact */
         int e = 0;
         frexpf(amax * (1.0f / 127.0f), &e);
         const float s = amax > 0.0f ? ldexpf(1.0f, e) : 0.0f;
