@@ -105,6 +105,10 @@ class EngineStats:
     window_freed_blocks: int = 0  # blocks given back to the pool as they slid out of a window
     # per layer group its sliding window, None for global layers (one None: no windows)
     group_windows: list[int | None] = field(default_factory=lambda: [None])
+    # speculative decoding in force (None: off), and its tokens proposed and accepted
+    speculative: str | None = None
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
     block_tables: list[SeqBlockTable] = field(default_factory=list)
     groups: list[GroupSharing] = field(default_factory=list)
     pool: list[str] = field(default_factory=list)  # per block: free | cached | used | shared
