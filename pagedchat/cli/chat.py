@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from pagedchat.chat.prompt import DEFAULT_CONTEXT_WINDOW
-from pagedchat.cli.options import MODEL_HELP, Weights
+from pagedchat.cli.options import MODEL_HELP, NumSpeculativeTokens, Speculative, Weights
 from pagedchat.tui.main import DEFAULT_KV_BLOCKS, run_chat
 
 
@@ -29,6 +29,8 @@ def chat(
         "--tensor-parallel-size", "-tp", min=1,
         help="Workers that split the model's heads (one process each).")] = 1,
     weights: Weights = None,
+    speculative: Speculative = None,
+    num_speculative_tokens: NumSpeculativeTokens = 4,
     raw: Annotated[bool, typer.Option(
         "--raw", help="Plain continuation: the model continues your text, no chat format."
     )] = False,
@@ -69,4 +71,5 @@ def chat(
     run_chat(chosen(model, "model", None), db, continue_last, session,
              chosen(context_window, "context_window", DEFAULT_CONTEXT_WINDOW),
              chosen(kv_blocks, "kv_blocks", DEFAULT_KV_BLOCKS), tensor_parallel_size, weights,
-             raw, settings, chosen(system, "system", DEFAULT_SYSTEM_PROMPT))
+             raw, settings, chosen(system, "system", DEFAULT_SYSTEM_PROMPT),
+             {"speculative": speculative, "num_speculative_tokens": num_speculative_tokens})

@@ -12,7 +12,15 @@ import typer
 
 from pagedchat.bench import report
 from pagedchat.cli import inspect_render
-from pagedchat.cli.options import BlockSize, JsonPath, Model, Weights, user_errors
+from pagedchat.cli.options import (
+    BlockSize,
+    JsonPath,
+    Model,
+    NumSpeculativeTokens,
+    Speculative,
+    Weights,
+    user_errors,
+)
 
 
 class Preemption(str, Enum):
@@ -40,6 +48,8 @@ def inspect(
     max_steps: Annotated[int, typer.Option("--max-steps", min=1)] = 500,
     model: Model = None,
     weights: Weights = None,
+    speculative: Speculative = None,
+    num_speculative_tokens: NumSpeculativeTokens = 4,
 ) -> None:
     """Watch the KV block pool, block tables and sharing, one engine step at a time."""
     from pagedchat.bench.suite import EngineOptions
@@ -52,7 +62,8 @@ def inspect(
             prompts += [t for t in file.read_text(encoding="utf-8").splitlines() if t.strip()]
         engine = EngineOptions(model=model, block_size=block_size, num_kv_blocks=kv_blocks,
                                preemption_mode=Preemption(preemption_mode).value,
-                               weights=weights).build()
+                               weights=weights, speculative=speculative,
+                               num_speculative_tokens=num_speculative_tokens).build()
         arrivals = (prompt_scenario(prompts, max_tokens) if prompts
                     else default_scenario(engine.tokenizer, max_tokens))
 

@@ -27,6 +27,20 @@ Weights = Annotated[str | None, typer.Option(
                       "bits, as llama.cpp does (faster, not token-exact); q8_0: an HF "
                       "folder's weights quantized to Q8_0 at load; float32 or bfloat16: "
                       "de-quantized.")]
+def _check_speculative(value: str | None) -> str | None:
+    if value not in (None, "ngram"):
+        raise typer.BadParameter(f"{value!r} is not a speculation (choose ngram)")
+    return value
+
+
+Speculative = Annotated[str | None, typer.Option(
+    "--speculative", callback=_check_speculative,
+    help="ngram: each step, propose the tokens that followed the reply's last few tokens "
+         "earlier in the prompt or reply, and verify them in the same step (output "
+         "unchanged; faster where replies repeat their context, as code edits do).")]
+NumSpeculativeTokens = Annotated[int, typer.Option(
+    "--num-speculative-tokens", min=1, max=16, help="Most tokens proposed per step with "
+                                                    "--speculative.")]
 TensorParallelSize = Annotated[int, typer.Option(
     "--tensor-parallel-size", "-tp", min=1,
     help="Workers that split the model's heads (one process each).")]

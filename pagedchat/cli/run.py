@@ -8,7 +8,14 @@ from typing import Annotated
 
 import typer
 
-from pagedchat.cli.options import MODEL_HELP, KvBlocks, KvMemory, Weights
+from pagedchat.cli.options import (
+    MODEL_HELP,
+    KvBlocks,
+    KvMemory,
+    NumSpeculativeTokens,
+    Speculative,
+    Weights,
+)
 
 
 def run(
@@ -25,6 +32,8 @@ def run(
     weights: Weights = None,
     kv_blocks: KvBlocks = None,
     kv_memory: KvMemory = None,
+    speculative: Speculative = None,
+    num_speculative_tokens: NumSpeculativeTokens = 4,
     tensor_parallel_size: Annotated[int, typer.Option(
         "--tensor-parallel-size", "-tp", min=1,
         help="Workers that split the model's heads (one process each).")] = 1,
@@ -54,7 +63,8 @@ def run(
         start = time.perf_counter()
         opened = open_model(EngineConfig(model=model, dtype=dtype, weights=weights,
                                          num_kv_blocks=kv_blocks, kv_cache_memory=kv_memory,
-                                         swap_space="0B",
+                                         swap_space="0B", speculative=speculative,
+                                         num_speculative_tokens=num_speculative_tokens,
                                          tensor_parallel_size=tensor_parallel_size))
         if raw:
             prompt_ids = list(opened.tokenizer.encode(prompt))
@@ -127,5 +137,6 @@ def _print_run_stats(engine, final, load_seconds: float) -> None:
         f"eval count:           {len(out.token_ids)} token(s)",
         f"eval rate:            {rate:.2f} tokens/s",
         f"finish reason:        {out.finish_reason}",
+        f"speculative decoding: {engine.stats().speculation()}",
     ]
     typer.echo("\n".join(lines), err=True)

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from pagedchat.cli.options import Weights
+from pagedchat.cli.options import NumSpeculativeTokens, Speculative, Weights
 
 
 def serve(
@@ -33,6 +33,8 @@ def serve(
         min=1, help="Most tokens per step.")] = 1024,
     dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16.")] = "float32",
     weights: Weights = None,
+    speculative: Speculative = None,
+    num_speculative_tokens: NumSpeculativeTokens = 4,
     tensor_parallel_size: Annotated[int, typer.Option(
         "--tensor-parallel-size", "-tp", min=1,
         help="Workers that split the model's heads (one process each).")] = 1,
@@ -62,7 +64,8 @@ def serve(
             model=model, block_size=block_size, kv_cache_memory=kv_memory,
             num_kv_blocks=kv_blocks, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, dtype=dtype, weights=weights,
-            swap_space="0B", tensor_parallel_size=tensor_parallel_size))
+            swap_space="0B", tensor_parallel_size=tensor_parallel_size,
+            speculative=speculative, num_speculative_tokens=num_speculative_tokens))
     except PagedChatError as error:
         typer.secho(f"error: {error}", err=True, fg="red")
         raise typer.Exit(1) from error

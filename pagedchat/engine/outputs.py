@@ -114,6 +114,14 @@ class EngineStats:
     pool: list[str] = field(default_factory=list)  # per block: free | cached | used | shared
     owners: dict[int, list[str]] = field(default_factory=dict)
 
+    def speculation(self) -> str:
+        """Which speculative decoding is in force and how its drafts fared, in a few words."""
+        if self.speculative is None:
+            return "off"
+        rate = self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+        return (f"{self.speculative}, {self.accepted_tokens} of {self.draft_tokens} proposed "
+                f"tokens accepted ({rate:.0%})")
+
     @property
     def has_windows(self) -> bool:
         """Whether the model has sliding-window layers (local layer groups)."""

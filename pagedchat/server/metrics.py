@@ -55,11 +55,20 @@ class _Snapshot:
                                      s.prefix_queries),
             "prefix_cache_hits": ("Prompt tokens found in the prefix cache.", s.prefix_hits),
             "preemptions": ("Sequence groups preempted for lack of KV blocks.", s.preemptions),
+            "spec_decode_draft_tokens": ("Tokens proposed by speculative decoding.",
+                                         s.draft_tokens),
+            "spec_decode_accepted_tokens": ("Proposed tokens that verification accepted.",
+                                            s.accepted_tokens),
         }
         for name, (text, value) in counters.items():
             family = CounterMetricFamily(f"pagedchat_{name}", text)
             family.add_metric([], value)
             yield family
+        method = GaugeMetricFamily("pagedchat_speculative_decoding",
+                                   "The speculative decoding in force (method=off: none).",
+                                   labels=["method"])
+        method.add_metric([s.speculative or "off"], 1)
+        yield method
 
 
 class ServerMetrics:
