@@ -200,6 +200,7 @@ class Scheduler:
         accepted = appended - 1
         self.accepted_tokens += accepted
         group.metrics.accepted_tokens += accepted
+        self.proposer.record(seq, draft, accepted)
         if seq.is_finished:
             return
         seq.num_computed_tokens -= draft - accepted

@@ -42,6 +42,9 @@ class Oracle:
         self.references = references
         self.calls = 0
 
+    def record(self, seq: Sequence, drafted: int, accepted: int) -> None:
+        pass
+
     def propose(self, seq: Sequence, limit: int) -> list[int]:
         reference = self.references[tuple(seq.token_ids[: seq.num_prompt_tokens])]
         done = seq.num_output_tokens
@@ -189,24 +192,29 @@ def _brute_force(tokens: list[int], low: int, high: int, limit: int) -> list[int
         suffix = tokens[-n:]
         for end in range(len(tokens) - 1, n - 1, -1):
             if tokens[end - n : end] == suffix:
-                return tokens[end : end + limit]
+                draft = tokens[end : end + limit]
+                while len(draft) < limit:  # a repeating run goes on repeating
+                    draft.append(draft[len(draft) - (len(tokens) - end)])
+                return draft
     return []
 
 
 def test_proposer_takes_the_longest_latest_match():
-    proposer = NgramProposer(1, 3)
+    proposer = NgramProposer(1, 3, row_cost=0)
     seq = Sequence([1, 2, 3, 9, 9, 1, 2, 3, 7, 8, 5, 2, 3], 13)
     # "2 3" ends the sequence; "1 2 3" does not: the latest "2 3" is followed by 7 8 5
     assert proposer.propose(seq, 2) == [7, 8]
     seq.token_ids += [7]  # now "2 3 7" matches at its one earlier place
     assert proposer.propose(seq, 4) == [8, 5, 2, 3]
+    seq.token_ids += [8, 5, 2, 3, 7]  # "3 7" last seen 5 tokens back: the run repeats
+    assert proposer.propose(seq, 7) == [8, 5, 2, 3, 7, 8, 5]
     assert proposer.propose(Sequence([4, 5, 6], 3), 4) == []
     assert proposer.propose(seq, 0) == []
 
 
 def test_proposer_index_grows_with_the_sequence_as_a_search_would_find():
     gen = torch.Generator().manual_seed(1)
-    proposer = NgramProposer(2, 4)
+    proposer = NgramProposer(2, 4, row_cost=0)
     seq = Sequence(torch.randint(0, 4, (5,), generator=gen).tolist(), 5)
     hits = 0
     for _ in range(150):
@@ -216,6 +224,28 @@ def test_proposer_index_grows_with_the_sequence_as_a_search_would_find():
         seq.token_ids += torch.randint(0, 4, (int(torch.randint(1, 3, ())),),
                                        generator=gen).tolist()
     assert hits > 100
+
+
+def test_draft_length_follows_how_drafts_fare():
+    """Drafts grow while they are accepted, stop after rejections, and come back once the
+    sequence has gone without drafts for a while."""
+    proposer = NgramProposer(1, 1, row_cost=0.3)
+    seq = Sequence([5] * 40, 40)  # every suffix matches: the length is the policy's alone
+    lengths = []
+    for _ in range(6):
+        draft = proposer.propose(seq, 8)
+        lengths.append(len(draft))
+        proposer.record(seq, len(draft), len(draft))
+    assert lengths[0] >= 1 and lengths[-1] > lengths[0]
+    rejected = 0
+    while draft := proposer.propose(seq, 8):
+        proposer.record(seq, len(draft), 0)
+        rejected += 1
+        assert rejected < 20
+    idle = 1
+    while not proposer.propose(seq, 8):
+        idle += 1
+    assert idle < 20
 
 
 # ---- the acceptance test ---------------------------------------------------------------

@@ -22,6 +22,7 @@ from pagedchat.cli.bench import (
     quality,
     serve,
     sharing,
+    speculative,
     synth_model,
     throughput,
 )
@@ -40,4 +41,5 @@ app.command()(quality.quality)
 app.command()(sharing.sharing)
 app.command()(parallel.parallel)
 app.command()(isolation.isolation)
+app.command()(speculative.speculative)
 app.command("synth-model")(synth_model.synth_model)
