@@ -86,7 +86,9 @@ def _pool_balances(llm: LLM) -> None:
     dict(block_size=4, num_kv_blocks=70, preemption_mode="recompute"),
     dict(block_size=4, num_kv_blocks=70, preemption_mode="swap"),
     dict(block_size=16, num_kv_blocks=300, enable_prefix_caching=False),
-], ids=["bs16", "bs1", "bs4-k7", "budget9", "preempt-recompute", "preempt-swap", "no-prefix"])
+    dict(block_size=8, num_kv_blocks=600, attention_backend="torch"),
+], ids=["bs16", "bs1", "bs4-k7", "budget9", "preempt-recompute", "preempt-swap", "no-prefix",
+        "torch-kernels"])
 def test_greedy_with_drafts_matches_transformers(options, tiny_model_dir, references):
     llm = _speculative_llm(tiny_model_dir, references, **options)
     prompts = [list(p) for p in references]
