@@ -42,6 +42,8 @@ class EngineOptions:
     enable_prefix_caching: bool = True
     preemption_mode: str = "recompute"
     tensor_parallel_size: int = 1
+    speculative: str | None = None
+    num_speculative_tokens: int = EngineConfig.num_speculative_tokens
 
     def with_(self, **changes) -> EngineOptions:
         return replace(self, **changes)
@@ -57,6 +59,7 @@ class EngineOptions:
             enable_prefix_caching=self.enable_prefix_caching,
             preemption_mode=self.preemption_mode,
             tensor_parallel_size=self.tensor_parallel_size,
+            speculative=self.speculative, num_speculative_tokens=self.num_speculative_tokens,
             # a CPU swap pool only where preemption swaps: it costs memory and start time
             swap_space="1GiB" if self.preemption_mode == "swap" else "0B"))
 

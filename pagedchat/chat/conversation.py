@@ -89,6 +89,9 @@ class Message:
     # (place, count) among the messages of its role that follow the same one: 2 of 3
     # regenerated replies, or an edited message and its original
     branch: tuple[int, int] = (1, 1)
+    # speculative decoding's tokens proposed and accepted for this reply (not stored)
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
 
 
 @dataclass

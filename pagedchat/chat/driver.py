@@ -77,6 +77,8 @@ class ReplyUpdate:
     prompt_tokens: int
     cached_tokens: int
     output_tokens: int
+    draft_tokens: int = 0  # speculative decoding: tokens proposed, and of them accepted
+    accepted_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -237,6 +239,8 @@ class EngineDriver(CommandThread):
             self._pending[rid] = ReplyUpdate(
                 rid, completion.text, finished, reason,
                 len(output.prompt_token_ids), output.num_cached_tokens, count,
+                *((output.metrics.draft_tokens, output.metrics.accepted_tokens)
+                  if output.metrics is not None else ()),
             )
             if finished:
                 self._forget(rid)

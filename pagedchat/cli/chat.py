@@ -8,7 +8,13 @@ from typing import Annotated
 import typer
 
 from pagedchat.chat.prompt import DEFAULT_CONTEXT_WINDOW
-from pagedchat.cli.options import MODEL_HELP, KvCacheDtype, Weights
+from pagedchat.cli.options import (
+    MODEL_HELP,
+    KvCacheDtype,
+    NumSpeculativeTokens,
+    Speculative,
+    Weights,
+)
 from pagedchat.tui.main import DEFAULT_KV_BLOCKS, run_chat
 
 
@@ -30,6 +36,8 @@ def chat(
         help="Workers that split the model's heads (one process each).")] = 1,
     weights: Weights = None,
     kv_cache_dtype: KvCacheDtype = "auto",
+    speculative: Speculative = None,
+    num_speculative_tokens: NumSpeculativeTokens = 4,
     raw: Annotated[bool, typer.Option(
         "--raw", help="Plain continuation: the model continues your text, no chat format."
     )] = False,
@@ -70,4 +78,5 @@ def chat(
     run_chat(chosen(model, "model", None), db, continue_last, session,
              chosen(context_window, "context_window", DEFAULT_CONTEXT_WINDOW),
              chosen(kv_blocks, "kv_blocks", DEFAULT_KV_BLOCKS), tensor_parallel_size, weights,
-             kv_cache_dtype, raw, settings, chosen(system, "system", DEFAULT_SYSTEM_PROMPT))
+             kv_cache_dtype, raw, settings, chosen(system, "system", DEFAULT_SYSTEM_PROMPT),
+             {"speculative": speculative, "num_speculative_tokens": num_speculative_tokens})

@@ -17,6 +17,8 @@ from pagedchat.cli.options import (
     JsonPath,
     KvCacheDtype,
     Model,
+    NumSpeculativeTokens,
+    Speculative,
     Weights,
     user_errors,
 )
@@ -48,6 +50,8 @@ def inspect(
     model: Model = None,
     weights: Weights = None,
     kv_cache_dtype: KvCacheDtype = "auto",
+    speculative: Speculative = None,
+    num_speculative_tokens: NumSpeculativeTokens = 4,
 ) -> None:
     """Watch the KV block pool, block tables and sharing, one engine step at a time."""
     from pagedchat.bench.suite import EngineOptions
@@ -60,7 +64,9 @@ def inspect(
             prompts += [t for t in file.read_text(encoding="utf-8").splitlines() if t.strip()]
         engine = EngineOptions(model=model, block_size=block_size, num_kv_blocks=kv_blocks,
                                preemption_mode=Preemption(preemption_mode).value,
-                               weights=weights, kv_cache_dtype=kv_cache_dtype).build()
+                               weights=weights, kv_cache_dtype=kv_cache_dtype,
+                               speculative=speculative,
+                               num_speculative_tokens=num_speculative_tokens).build()
         arrivals = (prompt_scenario(prompts, max_tokens) if prompts
                     else default_scenario(engine.tokenizer, max_tokens))
 

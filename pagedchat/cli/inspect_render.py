@@ -130,6 +130,7 @@ def figures(stats: EngineStats) -> dict[str, object]:
         "swapped_out_in": f"{stats.swapped_out}/{stats.swapped_in}",
         "running_waiting_swapped": f"{stats.num_running}/{stats.num_waiting}/"
                                    f"{stats.num_swapped}",
+        "speculative_decoding": stats.speculation(),
         **(window_figures(stats) if stats.has_windows else {}),
     }
 

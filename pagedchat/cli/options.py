@@ -32,6 +32,22 @@ KvCacheDtype = Annotated[str, typer.Option(
                              "with a scale per token and head (about a quarter of float32's "
                              "bytes, so about 4x the tokens in the same pool; not token-exact). "
                              "Refused where the attention backend lacks it.")]
+
+
+def _check_speculative(value: str | None) -> str | None:
+    if value not in (None, "ngram"):
+        raise typer.BadParameter(f"{value!r} is not a speculation (choose ngram)")
+    return value
+
+
+Speculative = Annotated[str | None, typer.Option(
+    "--speculative", callback=_check_speculative,
+    help="ngram: each step, propose the tokens that followed the reply's last few tokens "
+         "earlier in the prompt or reply, and verify them in the same step (output "
+         "unchanged; faster where replies repeat their context, as code edits do).")]
+NumSpeculativeTokens = Annotated[int, typer.Option(
+    "--num-speculative-tokens", min=1, max=16, help="Most tokens proposed per step with "
+                                                    "--speculative.")]
 TensorParallelSize = Annotated[int, typer.Option(
     "--tensor-parallel-size", "-tp", min=1,
     help="Workers that split the model's heads (one process each).")]

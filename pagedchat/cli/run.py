@@ -8,7 +8,15 @@ from typing import Annotated
 
 import typer
 
-from pagedchat.cli.options import MODEL_HELP, KvBlocks, KvCacheDtype, KvMemory, Weights
+from pagedchat.cli.options import (
+    MODEL_HELP,
+    KvBlocks,
+    KvCacheDtype,
+    KvMemory,
+    NumSpeculativeTokens,
+    Speculative,
+    Weights,
+)
 
 
 def run(
@@ -26,6 +34,8 @@ def run(
     kv_blocks: KvBlocks = None,
     kv_memory: KvMemory = None,
     kv_cache_dtype: KvCacheDtype = "auto",
+    speculative: Speculative = None,
+    num_speculative_tokens: NumSpeculativeTokens = 4,
     tensor_parallel_size: Annotated[int, typer.Option(
         "--tensor-parallel-size", "-tp", min=1,
         help="Workers that split the model's heads (one process each).")] = 1,
@@ -56,6 +66,8 @@ def run(
         opened = open_model(EngineConfig(model=model, dtype=dtype, weights=weights,
                                          num_kv_blocks=kv_blocks, kv_cache_memory=kv_memory,
                                          kv_cache_dtype=kv_cache_dtype, swap_space="0B",
+                                         speculative=speculative,
+                                         num_speculative_tokens=num_speculative_tokens,
                                          tensor_parallel_size=tensor_parallel_size))
         if raw:
             prompt_ids = list(opened.tokenizer.encode(prompt))
@@ -129,5 +141,6 @@ def _print_run_stats(engine, final, load_seconds: float) -> None:
         f"eval count:           {len(out.token_ids)} token(s)",
         f"eval rate:            {rate:.2f} tokens/s",
         f"finish reason:        {out.finish_reason}",
+        f"speculative decoding: {engine.stats().speculation()}",
     ]
     typer.echo("\n".join(lines), err=True)

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from pagedchat.cli.options import KvCacheDtype, Weights
+from pagedchat.cli.options import KvCacheDtype, NumSpeculativeTokens, Speculative, Weights
 
 
 def serve(
@@ -34,6 +34,8 @@ def serve(
     dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16.")] = "float32",
     weights: Weights = None,
     kv_cache_dtype: KvCacheDtype = "auto",
+    speculative: Speculative = None,
+    num_speculative_tokens: NumSpeculativeTokens = 4,
     tensor_parallel_size: Annotated[int, typer.Option(
         "--tensor-parallel-size", "-tp", min=1,
         help="Workers that split the model's heads (one process each).")] = 1,
@@ -64,7 +66,8 @@ def serve(
             num_kv_blocks=kv_blocks, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, dtype=dtype, weights=weights,
             kv_cache_dtype=kv_cache_dtype, swap_space="0B",
-            tensor_parallel_size=tensor_parallel_size))
+            tensor_parallel_size=tensor_parallel_size,
+            speculative=speculative, num_speculative_tokens=num_speculative_tokens))
     except PagedChatError as error:
         typer.secho(f"error: {error}", err=True, fg="red")
         raise typer.Exit(1) from error

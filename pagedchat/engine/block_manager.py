@@ -312,6 +312,19 @@ class BlockManager:
         self.window_freed += returned
         return returned
 
+    def truncate(self, seq: Sequence) -> int:
+        """Give back the blocks past ``seq``'s computed tokens: after a speculative step,
+        those only its rejected draft tokens were written to (fresh blocks of its own, never
+        shared or cached). Returns how many went back to the pool."""
+        keep = self.blocks_for(seq.num_computed_tokens)
+        returned = 0
+        for table in seq.block_tables:
+            while len(table) > keep:
+                block_id = table.pop()
+                if block_id != HOLE:
+                    returned += self._release(block_id)
+        return returned
+
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """``child`` shares every block of ``parent`` (ref counts go up, nothing is copied)."""
         child.block_tables = [list(table) for table in parent.block_tables]

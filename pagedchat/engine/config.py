@@ -60,6 +60,12 @@ class EngineConfig:
     attention_backend: str = "auto"
     tensor_parallel_size: int = 1
     seed: int = 0
+    # speculative decoding: None (off) or "ngram" (drafts looked up in the sequence's own
+    # tokens, see ngram_proposer.py), up to num_speculative_tokens verified in one step
+    speculative: str | None = None
+    num_speculative_tokens: int = 4
+    ngram_min: int = 1
+    ngram_max: int = 3
 
     DEFAULT_KV_CACHE_MEMORY = "2GiB"
     # the least a pool sized for one request holds (see request_kv_blocks): a few blocks
@@ -96,6 +102,14 @@ class EngineConfig:
             raise RequestError(
                 f"max_num_batched_tokens must be positive, got {self.max_num_batched_tokens}"
             )
+        if self.speculative not in (None, "ngram"):
+            raise RequestError(f"speculative must be 'ngram' or None, got {self.speculative!r}")
+        if not 1 <= self.num_speculative_tokens <= 16:
+            raise RequestError("num_speculative_tokens must be from 1 to 16, "
+                               f"got {self.num_speculative_tokens}")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise RequestError(f"ngram_min ({self.ngram_min}) must be from 1 to ngram_max "
+                               f"({self.ngram_max})")
         if self.kv_cache_memory is not None:
             parse_bytes(self.kv_cache_memory)
         parse_bytes(self.swap_space)

@@ -35,6 +35,7 @@ from pagedchat.engine.runner.step_input import StepOutput
 from pagedchat.engine.sampling_params import SamplingParams
 from pagedchat.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from pagedchat.engine.sequence import Sequence, SequenceGroup
+from pagedchat.engine.speculation import verify_drafts
 
 log = logging.getLogger("pagedchat.engine")
 
@@ -126,6 +127,10 @@ class LLMEngine:
                 f"the prompt has {len(token_ids)} tokens but the model's context is {limit} "
                 "tokens (it must leave room for at least one new token)", "prompt")
         self.scheduler.check_fits(len(token_ids), params)
+        if params.use_beam_search and self.config.speculative:
+            raise RequestError(f"beam search does not combine with speculative decoding "
+                               f"(the engine runs --speculative {self.config.speculative})",
+                               "use_beam_search")
         if params.use_beam_search and params.stop:
             raise RequestError("beam search does not take stop strings (stop_token_ids work)",
                                "stop")
@@ -176,14 +181,28 @@ class LLMEngine:
         for item in out.scheduled:
             if item.group.metrics.first_scheduled_time is None:
                 item.group.metrics.first_scheduled_time = now
-        sampling = [item for item in out.scheduled if item.samples]
+        sampling = [item for item in out.scheduled if item.samples and not item.draft]
+        drafting = [item for item in out.scheduled if item.draft]
         with timer.phase("prepare"):
             step = out.step_input(self.config.block_size)
             step.argmax_rows = [row for row, item in enumerate(sampling)
                                 if self._argmax_only(item)]
+            plain_argmax = len(step.argmax_rows)
+            draft_argmax = [self._argmax_only(item) for item in drafting]
+            row = len(sampling)  # a drafted sequence's rows follow the plain ones (step_input)
+            for item, greedy in zip(drafting, draft_argmax, strict=True):
+                if greedy:
+                    step.argmax_rows.extend(range(row, row + 1 + len(item.draft)))
+                row += 1 + len(item.draft)
         result = self.runner.execute(step)
         with timer.phase("sample+detokenize"):
-            return self._process(out, sampling, step.argmax_rows, result)
+            plain_logits = len(sampling) - plain_argmax
+            advanced = self._process(out, sampling, step.argmax_rows[:plain_argmax], StepOutput(
+                result.logits[:plain_logits], result.tokens[:plain_argmax]))
+            advanced.update((group.request_id, group) for group in verify_drafts(
+                self, drafting, draft_argmax, result.tokens[plain_argmax:],
+                result.logits[plain_logits:]))
+            return self._outputs(advanced)
 
     def _argmax_only(self, item: ScheduledSeq) -> bool:
         """Whether this row's next token is the argmax of the raw logits, nothing else
@@ -191,10 +210,10 @@ class LLMEngine:
         return item.group.params.argmax_only and not self._banned(item.group.params, item.seq)
 
     def _process(self, out: SchedulerOutput, sampling: list[ScheduledSeq],
-                 argmax_rows: list[int], result: StepOutput) -> list[RequestOutput]:
-        """Sample, append and check stops. What fails for one request here (its logits
-        processor, its sampling values, its stop check) ends that request with an error
-        and frees its blocks; the others of the step go on."""
+                 argmax_rows: list[int], result: StepOutput) -> dict[str, SequenceGroup]:
+        """Sample, append and check stops; return the groups that advanced. What fails for
+        one request here (its logits processor, its sampling values, its stop check) ends
+        that request with an error and frees its blocks; the others of the step go on."""
         for item in out.scheduled:
             item.seq.num_computed_tokens += item.num_new_tokens
         logits = result.logits
@@ -243,13 +262,19 @@ class LLMEngine:
                 self._advance_beams(group, logits[[seq_rows[seq.seq_id] for seq in group.seqs]])
             except Exception as error:
                 self._fail(group, error)
+        return advanced
+
+    def _outputs(self, advanced: dict[str, SequenceGroup]) -> list[RequestOutput]:
+        """The advanced groups' outputs; a group with every sequence finished ends here."""
         now = time.time()
         results = []
         for group in advanced.values():
             metrics = group.metrics
             metrics.first_token_time = metrics.first_token_time or now
             metrics.last_token_time = now
-            metrics.token_times.append(now)
+            # one time per output token: a speculative step can append several
+            produced = max((seq.num_output_tokens for seq in group.seqs), default=0)
+            metrics.token_times.extend([now] * max(produced - len(metrics.token_times), 1))
             if not group.is_finished and not group.unfinished_seqs:
                 self.scheduler.finish(group)
                 group.metrics.finished_time = time.time()

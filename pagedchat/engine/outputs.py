@@ -106,10 +106,22 @@ class EngineStats:
     kv_cache_dtype: str = "float32"  # the K/V pool's element type in force (int8: kv_int8.py)
     # per layer group its sliding window, None for global layers (one None: no windows)
     group_windows: list[int | None] = field(default_factory=lambda: [None])
+    # speculative decoding in force (None: off), and its tokens proposed and accepted
+    speculative: str | None = None
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
     block_tables: list[SeqBlockTable] = field(default_factory=list)
     groups: list[GroupSharing] = field(default_factory=list)
     pool: list[str] = field(default_factory=list)  # per block: free | cached | used | shared
     owners: dict[int, list[str]] = field(default_factory=dict)
+
+    def speculation(self) -> str:
+        """Which speculative decoding is in force and how its drafts fared, in a few words."""
+        if self.speculative is None:
+            return "off"
+        rate = self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+        return (f"{self.speculative}, {self.accepted_tokens} of {self.draft_tokens} proposed "
+                f"tokens accepted ({rate:.0%})")
 
     @property
     def has_windows(self) -> bool:

@@ -19,6 +19,7 @@ import numpy as np
 from pagedchat.engine.block_manager import HOLE, NO_HASH, NO_HIT, BlockManager, PrefixHit
 from pagedchat.engine.config import EngineConfig
 from pagedchat.engine.errors import RequestError
+from pagedchat.engine.ngram_proposer import NgramProposer
 from pagedchat.engine.outputs import BlockEntry, EngineStats, GroupSharing, SeqBlockTable
 from pagedchat.engine.runner.step_input import StepInput
 from pagedchat.engine.sampling_params import SamplingParams
@@ -31,6 +32,7 @@ class ScheduledSeq:
     seq: Sequence
     num_new_tokens: int
     samples: bool
+    draft: list[int] = field(default_factory=list)  # proposed tokens, after the real ones
 
 
 @dataclass
@@ -51,9 +53,11 @@ class SchedulerOutput:
 
     def step_input(self, block_size: int) -> StepInput:
         """The step as the runner takes it: the scheduled sequences flattened, prefill
-        chunks and decodes side by side, with slots and tables per layer group."""
+        chunks and decodes side by side, with slots and tables per layer group. The sampled
+        rows are each plain sequence's last, then every row of each sequence with a draft
+        (its last real token's and its draft's)."""
         token_chunks, position_chunks = [], []
-        context_lens, query_start, sample_rows = [], [0], []
+        context_lens, query_start, sample_rows, draft_rows = [], [0], [], []
         num_groups = len(self.scheduled[0].seq.block_tables)
         slot_chunks: list[list[np.ndarray]] = [[] for _ in range(num_groups)]
         max_blocks = max(len(item.seq.block_tables[0]) for item in self.scheduled)
@@ -68,11 +72,13 @@ class SchedulerOutput:
                 table = np.asarray(block_table, dtype=np.int64)
                 tables[group, i, : len(table)] = table
                 slot_chunks[group].append(table[index] * block_size + offset)
-            token_chunks.append(seq.token_ids[start:end])
+            token_chunks.append(seq.token_ids[start : end - len(item.draft)] + item.draft)
             position_chunks.append(positions)
             context_lens.append(end)
             query_start.append(query_start[-1] + item.num_new_tokens)
-            if item.samples:
+            if item.draft:
+                draft_rows.extend(range(query_start[-1] - 1 - len(item.draft), query_start[-1]))
+            elif item.samples:
                 sample_rows.append(query_start[-1] - 1)
         return StepInput(
             input_ids=np.fromiter((t for chunk in token_chunks for t in chunk), dtype=np.int64),
@@ -81,7 +87,7 @@ class SchedulerOutput:
             block_tables=tables,
             context_lens=np.asarray(context_lens, dtype=np.int32),
             query_start_loc=np.asarray(query_start, dtype=np.int32),
-            sample_rows=sample_rows,
+            sample_rows=sample_rows + draft_rows,
             copies=self.copies, swap_out=self.swap_out, swap_in=self.swap_in,
         )
 
@@ -94,6 +100,9 @@ class Scheduler:
         self.running: list[SequenceGroup] = []
         self.swapped: deque[SequenceGroup] = deque()
         self.num_preemptions = 0
+        self.proposer = (NgramProposer(config.ngram_min, config.ngram_max)
+                         if config.speculative == "ngram" else None)
+        self.draft_tokens = self.accepted_tokens = 0
 
     def add(self, group: SequenceGroup) -> None:
         self.waiting.append(group)
@@ -151,8 +160,52 @@ class Scheduler:
             budget = self._resume_swapped(out, budget)
             if not self.swapped:
                 self._admit_waiting(out, budget)
+            if self.proposer is not None:
+                self._add_drafts(out)
         out.copies = self.block_manager.take_copies()
         return out
+
+    def _add_drafts(self, out: SchedulerOutput) -> None:
+        """Give each decoding sequence the tokens the proposer expects after it, with the
+        budget and the blocks left once everything else is scheduled: speculation never
+        holds back a request, causes a preemption or evicts a cached prefix. A sequence
+        without a match decodes plainly."""
+        bm = self.block_manager
+        budget = self.config.max_num_batched_tokens - out.num_batched_tokens
+        for item in out.scheduled:
+            group, seq = item.group, item.seq
+            if (budget < 1 or not item.samples or item.num_new_tokens != 1 or not group.forked
+                    or seq.num_tokens - seq.num_computed_tokens != 1):
+                continue
+            end = min(len(group.prompt_token_ids) + group.params.max_tokens,
+                      self.config.max_model_len)
+            draft = self.proposer.propose(
+                seq, min(self.config.num_speculative_tokens, budget, end - seq.num_tokens - 1))
+            while draft and bm.blocks_needed(seq, 1 + len(draft)) > len(bm.free_ids):
+                draft.pop()
+            if not draft:
+                continue
+            if not bm.allocate_slots(seq, 1 + len(draft)):
+                raise AssertionError("block accounting disagreed with allocation")
+            item.draft = draft
+            item.num_new_tokens += len(draft)
+            budget -= len(draft)
+            self.draft_tokens += len(draft)
+            group.metrics.draft_tokens += len(draft)
+
+    def settle_draft(self, group: SequenceGroup, seq: Sequence, draft: int, appended: int) -> None:
+        """After a step that verified ``draft`` proposed tokens of ``seq`` and appended
+        ``appended`` tokens: the K/V of the rejected ones are dropped (their computed count
+        and the blocks only they filled), and the blocks now full of final tokens are cached."""
+        accepted = appended - 1
+        self.accepted_tokens += accepted
+        group.metrics.accepted_tokens += accepted
+        self.proposer.record(seq, draft, accepted)
+        if seq.is_finished:
+            return
+        seq.num_computed_tokens -= draft - accepted
+        self.block_manager.truncate(seq)
+        self.block_manager.cache_full_blocks(seq)
 
     def _plan(
         self, group: SequenceGroup, budget: int, cached: dict[int, PrefixHit] | None = None
@@ -364,6 +417,9 @@ class Scheduler:
             host_blocks_used=bm.host.num_blocks - bm.host.num_free,
             window_freed_blocks=bm.window_freed,
             group_windows=list(bm.windows),
+            speculative=self.config.speculative,
+            draft_tokens=self.draft_tokens,
+            accepted_tokens=self.accepted_tokens,
             num_running=len(self.running),
             num_waiting=len(self.waiting),
             num_swapped=len(self.swapped),

@@ -107,6 +107,8 @@ class RequestMetrics:
     last_token_time: float | None = None
     finished_time: float | None = None
     token_times: list[float] = field(default_factory=list)
+    draft_tokens: int = 0  # speculative decoding: tokens proposed, and of them accepted
+    accepted_tokens: int = 0
 
 
 @dataclass

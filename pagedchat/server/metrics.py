@@ -55,6 +55,10 @@ class _Snapshot:
                                      s.prefix_queries),
             "prefix_cache_hits": ("Prompt tokens found in the prefix cache.", s.prefix_hits),
             "preemptions": ("Sequence groups preempted for lack of KV blocks.", s.preemptions),
+            "spec_decode_draft_tokens": ("Tokens proposed by speculative decoding.",
+                                         s.draft_tokens),
+            "spec_decode_accepted_tokens": ("Proposed tokens that verification accepted.",
+                                            s.accepted_tokens),
         }
         for name, (text, value) in counters.items():
             family = CounterMetricFamily(f"pagedchat_{name}", text)
@@ -65,6 +69,11 @@ class _Snapshot:
                                  labels=["dtype"])
         info.add_metric([s.kv_cache_dtype], 1)
         yield info
+        method = GaugeMetricFamily("pagedchat_speculative_decoding",
+                                   "The speculative decoding in force (method=off: none).",
+                                   labels=["method"])
+        method.add_metric([s.speculative or "off"], 1)
+        yield method
 
 
 class ServerMetrics:

@@ -277,6 +277,7 @@ class Replies:
         reply.prompt_tokens = update.prompt_tokens
         reply.cached_tokens = update.cached_tokens
         reply.output_tokens = turn.tokens_before + update.output_tokens
+        reply.draft_tokens, reply.accepted_tokens = update.draft_tokens, update.accepted_tokens
         if update.finished:
             status = {"abort": "cancelled", LOOPED: "looped"}.get(update.finish_reason, "done")
             self.finish(update.request_id, status)

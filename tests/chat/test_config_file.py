@@ -45,7 +45,7 @@ def test_flags_win_over_the_file_which_wins_over_the_defaults(monkeypatch, tmp_p
     result = CliRunner().invoke(app, ["chat", "--config", str(path), "--max-tokens", "99",
                                       "--system", "Answer in French."])
     assert result.exit_code == 0, result.output
-    (model, _, _, _, window, kv_blocks, _, _, kv_dtype, _, settings, system) = seen["args"]
+    (model, _, _, _, window, kv_blocks, _, _, kv_dtype, _, settings, system, _) = seen["args"]
     assert model == "gemma-3-270m" and window == 512 and kv_blocks == 512 and kv_dtype == "auto"
     assert settings == SamplingSettings(temperature=0.2, max_tokens=99, loop_guard=False)
     assert system == "Answer in French."

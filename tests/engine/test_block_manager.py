@@ -1,4 +1,5 @@
-"""Block manager invariants under random allocate / append / fork / free / swap / evict runs."""
+"""Block manager invariants under random allocate / append / speculate / fork / free / swap /
+evict runs."""
 
 from __future__ import annotations
 
@@ -49,6 +50,34 @@ class BlockManagerMachine(RuleBasedStateMachine):
             self._compute(seq)
         else:
             del seq.token_ids[-len(tokens):]
+
+    @precondition(lambda self: self.running)
+    @rule(data=st.data(), token=st.integers(0, 2),
+          draft=st.lists(st.integers(0, 2), min_size=1, max_size=6), accepted=st.integers(0, 6))
+    def speculate(self, data, token, draft, accepted):
+        """A speculative step: slots for one token and a draft, then the rejected part of
+        the draft rolled back; what it wrote into is private, what it gives back is free."""
+        seq = data.draw(st.sampled_from(self.running))
+        before = seq.num_computed_tokens
+        seq.token_ids.append(token)
+        if not self.bm.allocate_slots(seq, 1 + len(draft)):
+            seq.token_ids.pop()
+            return
+        for table in seq.block_tables:
+            for block_id in table[before // BLOCK_SIZE : (before + len(draft)) // BLOCK_SIZE + 1]:
+                assert block_id != HOLE and self.bm.blocks[block_id].ref_count == 1
+        kept = min(accepted, len(draft))
+        seq.token_ids.extend(draft[:kept])
+        seq.num_computed_tokens = before + 1 + kept
+        free, cached = len(self.bm.free_ids), set(self.bm.evictable)
+        returned = self.bm.truncate(seq)
+        assert len(self.bm.free_ids) == free + returned and set(self.bm.evictable) == cached
+        assert returned <= len(seq.block_tables) * (self.bm.blocks_for(
+            before + 1 + len(draft)) - self.bm.blocks_for(seq.num_computed_tokens))
+        for table in seq.block_tables:
+            assert len(table) == self.bm.blocks_for(seq.num_computed_tokens)
+        self.bm.cache_full_blocks(seq)
+        self.bm.take_copies()
 
     @precondition(lambda self: self.running)
     @rule(data=st.data())

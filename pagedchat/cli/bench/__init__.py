@@ -23,6 +23,7 @@ from pagedchat.cli.bench import (
     quality,
     serve,
     sharing,
+    speculative,
     synth_model,
     throughput,
 )
@@ -42,4 +43,5 @@ app.command("kv-cache")(kv_cache.kv_cache)
 app.command()(sharing.sharing)
 app.command()(parallel.parallel)
 app.command()(isolation.isolation)
+app.command()(speculative.speculative)
 app.command("synth-model")(synth_model.synth_model)

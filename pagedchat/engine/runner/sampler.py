@@ -132,14 +132,21 @@ def sample(logits: torch.Tensor, rows: list[SampleRow],
     return tokens, logprobs
 
 
-def _sample(logits: torch.Tensor, rows: list[SampleRow], max_logsumexp: RowReduction,
-            ) -> tuple[list[int], list[float]]:
+def processed_logits(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+    """``logits`` with the rows' penalties and constraints applied (a float32 copy where
+    any row has them, else ``logits`` itself)."""
     if any(_penalised(row.params) for row in rows):
         logits = apply_penalties(logits.to(torch.float32, copy=True), rows)
         if any(_constrained(row) for row in rows):
             logits = apply_constraints(logits, rows)
     elif any(_constrained(row) for row in rows):
         logits = apply_constraints(logits.to(torch.float32, copy=True), rows)
+    return logits
+
+
+def _sample(logits: torch.Tensor, rows: list[SampleRow], max_logsumexp: RowReduction,
+            ) -> tuple[list[int], list[float]]:
+    logits = processed_logits(logits, rows)
     # The greedy choice (the first of equal maxima, as argmax), its logit and each row's
     # normaliser: only the chosen tokens' log-probabilities are needed, not a log-softmax.
     top, chosen, normaliser = max_logsumexp(logits)

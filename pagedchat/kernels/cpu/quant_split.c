@@ -9,7 +9,7 @@
  *     d s / 128^2 sum_j sc_j (128 (128 (q . a)_j + (q . b)_j) + (q . c)_j) + sum_j offset_j X_j,
  * its dot products exact in integers (byte products summed in pairs, times the run's integer
  * scale sc_j), X_j the run's float sum of x, and every scale a power of two, so that a unit
- * row of x still picks each weight bit for bit. tests/kernels/test_quant_split.py holds the
+ * row of x still picks each weight bit for bit. tests/kernels/test_quant.py holds the
  * products to that bound. */
 #include <math.h>
 #include <stdint.h>

@@ -42,6 +42,7 @@ class Inspector(VerticalScroll):
             f"shared  {s.shared_blocks} blocks · {s.saved_blocks} saved\n"
             f"prefix  {s.prefix_hits} of {s.prefix_queries} prompt tokens cached"
             + (_window_line(s) if s.has_windows else "")
+            + (f"\nspec    {s.speculation()}" if s.speculative else "")
         )
 
     def show_focus(self, session_of: dict[str, int], titles: dict[int, str],

@@ -113,6 +113,8 @@ class MessageBox(Vertical, can_focus=True):
             parts.append(f"prompt {m.prompt_tokens} tok, {m.cached_tokens} cached")
         if m.output_tokens:
             parts.append(f"reply {m.output_tokens} tok")
+        if m.draft_tokens:
+            parts.append(f"speculative {m.accepted_tokens}/{m.draft_tokens} accepted")
         if m.dropped_messages:
             parts.append(f"{m.dropped_messages} older messages dropped")
         if m.status == "looped":
