@@ -67,6 +67,7 @@ class ParallelRunner:
         self.timer = self.runner.timer
         self.kernels = self.runner.kernels
         self.num_blocks = self.runner.num_blocks
+        self.kv_dtype = self.runner.kv_dtype
         self.num_host_blocks = self.runner.num_host_blocks
         self.kv_groups = self.runner.kv_groups
         self.watchdog.start()
