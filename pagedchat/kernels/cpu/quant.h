@@ -199,28 +199,6 @@ static inline void prefetch_lines_ahead(const uint8_t *const col[], int cols, in
             __builtin_prefetch(col[c] + at + ahead + line, 0, 2);
 }
 
-#if defined(VF_AVX512)
-/* A Q6_K half-block's 128 integers q, unsigned (values 128 h to 128 h + 127, their ql
- * and qh at ql and qh): out[0]: values 0-63 (low nibbles of ql, high pairs 0 and 1 of qh),
- * out[1]: 64-127 (high nibbles, pairs 2 and 3). Each pair is moved to bits 4-5 by a 16-bit
- * shift, whose bits carried across a byte the masks drop. */
-static inline void q6_half_bytes(const uint8_t *ql, const uint8_t *qh, __m512i out[2]) {
-    const __m512i low = _mm512_loadu_si512(ql);
-    const __m512i high = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qh));
-    const __m512i nibble = _mm512_set1_epi8(0x0F), pair = _mm512_set1_epi8(0x30);
-    const __m512i up = _mm512_sllv_epi16(high, _mm512_setr_epi64(
-        0x0004000400040004, 0x0004000400040004, 0x0004000400040004, 0x0004000400040004,
-        0x0002000200020002, 0x0002000200020002, 0x0002000200020002, 0x0002000200020002));
-    const __m512i down = _mm512_srlv_epi16(high, _mm512_setr_epi64(
-        0, 0, 0, 0, 0x0002000200020002, 0x0002000200020002, 0x0002000200020002,
-        0x0002000200020002));
-    /* (a & b) | c */
-    out[0] = _mm512_ternarylogic_epi32(low, nibble, _mm512_and_si512(up, pair), 0xEA);
-    out[1] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(low, 4), nibble,
-                                       _mm512_and_si512(down, pair), 0xEA);
-}
-#endif
-
 /* The cases of a switch on `type` that call COLUMNS(TYPE, ROWS, x, w, row_bytes, bias, out,
  * out_bf16, k_dim, out_stride, first, end) for every format and for `rows` from 1 to
  * QUANT_ROWS_MAX, each as constants, so that both fold into the tile's loops (quant_rows.c

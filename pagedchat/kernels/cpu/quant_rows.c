@@ -19,7 +19,6 @@
  */
 #include <omp.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "quant.h"
@@ -236,126 +235,37 @@ tile(int type, int rows, int cols, const float *x, int k_dim, const uint8_t *con
 }
 
 #if defined(VF_AVX512)
-/* Whether tile_one takes this format (AVX-512, one row of x). */
-#define ONE_ROW(type, rows) \
-    ((rows) == 1 && ((type) == Q4_K || (type) == Q5_0 || (type) == Q6_K))
-
-/* A Q4_K block's eight scales d * sc and eight offsets -(dmin * mn), as head_of gives them
- * (lanes 0-7, 8-15): the 6-bit fields unpacked four at a time in 32-bit words, widened and
- * multiplied in one vector. */
-static inline __m512 k_head16(const uint8_t *b) {
-    uint32_t s0, s1, s2;
-    memcpy(&s0, b + 4, 4);
-    memcpy(&s1, b + 8, 4);
-    memcpy(&s2, b + 12, 4);
-    const uint32_t sc_lo = s0 & 0x3F3F3F3Fu, mn_lo = s1 & 0x3F3F3F3Fu;
-    const uint32_t sc_hi = (s2 & 0x0F0F0F0Fu) | ((s0 >> 2) & 0x30303030u);
-    const uint32_t mn_hi = ((s2 >> 4) & 0x0F0F0F0Fu) | ((s1 >> 2) & 0x30303030u);
-    const __m512 fields = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
-        _mm_setr_epi32((int)sc_lo, (int)sc_hi, (int)mn_lo, (int)mn_hi)));
-    int32_t dm;
-    memcpy(&dm, b, 4);
-    const __m512 halves = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128(dm)));
-    __m512 factors = _mm512_permutexvar_ps(
-        _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1), halves);
-    factors = _mm512_mask_sub_ps(factors, 0xFF00, _mm512_setzero_ps(), factors);
-    return _mm512_mul_ps(fields, factors);  /* -(dmin mn) = (-dmin) mn, exactly */
-}
-
-/* A Q6_K half-block's 128 integers q - 32 (values 128 h to 128 h + 127), as signed bytes:
- * out[0]: values 0-63, out[1]: 64-127. */
-static inline void q6_half(const uint8_t *ql, const uint8_t *qh, __m512i out[2]) {
-    q6_half_bytes(ql, qh, out);
-    for (int i = 0; i < 2; i++) out[i] = _mm512_sub_epi8(out[i], _mm512_set1_epi8(32));
-}
+/* Whether tile_one takes this format (AVX-512, one row of x; one row of Q4_K and Q6_K goes
+ * to quant_split.c). */
+#define ONE_ROW(type, rows) ((rows) == 1 && (type) == Q5_0)
 
 /* sums[0][c] = x . column c for the `cols` columns at col[c], one row of x, AVX-512, in
- * Q4_K, Q5_0 or Q6_K. Each weight is made exactly as run_of makes it (a table of a run's
- * 16 or 32 weights looked up, or the integer times its run's scale), with fewer
- * instructions per weight: a block's scales are unpacked in vectors, a Q4_K byte's two
- * nibbles are widened once for both runs, a Q6_K half-block's integers are assembled 64
- * bytes at a time, and every line of the next tiles is prefetched. */
+ * Q5_0, factored: d (x . (q - 16)), the integers q - 16 looked up (q < 16 in one table,
+ * q >= 16, the fifth bit set, in the other), every line of the next tiles prefetched. */
 static inline __attribute__((always_inline)) void
 tile_one(int type, int cols, const float *x, int k_dim, const uint8_t *const col[],
          int64_t ahead, float sums[QUANT_ROWS_MAX][TILE_COLS_MAX]) {
     __m512 acc[TILE_COLS_MAX];
     for (int c = 0; c < cols; c++) acc[c] = _mm512_setzero_ps();
-    const int values = block_values(type), bytes = block_bytes(type);
+    const int bytes = block_bytes(type);
     const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    for (int k = 0, at = 0; k < k_dim; k += values, at += bytes) {
+    const __m512 below = _mm512_sub_ps(iota, _mm512_set1_ps(16.0f));
+    for (int k = 0, at = 0; k < k_dim; k += 32, at += bytes) {
         prefetch_lines_ahead(col, cols, at, bytes, ahead);
-        if (type == Q4_K) {
-            float head[TILE_COLS_MAX][16];
-            for (int c = 0; c < cols; c++) _mm512_storeu_ps(head[c], k_head16(col[c] + at));
-            for (int p = 0; p < 4; p++) {  /* runs 2 p (low nibbles) and 2 p + 1 (high) */
-                const float *xp = x + k + 64 * p;
-                const __m512 x0 = _mm512_loadu_ps(xp), x1 = _mm512_loadu_ps(xp + 16),
-                             x2 = _mm512_loadu_ps(xp + 32), x3 = _mm512_loadu_ps(xp + 48);
-                for (int c = 0; c < cols; c++) {
-                    const uint8_t *qs = col[c] + at + 16 + 32 * p;
-                    const __m512i q0 = widen16(qs), q1 = widen16(qs + 16);
-                    const __m512 low = _mm512_fmadd_ps(_mm512_set1_ps(head[c][2 * p]), iota,
-                                                       _mm512_set1_ps(head[c][8 + 2 * p]));
-                    const __m512 high = _mm512_fmadd_ps(
-                        _mm512_set1_ps(head[c][2 * p + 1]), iota,
-                        _mm512_set1_ps(head[c][9 + 2 * p]));
-                    acc[c] = _mm512_fmadd_ps(x0, _mm512_permutexvar_ps(q0, low), acc[c]);
-                    acc[c] = _mm512_fmadd_ps(x1, _mm512_permutexvar_ps(q1, low), acc[c]);
-                    acc[c] = _mm512_fmadd_ps(
-                        x2, _mm512_permutexvar_ps(_mm512_srli_epi32(q0, 4), high), acc[c]);
-                    acc[c] = _mm512_fmadd_ps(
-                        x3, _mm512_permutexvar_ps(_mm512_srli_epi32(q1, 4), high), acc[c]);
-                }
-            }
-        } else if (type == Q5_0) {
-            /* factored: d (x . (q - 16)), the integers q - 16 looked up (q < 16 in one
-             * table, q >= 16, the fifth bit set, in the other) */
-            float d[2 * TILE_COLS_MAX];
-            tile_heads(col, cols, at, d);
-            const __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
-            const __m512 below = _mm512_sub_ps(iota, _mm512_set1_ps(16.0f));
-            for (int c = 0; c < cols; c++) {
-                const uint8_t *b = col[c] + at;
-                uint32_t fifth;
-                memcpy(&fifth, b + 2, 4);
-                const __m512i q = widen16(b + 6), qh = _mm512_srli_epi32(q, 4);
-                const __m512 v0 = _mm512_mask_permutexvar_ps(
-                    _mm512_permutexvar_ps(q, below), (__mmask16)fifth, q, iota);
-                const __m512 v1 = _mm512_mask_permutexvar_ps(
-                    _mm512_permutexvar_ps(qh, below), (__mmask16)(fifth >> 16), qh, iota);
-                acc[c] = _mm512_fmadd_ps(_mm512_set1_ps(d[2 * c]),
-                                         _mm512_fmadd_ps(x1, v1, _mm512_mul_ps(x0, v0)),
-                                         acc[c]);
-            }
-        } else {  /* Q6_K */
-            float scale[TILE_COLS_MAX][16];
-            for (int c = 0; c < cols; c++) {
-                const uint8_t *b = col[c] + at;
-                _mm512_storeu_ps(scale[c], _mm512_mul_ps(
-                    _mm512_set1_ps(half_to_float(b + 208)),
-                    _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                        _mm_loadu_si128((const __m128i *)(b + 192))))));
-            }
-            for (int h = 0; h < 2; h++) {
-                __m512 xv[8];
-                for (int g = 0; g < 8; g++) xv[g] = _mm512_loadu_ps(x + k + 128 * h + 16 * g);
-                for (int c = 0; c < cols; c++) {
-                    const uint8_t *b = col[c] + at;
-                    int8_t q[128] __attribute__((aligned(64)));
-                    __m512i parts[2];
-                    q6_half(b + 64 * h, b + 128 + 32 * h, parts);
-                    _mm512_store_si512(q, parts[0]);
-                    _mm512_store_si512(q + 64, parts[1]);
-                    for (int g = 0; g < 8; g++) {
-                        /* (q - 32) times its scale: exact (at most 23 bits) */
-                        const __m512 w = _mm512_mul_ps(
-                            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                                _mm_load_si128((const __m128i *)(q + 16 * g)))),
-                            _mm512_set1_ps(scale[c][8 * h + g]));
-                        acc[c] = _mm512_fmadd_ps(xv[g], w, acc[c]);
-                    }
-                }
-            }
+        float d[2 * TILE_COLS_MAX];
+        tile_heads(col, cols, at, d);
+        const __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
+        for (int c = 0; c < cols; c++) {
+            const uint8_t *b = col[c] + at;
+            uint32_t fifth;
+            memcpy(&fifth, b + 2, 4);
+            const __m512i q = widen16(b + 6), qh = _mm512_srli_epi32(q, 4);
+            const __m512 v0 = _mm512_mask_permutexvar_ps(
+                _mm512_permutexvar_ps(q, below), (__mmask16)fifth, q, iota);
+            const __m512 v1 = _mm512_mask_permutexvar_ps(
+                _mm512_permutexvar_ps(qh, below), (__mmask16)(fifth >> 16), qh, iota);
+            acc[c] = _mm512_fmadd_ps(_mm512_set1_ps(d[2 * c]),
+                                     _mm512_fmadd_ps(x1, v1, _mm512_mul_ps(x0, v0)), acc[c]);
         }
     }
     for (int c = 0; c < cols; c++) sums[0][c] = _mm512_reduce_add_ps(acc[c]);
@@ -490,7 +400,7 @@ void quant_rows_part(const float *x, const uint8_t *w, const Format *f, int exac
     const int cols = COLS_FOR(rows), tiles = (n_dim + cols - 1) / cols;
     int first, end;
     thread_run(tiles, t, count, bounds, &first, &end);
-    if (SPLIT_ROW(f->type, rows) && !getenv("PAGEDCHAT_NO_SPLIT")) {
+    if (SPLIT_ROW(f->type, rows)) {
         split_row_columns(f->type, x, w, row_bytes, bias, out, out_bf16, k_dim, first * cols,
                           end * cols < n_dim ? end * cols : n_dim);
         return;
