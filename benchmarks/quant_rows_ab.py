@@ -17,7 +17,7 @@ T = {t.name: t for t in reader.tensors}
 def load(n):
     t = T[n]; return QuantizedWeight.from_blocks(t.tensor_type.name, torch.from_numpy(np.array(t.data)), int(t.shape[0]))
 new = build.kernel_library()
-old = ctypes.CDLL(base); build._set_signatures(old, build._SIGNATURES)
+old = ctypes.CDLL(base); build._set_signatures(old, {k: v for k, v in build._SIGNATURES.items() if hasattr(old, k)})
 layers = sum(1 for n in T if n.endswith(".attn_norm.weight"))
 for name in names:
     ws = [load(name)] if not name.startswith("blk") else [load(name.replace("blk.0.", f"blk.{i}.")) for i in range(layers)]
