@@ -74,3 +74,24 @@ def paged_batch(
         "query_start_loc": torch.tensor(starts, dtype=torch.int32),
     }
     return {name: t.to(DEVICE) for name, t in batch.items()}
+
+
+def guarded_blocks(batch: dict, contexts: list[int], block_size: int, edge: str) -> dict:
+    """``batch``'s attention operands with the pool cut to just the blocks its tables name
+    (sequence 0's last, full block last) and every operand against an unreadable page
+    (``guarded.at_page_edge``), the tables renamed to match."""
+    from guarded import at_page_edge
+
+    tables = batch["block_tables"]
+    order = [1, 2, 0]  # sequence 0's last block, full, goes last in the pool
+    named = {i: tables[i, :-(-contexts[i] // block_size)].tolist() for i in order}
+    used = [block for i in order for block in named[i]]
+    renamed = torch.full_like(tables, -1)
+    for i in order:
+        renamed[i, :len(named[i])] = torch.tensor([used.index(b) for b in named[i]])
+    return {"query": at_page_edge(batch["query"], edge),
+            "k_cache": at_page_edge(batch["k_cache"][used], edge),
+            "v_cache": at_page_edge(batch["v_cache"][used], edge),
+            "block_tables": at_page_edge(renamed, edge),
+            "context_lens": at_page_edge(batch["context_lens"], edge),
+            "query_start_loc": at_page_edge(batch["query_start_loc"], edge)}

@@ -11,7 +11,7 @@ import torch
 from guarded import EDGES, at_page_edge
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from paged_cases import TOL, paged_batch, rel_err
+from paged_cases import TOL, guarded_blocks, paged_batch, rel_err
 
 from pagedchat.kernels import cpu
 from pagedchat.kernels import reference as ref
@@ -136,19 +136,7 @@ def test_attention_reads_only_the_blocks_it_is_given(edge, dtype, block_size, he
     short chunk and a long one (the tiled kernel) read nothing outside them."""
     contexts = [3 * block_size, 12 + block_size, 2 * block_size + 3]
     batch = paged_batch(contexts, [1, 12, 3], block_size, 4, 2, head_dim, dtype, seed=5)
-    tables = batch["block_tables"]
-    order = [1, 2, 0]  # sequence 0's last block, full, goes last in the pool
-    named = {i: tables[i, :-(-contexts[i] // block_size)].tolist() for i in order}
-    used = [block for i in order for block in named[i]]
-    renamed = torch.full_like(tables, -1)
-    for i in order:
-        renamed[i, :len(named[i])] = torch.tensor([used.index(b) for b in named[i]])
-    guarded = {"query": at_page_edge(batch["query"], edge),
-               "k_cache": at_page_edge(batch["k_cache"][used], edge),
-               "v_cache": at_page_edge(batch["v_cache"][used], edge),
-               "block_tables": at_page_edge(renamed, edge),
-               "context_lens": at_page_edge(batch["context_lens"], edge),
-               "query_start_loc": at_page_edge(batch["query_start_loc"], edge)}
+    guarded = guarded_blocks(batch, contexts, block_size, edge)
     expected = ref.paged_attention(**batch, scale=head_dim ** -0.5)
     compare(guarded, dtype, expected)
 

@@ -6,6 +6,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,17 +84,24 @@ def start_server(model_dir: Path, api_key: str | None = None, settings: dict | N
     return LiveServer(f"http://127.0.0.1:{port}", app, server), thread
 
 
+@contextmanager
+def serving(model_dir: Path, **options) -> Iterator[LiveServer]:
+    """start_server's server (same options) while the block runs, stopped after it."""
+    live, thread = start_server(model_dir, **options)
+    try:
+        yield live
+    finally:
+        live.server.should_exit = True
+        thread.join(30)
+
+
 @pytest.fixture(scope="module")
 def live_server(tiny_model_dir: Path) -> Iterator[LiveServer]:
-    live, thread = start_server(tiny_model_dir)
-    yield live
-    live.server.should_exit = True
-    thread.join(30)
+    with serving(tiny_model_dir) as live:
+        yield live
 
 
 @pytest.fixture(scope="module")
 def keyed_server(tiny_model_dir: Path) -> Iterator[LiveServer]:
-    live, thread = start_server(tiny_model_dir, api_key="sesame", num_kv_blocks=8)
-    yield live
-    live.server.should_exit = True
-    thread.join(30)
+    with serving(tiny_model_dir, api_key="sesame", num_kv_blocks=8) as live:
+        yield live

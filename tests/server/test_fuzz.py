@@ -19,7 +19,7 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from tests.server.conftest import LiveServer, start_server
+from tests.server.conftest import LiveServer, serving
 from tests.server.test_robustness import healthy_after
 
 EXAMPLES = int(os.environ.get("PAGEDCHAT_FUZZ_EXAMPLES", "2000"))
@@ -29,10 +29,8 @@ ENGINE = {"max_model_len": 96, "max_num_seqs": 8, "num_kv_blocks": 64}
 
 @pytest.fixture(scope="module")
 def fuzzed_server(tiny_model_dir) -> Iterator[LiveServer]:
-    live, thread = start_server(tiny_model_dir, **ENGINE)
-    yield live
-    live.server.should_exit = True
-    thread.join(30)
+    with serving(tiny_model_dir, **ENGINE) as live:
+        yield live
 
 
 @pytest.fixture(scope="module")

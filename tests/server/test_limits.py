@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.server.conftest import LiveServer, start_server
+from tests.server.conftest import LiveServer, serving
 from tests.server.test_errors import HELLO, error_of
 
 LIMITS = {"max_request_bytes": 64 * 1024, "read_timeout": 1.0, "max_concurrent_requests": 2}
@@ -20,10 +20,8 @@ LIMITS = {"max_request_bytes": 64 * 1024, "read_timeout": 1.0, "max_concurrent_r
 
 @pytest.fixture(scope="module")
 def limited_server(tiny_model_dir) -> Iterator[LiveServer]:
-    live, thread = start_server(tiny_model_dir, settings=LIMITS)
-    yield live
-    live.server.should_exit = True
-    thread.join(30)
+    with serving(tiny_model_dir, settings=LIMITS) as live:
+        yield live
 
 
 def raw_connection(url: str) -> socket.socket:

@@ -11,7 +11,7 @@ import threading
 import httpx
 import pytest
 
-from tests.server.conftest import start_server
+from tests.server.conftest import serving, start_server
 from tests.server.test_errors import HELLO, error_of, post
 
 
@@ -87,12 +87,10 @@ def test_a_grammar_that_fails_inside_a_step_fails_its_request_alone(live_server,
 def own_server(tiny_model_dir):
     """A server of the test's own, whose engine it may break, and an event set when the
     engine loop reports its failure."""
-    live, thread = start_server(tiny_model_dir)
-    stopped = threading.Event()
-    live.state.engine_loop.on_failure = lambda reason: stopped.set()
-    yield live, stopped
-    live.server.should_exit = True
-    thread.join(30)
+    with serving(tiny_model_dir) as live:
+        stopped = threading.Event()
+        live.state.engine_loop.on_failure = lambda reason: stopped.set()
+        yield live, stopped
 
 
 def test_a_failed_engine_is_reported_and_stops_the_server(own_server):

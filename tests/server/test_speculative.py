@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.server.conftest import LiveServer, start_server
+from tests.server.conftest import LiveServer, serving
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["color", "ok"],
           "properties": {"color": {"enum": ["red", "green", "blue"]},
@@ -25,10 +25,8 @@ BODIES = [
 
 @pytest.fixture(scope="module")
 def speculative_server(tiny_model_dir: Path) -> Iterator[LiveServer]:
-    live, thread = start_server(tiny_model_dir, speculative="ngram", num_speculative_tokens=3)
-    yield live
-    live.server.should_exit = True
-    thread.join(30)
+    with serving(tiny_model_dir, speculative="ngram", num_speculative_tokens=3) as live:
+        yield live
 
 
 def _answers(url: str) -> list[tuple[str, str]]:

@@ -82,12 +82,10 @@ static inline void k_fields(const uint8_t *b, uint64_t *sc, uint64_t *mn) {
     *mn = (uint64_t)(s1 & 0x3F3F3F3Fu) | (uint64_t)mn_hi << 32;
 }
 
-/* sum_j offset_j X_j of a block, for Q4_K (-dmin mn_j, runs of 32) or Q6_K (-32 d sc_j,
- * runs of 16), as 8 lanes to add up. */
-static inline __m256 k_offsets(int type, const uint8_t *b, const float *sums) {
+/* sum_j offset_j X_j of a block, for Q4_K (-dmin mn_j, runs of 32; mn: its minimums, as
+ * k_fields gives them) or Q6_K (-32 d sc_j, runs of 16), as 8 lanes to add up. */
+static inline __m256 k_offsets(int type, const uint8_t *b, uint64_t mn, const float *sums) {
     if (type == Q4_K) {
-        uint64_t sc, mn;
-        k_fields(b, &sc, &mn);
         const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((int64_t)mn)));
         return _mm256_mul_ps(_mm256_mul_ps(m, _mm256_set1_ps(-half_to_float(b + 2))),
                              _mm256_loadu_ps(sums));
@@ -160,13 +158,11 @@ static inline __m512i k_scale_index(int type, int part) {
         _mm256_setr_m128i(_mm_set1_epi16(r + 2), _mm_set1_epi16(r + 3)), 1);
 }
 
-/* The block's integer scales as 16-bit lanes (Q4_K's eight, Q6_K's sixteen). */
-static inline __m512i k_scale_words(int type, const uint8_t *b) {
-    if (type == Q4_K) {
-        uint64_t sc, mn;
-        k_fields(b, &sc, &mn);
+/* The block's integer scales as 16-bit lanes (Q4_K's eight, sc as k_fields gives them;
+ * Q6_K's sixteen). */
+static inline __m512i k_scale_words(int type, const uint8_t *b, uint64_t sc) {
+    if (type == Q4_K)
         return _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((int64_t)sc)));
-    }
     return _mm512_castsi256_si512(
         _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192))));
 }
@@ -181,10 +177,13 @@ tile_split(int type, int cols, const SplitX *x, int k_dim, const uint8_t *const 
         prefetch_lines_ahead(col, cols, at, bytes, ahead);
         __m512i words[SPLIT_COLS], dot[SPLIT_TERMS][SPLIT_COLS], q6[SPLIT_COLS][2];
         for (int c = 0; c < cols; c++) {
-            words[c] = k_scale_words(type, col[c] + at);
+            const uint8_t *b = col[c] + at;
+            uint64_t sc = 0, mn = 0;
+            if (type == Q4_K) k_fields(b, &sc, &mn);
+            words[c] = k_scale_words(type, b, sc);
             for (int t = 0; t < SPLIT_TERMS; t++) dot[t][c] = _mm512_setzero_si512();
             acc[c] = _mm512_add_ps(acc[c], _mm512_zextps256_ps512(
-                                               k_offsets(type, col[c] + at, x->sums + k / run)));
+                                               k_offsets(type, b, mn, x->sums + k / run)));
         }
         for (int part = 0; part < 4; part++) {
             __m512i xt[SPLIT_TERMS];
@@ -250,15 +249,15 @@ tile_split(int type, int cols, const SplitX *x, int k_dim, const uint8_t *const 
         __m256i dot[SPLIT_TERMS][SPLIT_COLS];
         for (int c = 0; c < cols; c++) {
             const uint8_t *b = col[c] + at;
+            uint64_t sc = 0, mn = 0;
             if (type == Q4_K) {
-                uint64_t sc, mn;
                 k_fields(b, &sc, &mn);
                 for (int j = 0; j < 8; j++) words[c][j] = (int16_t)(sc >> 8 * j & 0xFF);
             } else {
                 for (int j = 0; j < 16; j++) words[c][j] = (int8_t)b[192 + j];
             }
             for (int t = 0; t < SPLIT_TERMS; t++) dot[t][c] = _mm256_setzero_si256();
-            acc[c] = _mm256_add_ps(acc[c], k_offsets(type, b, x->sums + k / run));
+            acc[c] = _mm256_add_ps(acc[c], k_offsets(type, b, mn, x->sums + k / run));
         }
         for (int piece = 0; piece < 8; piece++) {
             __m256i xt[SPLIT_TERMS];
