@@ -29,7 +29,11 @@ from pagedchat.engine.parallel.parallel_runner import ParallelRunner
 from pagedchat.engine.parallel.tensor_parallel import check_size
 from pagedchat.engine.runner.beam_search import beam_step, fork_beams
 from pagedchat.engine.runner.logprobs import token_logprobs
-from pagedchat.engine.runner.model_runner import ModelRunner, resolve_device
+from pagedchat.engine.runner.model_runner import (
+    ModelRunner,
+    hand_back_freed_memory,
+    resolve_device,
+)
 from pagedchat.engine.runner.sampler import SampleRow, apply_penalties, sample
 from pagedchat.engine.runner.step_input import StepOutput
 from pagedchat.engine.sampling_params import SamplingParams
@@ -56,6 +60,7 @@ def open_model(config: EngineConfig) -> OpenedModel:
     caller can tokenize first and size the engine from what it found (``pagedchat run``
     fits the KV pool to its one request), then hand the result to :class:`LLMEngine`."""
     config = resolve_weights(config)
+    hand_back_freed_memory()  # the tokenizer's scratch too, before the runner loads weights
     files = prepare_model(config.model, config.weights)
     try:
         model_config = replace(ModelConfig.from_folder(files.folder), gguf=files.gguf,

@@ -149,7 +149,11 @@ class QuantizedWeight:
 
     def take_rows(self, index: torch.Tensor | slice) -> QuantizedWeight:
         """The rows ``index`` picks (a slice, or int64 row numbers in any order), as a new
-        weight of the same blocks."""
+        weight of the same blocks. A slice of whole segments shares their blocks (loading
+        takes the whole table that way, without a copy); a part of a segment is copied, so
+        that a shard does not keep the rest of its weight alive."""
+        if isinstance(index, slice) and index.step in (None, 1):
+            return self._row_range(*index.indices(self.shape[0])[:2])
         rows = torch.arange(self.shape[0])[index]
         ends = torch.tensor([s.rows for s in self.segments]).cumsum(0)
         owner = torch.bucketize(rows, ends, right=True)
@@ -163,6 +167,17 @@ class QuantizedWeight:
             first = int(ends[i]) - self.segments[i].rows
             segment = self.segments[i]
             pieces.append(Segment(segment.format, segment.data[rows[begin:end] - first]))
+        return QuantizedWeight(pieces, self.in_features, self.int8_activations)
+
+    def _row_range(self, start: int, stop: int) -> QuantizedWeight:
+        pieces, first = [], 0
+        for segment in self.segments:
+            begin, end = max(start - first, 0), min(stop - first, segment.rows)
+            if begin < end:
+                whole = end - begin == segment.rows
+                rows = segment.data if whole else segment.data[begin:end].clone()
+                pieces.append(Segment(segment.format, rows))
+            first += segment.rows
         return QuantizedWeight(pieces, self.in_features, self.int8_activations)
 
     def __getitem__(self, rows: slice) -> QuantizedWeight:

@@ -167,6 +167,12 @@ def test_rows_are_taken_and_stacked_without_decoding():
                      quant.dequantize(fused)[order])
     assert same_bits(quant.dequantize(fused.take_rows(slice(2, 14))),
                      quant.dequantize(fused)[2:14])
+    # a slice of whole segments shares their blocks; a part of one is a copy of its rows
+    whole = fused.take_rows(slice(0, 16))
+    assert [s.data.data_ptr() for s in whole.segments] == \
+        [s.data.data_ptr() for s in fused.segments]
+    part = fused.take_rows(slice(0, 10)).segments[0].data
+    assert part.untyped_storage().nbytes() == part.nbytes
     with pytest.raises(ValueError, match="whole blocks"):
         QuantizedWeight.from_blocks("Q4_0", torch.zeros(2, 18, dtype=torch.uint8), 48)
     with pytest.raises(ValueError, match="unsupported quantization"):

@@ -10,7 +10,10 @@ A ``gemma3`` file stores each norm's scale as ``1 + w``: transformers subtracts 
 
 from __future__ import annotations
 
+import copy
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -59,14 +62,41 @@ def write_metadata(path: Path, folder: Path) -> None:
 
     hf_logging.disable_progress_bar()
     try:
-        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        with _header_parsed_once():
+            config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+            tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     except Exception as error:
         raise ModelLoadError(f"{path}: transformers could not read the GGUF ({error})") from error
     add_rope_freqs(config, path)
     config.save_pretrained(folder)
     GenerationConfig.from_model_config(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+
+
+@contextmanager
+def _header_parsed_once() -> Iterator[None]:
+    """transformers parses a GGUF's whole header (its vocabulary too, value by value) to
+    build the config, and again for the tokenizer's choice of class: the longest part of
+    a first start. Within this block the second parse is a copy of the first."""
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    parse = getattr(gguf_utils, "load_gguf_checkpoint", None)
+    parsed: dict[str, dict] = {}
+
+    def parse_once(file, return_tensors=False, **kwargs):
+        if return_tensors or kwargs:
+            return parse(file, return_tensors, **kwargs)
+        if str(file) not in parsed:
+            parsed[str(file)] = parse(file, return_tensors=False)
+        return copy.deepcopy(parsed[str(file)])
+
+    if parse is not None:
+        gguf_utils.load_gguf_checkpoint = parse_once
+    try:
+        yield
+    finally:
+        if parse is not None:
+            gguf_utils.load_gguf_checkpoint = parse
 
 
 def add_rope_freqs(config: PretrainedConfig, path: Path) -> None:

@@ -39,6 +39,19 @@ def resolve_device(device: str) -> str:
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
 
 
+def hand_back_freed_memory() -> None:
+    """While a model loads: a fixed mmap threshold, so each large buffer that loading frees
+    (a tensor read, a fused copy's parts, the tokenizer's scratch) goes back to the system
+    at once. glibc's adaptive threshold would keep them in the heap, and the peak would
+    hold the weights about twice. Process-wide; a no-op without glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(_M_MMAP_THRESHOLD, 1 << 20)
+        libc.mallopt(_M_TRIM_THRESHOLD, 1 << 20)
+    except (OSError, AttributeError):
+        pass
+
+
 def keep_freed_memory() -> None:
     """Hand back what loading the weights freed, then have glibc keep freed activation
     buffers for reuse instead of returning them to the OS. By default it maps every buffer
@@ -133,6 +146,8 @@ class ModelRunner:
         if self.device.type == "cuda" and self.tp.size > 1:
             self.device = torch.device("cuda", self.tp.rank)  # one GPU per worker
             torch.cuda.set_device(self.device)
+        if self.device.type == "cpu":
+            hand_back_freed_memory()
         self.dtype = DTYPES[config.dtype]
         self.kernels = select_backend(self.device.type, config.attention_backend)
         self.kv_dtype = kv_cache_dtype(config, self.kernels, self.dtype)

@@ -12,7 +12,12 @@ import torch
 
 from pagedchat.bench.synthetic_gguf import Shape, add_llama_config, llama_tensors
 from pagedchat.engine.errors import ModelLoadError
-from pagedchat.engine.loading.gguf_weights import hf_name, read_gguf_weights, unpermute_rows
+from pagedchat.engine.loading.gguf_weights import (
+    hf_name,
+    read_gguf_weights,
+    unpermute_rows,
+    write_metadata,
+)
 from pagedchat.engine.loading.loader import named_model_path, prepare_model, read_weights
 from pagedchat.kernels.quant import QuantizedWeight, dequantize
 from tests.engine.models.test_gemma3 import reference
@@ -122,6 +127,25 @@ def test_tiny_gguf_reads_as_transformers_loads_it(tiny_gguf):
         assert isinstance(weight, QuantizedWeight) == name.endswith("proj.weight") or \
             name == "model.embed_tokens.weight", name
         assert torch.equal(_as_float(weight), theirs[name]), name
+
+
+def test_metadata_parses_the_header_once(tiny_gguf, tmp_path, monkeypatch):
+    import gguf
+
+    parses = []
+
+    class CountingReader(gguf.GGUFReader):
+        def __init__(self, *args, **kwargs):
+            parses.append(args[0])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", CountingReader)
+    write_metadata(tiny_gguf, tmp_path)
+    assert len(parses) == 1
+    assert (tmp_path / "config.json").is_file() and (tmp_path / "tokenizer.json").is_file()
+    from transformers import modeling_gguf_pytorch_utils
+
+    assert modeling_gguf_pytorch_utils.load_gguf_checkpoint.__name__ == "load_gguf_checkpoint"
 
 
 def test_plain_and_unsupported_tensors(tmp_path, small_vocab_model_dir):
