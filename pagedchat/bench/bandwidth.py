@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from pagedchat.bench import report
+from pagedchat.cli import console
 
 
 def copy_bandwidth(size: int = 1 << 30, repeats: int = 5) -> float:
@@ -94,7 +94,7 @@ def memory_speed(engine, figures: dict[str, dict[str, object]],
     bandwidth = copy_bandwidth()
     decode_shares(engine, figures, context_len, bandwidth)
     threads = torch.get_num_threads()
-    report.note(f"copy bandwidth {bandwidth / 1e9:.1f} GB/s (bytes read + written, best of "
-                f"copies of 1 GiB on {threads} threads); bandwidth_share = decode tokens/s x "
-                "bytes read per token (weights + KV cache) / that")
+    console.note(f"copy bandwidth {bandwidth / 1e9:.1f} GB/s (bytes read + written, best of "
+                 f"copies of 1 GiB on {threads} threads); bandwidth_share = decode tokens/s x "
+                 "bytes read per token (weights + KV cache) / that")
     return {"copy_bandwidth_gb_s": bandwidth / 1e9, "threads": threads}

@@ -13,6 +13,7 @@ from pagedchat.bench.suite import (
     poisson_arrivals,
     warmup_prompt,
 )
+from pagedchat.cli import console
 
 
 def serve_rates(title: str, options: EngineOptions, make_requests, rates: list[float],
@@ -47,4 +48,4 @@ def serve_rates(title: str, options: EngineOptions, make_requests, rates: list[f
                       "request rate (req/s)", "normalized latency (s/token)",
                       f"{title}: {len(requests)} requests")
     if json_path:
-        report.write_json(json_path, report.engine_metadata(engine), engines)
+        report.write_json(json_path, console.engine_metadata(engine), engines)

@@ -8,7 +8,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from pagedchat.bench import llamacpp, report, sharegpt, vllm_cpu
+from pagedchat.bench import llamacpp, sharegpt, vllm_cpu
 from pagedchat.bench.engines import PagedChat
 from pagedchat.bench.metrics import RequestResult, latency_figures, throughput_figures
 from pagedchat.bench.peers import (
@@ -19,8 +19,10 @@ from pagedchat.bench.peers import (
     load_hf_model,
 )
 from pagedchat.bench.sharegpt import Request
+from pagedchat.cli import console
 from pagedchat.engine.config import EngineConfig
 from pagedchat.engine.llm_engine import LLMEngine
+from pagedchat.engine.presets import PRESETS, swap_space
 from pagedchat.engine.runner.model_runner import DTYPES
 
 WARMUP_TEXT = "Warm-up: say something short about paging, memory and the weather. " * 4
@@ -34,7 +36,7 @@ class EngineOptions:
     block_size: int = 16
     num_kv_blocks: int | None = None
     kv_cache_memory: str | None = None
-    max_num_seqs: int = 64
+    max_num_seqs: int = PRESETS["bench"].max_num_seqs
     max_num_batched_tokens: int = EngineConfig.max_num_batched_tokens
     dtype: str = "float32"
     weights: str | None = None
@@ -60,8 +62,7 @@ class EngineOptions:
             preemption_mode=self.preemption_mode,
             tensor_parallel_size=self.tensor_parallel_size,
             speculative=self.speculative, num_speculative_tokens=self.num_speculative_tokens,
-            # a CPU swap pool only where preemption swaps: it costs memory and start time
-            swap_space="1GiB" if self.preemption_mode == "swap" else "0B"))
+            swap_space=swap_space(self.preemption_mode)))
 
 
 def length_limit(engine: LLMEngine) -> int:
@@ -129,7 +130,7 @@ def measure(runner, requests: list[Request], warmup: list[int],
                          "--kv-memory, or lower --max-tokens)")
     runner.run([Request("warmup", warmup, 4)], [0.0], lambda k: None)
     arrivals = arrivals if arrivals is not None else [0.0] * len(requests)
-    with report.progress(runner.label, len(requests)) as advance:
+    with console.progress(runner.label, len(requests)) as advance:
         results = runner.run(requests, arrivals, advance)
     start = min(r.arrival for r in results)
     duration = max(r.token_times[-1] for r in results) - start

@@ -8,6 +8,7 @@ from pagedchat.bench.ceiling import load_config, measure_ceiling, work_flops
 from pagedchat.bench.engines import PagedChat
 from pagedchat.bench.sharegpt import Request
 from pagedchat.bench.suite import in_turn, measure, median_ratio
+from pagedchat.cli import console
 
 Figures = dict[str, object]
 
@@ -28,8 +29,8 @@ def run_rounds(ours: PagedChat, peers: list, requests: list[Request], warmup: li
             except Exception as error:  # a peer's own limits end its runs, not the command
                 if runner is ours:
                     raise
-                report.note(f"[red]{runner.label} could not run: {type(error).__name__}: "
-                            f"{error}[/red]; it is left out")
+                console.note(f"[red]{runner.label} could not run: {type(error).__name__}: "
+                             f"{error}[/red]; it is left out")
                 peers.remove(runner)
                 runs.pop(runner.label, None)
     return runs
@@ -102,10 +103,10 @@ def ceiling_shares(engine, ours: Figures) -> Figures:
     found["pagedchat_gflop_per_s"] = achieved
     report.emit_table("ceiling", rows, ["dtype", "product", "gflop_per_s", "tokens_per_s",
                                         "output_share", "flop_share"])
-    report.note(f"matmul ceiling: one step of batch {found['batch']} with every layer's own "
-                f"weights, the faster of torch's F.linear and the CPU kernels' product (oneDNN "
-                f"on packed weights), {found['gflop_per_token']:.3f} GFLOP/token; pagedchat (in "
-                f"{engine.config.dtype}) did {achieved:.1f} GFLOP/s of matrix work, prompts "
-                "included; output_share = its output tokens/s / the ceiling's tokens/s")
+    console.note(f"matmul ceiling: one step of batch {found['batch']} with every layer's own "
+                 f"weights, the faster of torch's F.linear and the CPU kernels' product (oneDNN "
+                 f"on packed weights), {found['gflop_per_token']:.3f} GFLOP/token; pagedchat (in "
+                 f"{engine.config.dtype}) did {achieved:.1f} GFLOP/s of matrix work, prompts "
+                 "included; output_share = its output tokens/s / the ceiling's tokens/s")
     return found
 

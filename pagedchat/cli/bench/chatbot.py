@@ -19,7 +19,7 @@ def chatbot(num_requests: opt.NumRequests = 100, model: opt.Model = None,
             hf_batch_size: opt.HfBatch = "8",
             hf_page_size: opt.HfPage = 256, seed: opt.Seed = 0, block_size: opt.BlockSize = 16,
             kv_blocks: opt.KvBlocks = None, kv_memory: opt.KvMemory = None,
-            max_num_seqs: opt.MaxSeqs = opt.MAX_SEQS, dtype: opt.Dtype = opt.DType.float32,
+            max_num_seqs: opt.MaxSeqs = opt.MAX_SEQS, dtype: opt.DTypeOption = opt.DType.float32,
             weights: opt.Weights = None,
             plot: opt.Plot = Path("bench-chatbot.png"), json_path: opt.JsonPath = None,
             tp: opt.TensorParallelSize = 1) -> None:
