@@ -217,7 +217,11 @@ class LlamaCppBatched:
         self.n_seq = n_seq
         self.kv_tokens = kv_tokens  # promised exactly; llama.cpp may pad its context
         self.label = f"llama.cpp-s{n_seq}"
+        self.setting = {"sequences": n_seq}
         self.outputs: list[list[int]] = []  # the last run's tokens, per request
+
+    def reset(self) -> None:
+        """Each run empties the context's cells."""
 
     def run(self, requests: list[Request], arrivals: list[float],
             advance: Advance) -> list[RequestResult]:

@@ -6,13 +6,8 @@ from pathlib import Path
 
 from pagedchat.bench import report
 from pagedchat.bench.engines import PagedChat
-from pagedchat.bench.suite import (
-    EngineOptions,
-    make_peers,
-    measure,
-    poisson_arrivals,
-    warmup_prompt,
-)
+from pagedchat.bench.peers import PeerSettings, make_peers
+from pagedchat.bench.suite import EngineOptions, measure, poisson_arrivals, warmup_prompt
 from pagedchat.cli import console
 
 
@@ -24,7 +19,7 @@ def serve_rates(title: str, options: EngineOptions, make_requests, rates: list[f
     engine = options.build()
     requests = make_requests(engine)
     warmup = warmup_prompt(engine.tokenizer)
-    peers = make_peers(compare, engine, batch_sizes, hf_page_size)
+    peers = make_peers(compare, PeerSettings(engine, batch_sizes, hf_page_size))
     engines: dict[str, list[dict[str, object]]] = {}
     rows = []
     for index, rate in enumerate(rates):
@@ -33,8 +28,7 @@ def serve_rates(title: str, options: EngineOptions, make_requests, rates: list[f
             engine = None
             engine = options.build()
         for runner in [PagedChat(engine), *peers]:
-            if isinstance(runner, PagedChat):  # pagedchat in another dtype starts cold too
-                runner.reset()
+            runner.reset()
             figures = {"request_rate": rate, **measure(runner, requests, warmup, arrivals)[0]}
             alone = sum(peer.name == runner.name for peer in peers) <= 1
             engines.setdefault(runner.name if alone else runner.label, []).append(figures)

@@ -26,7 +26,8 @@ def chatbot(num_requests: opt.NumRequests = 100, model: opt.Model = None,
     """The paper's chatbot: multi-turn history + new message, last 1024 tokens kept."""
     from pagedchat.bench import sharegpt
     from pagedchat.bench.online import serve_rates
-    from pagedchat.bench.suite import length_limit, parse_list, parse_peers
+    from pagedchat.bench.peers import parse_peers
+    from pagedchat.bench.suite import length_limit, parse_list
     with user_errors():
         options = opt.engine_options(model, dtype, block_size, kv_blocks, kv_memory,
                                      max_num_seqs, tp, weights=weights)

@@ -37,7 +37,7 @@ class DType(str, Enum):
 
 
 def _check_peers(value: str) -> str:
-    from pagedchat.bench.suite import parse_peers
+    from pagedchat.bench.peers import parse_peers
     try:
         parse_peers(value)
     except ValueError as error:

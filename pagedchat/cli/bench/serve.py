@@ -36,7 +36,8 @@ TRACE_REQUESTS = 200
 
 
 def _check_compare(value: str) -> str:
-    from pagedchat.bench.suite import parse_list, parse_peers
+    from pagedchat.bench.peers import parse_peers
+    from pagedchat.bench.suite import parse_list
     names = parse_list(value)
     if any(name in SERVER_COMPARISONS for name in names):
         if len(names) > 1:

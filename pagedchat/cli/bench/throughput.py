@@ -42,14 +42,8 @@ def throughput(num_requests: opt.NumRequests = 200, model: opt.Model = None,
     from pagedchat.bench import report
     from pagedchat.bench.engines import PagedChat
     from pagedchat.bench.memory import resident_figures
-    from pagedchat.bench.suite import (
-        make_peers,
-        measure,
-        parse_list,
-        parse_peers,
-        sample_trace,
-        warmup_prompt,
-    )
+    from pagedchat.bench.peers import PeerSettings, make_peers, parse_peers
+    from pagedchat.bench.suite import measure, parse_list, sample_trace, warmup_prompt
     from pagedchat.bench.throughput import ceiling_shares, run_rounds, step_profile, summarize
     with user_errors():
         batch_sizes = parse_list(hf_batch_size, int)
@@ -76,9 +70,9 @@ def throughput(num_requests: opt.NumRequests = 200, model: opt.Model = None,
                          f"all-reduced per token, {comm['broadcast_bytes_per_step']:.0f} bytes "
                          f"broadcast per step; {comm['weights_per_worker_mb']:.0f} MB of weights "
                          "per worker")
-        peers = make_peers(parse_peers(compare), engine, batch_sizes, hf_page_size,
-                           parse_list(hf_max_requests, int), parse_list(llamacpp_seqs, int),
-                           vllm_python)
+        peers = make_peers(parse_peers(compare), PeerSettings(
+            engine, batch_sizes, hf_page_size, parse_list(hf_max_requests, int),
+            parse_list(llamacpp_seqs, int), vllm_python))
         runs = run_rounds(ours, peers, requests, warmup, rounds, first)
         figures, rows = summarize(runs, ours, peers, extras)
         report.emit_table("throughput", rows, ["engine", "requests_per_s", "output_tokens_per_s",
