@@ -8,7 +8,6 @@ from pagedchat.bench import report
 from pagedchat.bench.engines import PagedChat
 from pagedchat.bench.peers import PeerSettings, make_peers
 from pagedchat.bench.suite import EngineOptions, measure, poisson_arrivals, warmup_prompt
-from pagedchat.cli import console
 
 
 def serve_rates(title: str, options: EngineOptions, make_requests, rates: list[float],
@@ -41,5 +40,4 @@ def serve_rates(title: str, options: EngineOptions, make_requests, rates: list[f
                                     for f in runs] for name, runs in engines.items()},
                       "request rate (req/s)", "normalized latency (s/token)",
                       f"{title}: {len(requests)} requests")
-    if json_path:
-        report.write_json(json_path, console.engine_metadata(engine), engines)
+    report.save(json_path, engine, engines)

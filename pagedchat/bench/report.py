@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from pagedchat.cli.console import note, stdout
+from pagedchat.cli.console import engine_metadata, note, stdout
 
 
 def _cell(value: object) -> str:
@@ -62,6 +62,12 @@ def write_json(path: Path, meta: dict[str, object], engines: dict[str, object],
     path.write_text(json.dumps({"metadata": meta, "engines": engines, **extra}, indent=2,
                                allow_nan=True) + "\n")
     note(f"results written to {path}")
+
+
+def save(path: Path | None, engine, engines: dict[str, object], **extra: object) -> None:
+    """``write_json`` with the engine's metadata, where ``--json`` gave a path."""
+    if path:
+        write_json(path, engine_metadata(engine), engines, **extra)
 
 
 def plot_lines(path: Path, series: dict[str, list[tuple[float, float]]], xlabel: str,

@@ -6,7 +6,6 @@ from typing import Annotated
 
 import typer
 
-from pagedchat.cli import console
 from pagedchat.cli.bench import options as opt
 from pagedchat.cli.options import user_errors
 
@@ -44,5 +43,4 @@ def blocksize(num_requests: opt.NumRequests = 100, model: opt.Model = None,
                                         figures.items()],
                           ["block_size", "requests_per_s", "output_tokens_per_s",
                            "e2e_ms_mean", "normalized_latency_s_per_token"])
-        if json_path:
-            report.write_json(json_path, console.engine_metadata(engine), {"pagedchat": figures})
+        report.save(json_path, engine, {"pagedchat": figures})

@@ -54,6 +54,4 @@ def kv_cache(model: opt.Model = None, dtype: opt.DTypeOption = opt.DType.float32
                      f"{steps} steps ({rounds} each), medians; preemption: requests of "
                      f"{prompt_len} prompt tokens in a pool of {kv_memory}, the scheduler and "
                      "block manager alone (no forward pass)")
-        if json_path:
-            report.write_json(json_path, console.engine_metadata(engines[0]),
-                              {"pagedchat": {"rows": rows, "ratios": ratios}})
+        report.save(json_path, engines[0], {"pagedchat": {"rows": rows, "ratios": ratios}})

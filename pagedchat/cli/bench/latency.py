@@ -63,5 +63,4 @@ def latency(model: opt.Model = None, max_tokens: opt.MaxTokens = 128,
         if loads:
             extra["load"] = load_times(model)
             report.emit_table("load", [extra["load"]], ["first_load_s", "cached_load_s"])
-        if json_path:
-            report.write_json(json_path, console.engine_metadata(engine), figures, **extra)
+        report.save(json_path, engine, figures, **extra)

@@ -48,11 +48,9 @@ def memory(num_requests: TraceRequests = None, model: opt.Model = None,
         windowed = engine.scheduler.block_manager.has_windows
         num_requests = num_requests if num_requests is not None else (0 if windowed else 200)
         shares = _trace_shares(engine, num_requests, seed, max_tokens, max_len, plot)
-        if json_path:
-            cfg = engine.config
-            report.write_json(json_path, console.engine_metadata(engine), shares,
-                              capacity_tokens=cfg.num_kv_blocks * cfg.block_size,
-                              max_len=max_len, by_context=by_context)
+        cfg = engine.config
+        report.save(json_path, engine, shares, capacity_tokens=cfg.num_kv_blocks * cfg.block_size,
+                    max_len=max_len, by_context=by_context)
 
 
 def _by_context(engine, lengths: list[int], run_model: bool) -> list[dict[str, object]]:

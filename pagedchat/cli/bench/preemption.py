@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pagedchat.cli import console
 from pagedchat.cli.bench import options as opt
 from pagedchat.cli.options import user_errors
 
@@ -32,5 +31,4 @@ def preemption(num_requests: opt.NumRequests = 100, model: opt.Model = None,
         report.emit_table("preemption", [{"mode": m, **f} for m, f in figures.items()],
                           ["mode", "requests_per_s", "output_tokens_per_s", "preemptions",
                            "swapped_out_blocks", "normalized_latency_s_per_token"])
-        if json_path:
-            report.write_json(json_path, console.engine_metadata(engine), figures)
+        report.save(json_path, engine, figures)

@@ -49,6 +49,4 @@ def prefix(num_requests: opt.NumRequests = 100, model: opt.Model = None,
                            "prefix_hit_rate", "normalized_latency_s_per_token"])
         console.note(f"{shots}-shot prefix of {len(head)} tokens; throughput ratio on/off = "
                      f"{ratio:.2f}x")
-        if json_path:
-            report.write_json(json_path, console.engine_metadata(engine), figures,
-                              prefix_tokens=len(head), throughput_ratio=ratio)
+        report.save(json_path, engine, figures, prefix_tokens=len(head), throughput_ratio=ratio)

@@ -46,8 +46,7 @@ def quality(num_requests: opt.NumRequests = 16, model: opt.Model = None,
             "hf_vs_hf_float32_mean_shared_prefix_tokens",
             *(["replies", "reply_tokens", "perplexity", "hf_float32_perplexity"]
               if replies else [])])
-        if json_path:
-            report.write_json(json_path, console.engine_metadata(engine), {"pagedchat": figures})
+        report.save(json_path, engine, {"pagedchat": figures})
 
 
 def _kv_quality(num_requests, model, max_tokens, dtype, weights, seed, json_path, replies,
@@ -73,5 +72,4 @@ def _kv_quality(num_requests, model, max_tokens, dtype, weights, seed, json_path
         report.emit_table("kv quality", [row], list(row))
         console.note("token_agreement: the plain engine's greedy tokens forced through the "
                      "quantized one, the share it would have chosen itself; the rest free-run")
-        if json_path:
-            report.write_json(json_path, console.engine_metadata(quantized), {"pagedchat": row})
+        report.save(json_path, quantized, {"pagedchat": row})

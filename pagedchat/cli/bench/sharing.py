@@ -6,7 +6,6 @@ from typing import Annotated
 
 import typer
 
-from pagedchat.cli import console
 from pagedchat.cli.bench import options as opt
 from pagedchat.cli.options import user_errors
 
@@ -27,5 +26,4 @@ def sharing(num_requests: opt.NumRequests = 24, model: opt.Model = None,
         engine = opt.engine_options(model, opt.DType.float32.value, tp=tp, weights=weights).build()
         rows = measure_sharing(engine, num_requests, max_tokens, seed, parse_list(widths, int))
         report.emit_table("sharing", rows, COLUMNS)
-        if json_path:
-            report.write_json(json_path, console.engine_metadata(engine), {"pagedchat": rows})
+        report.save(json_path, engine, {"pagedchat": rows})

@@ -61,5 +61,4 @@ def speculative(model: opt.Model = None, num_prompts: Annotated[int, typer.Optio
         console.note(f"greedy, one request at a time, up to {max_tokens} tokens each; decode: "
                      "tokens after the first over the time from the first to the last; "
                      f"ngram speculation with up to {num_speculative_tokens} proposed tokens")
-        if json_path:
-            report.write_json(json_path, console.engine_metadata(fast), figures)
+        report.save(json_path, fast, figures)

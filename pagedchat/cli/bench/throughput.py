@@ -87,5 +87,4 @@ def throughput(num_requests: opt.NumRequests = 200, model: opt.Model = None,
             extra["llama.cpp"] = builds[0]  # which of the CPU's instructions the peer used
         if ceiling:
             extra["ceiling"] = ceiling_shares(engine, figures["pagedchat"])
-        if json_path:
-            report.write_json(json_path, console.engine_metadata(engine), figures, **extra)
+        report.save(json_path, engine, figures, **extra)
