@@ -15,10 +15,13 @@ from pathlib import Path
 
 import torch
 
-from pagedchat.bench import report
+from pagedchat.cli import console
+
+# each of the two buffers: far larger than a CPU's caches, small next to its memory
+COPY_BYTES = 256 << 20
 
 
-def copy_bandwidth(size: int = 1 << 30, repeats: int = 5) -> float:
+def copy_bandwidth(size: int = COPY_BYTES, repeats: int = 5) -> float:
     """Bytes per second (read + written) of the best of ``repeats`` ``dst.copy_(src)``."""
     source = torch.ones(size // 4, dtype=torch.float32)  # written once: every page is mapped
     target = torch.zeros_like(source)
@@ -94,7 +97,7 @@ def memory_speed(engine, figures: dict[str, dict[str, object]],
     bandwidth = copy_bandwidth()
     decode_shares(engine, figures, context_len, bandwidth)
     threads = torch.get_num_threads()
-    report.note(f"copy bandwidth {bandwidth / 1e9:.1f} GB/s (bytes read + written, best of "
-                f"copies of 1 GiB on {threads} threads); bandwidth_share = decode tokens/s x "
-                "bytes read per token (weights + KV cache) / that")
+    console.note(f"copy bandwidth {bandwidth / 1e9:.1f} GB/s (bytes read + written, best of "
+                 f"copies of {COPY_BYTES >> 20} MiB on {threads} threads); bandwidth_share = "
+                 "decode tokens/s x bytes read per token (weights + KV cache) / that")
     return {"copy_bandwidth_gb_s": bandwidth / 1e9, "threads": threads}

@@ -24,6 +24,7 @@ class PagedChat:
         self.engine = engine
         self.on_step = on_step  # called with a stats snapshot after every step
         self.name = self.label = name  # "pagedchat-float32": pagedchat as a peer of itself
+        self.setting: dict[str, object] = {}
 
     def reset(self) -> None:
         """Start the next run cold: no prefix cached from this one."""

@@ -12,10 +12,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 
 import torch
 
-from pagedchat.bench.peers import load_hf_model
+from pagedchat.bench import llamacpp
+from pagedchat.bench.hf import load_hf_model
 from pagedchat.bench.suite import in_turn, median_ratio
 from pagedchat.engine.llm_engine import LLMEngine
 from pagedchat.engine.sampling_params import SamplingParams
@@ -75,7 +77,13 @@ def hf_single_stream(model, prompt_ids: list[int], max_tokens: int) -> dict[str,
 
 
 SingleStream = Callable[[list[int], int], dict[str, float]]
-SINGLE_STREAM_PEERS = ("hf-generate", "llama.cpp")
+# name -> the peer as a call (prompt ids, tokens) -> its figures, on the weights the engine
+# loaded (llama.cpp: the same GGUF file, pagedchat's thread count)
+SINGLE_STREAM_PEERS: dict[str, Callable[[LLMEngine], SingleStream]] = {
+    "hf-generate": lambda engine: partial(hf_single_stream, load_hf_model(
+        engine.model_files.weights_folder(), engine.config.dtype)),
+    llamacpp.NAME: lambda engine: llamacpp.LlamaCpp(llamacpp.gguf_of(engine.model_files.source)),
+}
 
 
 def check_single_stream_peers(names: list[str]) -> list[str]:
@@ -87,18 +95,8 @@ def check_single_stream_peers(names: list[str]) -> list[str]:
 
 
 def single_stream_peers(names: list[str], engine: LLMEngine) -> dict[str, SingleStream]:
-    """The peers asked for, each as a call (prompt ids, tokens) -> its figures, on the
-    weights the engine loaded (llama.cpp: the same GGUF file, pagedchat's thread count)."""
-    peers: dict[str, SingleStream] = {}
-    for name in names:
-        if name == "hf-generate":
-            hf = load_hf_model(engine.model_files.weights_folder(), engine.config.dtype)
-            peers[name] = lambda ids, tokens, hf=hf: hf_single_stream(hf, ids, tokens)
-        else:
-            from pagedchat.bench.llamacpp import LlamaCpp, gguf_of
-
-            peers[name] = LlamaCpp(gguf_of(engine.model_files.source))
-    return peers
+    """The peers asked for, by name."""
+    return {name: SINGLE_STREAM_PEERS[name](engine) for name in names}
 
 
 def compare_single_stream(engine: LLMEngine, prompt_ids: list[int], long_prompt_ids: list[int],

@@ -217,7 +217,11 @@ class LlamaCppBatched:
         self.n_seq = n_seq
         self.kv_tokens = kv_tokens  # promised exactly; llama.cpp may pad its context
         self.label = f"llama.cpp-s{n_seq}"
+        self.setting = {"sequences": n_seq}
         self.outputs: list[list[int]] = []  # the last run's tokens, per request
+
+    def reset(self) -> None:
+        """Each run empties the context's cells."""
 
     def run(self, requests: list[Request], arrivals: list[float],
             advance: Advance) -> list[RequestResult]:
@@ -295,9 +299,9 @@ def check_tokens(engine, llama: LlamaCpp, count: int = 4, max_tokens: int = 32,
     """How far llama.cpp's greedy tokens follow pagedchat's on ``count`` ShareGPT prompts.
     Agreement, not identity: llama.cpp multiplies 8-bit-quantized activations and keeps a
     float16 KV cache, pagedchat multiplies the de-quantized weights in its own dtype."""
-    from pagedchat.bench import report
     from pagedchat.bench.quality import shared_prefix_len
     from pagedchat.bench.sharegpt import sample_requests
+    from pagedchat.cli import console
     from pagedchat.engine.sampling_params import SamplingParams
 
     prompts = [r.prompt_ids for r in sample_requests(
@@ -317,8 +321,8 @@ def check_tokens(engine, llama: LlamaCpp, count: int = 4, max_tokens: int = 32,
              "first_token_agreement": sum(s > 0 for s in shared) / len(prompts),
              "mean_shared_prefix_tokens": sum(shared) / len(prompts),
              "identical": sum(s == max_tokens for s in shared)}
-    report.note(f"llama.cpp greedy vs pagedchat on {len(prompts)} ShareGPT prompts: first "
-                f"token {sum(s > 0 for s in shared)}/{len(prompts)}, identical "
-                f"{found['identical']}/{len(prompts)}, mean shared prefix "
-                f"{found['mean_shared_prefix_tokens']:.1f} of {max_tokens} tokens")
+    console.note(f"llama.cpp greedy vs pagedchat on {len(prompts)} ShareGPT prompts: first "
+                 f"token {sum(s > 0 for s in shared)}/{len(prompts)}, identical "
+                 f"{found['identical']}/{len(prompts)}, mean shared prefix "
+                 f"{found['mean_shared_prefix_tokens']:.1f} of {max_tokens} tokens")
     return found

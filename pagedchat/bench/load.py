@@ -10,7 +10,8 @@ import time
 import aiohttp
 import httpx
 
-from pagedchat.bench.http_client import ServedRequest, stream_completion
+from pagedchat.bench.http_client import stream_completion
+from pagedchat.bench.metrics import RequestResult
 from pagedchat.bench.sharegpt import Request
 
 
@@ -34,7 +35,7 @@ def arrival_offsets(count: int, rate: float, burstiness: float = 1.0, seed: int 
 async def run_load(base_url: str, model: str, requests: list[Request], offsets: list[float],
                    max_concurrency: int | None = None, api_key: str | None = None,
                    texts: list[str] | None = None, extra: dict | None = None,
-                   ) -> tuple[list[ServedRequest], float]:
+                   ) -> tuple[list[RequestResult], float]:
     """Each request sent at its offset (later when ``max_concurrency`` are in flight), as
     its text when ``texts`` are given, with the ``extra`` body fields; returns the results
     in trace order and the wall time from first send to last reply."""
@@ -47,7 +48,7 @@ async def run_load(base_url: str, model: str, requests: list[Request], offsets: 
                                      timeout=timeout) as session:
         start = time.perf_counter()
 
-        async def one(request: Request, offset: float, text: str | None) -> ServedRequest:
+        async def one(request: Request, offset: float, text: str | None) -> RequestResult:
             await asyncio.sleep(max(0.0, start + offset - time.perf_counter()))
             if gate is None:
                 return await stream_completion(session, url, model, request, text, extra)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import resource
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -13,16 +13,25 @@ MB = 1e6  # figures named *_mb are in decimal megabytes
 
 @dataclass(slots=True)
 class RequestResult:
-    """What one engine did for one request; every time is in seconds on one clock."""
+    """What one engine or server did for one request; every time is in seconds on one clock
+    (a server's: the client's, its times those of the text chunks it streamed)."""
 
     prompt_len: int
     arrival: float
-    token_times: list[float]  # when each output token became available
+    token_times: list[float] = field(default_factory=list)  # when each output token came
     cached_tokens: int = 0
+    id: str = ""
+    expected_output_len: int = 0  # what was asked for
+    counted_len: int = 0  # a server's own count of its output tokens (its usage), if any
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and bool(self.token_times)
 
     @property
     def output_len(self) -> int:
-        return len(self.token_times)
+        return self.counted_len or len(self.token_times)
 
     @property
     def ttft(self) -> float:
@@ -43,15 +52,23 @@ class RequestResult:
     def itls(self) -> list[float]:
         return [b - a for a, b in zip(self.token_times[:-1], self.token_times[1:], strict=True)]
 
+    def record(self) -> dict[str, object]:
+        """A served request as the JSON of a run against a server keeps it."""
+        return {"id": self.id, "prompt_len": self.prompt_len,
+                "expected_output_len": self.expected_output_len, "sent": self.arrival,
+                "chunk_times": self.token_times, "output_len": self.output_len,
+                "error": self.error, "ttft_s": self.ttft if self.ok else None,
+                "e2e_s": self.e2e if self.ok else None, "tpot_s": self.tpot if self.ok else None}
 
-def summary_ms(values_s: list[float]) -> dict[str, float]:
-    """mean / median / p99 in milliseconds (NaN when there is nothing to summarize)."""
+
+def summary_ms(values_s: list[float], percentiles: tuple[int, ...] = (99,)) -> dict[str, float]:
+    """mean, median and each percentile (``p99``, ...) in milliseconds (NaN when there is
+    nothing to summarize)."""
     if not values_s:
-        nan = float("nan")
-        return {"mean": nan, "median": nan, "p99": nan}
+        return dict.fromkeys(["mean", "median", *(f"p{p}" for p in percentiles)], float("nan"))
     ms = np.asarray(values_s, dtype=np.float64) * 1000.0
     return {"mean": float(ms.mean()), "median": float(np.median(ms)),
-            "p99": float(np.percentile(ms, 99))}
+            **{f"p{p}": float(np.percentile(ms, p)) for p in percentiles}}
 
 
 def latency_figures(results: list[RequestResult]) -> dict[str, object]:

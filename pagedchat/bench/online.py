@@ -6,13 +6,8 @@ from pathlib import Path
 
 from pagedchat.bench import report
 from pagedchat.bench.engines import PagedChat
-from pagedchat.bench.suite import (
-    EngineOptions,
-    make_peers,
-    measure,
-    poisson_arrivals,
-    warmup_prompt,
-)
+from pagedchat.bench.peers import PeerSettings, make_peers
+from pagedchat.bench.suite import EngineOptions, measure, poisson_arrivals, warmup_prompt
 
 
 def serve_rates(title: str, options: EngineOptions, make_requests, rates: list[float],
@@ -23,7 +18,7 @@ def serve_rates(title: str, options: EngineOptions, make_requests, rates: list[f
     engine = options.build()
     requests = make_requests(engine)
     warmup = warmup_prompt(engine.tokenizer)
-    peers = make_peers(compare, engine, batch_sizes, hf_page_size)
+    peers = make_peers(compare, PeerSettings(engine, batch_sizes, hf_page_size))
     engines: dict[str, list[dict[str, object]]] = {}
     rows = []
     for index, rate in enumerate(rates):
@@ -32,8 +27,7 @@ def serve_rates(title: str, options: EngineOptions, make_requests, rates: list[f
             engine = None
             engine = options.build()
         for runner in [PagedChat(engine), *peers]:
-            if isinstance(runner, PagedChat):  # pagedchat in another dtype starts cold too
-                runner.reset()
+            runner.reset()
             figures = {"request_rate": rate, **measure(runner, requests, warmup, arrivals)[0]}
             alone = sum(peer.name == runner.name for peer in peers) <= 1
             engines.setdefault(runner.name if alone else runner.label, []).append(figures)
@@ -46,5 +40,4 @@ def serve_rates(title: str, options: EngineOptions, make_requests, rates: list[f
                                     for f in runs] for name, runs in engines.items()},
                       "request rate (req/s)", "normalized latency (s/token)",
                       f"{title}: {len(requests)} requests")
-    if json_path:
-        report.write_json(json_path, report.engine_metadata(engine), engines)
+    report.save(json_path, engine, engines)

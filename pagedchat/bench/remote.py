@@ -16,6 +16,7 @@ from pagedchat.bench import report, sharegpt
 from pagedchat.bench.load import arrival_offsets, run_load, served_model
 from pagedchat.bench.serve_stats import serve_figures
 from pagedchat.bench.sharegpt import Request
+from pagedchat.cli import console
 from pagedchat.engine.loading.loader import prepare_model, reads_quantized
 from pagedchat.engine.loading.model_config import ModelConfig
 from pagedchat.engine.loading.tokenizer import load_tokenizer
@@ -69,5 +70,5 @@ def run_at_rate(base_url: str, name: str, requests: list[Request], rate: float,
                "max_concurrency": max_concurrency, **serve_figures(results, duration, slo)}
     failures = [r.error for r in results if r.error]
     if failures:
-        report.note(f"[red]{len(failures)} request(s) failed[/red], first: {failures[0]}")
+        console.note(f"[red]{len(failures)} request(s) failed[/red], first: {failures[0]}")
     return {"figures": figures, "requests": [r.record() for r in results]}

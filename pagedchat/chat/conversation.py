@@ -6,6 +6,7 @@ import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Literal
 
+from pagedchat.engine.presets import PRESETS
 from pagedchat.engine.sampling_params import SamplingParams
 
 # Long enough, with the template, to fill whole KV blocks, so that
@@ -34,7 +35,7 @@ class SamplingSettings:
     top_p: float = 0.95
     top_k: int = 0
     repetition_penalty: float = 1.0
-    max_tokens: int = 512
+    max_tokens: int = PRESETS["chat"].max_tokens
     seed: int | None = None
     loop_guard: bool = True  # stop a reply that repeats itself (chat/repetition.py)
 

@@ -9,7 +9,8 @@ import gc
 
 import typer
 
-from pagedchat.cli import batch, bench, chat, inspect, models, run, serve
+from pagedchat import progress
+from pagedchat.cli import batch, bench, chat, console, inspect, models, run, serve
 
 app = typer.Typer(
     help="A terminal chatbot on a from-scratch PagedAttention engine.",
@@ -17,6 +18,16 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+
+
+@app.callback()
+def _show_first_start(ctx: typer.Context) -> None:
+    # converting a model and compiling the kernels, once, show a progress line on stderr
+    # (the chat app shows its own loading screen)
+    if ctx.invoked_subcommand != "chat":
+        ctx.with_resource(progress.reporting(console.progress))
+
+
 app.command()(chat.chat)
 app.command()(batch.batch)
 app.command()(inspect.inspect)

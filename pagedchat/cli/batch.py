@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from pagedchat.bench import report
+from pagedchat.cli import console
 from pagedchat.cli.options import (
     KvBlocks,
     KvCacheDtype,
@@ -18,6 +18,9 @@ from pagedchat.cli.options import (
     Weights,
     user_errors,
 )
+from pagedchat.engine.presets import PRESETS, swap_space
+
+BATCH = PRESETS["batch"]
 
 
 def batch(
@@ -29,7 +32,8 @@ def batch(
         "--system", help="A system prompt shared by every line (its KV blocks are shared).")]
     = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1,
-                                            help="Default max_tokens of a line.")] = 256,
+                                            help="Default max_tokens of a line.")]
+    = BATCH.max_tokens,
     temperature: Annotated[float | None, typer.Option(
         "--temperature", min=0.0, help="Default temperature of a line (0 = greedy).")] = None,
     kv_blocks: KvBlocks = None,
@@ -39,8 +43,9 @@ def batch(
     kv_cache_dtype: KvCacheDtype = "auto",
 ) -> None:
     """Run a JSONL file of prompts through the engine; resumable (a rerun skips answered lines)."""
-    from pagedchat.bench.suite import EngineOptions
     from pagedchat.chat.batch import describe, load_done, run_batch
+    from pagedchat.engine.config import EngineConfig
+    from pagedchat.engine.llm_engine import LLMEngine
 
     with user_errors():
         if input_path != "-" and not Path(input_path).is_file():
@@ -49,20 +54,21 @@ def batch(
         raw = sys.stdin.buffer.read() if input_path == "-" else Path(input_path).read_bytes()
         # a line that is not UTF-8 becomes that line's error record, not the run's end
         lines = raw.decode("utf-8", errors="surrogateescape").splitlines()
-        engine = EngineOptions(model=model, num_kv_blocks=kv_blocks, kv_cache_memory=kv_memory,
-                               tensor_parallel_size=tp, weights=weights,
-                               kv_cache_dtype=kv_cache_dtype).build()
+        engine = LLMEngine(EngineConfig(
+            model=model, num_kv_blocks=kv_blocks, kv_cache_memory=kv_memory,
+            max_num_seqs=BATCH.max_num_seqs, tensor_parallel_size=tp, weights=weights,
+            kv_cache_dtype=kv_cache_dtype, swap_space=swap_space("recompute")))
         defaults: dict[str, object] = {"max_tokens": max_tokens}
         if temperature is not None:
             defaults["temperature"] = temperature
         sink = sys.stdout if output == "-" else open(output, "a", encoding="utf-8")
         try:
-            with report.progress("batch", sum(1 for t in lines if t.strip())) as advance:
+            with console.progress("batch", sum(1 for t in lines if t.strip())) as advance:
                 summary = run_batch(engine, lines, sink, done, system, defaults,
-                                    warn=lambda m: report.note(f"[yellow]{m}[/yellow]"),
+                                    warn=lambda m: console.note(f"[yellow]{m}[/yellow]"),
                                     progress=advance)
         finally:
             if sink is not sys.stdout:
                 sink.close()
-        report.note(describe(summary))
+        console.note(describe(summary))
     raise typer.Exit(summary.exit_code)

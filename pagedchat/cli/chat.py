@@ -15,7 +15,9 @@ from pagedchat.cli.options import (
     Speculative,
     Weights,
 )
-from pagedchat.tui.main import DEFAULT_KV_BLOCKS, run_chat
+from pagedchat.engine.presets import PRESETS
+
+CHAT = PRESETS["chat"]
 
 
 def chat(
@@ -30,7 +32,7 @@ def chat(
         min=16, help="Prompt tokens kept: system prompt plus the newest messages that fit "
                      f"(default: {DEFAULT_CONTEXT_WINDOW}).")] = None,
     kv_blocks: Annotated[int | None, typer.Option(
-        min=1, help=f"Blocks in the KV cache pool (default: {DEFAULT_KV_BLOCKS}).")] = None,
+        min=1, help=f"Blocks in the KV cache pool (default: {CHAT.num_kv_blocks}).")] = None,
     tensor_parallel_size: Annotated[int, typer.Option(
         "--tensor-parallel-size", "-tp", min=1,
         help="Workers that split the model's heads (one process each).")] = 1,
@@ -62,6 +64,7 @@ def chat(
     """Chat in the terminal with a model served by the paged engine."""
     from pagedchat.chat.config_file import ConfigError, read_config, settings_of
     from pagedchat.chat.conversation import DEFAULT_SYSTEM_PROMPT, SamplingSettings
+    from pagedchat.tui.main import run_chat
 
     try:
         defaults = read_config(config)
@@ -77,6 +80,6 @@ def chat(
 
     run_chat(chosen(model, "model", None), db, continue_last, session,
              chosen(context_window, "context_window", DEFAULT_CONTEXT_WINDOW),
-             chosen(kv_blocks, "kv_blocks", DEFAULT_KV_BLOCKS), tensor_parallel_size, weights,
+             chosen(kv_blocks, "kv_blocks", CHAT.num_kv_blocks), tensor_parallel_size, weights,
              kv_cache_dtype, raw, settings, chosen(system, "system", DEFAULT_SYSTEM_PROMPT),
              {"speculative": speculative, "num_speculative_tokens": num_speculative_tokens})

@@ -10,8 +10,7 @@ from typing import Annotated
 
 import typer
 
-from pagedchat.bench import report
-from pagedchat.cli import inspect_render
+from pagedchat.cli import console, inspect_render
 from pagedchat.cli.options import (
     BlockSize,
     JsonPath,
@@ -22,6 +21,9 @@ from pagedchat.cli.options import (
     Weights,
     user_errors,
 )
+from pagedchat.engine.presets import PRESETS, swap_space
+
+INSPECT = PRESETS["inspect"]
 
 
 class Preemption(str, Enum):
@@ -39,13 +41,15 @@ def inspect(
                                                       "(q + Enter quits).")] = False,
     json_path: JsonPath = None,
     kv_blocks: Annotated[int, typer.Option("--kv-blocks", min=1,
-                                           help="KV pool size in blocks.")] = 128,
+                                           help="KV pool size in blocks.")]
+    = INSPECT.num_kv_blocks,
     block_size: BlockSize = 16,
     preemption_mode: Annotated[Preemption, typer.Option(
         "--preemption", help="What a full pool does to the newest request.")]
     = Preemption.recompute,
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1,
-                                            help="Tokens to generate per request.")] = 24,
+                                            help="Tokens to generate per request.")]
+    = INSPECT.max_tokens,
     max_steps: Annotated[int, typer.Option("--max-steps", min=1)] = 500,
     model: Model = None,
     weights: Weights = None,
@@ -54,25 +58,28 @@ def inspect(
     num_speculative_tokens: NumSpeculativeTokens = 4,
 ) -> None:
     """Watch the KV block pool, block tables and sharing, one engine step at a time."""
-    from pagedchat.bench.suite import EngineOptions
     from pagedchat.chat.inspect import default_scenario, prompt_scenario, run_scenario
+    from pagedchat.engine.config import EngineConfig
+    from pagedchat.engine.llm_engine import LLMEngine
+
     with user_errors():
         prompts = list(prompt or [])
         if file is not None:
             if not file.is_file():
                 raise FileNotFoundError(f"{file}: no such file")
             prompts += [t for t in file.read_text(encoding="utf-8").splitlines() if t.strip()]
-        engine = EngineOptions(model=model, block_size=block_size, num_kv_blocks=kv_blocks,
-                               preemption_mode=Preemption(preemption_mode).value,
-                               weights=weights, kv_cache_dtype=kv_cache_dtype,
-                               speculative=speculative,
-                               num_speculative_tokens=num_speculative_tokens).build()
+        mode = Preemption(preemption_mode).value
+        engine = LLMEngine(EngineConfig(
+            model=model, block_size=block_size, num_kv_blocks=kv_blocks,
+            max_num_seqs=INSPECT.max_num_seqs, preemption_mode=mode, swap_space=swap_space(mode),
+            weights=weights, kv_cache_dtype=kv_cache_dtype, speculative=speculative,
+            num_speculative_tokens=num_speculative_tokens))
         arrivals = (prompt_scenario(prompts, max_tokens) if prompts
                     else default_scenario(engine.tokenizer, max_tokens))
 
         def show(snapshot) -> bool:
             title = f"step {snapshot.step}" + "".join(f" | {e}" for e in snapshot.events)
-            report.stdout.print(inspect_render.snapshot(title, snapshot.stats))
+            console.stdout.print(inspect_render.snapshot(title, snapshot.stats))
             if not step:
                 return True
             answer = sys.stdin.readline()
@@ -80,7 +87,7 @@ def inspect(
 
         snapshots = run_scenario(engine, arrivals, show, max_steps)
         if json_path:
-            json_path.write_text(json.dumps({"metadata": report.engine_metadata(engine),
+            json_path.write_text(json.dumps({"metadata": console.engine_metadata(engine),
                                              "snapshots": [s.to_json() for s in snapshots]},
                                             indent=1) + "\n")
-            report.note(f"{len(snapshots)} snapshots written to {json_path}")
+            console.note(f"{len(snapshots)} snapshots written to {json_path}")

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from pagedchat.bench import report
+from pagedchat.cli import console
 from pagedchat.engine.errors import PagedChatError
 
 MODEL_HELP = ("HF folder, GGUF file or named model (see pagedchat models); default: "
@@ -60,6 +60,6 @@ def user_errors() -> Iterator[None]:
         yield
     except (PagedChatError, ValueError, OSError) as error:
         # OSError covers a missing file as well as a full disk while writing results.
-        report.note(f"[red]error:[/red] {error}")
+        console.note(f"[red]error:[/red] {error}")
         raise typer.Exit(1) from error
 

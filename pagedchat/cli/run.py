@@ -17,6 +17,9 @@ from pagedchat.cli.options import (
     Speculative,
     Weights,
 )
+from pagedchat.engine.presets import PRESETS, swap_space
+
+RUN = PRESETS["run"]
 
 
 def run(
@@ -24,7 +27,8 @@ def run(
         help="The question; '-' or nothing reads it from standard input.")] = None,
     model: Annotated[str | None, typer.Option("--model", "-m", help=MODEL_HELP)] = None,
     system: Annotated[str | None, typer.Option(help="A system prompt.")] = None,
-    max_tokens: Annotated[int, typer.Option(min=1, help="Most tokens to generate.")] = 512,
+    max_tokens: Annotated[int, typer.Option(min=1, help="Most tokens to generate.")]
+    = RUN.max_tokens,
     temperature: Annotated[float, typer.Option(min=0.0, help="0 is greedy.")] = 0.0,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling mass, in (0, 1].")] = 1.0,
     seed: Annotated[int | None, typer.Option(help="Makes a sampled answer repeat.")] = None,
@@ -65,7 +69,9 @@ def run(
         start = time.perf_counter()
         opened = open_model(EngineConfig(model=model, dtype=dtype, weights=weights,
                                          num_kv_blocks=kv_blocks, kv_cache_memory=kv_memory,
-                                         kv_cache_dtype=kv_cache_dtype, swap_space="0B",
+                                         kv_cache_dtype=kv_cache_dtype,
+                                         swap_space=swap_space("recompute"),
+                                         max_num_seqs=RUN.max_num_seqs,
                                          speculative=speculative,
                                          num_speculative_tokens=num_speculative_tokens,
                                          tensor_parallel_size=tensor_parallel_size))
@@ -78,7 +84,7 @@ def run(
             prompt_ids = render(opened.tokenizer, messages)
             if not has_chat_template(opened.tokenizer):
                 params = replace(params, stop=[PLAIN_STOP])
-        if kv_blocks is None and kv_memory is None:
+        if RUN.pool_per_request and kv_blocks is None and kv_memory is None:
             # the pool serves this one request: sized to what it can need, not to the
             # engine's budget for many
             blocks = opened.config.request_kv_blocks(

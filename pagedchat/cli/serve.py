@@ -9,6 +9,9 @@ from typing import Annotated
 import typer
 
 from pagedchat.cli.options import KvCacheDtype, NumSpeculativeTokens, Speculative, Weights
+from pagedchat.engine.presets import PRESETS, swap_space
+
+SERVE = PRESETS["serve"]
 
 
 def serve(
@@ -27,8 +30,10 @@ def serve(
     block_size: Annotated[int, typer.Option(help="Tokens per KV block.")] = 16,
     kv_memory: Annotated[str | None, typer.Option(
         help="KV pool size in bytes, e.g. 2GiB (default: 2GiB).")] = None,
-    kv_blocks: Annotated[int | None, typer.Option(min=1, help="KV pool size in blocks.")] = None,
-    max_num_seqs: Annotated[int, typer.Option(min=1, help="Most sequences per step.")] = 256,
+    kv_blocks: Annotated[int | None, typer.Option(min=1, help="KV pool size in blocks.")]
+    = SERVE.num_kv_blocks,
+    max_num_seqs: Annotated[int, typer.Option(min=1, help="Most sequences per step.")]
+    = SERVE.max_num_seqs,
     max_num_batched_tokens: Annotated[int, typer.Option(
         min=1, help="Most tokens per step.")] = 1024,
     dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16.")] = "float32",
@@ -65,7 +70,7 @@ def serve(
             model=model, block_size=block_size, kv_cache_memory=kv_memory,
             num_kv_blocks=kv_blocks, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, dtype=dtype, weights=weights,
-            kv_cache_dtype=kv_cache_dtype, swap_space="0B",
+            kv_cache_dtype=kv_cache_dtype, swap_space=swap_space("recompute"),
             tensor_parallel_size=tensor_parallel_size,
             speculative=speculative, num_speculative_tokens=num_speculative_tokens))
     except PagedChatError as error:

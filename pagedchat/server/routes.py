@@ -17,7 +17,7 @@ from pagedchat.server.errors import APIError
 from pagedchat.server.formatting import chat_logprobs, completion_logprobs, usage
 from pagedchat.server.protocol import ChatCompletionRequest, CompletionRequest
 from pagedchat.server.state import ServerState
-from pagedchat.server.streaming import EventStream, Job, start_job, unless_disconnected
+from pagedchat.server.streaming import EventStream, StreamJob, start_job, unless_disconnected
 
 router = APIRouter()
 
@@ -54,7 +54,7 @@ async def _run(request: Request, state: ServerState, body, prompts: list[list[in
     reply = Reply(state, body, request_id, len(prompts))
     job = await unless_disconnected(
         request, start_job(state.engine_loop, request_id, prompts, params, arrival))
-    if not isinstance(job, Job):
+    if not isinstance(job, StreamJob):
         reply.count_abandoned()
         return job
 
@@ -113,7 +113,7 @@ class Reply:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
     # ---- whole response -------------------------------------------------------------------
-    async def collect(self, job: Job) -> JSONResponse:
+    async def collect(self, job: StreamJob) -> JSONResponse:
         aborted: Aborted | None = None
         try:
             async with contextlib.aclosing(job.events()) as events:
@@ -149,7 +149,7 @@ class Reply:
                              "usage": usage(list(self.finals.values()))})
 
     # ---- streamed -----------------------------------------------------------------------
-    async def stream(self, job: Job) -> AsyncIterator[str]:
+    async def stream(self, job: StreamJob) -> AsyncIterator[str]:
         head = {**self._head(), "object": "chat.completion.chunk" if self.chat
                 else "text_completion"}
         include_usage = bool(self.body.stream_options and self.body.stream_options.include_usage)

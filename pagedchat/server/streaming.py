@@ -23,7 +23,7 @@ T = TypeVar("T")
 
 
 @dataclass
-class Job:
+class StreamJob:
     """The engine requests of one HTTP request (one per prompt), read through one queue."""
 
     loop: EngineLoop
@@ -62,12 +62,12 @@ class Job:
 
 
 async def start_job(loop: EngineLoop, base_id: str, prompts: list[list[int]],
-                    params: SamplingParams, arrival_time: float) -> Job:
+                    params: SamplingParams, arrival_time: float) -> StreamJob:
     """Submit every prompt and wait until the engine took them all (or refused one:
     then the others are aborted and the refusal is raised as a 400)."""
     sink: asyncio.Queue = asyncio.Queue()
     ids = [base_id] if len(prompts) == 1 else [f"{base_id}-{i}" for i in range(len(prompts))]
-    job = Job(loop, ids, sink)
+    job = StreamJob(loop, ids, sink)
     for rid, prompt in zip(ids, prompts, strict=True):
         loop.add(rid, prompt, params, arrival_time, sink)
     pending, refusal = set(ids), None

@@ -13,9 +13,10 @@ from pagedchat.chat.conversation import DEFAULT_SYSTEM_PROMPT, SamplingSettings
 from pagedchat.chat.driver import load_engine
 from pagedchat.chat.prompt import DEFAULT_CONTEXT_WINDOW
 from pagedchat.chat.store import Store, StoreError
+from pagedchat.engine.presets import PRESETS, swap_space
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
-DEFAULT_KV_BLOCKS = 512
+CHAT = PRESETS["chat"]
 
 
 def run_chat(
@@ -24,7 +25,7 @@ def run_chat(
     continue_last: bool = False,
     session_id: int | None = None,
     context_window: int = DEFAULT_CONTEXT_WINDOW,
-    kv_blocks: int = DEFAULT_KV_BLOCKS,
+    kv_blocks: int = CHAT.num_kv_blocks,
     tensor_parallel_size: int = 1,
     weights: str | None = None,
     kv_cache_dtype: str = "auto",
@@ -46,7 +47,8 @@ def run_chat(
     except StoreError as error:
         raise typer.BadParameter(str(error), param_hint="--db") from error
     name = Path(model).name if model else DEFAULT_MODEL_NAME
-    load = partial(load_engine, model, num_kv_blocks=kv_blocks,
+    load = partial(load_engine, model, num_kv_blocks=kv_blocks, max_num_seqs=CHAT.max_num_seqs,
+                   swap_space=swap_space("recompute"),
                    tensor_parallel_size=tensor_parallel_size, weights=weights,
                    kv_cache_dtype=kv_cache_dtype, **(speculation or {}))
     app = ChatApp(store, load, name, context_window=context_window, raw=raw,

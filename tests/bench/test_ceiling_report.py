@@ -9,6 +9,7 @@ from rich.console import Console
 
 from pagedchat.bench import report
 from pagedchat.bench.ceiling import flops_per_token, matmul_shapes, measure_ceiling, work_flops
+from pagedchat.cli import console
 
 SMOLLM2 = {"hidden_size": 576, "num_attention_heads": 9, "num_key_value_heads": 3,
            "num_hidden_layers": 30, "intermediate_size": 1536, "vocab_size": 49152}
@@ -55,7 +56,7 @@ def test_json_and_plots(tmp_path):
     class Config:
         dtype, weights, block_size, num_kv_blocks = "float32", "gguf", 16, 100
 
-    meta = report.run_metadata(Config(), "model-x")
+    meta = console.run_metadata(Config(), "model-x")
     report.write_json(tmp_path / "r.json", meta, {"pagedchat": {"requests_per_s": 2.0}})
     data = json.loads((tmp_path / "r.json").read_text())
     assert set(data["metadata"]) == {"model", "dtype", "weights", "block_size",

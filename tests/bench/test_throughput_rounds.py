@@ -13,6 +13,10 @@ class StepPeer:
     def __init__(self, label: str, step: float) -> None:
         self.name = self.label = label
         self.step = step
+        self.setting = {"step": step}
+
+    def reset(self):
+        pass
 
     def run(self, requests, arrivals, advance):
         results = []
@@ -59,13 +63,14 @@ def test_hf_continuous_gets_the_pool_bytes_in_tokens_of_every_layer(tmp_path, ti
     """A page holds one layer group's K/V, so the pool's pages are fewer whole-model tokens
     than pages x block size on a model with several groups."""
     from pagedchat import LLM
-    from pagedchat.bench.suite import make_peers
+    from pagedchat.bench.peers import PeerSettings, make_peers
     from tests.engine.models.test_gemma3 import save_tiny_gemma3
 
     folder = save_tiny_gemma3(tmp_path, tiny_tokenizer)
     with LLM(model=str(folder), block_size=4, num_kv_blocks=96) as llm:
         engine = llm.engine
-        (peer,) = make_peers(["hf-continuous"], engine, [], 16, hf_max_requests=(8,))
+        (peer,) = make_peers(["hf-continuous"],
+                             PeerSettings(engine, [], 16, hf_max_requests=(8,)))
         groups = engine.runner.kv_groups
         assert groups.num_groups > 1
         layers = len(groups.layer_group)

@@ -10,8 +10,8 @@ import textwrap
 import pytest
 
 from pagedchat.bench import vllm_cpu
+from pagedchat.bench.peers import parse_peers
 from pagedchat.bench.sharegpt import Request
-from pagedchat.bench.suite import parse_peers
 
 STAND_IN = textwrap.dedent('''
     import time

@@ -41,7 +41,7 @@ def test_flags_win_over_the_file_which_wins_over_the_defaults(monkeypatch, tmp_p
     def fake_run_chat(*args):
         seen["args"] = args
 
-    monkeypatch.setattr("pagedchat.cli.chat.run_chat", fake_run_chat)
+    monkeypatch.setattr("pagedchat.tui.main.run_chat", fake_run_chat)
     result = CliRunner().invoke(app, ["chat", "--config", str(path), "--max-tokens", "99",
                                       "--system", "Answer in French."])
     assert result.exit_code == 0, result.output

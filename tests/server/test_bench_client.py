@@ -9,8 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from pagedchat.bench import sharegpt
-from pagedchat.bench.http_client import ServedRequest
 from pagedchat.bench.load import arrival_offsets, run_load
+from pagedchat.bench.metrics import RequestResult
 from pagedchat.bench.serve_stats import parse_slo, serve_figures
 
 
@@ -30,9 +30,9 @@ def test_arrivals_keep_the_rate_and_burstiness_widens_the_gaps():
 
 
 def test_figures_and_goodput_from_known_requests():
-    fast = ServedRequest("a", 10, 3, sent=0.0, chunk_times=[0.1, 0.2, 0.3], output_len=3)
-    slow = ServedRequest("b", 10, 3, sent=0.0, chunk_times=[1.0, 1.5, 2.0], output_len=3)
-    failed = ServedRequest("c", 10, 3, error="HTTP 500")
+    fast = RequestResult(10, 0.0, [0.1, 0.2, 0.3], id="a", expected_output_len=3, counted_len=3)
+    slow = RequestResult(10, 0.0, [1.0, 1.5, 2.0], id="b", expected_output_len=3, counted_len=3)
+    failed = RequestResult(10, 0.0, id="c", expected_output_len=3, error="HTTP 500")
     figures = serve_figures([fast, slow, failed], 2.0, parse_slo("ttft=500,tpot=200"))
     assert figures["completed"] == 2 and figures["failed"] == 1
     assert figures["ttft_ms"]["mean"] == pytest.approx(550.0)
@@ -55,7 +55,7 @@ async def test_run_load_against_a_live_server(live_server):
                                        max_concurrency=2)
     assert duration > 0
     assert [r.output_len for r in results] == [6, 7, 8, 9]
-    assert all(r.ok and r.ttft > 0 and len(r.chunk_times) <= r.output_len for r in results)
+    assert all(r.ok and r.ttft > 0 and len(r.token_times) <= r.output_len for r in results)
 
 
 async def test_run_load_sends_texts_and_extra_fields(live_server):

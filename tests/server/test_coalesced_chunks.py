@@ -14,7 +14,7 @@ from pagedchat.engine.sampling_params import SamplingParams
 from pagedchat.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
 from pagedchat.server.routes import Reply
 from pagedchat.server.state import ServerSettings, ServerState
-from pagedchat.server.streaming import Job
+from pagedchat.server.streaming import StreamJob
 
 openai = pytest.importorskip("openai")
 
@@ -51,7 +51,7 @@ async def two_chunk_stream(state: ServerState, body, outputs: list) -> str:
     before the next write."""
     sink: asyncio.Queue = asyncio.Queue()
     reply = Reply(state, body, "r", 1)
-    stream = reply.stream(Job(_NoEngineLoop(), ["r"], sink))
+    stream = reply.stream(StreamJob(_NoEngineLoop(), ["r"], sink))
     sink.put_nowait(outputs[0])
     pieces = [await anext(stream)]
     for output in outputs[1:]:

@@ -6,7 +6,6 @@ from typing import Annotated
 
 import typer
 
-from pagedchat.bench import report
 from pagedchat.cli.bench import options as opt
 from pagedchat.cli.options import user_errors
 
@@ -18,10 +17,11 @@ def blocksize(num_requests: opt.NumRequests = 100, model: opt.Model = None,
               rate: Annotated[float | None, typer.Option(
                   "--rate", min=0.0, help="Poisson rate (req/s); default: all at once.")] = None,
               seed: opt.Seed = 0, kv_memory: opt.KvMemory = "512MiB",
-              max_num_seqs: opt.MaxSeqs = opt.MAX_SEQS, dtype: opt.Dtype = opt.DType.float32,
+              max_num_seqs: opt.MaxSeqs = opt.MAX_SEQS, dtype: opt.DTypeOption = opt.DType.float32,
               weights: opt.Weights = None, json_path: opt.JsonPath = None,
               tp: opt.TensorParallelSize = 1) -> None:
     """The block-size ablation: the same KV memory cut into blocks of each size."""
+    from pagedchat.bench import report
     from pagedchat.bench.engines import PagedChat
     from pagedchat.bench.suite import (
         measure,
@@ -43,5 +43,4 @@ def blocksize(num_requests: opt.NumRequests = 100, model: opt.Model = None,
                                         figures.items()],
                           ["block_size", "requests_per_s", "output_tokens_per_s",
                            "e2e_ms_mean", "normalized_latency_s_per_token"])
-        if json_path:
-            report.write_json(json_path, report.engine_metadata(engine), {"pagedchat": figures})
+        report.save(json_path, engine, {"pagedchat": figures})

@@ -19,14 +19,15 @@ def chatbot(num_requests: opt.NumRequests = 100, model: opt.Model = None,
             hf_batch_size: opt.HfBatch = "8",
             hf_page_size: opt.HfPage = 256, seed: opt.Seed = 0, block_size: opt.BlockSize = 16,
             kv_blocks: opt.KvBlocks = None, kv_memory: opt.KvMemory = None,
-            max_num_seqs: opt.MaxSeqs = opt.MAX_SEQS, dtype: opt.Dtype = opt.DType.float32,
+            max_num_seqs: opt.MaxSeqs = opt.MAX_SEQS, dtype: opt.DTypeOption = opt.DType.float32,
             weights: opt.Weights = None,
             plot: opt.Plot = Path("bench-chatbot.png"), json_path: opt.JsonPath = None,
             tp: opt.TensorParallelSize = 1) -> None:
     """The paper's chatbot: multi-turn history + new message, last 1024 tokens kept."""
     from pagedchat.bench import sharegpt
     from pagedchat.bench.online import serve_rates
-    from pagedchat.bench.suite import length_limit, parse_list, parse_peers
+    from pagedchat.bench.peers import parse_peers
+    from pagedchat.bench.suite import length_limit, parse_list
     with user_errors():
         options = opt.engine_options(model, dtype, block_size, kv_blocks, kv_memory,
                                      max_num_seqs, tp, weights=weights)

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from pagedchat.bench import report
+from pagedchat.cli import console
 from pagedchat.cli.bench import options as opt
 from pagedchat.cli.options import user_errors
 
@@ -33,6 +33,7 @@ def isolation(model: opt.Model = None, kv_memory: opt.KvMemory = "256MiB",
     """Do running streams keep their pace, and /health its speed, while clients send
     bodies over --max-request-bytes? `pagedchat serve` runs as a child; the streams run
     alone, then beside the big bodies."""
+    from pagedchat.bench import report
     from pagedchat.bench.isolation import isolation as run
 
     with user_errors():
@@ -45,12 +46,12 @@ def isolation(model: opt.Model = None, kv_memory: opt.KvMemory = "256MiB",
             "worst_refusal_ms"])
         alone, flooded = figures["alone"], figures["flooded"]
         ratio = flooded["worst_chunk_gap_ms"] / alone["worst_chunk_gap_ms"]
-        report.note(f"{streams} streams of {max_tokens} tokens; {floods} clients sending "
-                    f"a {body_mb:g} MB body every {interval:g} s in the second phase; worst "
-                    f"gap between chunks with them / without: {ratio:.2f}x")
+        console.note(f"{streams} streams of {max_tokens} tokens; {floods} clients sending "
+                     f"a {body_mb:g} MB body every {interval:g} s in the second phase; worst "
+                     f"gap between chunks with them / without: {ratio:.2f}x")
         if json_path:
             from pagedchat.engine.config import EngineConfig
 
-            meta = report.run_metadata(EngineConfig(model=model, kv_cache_memory=kv_memory),
-                                       model or "default")
+            meta = console.run_metadata(EngineConfig(model=model, kv_cache_memory=kv_memory),
+                                        model or "default")
             report.write_json(json_path, meta, figures, worst_gap_ratio=ratio)

@@ -9,12 +9,12 @@ from typing import Annotated
 
 import typer
 
-from pagedchat.bench import report
+from pagedchat.cli import console
 from pagedchat.cli.bench import options as opt
 from pagedchat.cli.options import KvMemory, user_errors
 
 
-def kv_cache(model: opt.Model = None, dtype: opt.Dtype = opt.DType.float32,
+def kv_cache(model: opt.Model = None, dtype: opt.DTypeOption = opt.DType.float32,
              weights: opt.Weights = None, kv_memory: KvMemory = "256MiB",
              context: Annotated[int, typer.Option(
                  "--context", min=1, help="Context of the decode timing, in tokens.")] = 4000,
@@ -27,6 +27,7 @@ def kv_cache(model: opt.Model = None, dtype: opt.Dtype = opt.DType.float32,
              = 256,
              json_path: opt.JsonPath = None) -> None:
     """int8 K/V against the model's dtype, in the same pool of --kv-memory bytes."""
+    from pagedchat.bench import report
     from pagedchat.bench.kv_cache import bytes_per_token, decode_seconds, running_before_preemption
 
     with user_errors():
@@ -49,10 +50,8 @@ def kv_cache(model: opt.Model = None, dtype: opt.Dtype = opt.DType.float32,
                   / max(plain["running_before_preemption"], 1)}
         report.emit_table("kv cache", rows, list(rows[0]))
         report.emit_table("int8 against " + plain["kv_dtype"], [ratios], list(ratios))
-        report.note(f"decode: one sequence at {context} tokens, the engines taking turns of "
-                    f"{steps} steps ({rounds} each), medians; preemption: requests of "
-                    f"{prompt_len} prompt tokens in a pool of {kv_memory}, the scheduler and "
-                    "block manager alone (no forward pass)")
-        if json_path:
-            report.write_json(json_path, report.engine_metadata(engines[0]),
-                              {"pagedchat": {"rows": rows, "ratios": ratios}})
+        console.note(f"decode: one sequence at {context} tokens, the engines taking turns of "
+                     f"{steps} steps ({rounds} each), medians; preemption: requests of "
+                     f"{prompt_len} prompt tokens in a pool of {kv_memory}, the scheduler and "
+                     "block manager alone (no forward pass)")
+        report.save(json_path, engines[0], {"pagedchat": {"rows": rows, "ratios": ratios}})

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from pagedchat.bench import report
+from pagedchat.cli import console
 from pagedchat.cli.bench import options as opt
 from pagedchat.cli.options import user_errors
 
@@ -15,7 +15,7 @@ def latency(model: opt.Model = None, max_tokens: opt.MaxTokens = 128,
             prompt_len: Annotated[int, typer.Option(
                 "--prompt-len", min=16, help="Tokens of the long prompt timed to first token.")]
             = 1000,
-            dtype: opt.Dtype = opt.DType.float32, weights: opt.Weights = None,
+            dtype: opt.DTypeOption = opt.DType.float32, weights: opt.Weights = None,
             loads: Annotated[bool, typer.Option(
                 help="Also time a first start (GGUF conversion) and a cached start.")] = True,
             json_path: opt.JsonPath = None, tp: opt.TensorParallelSize = 1,
@@ -29,7 +29,7 @@ def latency(model: opt.Model = None, max_tokens: opt.MaxTokens = 128,
             = "hf-generate") -> None:
     """Single stream: decode tokens/s, time to first token of a long prompt, load times,
     and decode's share of the machine's copy bandwidth."""
-    from pagedchat.bench import sharegpt
+    from pagedchat.bench import report, sharegpt
     from pagedchat.bench.bandwidth import memory_speed
     from pagedchat.bench.latency import (
         check_single_stream_peers,
@@ -54,14 +54,13 @@ def latency(model: opt.Model = None, max_tokens: opt.MaxTokens = 128,
         report.emit_table("latency", rows, ["engine", "decode_tokens_per_s", "ttft_ms",
                                             "decode_ratio", "ttft_ratio", "bytes_per_token_mb",
                                             "bandwidth_share"])
-        report.note(f"decode after a short prompt, {max_tokens or 128} tokens; TTFT of a "
-                    f"{len(long_prompt)}-token prompt; ratios: pagedchat over the engine"
-                    + (f" (medians of {rounds} rounds, engines in turn)" if rounds > 1 else ""))
+        console.note(f"decode after a short prompt, {max_tokens or 128} tokens; TTFT of a "
+                     f"{len(long_prompt)}-token prompt; ratios: pagedchat over the engine"
+                     + (f" (medians of {rounds} rounds, engines in turn)" if rounds > 1 else ""))
         if "llama.cpp" in peers:
             extra["llama.cpp"] = {**peers["llama.cpp"].build(),
                                   "tokens": check_tokens(engine, peers["llama.cpp"])}
         if loads:
             extra["load"] = load_times(model)
             report.emit_table("load", [extra["load"]], ["first_load_s", "cached_load_s"])
-        if json_path:
-            report.write_json(json_path, report.engine_metadata(engine), figures, **extra)
+        report.save(json_path, engine, figures, **extra)

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from pagedchat.bench import report
+from pagedchat.cli import console
 from pagedchat.cli.bench import options as opt
 from pagedchat.cli.options import KvCacheDtype, user_errors
 
@@ -32,13 +32,14 @@ def memory(num_requests: TraceRequests = None, model: opt.Model = None,
            max_len: Annotated[int, typer.Option(
                "--max-len", help="What the max-length policy reserves per request.")] = 2048,
            seed: opt.Seed = 0, block_size: opt.BlockSize = 16, kv_blocks: opt.KvBlocks = 512,
-           max_num_seqs: opt.MaxSeqs = opt.MAX_SEQS, dtype: opt.Dtype = opt.DType.float32,
+           max_num_seqs: opt.MaxSeqs = opt.MAX_SEQS, dtype: opt.DTypeOption = opt.DType.float32,
            weights: opt.Weights = None, contexts: Contexts = "1024,4096,16384",
            run_model: RunModel = False,
            plot: opt.Plot = Path("bench-memory.png"), json_path: opt.JsonPath = None,
            tp: opt.TensorParallelSize = 1, kv_cache_dtype: KvCacheDtype = "auto") -> None:
     """KV bytes per token by context length, against keeping every layer; then the paper's
     Fig. 2: KV memory holding token states vs reserved vs fragmented."""
+    from pagedchat.bench import report
     from pagedchat.bench.suite import parse_list
     with user_errors():
         engine = opt.engine_options(model, dtype, block_size, kv_blocks, None, max_num_seqs, tp,
@@ -47,36 +48,35 @@ def memory(num_requests: TraceRequests = None, model: opt.Model = None,
         windowed = engine.scheduler.block_manager.has_windows
         num_requests = num_requests if num_requests is not None else (0 if windowed else 200)
         shares = _trace_shares(engine, num_requests, seed, max_tokens, max_len, plot)
-        if json_path:
-            cfg = engine.config
-            report.write_json(json_path, report.engine_metadata(engine), shares,
-                              capacity_tokens=cfg.num_kv_blocks * cfg.block_size,
-                              max_len=max_len, by_context=by_context)
+        cfg = engine.config
+        report.save(json_path, engine, shares, capacity_tokens=cfg.num_kv_blocks * cfg.block_size,
+                    max_len=max_len, by_context=by_context)
 
 
 def _by_context(engine, lengths: list[int], run_model: bool) -> list[dict[str, object]]:
     """The per-context table, printed; lengths past the model's context are left out."""
-    from pagedchat.bench import context_memory
+    from pagedchat.bench import context_memory, report
     limit = engine.config.max_model_len
     fits = [n for n in lengths if n + 3 <= limit]
     if len(fits) < len(lengths):
-        report.note(f"left out {', '.join(str(n) for n in lengths if n not in fits)} tokens: "
-                    f"the model's context is {limit} tokens")
+        console.note(f"left out {', '.join(str(n) for n in lengths if n not in fits)} tokens: "
+                     f"the model's context is {limit} tokens")
     rows = [context_memory.measure(engine, n, run_model).row() for n in fits]
     if rows:
         report.emit_table("kv per token", rows, context_memory.COLUMNS)
         how = ("the engine running the model" if run_model else
                "the engine's scheduler and block manager on the model's layer groups, with "
                "no forward pass (allocation does not depend on the values)")
-        report.note(f"one sequence's blocks while it computes the token at each context "
-                    f"length, counted in {how}; full: every layer's K and V for every token; "
-                    f"K/V in {engine.kv_cache_dtype}")
+        console.note(f"one sequence's blocks while it computes the token at each context "
+                     f"length, counted in {how}; full: every layer's K and V for every token; "
+                     f"K/V in {engine.kv_cache_dtype}")
     return rows
 
 
 def _trace_shares(engine, num_requests: int, seed: int, max_tokens: int | None,
                   max_len: int, plot: Path) -> dict[str, dict[str, float]]:
     """Fig. 2 over ``num_requests`` ShareGPT requests (none: nothing run)."""
+    from pagedchat.bench import report
     from pagedchat.bench.engines import PagedChat
     from pagedchat.bench.memory import PARTS, POLICIES, Tally, simulate_contiguous
     from pagedchat.bench.suite import measure, sample_trace, warmup_prompt
@@ -95,9 +95,9 @@ def _trace_shares(engine, num_requests: int, seed: int, max_tokens: int | None,
     report.emit_table("memory", [{"engine": name, **f} for name, f in shares.items()],
                       ["engine", *PARTS, "live_of_allocated", "mean_batch_size",
                        "max_batch_size"])
-    report.note(f"KV budget {capacity} token slots; pagedchat measured in the engine, the "
-                "reservation policies simulated on the same trace (see bench/memory.py); "
-                "shares averaged over steps with requests waiting")
+    console.note(f"KV budget {capacity} token slots; pagedchat measured in the engine, the "
+                 "reservation policies simulated on the same trace (see bench/memory.py); "
+                 "shares averaged over steps with requests waiting")
     report.plot_stacked(plot, shares, list(PARTS), f"KV cache memory, {len(requests)} "
                         f"ShareGPT requests, {capacity} slots")
     return shares

@@ -24,7 +24,7 @@ from pagedchat.engine.config import EngineConfig
 if TYPE_CHECKING:
     from pagedchat.bench.suite import EngineOptions
 
-__all__ = ["MAX_SEQS", "BlockSize", "Compare", "DType", "Dtype", "HfBatch", "HfPage",
+__all__ = ["MAX_SEQS", "BlockSize", "Compare", "DType", "DTypeOption", "HfBatch", "HfPage",
            "HfRequests", "JsonPath", "KvBlocks", "KvMemory", "MaxSeqs", "MaxTokens", "Model",
            "NumRequests", "Plot", "Rates", "Seed", "TensorParallelSize", "Weights",
            "check_sizes", "engine_options"]
@@ -37,7 +37,7 @@ class DType(str, Enum):
 
 
 def _check_peers(value: str) -> str:
-    from pagedchat.bench.suite import parse_peers
+    from pagedchat.bench.peers import parse_peers
     try:
         parse_peers(value)
     except ValueError as error:
@@ -71,7 +71,7 @@ MaxTokens = Annotated[int | None, typer.Option("--max-tokens", min=1,
 Seed = Annotated[int, typer.Option("--seed", help="Seed of the request sample and arrivals.")]
 MAX_SEQS = EngineConfig.max_num_seqs
 MaxSeqs = Annotated[int, typer.Option("--max-num-seqs", min=1, help="Most sequences per step.")]
-Dtype = Annotated[DType, typer.Option("--dtype", help="Weights and KV cache dtype.")]
+DTypeOption = Annotated[DType, typer.Option("--dtype", help="Weights and KV cache dtype.")]
 Compare = Annotated[str, typer.Option(
     "--compare", callback=_check_peers,
     help="Peers to run too: hf-generate,hf-continuous, llama.cpp (batched, on the same GGUF; "

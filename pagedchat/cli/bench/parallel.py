@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from pagedchat.bench import report
+from pagedchat.cli import console
 from pagedchat.cli.bench import options as opt
 from pagedchat.cli.options import user_errors
 
@@ -17,11 +17,12 @@ def parallel(num_requests: opt.NumRequests = 32, model: opt.Model = None,
                  "--sizes", callback=opt.check_sizes,
                  help="Tensor-parallel sizes to run, e.g. 1,3.")] = "1,3",
              seed: opt.Seed = 0, kv_blocks: opt.KvBlocks = None,
-             dtype: opt.Dtype = opt.DType.float32,
+             dtype: opt.DTypeOption = opt.DType.float32,
              weights: opt.Weights = None,
              json_path: opt.JsonPath = None) -> None:
     """Throughput for each tensor-parallel size on the same requests, with the bytes
     all-reduced per token and broadcast per step, next to the model's size."""
+    from pagedchat.bench import report
     from pagedchat.bench.engines import PagedChat
     from pagedchat.bench.parallel import communication_figures
     from pagedchat.bench.suite import measure, parse_list, sample_trace, warmup_prompt
@@ -35,7 +36,7 @@ def parallel(num_requests: opt.NumRequests = 32, model: opt.Model = None,
             try:
                 if requests is None:
                     requests = sample_trace(engine, num_requests, seed, max_tokens)
-                    meta = report.engine_metadata(engine)
+                    meta = console.engine_metadata(engine)
                 result = measure(PagedChat(engine), requests,
                                  warmup_prompt(engine.tokenizer))[0]
                 result.update(communication_figures(engine))
@@ -50,8 +51,8 @@ def parallel(num_requests: opt.NumRequests = 32, model: opt.Model = None,
             "engine", "output_tokens_per_s", "speedup", "all_reduce_bytes_per_token",
             "expected_all_reduce_bytes_per_token", "all_reduce_mb_per_step",
             "broadcast_bytes_per_step", "weights_per_worker_mb"])
-        report.note(f"{len(requests)} ShareGPT requests; model weights "
-                    f"{rows[0]['weights_per_worker_mb']:.0f} MB on one worker; speedup = "
-                    "output tokens/s against the first size")
+        console.note(f"{len(requests)} ShareGPT requests; model weights "
+                     f"{rows[0]['weights_per_worker_mb']:.0f} MB on one worker; speedup = "
+                     "output tokens/s against the first size")
         if json_path:
             report.write_json(json_path, meta, figures)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pagedchat.bench import report
 from pagedchat.cli.bench import options as opt
 from pagedchat.cli.options import user_errors
 
@@ -10,10 +9,11 @@ from pagedchat.cli.options import user_errors
 def preemption(num_requests: opt.NumRequests = 100, model: opt.Model = None,
                max_tokens: opt.MaxTokens = None, seed: opt.Seed = 0,
                block_size: opt.BlockSize = 16, kv_blocks: opt.KvBlocks = 128,
-               max_num_seqs: opt.MaxSeqs = opt.MAX_SEQS, dtype: opt.Dtype = opt.DType.float32,
+               max_num_seqs: opt.MaxSeqs = opt.MAX_SEQS, dtype: opt.DTypeOption = opt.DType.float32,
                weights: opt.Weights = None, json_path: opt.JsonPath = None,
                tp: opt.TensorParallelSize = 1) -> None:
     """Recompute vs swap under memory pressure (a small KV pool)."""
+    from pagedchat.bench import report
     from pagedchat.bench.engines import PagedChat
     from pagedchat.bench.suite import measure, sample_trace, warmup_prompt
     with user_errors():
@@ -31,5 +31,4 @@ def preemption(num_requests: opt.NumRequests = 100, model: opt.Model = None,
         report.emit_table("preemption", [{"mode": m, **f} for m, f in figures.items()],
                           ["mode", "requests_per_s", "output_tokens_per_s", "preemptions",
                            "swapped_out_blocks", "normalized_latency_s_per_token"])
-        if json_path:
-            report.write_json(json_path, report.engine_metadata(engine), figures)
+        report.save(json_path, engine, figures)

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from pagedchat.bench import report
+from pagedchat.cli import console
 from pagedchat.cli.bench import options as opt
 from pagedchat.cli.options import user_errors
 
@@ -17,12 +17,12 @@ def prefix(num_requests: opt.NumRequests = 100, model: opt.Model = None,
                                               help="Examples in the shared prefix.")] = 5,
            seed: opt.Seed = 0, block_size: opt.BlockSize = 16, kv_blocks: opt.KvBlocks = None,
            kv_memory: opt.KvMemory = None, max_num_seqs: opt.MaxSeqs = opt.MAX_SEQS,
-           dtype: opt.Dtype = opt.DType.float32,
+           dtype: opt.DTypeOption = opt.DType.float32,
            weights: opt.Weights = None,
            json_path: opt.JsonPath = None,
            tp: opt.TensorParallelSize = 1) -> None:
     """A shared few-shot prefix on every request, prefix caching on vs off."""
-    from pagedchat.bench import sharegpt
+    from pagedchat.bench import report, sharegpt
     from pagedchat.bench.engines import PagedChat
     from pagedchat.bench.suite import measure, warmup_prompt
     with user_errors():
@@ -47,8 +47,6 @@ def prefix(num_requests: opt.NumRequests = 100, model: opt.Model = None,
         report.emit_table("prefix", [{"engine": name, **f} for name, f in figures.items()],
                           ["engine", "requests_per_s", "output_tokens_per_s", "cached_tokens",
                            "prefix_hit_rate", "normalized_latency_s_per_token"])
-        report.note(f"{shots}-shot prefix of {len(head)} tokens; throughput ratio on/off = "
-                    f"{ratio:.2f}x")
-        if json_path:
-            report.write_json(json_path, report.engine_metadata(engine), figures,
-                              prefix_tokens=len(head), throughput_ratio=ratio)
+        console.note(f"{shots}-shot prefix of {len(head)} tokens; throughput ratio on/off = "
+                     f"{ratio:.2f}x")
+        report.save(json_path, engine, figures, prefix_tokens=len(head), throughput_ratio=ratio)

@@ -7,14 +7,14 @@ from typing import Annotated
 
 import typer
 
-from pagedchat.bench import report
+from pagedchat.cli import console
 from pagedchat.cli.bench import options as opt
 from pagedchat.cli.options import KvCacheDtype, user_errors
 
 
 def quality(num_requests: opt.NumRequests = 16, model: opt.Model = None,
             max_tokens: opt.MaxTokens = 32,
-            dtype: opt.Dtype = opt.DType.bfloat16,
+            dtype: opt.DTypeOption = opt.DType.bfloat16,
             weights: opt.Weights = None, seed: opt.Seed = 0, json_path: opt.JsonPath = None,
             tp: opt.TensorParallelSize = 1,
             replies: Annotated[int, typer.Option(
@@ -24,6 +24,7 @@ def quality(num_requests: opt.NumRequests = 16, model: opt.Model = None,
     """Greedy agreement with transformers at a lower precision, beside its noise floor,
     and the perplexity of held-out answers under both. With --kv-cache-dtype int8: against
     the same engine with K/V in --dtype instead (use --dtype float32 for float32 K/V)."""
+    from pagedchat.bench import report
     from pagedchat.bench.quality import greedy_agreement, held_out_perplexity
     from pagedchat.bench.sharegpt import sample_replies
     from pagedchat.bench.suite import sample_trace
@@ -45,13 +46,13 @@ def quality(num_requests: opt.NumRequests = 16, model: opt.Model = None,
             "hf_vs_hf_float32_mean_shared_prefix_tokens",
             *(["replies", "reply_tokens", "perplexity", "hf_float32_perplexity"]
               if replies else [])])
-        if json_path:
-            report.write_json(json_path, report.engine_metadata(engine), {"pagedchat": figures})
+        report.save(json_path, engine, {"pagedchat": figures})
 
 
 def _kv_quality(num_requests, model, max_tokens, dtype, weights, seed, json_path, replies,
                 kv_cache_dtype) -> None:
     """Agreement and perplexity of quantized K/V against K/V in the engine's dtype."""
+    from pagedchat.bench import report
     from pagedchat.bench.kv_cache import agreement, perplexity
     from pagedchat.bench.sharegpt import sample_replies
     from pagedchat.bench.suite import sample_trace
@@ -69,7 +70,6 @@ def _kv_quality(num_requests, model, max_tokens, dtype, weights, seed, json_path
         row = {"kv_dtype": quantized.kv_cache_dtype, "against": plain.kv_cache_dtype,
                **figures}
         report.emit_table("kv quality", [row], list(row))
-        report.note("token_agreement: the plain engine's greedy tokens forced through the "
-                    "quantized one, the share it would have chosen itself; the rest free-run")
-        if json_path:
-            report.write_json(json_path, report.engine_metadata(quantized), {"pagedchat": row})
+        console.note("token_agreement: the plain engine's greedy tokens forced through the "
+                     "quantized one, the share it would have chosen itself; the rest free-run")
+        report.save(json_path, quantized, {"pagedchat": row})

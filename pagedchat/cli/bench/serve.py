@@ -7,9 +7,11 @@ from typing import Annotated
 
 import typer
 
-from pagedchat.bench.serve_defaults import CONCURRENCY, DEFAULT_SLO
 from pagedchat.cli.bench import options as opt
 from pagedchat.cli.options import user_errors
+
+DEFAULT_SLO = "ttft=2000,tpot=100"  # what --compare llama-server's sustained rate keeps
+CONCURRENCY = 64  # requests in flight at the server with --compare offline
 
 BaseUrl = Annotated[str | None, typer.Option(
     "--base-url", help="Benchmark this OpenAI-compatible server instead of an engine built "
@@ -34,7 +36,8 @@ TRACE_REQUESTS = 200
 
 
 def _check_compare(value: str) -> str:
-    from pagedchat.bench.suite import parse_list, parse_peers
+    from pagedchat.bench.peers import parse_peers
+    from pagedchat.bench.suite import parse_list
     names = parse_list(value)
     if any(name in SERVER_COMPARISONS for name in names):
         if len(names) > 1:
@@ -68,7 +71,7 @@ AloneRequests = Annotated[int, typer.Option(
 Rounds = Annotated[int, typer.Option(
     "--rounds", min=1,
     help="With --compare offline: run both sides this many times, in turn (the engine first "
-         "in even rounds); each target is the median of the rounds' figures.")]
+         "in even rounds); each figure is the median of the rounds'.")]
 
 
 def serve(num_requests: ServeRequests = None, model: opt.Model = None,
@@ -76,7 +79,7 @@ def serve(num_requests: ServeRequests = None, model: opt.Model = None,
           hf_batch_size: opt.HfBatch = "8",
           hf_page_size: opt.HfPage = 256, seed: opt.Seed = 0, block_size: opt.BlockSize = 16,
           kv_blocks: opt.KvBlocks = None, kv_memory: opt.KvMemory = None,
-          max_num_seqs: opt.MaxSeqs = opt.MAX_SEQS, dtype: opt.Dtype = opt.DType.float32,
+          max_num_seqs: opt.MaxSeqs = opt.MAX_SEQS, dtype: opt.DTypeOption = opt.DType.float32,
           weights: opt.Weights = None, plot: opt.Plot = Path("bench-serve.png"),
           json_path: opt.JsonPath = None,
           tp: opt.TensorParallelSize = 1, base_url: BaseUrl = None,

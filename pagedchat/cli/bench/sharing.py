@@ -6,7 +6,6 @@ from typing import Annotated
 
 import typer
 
-from pagedchat.bench import report
 from pagedchat.cli.bench import options as opt
 from pagedchat.cli.options import user_errors
 
@@ -19,6 +18,7 @@ def sharing(num_requests: opt.NumRequests = 24, model: opt.Model = None,
             seed: opt.Seed = 0, json_path: opt.JsonPath = None,
             tp: opt.TensorParallelSize = 1, weights: opt.Weights = None) -> None:
     """The paper's Fig. 15: KV memory saved by sharing, parallel sampling and beam search."""
+    from pagedchat.bench import report
     from pagedchat.bench.sharing import COLUMNS, measure_sharing
     from pagedchat.bench.suite import parse_list
 
@@ -26,5 +26,4 @@ def sharing(num_requests: opt.NumRequests = 24, model: opt.Model = None,
         engine = opt.engine_options(model, opt.DType.float32.value, tp=tp, weights=weights).build()
         rows = measure_sharing(engine, num_requests, max_tokens, seed, parse_list(widths, int))
         report.emit_table("sharing", rows, COLUMNS)
-        if json_path:
-            report.write_json(json_path, report.engine_metadata(engine), {"pagedchat": rows})
+        report.save(json_path, engine, {"pagedchat": rows})

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from pagedchat.bench import report
+from pagedchat.cli import console
 from pagedchat.cli.bench import options as opt
 from pagedchat.cli.options import NumSpeculativeTokens, user_errors
 
@@ -34,11 +34,12 @@ def speculative(model: opt.Model = None, num_prompts: Annotated[int, typer.Optio
                 num_speculative_tokens: NumSpeculativeTokens = 4,
                 rounds: Annotated[int, typer.Option(
                     "--rounds", min=1, help="Times every prompt is answered by each.")] = 1,
-                seed: opt.Seed = 0, dtype: opt.Dtype = opt.DType.float32,
+                seed: opt.Seed = 0, dtype: opt.DTypeOption = opt.DType.float32,
                 weights: opt.Weights = None, json_path: opt.JsonPath = None) -> None:
     """Single stream, greedy: tokens/s without and with n-gram speculative decoding (the
     two engines in turn, prompt by prompt), their ratio, the share of proposed tokens
     accepted and whether the tokens were the same."""
+    from pagedchat.bench import report
     from pagedchat.bench.speculative import code_prompts, compare, sharegpt_prompts
     from pagedchat.bench.suite import parse_list
 
@@ -51,14 +52,13 @@ def speculative(model: opt.Model = None, num_prompts: Annotated[int, typer.Optio
         for workload in parse_list(workloads):
             prompts = (code_prompts(plain.tokenizer, num_prompts) if workload == "code"
                        else sharegpt_prompts(plain.tokenizer, num_prompts, seed))
-            with report.progress(f"{workload}: {len(prompts)} prompts", 1):
+            with console.progress(f"{workload}: {len(prompts)} prompts", 1):
                 figures[workload] = compare(plain, fast, prompts, max_tokens, rounds)
         report.emit_table("speculative", [{"workload": w, **f} for w, f in figures.items()],
                           ["workload", "plain_decode_tokens_per_s",
                            "speculative_decode_tokens_per_s", "decode_ratio",
                            "end_to_end_ratio", "acceptance_rate", "greedy_identical"])
-        report.note(f"greedy, one request at a time, up to {max_tokens} tokens each; decode: "
-                    "tokens after the first over the time from the first to the last; "
-                    f"ngram speculation with up to {num_speculative_tokens} proposed tokens")
-        if json_path:
-            report.write_json(json_path, report.engine_metadata(fast), figures)
+        console.note(f"greedy, one request at a time, up to {max_tokens} tokens each; decode: "
+                     "tokens after the first over the time from the first to the last; "
+                     f"ngram speculation with up to {num_speculative_tokens} proposed tokens")
+        report.save(json_path, fast, figures)

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from pagedchat.bench import report
+from pagedchat.cli import console
 from pagedchat.cli.options import user_errors
 
 
@@ -24,10 +24,10 @@ def synth_model(
 
     with user_errors():
         if not synthetic_path(size, quant, seed).is_file():
-            report.note(f"writing the {size} model ({quant}, seed {seed}), once; a big one "
-                        "takes minutes")
+            console.note(f"writing the {size} model ({quant}, seed {seed}), once; a big one "
+                         "takes minutes")
         path, found = synthetic_model(size, quant, seed)
-        report.note(f"{'found' if found else 'wrote'} {path} "
-                    f"({path.stat().st_size / 1e9:.2f} GB); run: pagedchat bench latency "
-                    f"--model {path} --compare llama.cpp")
+        console.note(f"{'found' if found else 'wrote'} {path} "
+                     f"({path.stat().st_size / 1e9:.2f} GB); run: pagedchat bench latency "
+                     f"--model {path} --compare llama.cpp")
         typer.echo(path)

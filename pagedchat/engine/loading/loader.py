@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pagedchat import progress
 from pagedchat.engine.config import QUANTIZED_WEIGHTS
 from pagedchat.engine.errors import ModelLoadError
 from pagedchat.engine.loading.gguf_file import SCALARS, STRING, read_gguf_header
@@ -144,7 +145,8 @@ def prepare_model(spec: str | os.PathLike | None = None,
         from_cache = (folder / "config.json").is_file()
         if not from_cache:
             check_gguf(path)
-            _write_folder(folder, path, lambda staging: write_metadata(path, staging))
+            with progress.task(f"reading {path.name}'s config and tokenizer, once"):
+                _write_folder(folder, path, lambda staging: write_metadata(path, staging))
         return ModelFiles(folder, str(path), from_cache, time.perf_counter() - start, path)
     if weights == "q8_0":
         raise ModelLoadError(f"{path}: --weights q8_0 quantizes an HF folder at load; a GGUF "
@@ -153,7 +155,8 @@ def prepare_model(spec: str | os.PathLike | None = None,
     from_cache = (folder / "model.safetensors").is_file()
     if not from_cache:
         check_gguf(path)
-        _convert_gguf(path, folder)
+        with progress.task(f"converting {path.name} to float32 weights, once"):
+            _convert_gguf(path, folder)
     return ModelFiles(folder, str(path), from_cache, time.perf_counter() - start)
 
 

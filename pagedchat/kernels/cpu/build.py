@@ -19,10 +19,12 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import torch
 
+from pagedchat import progress
 from pagedchat.paths import cache_root
 
 log = logging.getLogger("pagedchat.kernels.cpu")
@@ -178,7 +180,9 @@ def build_level(level: str) -> ctypes.CDLL | None:
     target = cache_root() / "kernels" / f"cpu_kernels-{level}-{_digest(identity)}.so"
     try:
         if not target.is_file():
-            _build(compiler, flags, target)
+            with progress.task(f"compiling the C kernels for this CPU ({level}), once",
+                               len(SOURCES) + 1) as advance:
+                _build(compiler, flags, target, advance)
         library = ctypes.CDLL(str(target))
         _set_signatures(library, _SIGNATURES)
     except (OSError, AttributeError, subprocess.CalledProcessError) as error:
@@ -197,25 +201,31 @@ def _set_signatures(library: ctypes.CDLL, signatures: dict[str, tuple[object, li
         function.restype, function.argtypes = restype, argtypes
 
 
-def _build(compiler: str, flags: list[str], target: Path) -> None:
+def _build(compiler: str, flags: list[str], target: Path, advance: progress.Advance) -> None:
+    """Compile every source (one compiler process each, side by side), then link; ``advance``
+    is called once per compiled source and once for the link."""
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         sources = [Path(__file__).with_name(name) for name in SOURCES]
         objects = [Path(tmp) / f"{source.stem}.o" for source in sources]
         lib = Path(tmp) / "kernels.so"
         # -ffast-math only when compiling: linking with it would set flush-to-zero for
-        # the whole process (crtfastmath), changing torch's own numerics. The sources
-        # compile side by side, one process each.
-        jobs = [(subprocess.Popen([compiler, *flags, "-c", str(source), "-o", str(obj)],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE), source)
-                for source, obj in zip(sources, objects, strict=True)]
-        for job, source in jobs:
-            _, errors = job.communicate()
-            if job.returncode != 0:
-                raise subprocess.CalledProcessError(job.returncode, f"{compiler} {source.name}",
-                                                    stderr=errors)
+        # the whole process (crtfastmath), changing torch's own numerics.
+        jobs = {subprocess.Popen([compiler, *flags, "-c", str(source), "-o", str(obj)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE): source
+                for source, obj in zip(sources, objects, strict=True)}
+        # each compiler's output drained on a thread of its own, counted as it ends
+        with ThreadPoolExecutor(len(jobs)) as pool:
+            waits = {pool.submit(job.communicate): job for job in jobs}
+            for done in as_completed(waits):
+                job = waits[done]
+                if job.returncode != 0:
+                    raise subprocess.CalledProcessError(
+                        job.returncode, f"{compiler} {jobs[job].name}", stderr=done.result()[1])
+                advance(1)
         subprocess.run([compiler, "-shared", "-fopenmp", *map(str, objects), "-o", str(lib),
                         "-lm"], check=True, capture_output=True)
+        advance(1)
         os.replace(lib, target)
 
 

@@ -1,0 +1,106 @@
+"""What the commands print besides their results: notes and progress on stderr (so that a
+piped stdout stays parseable), and the metadata that goes with a written result."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from rich.console import Console
+
+stdout = Console()
+stderr = Console(stderr=True)
+
+
+def note(message: str) -> None:
+    """A line for the reader (on stderr, so that piped stdout stays parseable)."""
+    stderr.print(message, highlight=False, soft_wrap=True)
+
+
+@contextmanager
+def progress(description: str, total: int | None) -> Iterator[Callable[[int], None]]:
+    """A progress bar on stderr (a spinner where ``total`` is None); yields ``advance(k)``.
+    Silent when stderr is not a terminal."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    columns = ((BarColumn(), MofNCompleteColumn()) if total is not None else (SpinnerColumn(),))
+    bar = Progress(TextColumn("{task.description}"), *columns, TimeElapsedColumn(),
+                   console=stderr, transient=True, disable=not stderr.is_terminal)
+    with bar:
+        task = bar.add_task(description, total=total)
+        yield lambda k=1: bar.advance(task, k)
+
+
+def _version(name: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _git_commit() -> str | None:
+    try:
+        done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent,
+                              capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if done.returncode != 0:
+        return None
+    return done.stdout.strip() or None
+
+
+def cpu_description() -> dict[str, object]:
+    """The CPU a figure came from: its name, family and model (as Linux reports them), and
+    whether it has AVX2 and AVX-512; elsewhere what ``platform`` knows."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if not line.strip():
+                    break  # the first processor's block is enough
+                key, _, value = line.partition(":")
+                fields[key.strip()] = value.strip()
+    except OSError:
+        pass
+    flags = set(fields.get("flags", "").split())
+    return {"name": fields.get("model name") or platform.processor() or platform.machine(),
+            "family": fields.get("cpu family"), "model": fields.get("model"),
+            "avx2": "avx2" in flags, "avx512": "avx512f" in flags}
+
+
+def run_metadata(engine_config, model_source: str) -> dict[str, object]:
+    """What a result needs to be compared with another: model, weights and KV layout,
+    versions, machine (the CPU, and the level of the CPU kernels in use)."""
+    from pagedchat.kernels.cpu import isa
+
+    return {
+        "model": model_source,
+        "dtype": engine_config.dtype,
+        "weights": engine_config.weights,
+        "block_size": engine_config.block_size,
+        "num_kv_blocks": engine_config.num_kv_blocks,
+        "versions": {"python": platform.python_version(),
+                     **{name: _version(name) for name in ("pagedchat", "torch", "transformers")}},
+        "git_commit": _git_commit(),
+        "cpu_count": os.cpu_count(),
+        "cpu": cpu_description(),
+        "cpu_kernels": isa(),
+    }
+
+
+def engine_metadata(engine) -> dict[str, object]:
+    """``run_metadata`` of a built engine."""
+    return run_metadata(engine.config, engine.model_files.source)
