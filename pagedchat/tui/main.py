@@ -46,12 +46,12 @@ def run_chat(
     except StoreError as error:
         raise typer.BadParameter(str(error), param_hint="--db") from error
     name = Path(model).name if model else DEFAULT_MODEL_NAME
-    load = partial(load_engine, model, num_kv_blocks=kv_blocks,
-                   tensor_parallel_size=tensor_parallel_size, weights=weights,
-                   kv_cache_dtype=kv_cache_dtype, **(speculation or {}))
-    app = ChatApp(store, load, name, context_window=context_window, raw=raw,
-                  session_id=session_id, continue_last=continue_last, settings=settings,
-                  system_prompt=system_prompt)
+    load_model = partial(load_engine, num_kv_blocks=kv_blocks,
+                         tensor_parallel_size=tensor_parallel_size, weights=weights,
+                         kv_cache_dtype=kv_cache_dtype, **(speculation or {}))
+    app = ChatApp(store, partial(load_model, model), name, context_window=context_window,
+                  raw=raw, session_id=session_id, continue_last=continue_last,
+                  settings=settings, system_prompt=system_prompt, load_model=load_model)
     app.run()
     if not app.engine_stopped:
         # The engine thread is inside a model load or a step that cannot be interrupted;
