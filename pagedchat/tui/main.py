@@ -31,11 +31,11 @@ def run_chat(
     raw: bool = False,
     settings: SamplingSettings | None = None,
     system_prompt: str = DEFAULT_SYSTEM_PROMPT,
-    speculation: dict[str, object] | None = None,
+    engine_options: dict[str, object] | None = None,
 ) -> None:
     """Open the store, check the asked-for session, and run the app until the user quits;
-    ``settings`` and ``system_prompt`` are those of new sessions; ``speculation``: the
-    engine's speculative decoding options (EngineConfig's names)."""
+    ``settings`` and ``system_prompt`` are those of new sessions; ``engine_options``: more
+    of the engine's options, by EngineConfig's names (speculative decoding, the KV store)."""
     from pagedchat.tui.app import ChatApp  # Textual loads only when the app runs
 
     try:
@@ -48,7 +48,7 @@ def run_chat(
     name = Path(model).name if model else DEFAULT_MODEL_NAME
     load_model = partial(load_engine, num_kv_blocks=kv_blocks,
                          tensor_parallel_size=tensor_parallel_size, weights=weights,
-                         kv_cache_dtype=kv_cache_dtype, **(speculation or {}))
+                         kv_cache_dtype=kv_cache_dtype, **(engine_options or {}))
     app = ChatApp(store, partial(load_model, model), name, context_window=context_window,
                   raw=raw, session_id=session_id, continue_last=continue_last,
                   settings=settings, system_prompt=system_prompt, load_model=load_model)
