@@ -113,7 +113,8 @@ class KVStore:
             "fingerprint": self.fingerprint, "group": group, "hash": h, "parent": parent,
             "tokens": list(tokens), "dtype": str(data.dtype), "shape": list(data.shape),
             "checksum": xxhash.xxh3_64_hexdigest(payload)}).encode()
-        handle, staging = tempfile.mkstemp(dir=self.folder, prefix=".", suffix=".part")
+        # a staging file left by a killed process still ends in SUFFIX: eviction finds it
+        handle, staging = tempfile.mkstemp(dir=self.folder, prefix=".", suffix=SUFFIX)
         try:
             with os.fdopen(handle, "wb") as out:
                 out.write(MAGIC + _HEADER.pack(len(header)) + header + payload)

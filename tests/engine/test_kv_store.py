@@ -129,3 +129,17 @@ def test_options_that_cannot_combine_are_refused(tmp_path):
         EngineConfig(kv_store=str(tmp_path), tensor_parallel_size=2)
     with pytest.raises(RequestError, match="prefix cache"):
         EngineConfig(kv_store=str(tmp_path), enable_prefix_caching=False)
+
+
+def test_a_model_with_sliding_window_layers_wakes_up_warm(tmp_path, tiny_tokenizer):
+    from tests.engine.models.test_gemma3 import save_tiny_gemma3
+
+    model = save_tiny_gemma3(tmp_path / "gemma", tiny_tokenizer)
+    store = tmp_path / "kv"
+    first = [(i * 29 + 7) % 200 + 3 for i in range(80)]
+    out = answer(engine(model, store), first)
+    second = first + out.outputs[0].token_ids + [(i * 11 + 2) % 200 + 3 for i in range(9)]
+    cold = answer(engine(model), second)
+    warm = answer(engine(model, store), second)
+    assert warm.outputs[0].token_ids == cold.outputs[0].token_ids
+    assert warm.num_cached_tokens == (len(first) + 11) // BLOCK * BLOCK
