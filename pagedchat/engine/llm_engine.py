@@ -164,7 +164,9 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     def stats(self) -> EngineStats:
-        return replace(self.scheduler.stats(), kv_cache_dtype=self.kv_cache_dtype)
+        store = {} if self.kv_store is None else {
+            "kv_store_read": self.kv_store.loaded, "kv_store_written": self.kv_store.saved}
+        return replace(self.scheduler.stats(), kv_cache_dtype=self.kv_cache_dtype, **store)
 
     @property
     def kv_cache_dtype(self) -> str:

@@ -73,7 +73,8 @@ def test_a_restarted_engine_reads_the_blocks_back_and_answers_the_same(tiny_mode
     out = answer(warm, second)
     assert out.outputs[0].token_ids == cold
     assert out.num_cached_tokens == 6 * BLOCK  # read from disk, not computed
-    assert warm.kv_store.loaded == 6
+    assert warm.kv_store.loaded == warm.stats().kv_store_read == 6
+    assert engine(tiny_model_dir).stats().kv_store_read is None  # no store
     assert len(files(store)) == len(second + cold[:-1]) // BLOCK  # this turn's blocks too
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from functools import partial
 
 from pagedchat.chat.driver import load_engine
+from pagedchat.tui.widgets.inspector import Inspector
 from tests.tui.conftest import ready, replies_done, say
 
 
@@ -27,3 +28,5 @@ async def test_a_reopened_session_reads_its_blocks_back(make_app, tmp_path):
         reply = again.session.messages[-1]
         # a fresh pool caches nothing: these came from disk
         assert reply.status == "done" and reply.cached_tokens >= 32
+        counts = str(again.query_one(Inspector).query_one("#counts").content)
+        assert f"disk    {reply.cached_tokens // 16} blocks read back" in counts

@@ -47,6 +47,8 @@ class Inspector(VerticalScroll):
             f"prefix  {s.prefix_hits} of {s.prefix_queries} prompt tokens cached"
             + (_window_line(s) if s.has_windows else "")
             + (f"\nspec    {s.speculation()}" if s.speculative else "")
+            + (f"\ndisk    {s.kv_store_read} blocks read back · {s.kv_store_written} "
+               "written (KV store)" if s.kv_store_read is not None else "")
         )
 
     def show_focus(self, session_of: dict[str, int], titles: dict[int, str],
