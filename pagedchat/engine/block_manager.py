@@ -420,8 +420,10 @@ class BlockManager:
         return block_id
 
     def adopt(self, group: int, h: int, parent: int, tokens: tuple[int, ...]) -> int:
-        """A free block, cached under ``h`` and unreferenced; the caller writes its K/V
-        before the next step."""
+        """A free block, cached under ``h`` and unreferenced, whose K/V the caller writes
+        before the next step; HOLE where another block holds ``h`` (a hash collision)."""
+        if (group, h) in self.hash_to_block:
+            return HOLE
         block_id = self._pop_free(group)
         block = self.blocks[block_id]
         block.hash, block.parent_hash, block.token_ids = h, parent, tokens

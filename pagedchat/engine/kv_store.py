@@ -138,11 +138,11 @@ class KVStore:
             if bm.cached_block(group, h, parent, tokens) != HOLE:
                 continue
             data = self._read(self._path(group, h), group, h, parent, tokens)
-            if data is None:
+            block_id = HOLE if data is None else bm.adopt(group, h, parent, tokens)
+            if block_id == HOLE:
                 if bm.windows[group] is None:
                     break
                 continue
-            block_id = bm.adopt(group, h, parent, tokens)
             caches = [*self.runner.k_caches, *self.runner.v_caches]
             for cache, part in zip(caches, data, strict=True):
                 cache[block_id].copy_(part)

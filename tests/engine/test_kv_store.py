@@ -144,3 +144,19 @@ def test_a_model_with_sliding_window_layers_wakes_up_warm(tmp_path, tiny_tokeniz
     warm = answer(engine(model, store), second)
     assert warm.outputs[0].token_ids == cold.outputs[0].token_ids
     assert warm.num_cached_tokens == (len(first) + 11) // BLOCK * BLOCK
+
+
+def test_block_manager_hooks_adopt_once_and_keep_found_blocks_last_to_go():
+    from pagedchat.engine.block_manager import HOLE, NO_HASH, BlockManager, block_hash
+
+    bm = BlockManager(num_blocks=4, block_size=2)
+    tokens = [(1, 2), (3, 4)]
+    first = block_hash(NO_HASH, tokens[0])
+    second = block_hash(first, tokens[1])
+    a = bm.adopt(0, first, NO_HASH, tokens[0])
+    b = bm.adopt(0, second, first, tokens[1])
+    assert bm.adopt(0, first, NO_HASH, tokens[0]) == HOLE  # its hash is taken already
+    assert list(bm.evictable) == [a, b] and bm.blocks[a].ref_count == 0
+    assert bm.cached_block(0, first, NO_HASH, tokens[0]) == a
+    assert list(bm.evictable) == [b, a]  # found: the last to be evicted
+    assert bm.cached_block(0, first, NO_HASH, (9, 9)) == HOLE  # other tokens: a miss
