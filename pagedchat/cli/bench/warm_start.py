@@ -11,11 +11,11 @@ import typer
 
 from pagedchat.bench import report
 from pagedchat.cli.bench import options as opt
-from pagedchat.cli.options import user_errors
+from pagedchat.cli.options import KvMemory, user_errors
 
 
 def warm_start(model: opt.Model = None, dtype: opt.Dtype = opt.DType.float32,
-               weights: opt.Weights = None,
+               weights: opt.Weights = None, kv_memory: KvMemory = "1GiB",
                context: Annotated[int, typer.Option(
                    "--context", min=32, help="Tokens of the session reopened.")] = 4000,
                rounds: Annotated[int, typer.Option(
@@ -32,7 +32,7 @@ def warm_start(model: opt.Model = None, dtype: opt.Dtype = opt.DType.float32,
     from pagedchat.engine.kv_store import KVStore
 
     with user_errors(), tempfile.TemporaryDirectory() as scratch:
-        engine = opt.engine_options(model, dtype, kv_memory="1GiB", weights=weights).build()
+        engine = opt.engine_options(model, dtype, kv_memory=kv_memory, weights=weights).build()
         engine.kv_store = KVStore(engine, kv_store or scratch, 4 << 30)
         session = sharegpt.long_prompt(engine.tokenizer, context)
         question = engine.tokenizer.encode("\nIn one sentence, what was this about?")
@@ -42,4 +42,4 @@ def warm_start(model: opt.Model = None, dtype: opt.Dtype = opt.DType.float32,
                     f"session's blocks from the store (the files in the OS page cache), "
                     f"cold computes them; medians of {rounds} rounds taking turns")
         if json_path:
-            report.write_json(json_path, report.engine_metadata(engine), figures)
+            report.write_json(json_path, report.engine_metadata(engine), {"pagedchat": figures})
