@@ -46,6 +46,14 @@ class Cancel:
 
 
 @dataclass(frozen=True)
+class SwitchModel:
+    """Drop the engine (its live requests aborted) and load the one ``load`` makes; the
+    commands queued after this one go to the new engine."""
+
+    load: Callable[[], LLMEngine]
+
+
+@dataclass(frozen=True)
 class EngineReady:
     num_blocks: int
     block_size: int
@@ -124,6 +132,8 @@ class EngineDriver(CommandThread):
         self._new_tokens = 0
         self._last_flush = self._last_stats = time.monotonic()
         self._stats_dirty = True
+        self._backlog: list = []  # commands queued behind a model switch
+        self._stats_due = False  # a snapshot is wanted at the next flush, whatever the time
 
     def start(self) -> None:
         self._thread.start()
@@ -134,36 +144,59 @@ class EngineDriver(CommandThread):
     def cancel(self, request_id: str) -> None:
         self._commands.put(Cancel(request_id))
 
+    def switch(self, load: Callable[[], LLMEngine]) -> None:
+        """Load another model in the driver thread; ``EngineReady`` or ``EngineFailed``
+        follows, as at the start."""
+        self._commands.put(SwitchModel(load))
+
     # driver thread
 
     def _run(self) -> None:
-        try:
-            engine = self._load()
-        except Exception as error:  # any load failure is reported, never raised
-            reason = str(error) or type(error).__name__
-            self._emit(EngineFailed(reason))
-            self._refuse_all(f"the model failed to load: {reason}")
-            return
-        config = engine.config
-        self._emit(EngineReady(config.num_kv_blocks, config.block_size,
-                               has_chat_template(engine.tokenizer)))
-        self._emit(StatsUpdate(engine.stats(), 0.0))
-        self._serve(engine)
+        load: Callable[[], LLMEngine] | None = self._load
+        while load is not None:
+            try:
+                engine = load()
+            except Exception as error:  # any load failure is reported, never raised
+                reason = str(error) or type(error).__name__
+                self._emit(EngineFailed(reason))
+                load = self._refuse_all(f"the model failed to load: {reason}")
+                continue
+            config = engine.config
+            self._emit(EngineReady(config.num_kv_blocks, config.block_size,
+                                   has_chat_template(engine.tokenizer)))
+            self._emit(StatsUpdate(engine.stats(), 0.0))
+            load = self._serve(engine)
+            del engine  # the old model's memory goes before the next one loads
 
-    def _refuse_all(self, reason: str) -> None:
-        while (command := self._commands.get()) is not STOP:
+    def _refuse_all(self, reason: str) -> Callable[[], LLMEngine] | None:
+        """Fail every request until a model switch (its loader is returned) or the end."""
+        while (command := self._next()) is not STOP:
+            if isinstance(command, SwitchModel):
+                return command.load
             if isinstance(command, Submit):
                 self._emit(RequestFailed(command.request_id, reason))
+        return None
 
-    def _serve(self, engine: LLMEngine) -> None:
+    def _next(self) -> object:
+        return self._backlog.pop(0) if self._backlog else self._commands.get()
+
+    def _serve(self, engine: LLMEngine) -> Callable[[], LLMEngine] | None:
+        """Run ``engine`` until the end (None) or a model switch (the new loader)."""
         while True:
             busy = engine.has_unfinished_requests()
-            for command in self._take(block=not busy):
-                if command is STOP:
+            commands, self._backlog = [*self._backlog, *self._take(
+                block=not busy and not self._backlog)], []
+            for place, command in enumerate(commands):
+                if command is STOP or isinstance(command, SwitchModel):
                     for rid in list(self._live):  # leave the engine with its pool balanced
                         self._abort(engine, rid)
+                        if command is not STOP:
+                            self._emit(RequestFailed(rid, "the model was switched"))
                     engine.shutdown()  # tensor-parallel workers end with the app
-                    return
+                    if command is STOP:
+                        return None
+                    self._backlog = commands[place + 1:]
+                    return command.load
                 if isinstance(command, Submit):
                     self._add(engine, command)
                 else:
@@ -230,6 +263,8 @@ class EngineDriver(CommandThread):
                 continue
             completion = output.outputs[0]
             count = len(completion.token_ids)
+            # a snapshot with the prompt's blocks, for the inspector, however short the reply
+            self._stats_due |= self._token_counts.get(rid, 0) == 0
             self._new_tokens += count - self._token_counts.get(rid, 0)
             self._token_counts[rid] = count
             finished, reason = output.finished, completion.finish_reason
@@ -254,10 +289,11 @@ class EngineDriver(CommandThread):
             for update in updates:
                 self._emit(update)
             self._last_flush = now
-        if self._stats_dirty and (force or now - self._last_stats >= self._stats_interval):
+        if self._stats_dirty and (force or self._stats_due
+                                  or now - self._last_stats >= self._stats_interval):
             elapsed = max(now - self._last_stats, 1e-6)
             rate = self._new_tokens / elapsed if engine.has_unfinished_requests() else 0.0
             self._emit(StatsUpdate(engine.stats(), rate))
             self._new_tokens = 0
             self._last_stats = now
-            self._stats_dirty = False
+            self._stats_dirty = self._stats_due = False

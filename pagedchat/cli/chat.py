@@ -11,6 +11,7 @@ from pagedchat.chat.prompt import DEFAULT_CONTEXT_WINDOW
 from pagedchat.cli.options import (
     MODEL_HELP,
     KvCacheDtype,
+    KvStoreCap,
     NumSpeculativeTokens,
     Speculative,
     Weights,
@@ -40,6 +41,13 @@ def chat(
     kv_cache_dtype: KvCacheDtype = "auto",
     speculative: Speculative = None,
     num_speculative_tokens: NumSpeculativeTokens = 4,
+    kv_store: Annotated[Path | None, typer.Option(
+        help="Folder where the sessions' KV blocks are kept, so that a session reopened "
+             "after a restart starts warm (default: kv in $PAGEDCHAT_CACHE_DIR, else in "
+             "$XDG_CACHE_HOME/pagedchat).")] = None,
+    no_kv_store: Annotated[bool, typer.Option(
+        "--no-kv-store", help="Keep no KV blocks on disk.")] = False,
+    kv_store_cap: KvStoreCap = "2GiB",
     raw: Annotated[bool, typer.Option(
         "--raw", help="Plain continuation: the model continues your text, no chat format."
     )] = False,
@@ -78,8 +86,22 @@ def chat(
         """The flag, else the config file's value, else the built-in default."""
         return flag if flag is not None else defaults.get(key, fallback)
 
+    if kv_store is not None and no_kv_store:
+        raise typer.BadParameter("--kv-store and --no-kv-store do not combine",
+                                 param_hint="--no-kv-store")
+    if kv_store is not None and tensor_parallel_size > 1:
+        raise typer.BadParameter("--kv-store does not combine with --tensor-parallel-size "
+                                 f"{tensor_parallel_size}", param_hint="--kv-store")
+    if not no_kv_store and tensor_parallel_size == 1:
+        from pagedchat.paths import cache_root
+
+        store = str(kv_store or cache_root() / "kv")
+        store_options = {"kv_store": store, "kv_store_cap": kv_store_cap}
+    else:
+        store_options = {}
     run_chat(chosen(model, "model", None), db, continue_last, session,
              chosen(context_window, "context_window", DEFAULT_CONTEXT_WINDOW),
              chosen(kv_blocks, "kv_blocks", CHAT.num_kv_blocks), tensor_parallel_size, weights,
              kv_cache_dtype, raw, settings, chosen(system, "system", DEFAULT_SYSTEM_PROMPT),
-             {"speculative": speculative, "num_speculative_tokens": num_speculative_tokens})
+             {"speculative": speculative, "num_speculative_tokens": num_speculative_tokens,
+              **store_options})

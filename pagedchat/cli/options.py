@@ -48,6 +48,9 @@ Speculative = Annotated[str | None, typer.Option(
 NumSpeculativeTokens = Annotated[int, typer.Option(
     "--num-speculative-tokens", min=1, max=16, help="Most tokens proposed per step with "
                                                     "--speculative.")]
+KvStoreCap = Annotated[str, typer.Option(
+    "--kv-store-cap", help="Largest size of the KV store's folder, e.g. 2GiB; the least "
+                           "recently used blocks go first.")]
 TensorParallelSize = Annotated[int, typer.Option(
     "--tensor-parallel-size", "-tp", min=1,
     help="Workers that split the model's heads (one process each).")]

@@ -8,7 +8,13 @@ from typing import Annotated
 
 import typer
 
-from pagedchat.cli.options import KvCacheDtype, NumSpeculativeTokens, Speculative, Weights
+from pagedchat.cli.options import (
+    KvCacheDtype,
+    KvStoreCap,
+    NumSpeculativeTokens,
+    Speculative,
+    Weights,
+)
 from pagedchat.engine.presets import PRESETS, swap_space
 
 SERVE = PRESETS["serve"]
@@ -41,6 +47,11 @@ def serve(
     kv_cache_dtype: KvCacheDtype = "auto",
     speculative: Speculative = None,
     num_speculative_tokens: NumSpeculativeTokens = 4,
+    kv_store: Annotated[Path | None, typer.Option(
+        help="Folder where finished requests' KV blocks are kept, read back by later prompts "
+             "that start with them, after a restart too (a shared system prompt stays "
+             "warm); default: none kept.")] = None,
+    kv_store_cap: KvStoreCap = "2GiB",
     tensor_parallel_size: Annotated[int, typer.Option(
         "--tensor-parallel-size", "-tp", min=1,
         help="Workers that split the model's heads (one process each).")] = 1,
@@ -72,7 +83,8 @@ def serve(
             max_num_batched_tokens=max_num_batched_tokens, dtype=dtype, weights=weights,
             kv_cache_dtype=kv_cache_dtype, swap_space=swap_space("recompute"),
             tensor_parallel_size=tensor_parallel_size,
-            speculative=speculative, num_speculative_tokens=num_speculative_tokens))
+            speculative=speculative, num_speculative_tokens=num_speculative_tokens,
+            kv_store=None if kv_store is None else str(kv_store), kv_store_cap=kv_store_cap))
     except PagedChatError as error:
         typer.secho(f"error: {error}", err=True, fg="red")
         raise typer.Exit(1) from error

@@ -410,6 +410,27 @@ class BlockManager:
         self.swapped_in += len(mapping)
         return list(mapping.items())
 
+    # ---- the KV store's hooks (kv_store.py) ---------------------------------------
+    def cached_block(self, group: int, h: int, parent: int, tokens: tuple[int, ...]) -> int:
+        """The block of ``group`` cached under ``h`` with these tokens (HOLE: none), made
+        the most recently used, so that loading the blocks after it does not evict it."""
+        block_id = self._lookup(group, h, parent, tokens)
+        if block_id in self.evictable:
+            self.evictable.move_to_end(block_id)
+        return block_id
+
+    def adopt(self, group: int, h: int, parent: int, tokens: tuple[int, ...]) -> int:
+        """A free block, cached under ``h`` and unreferenced, whose K/V the caller writes
+        before the next step; HOLE where another block holds ``h`` (a hash collision)."""
+        if (group, h) in self.hash_to_block:
+            return HOLE
+        block_id = self._pop_free(group)
+        block = self.blocks[block_id]
+        block.hash, block.parent_hash, block.token_ids = h, parent, tokens
+        self.hash_to_block[(group, h)] = block_id
+        self._release(block_id)
+        return block_id
+
     # ---- internals ------------------------------------------------------------
     def _restore(self, saved: Block) -> int:
         block_id = self._pop_free(saved.group)

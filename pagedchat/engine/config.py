@@ -66,6 +66,10 @@ class EngineConfig:
     num_speculative_tokens: int = 4
     ngram_min: int = 1
     ngram_max: int = 3
+    # a folder where finished requests' KV blocks are kept (kv_store.py), read back when a
+    # prompt starts with them; None: none kept. kv_store_cap bounds the folder's size.
+    kv_store: str | None = None
+    kv_store_cap: str | int = "2GiB"
 
     DEFAULT_KV_CACHE_MEMORY = "2GiB"
     # the least a pool sized for one request holds (see request_kv_blocks): a few blocks
@@ -110,6 +114,13 @@ class EngineConfig:
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise RequestError(f"ngram_min ({self.ngram_min}) must be from 1 to ngram_max "
                                f"({self.ngram_max})")
+        if self.kv_store is not None and self.tensor_parallel_size > 1:
+            raise RequestError("a KV store (kv_store) does not combine with tensor "
+                               f"parallelism (tensor_parallel_size {self.tensor_parallel_size})")
+        if self.kv_store is not None and not self.enable_prefix_caching:
+            raise RequestError("a KV store (kv_store) needs the prefix cache "
+                               "(enable_prefix_caching is off)")
+        parse_bytes(self.kv_store_cap)
         if self.kv_cache_memory is not None:
             parse_bytes(self.kv_cache_memory)
         parse_bytes(self.swap_space)

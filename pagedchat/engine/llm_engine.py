@@ -18,8 +18,9 @@ from typing import Any
 import torch
 
 from pagedchat.engine.block_manager import BlockManager
-from pagedchat.engine.config import CPU_WEIGHTS, EngineConfig
+from pagedchat.engine.config import CPU_WEIGHTS, EngineConfig, parse_bytes
 from pagedchat.engine.errors import ModelLoadError, RequestError
+from pagedchat.engine.kv_store import KVStore
 from pagedchat.engine.loading.detokenizer import IncrementalDetokenizer
 from pagedchat.engine.loading.loader import ModelFiles, prepare_model, reads_quantized
 from pagedchat.engine.loading.model_config import ModelConfig
@@ -96,6 +97,8 @@ class LLMEngine:
             self.runner.num_blocks, config.block_size, self.runner.num_host_blocks,
             config.enable_prefix_caching, self.runner.kv_groups.windows,
         ))
+        self.kv_store = None if config.kv_store is None else KVStore(
+            self, config.kv_store, parse_bytes(config.kv_store_cap))
         self.eos_token_ids = _eos_ids(model_config, self.tokenizer)
         self.vocab_size = model_config.vocab_size
         self.model_config = model_config
@@ -116,6 +119,8 @@ class LLMEngine:
         text = prompt if isinstance(prompt, str) else None
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         self._check_request(token_ids, params)
+        if self.kv_store is not None:
+            self.kv_store.load(token_ids)
         group = SequenceGroup(request_id, text, token_ids, params, arrival_time)
         group.seqs[0].detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids)
         self.scheduler.add(group)
@@ -153,6 +158,8 @@ class LLMEngine:
             return
         self.scheduler.abort(group)
         group.metrics.finished_time = time.time()
+        if self.kv_store is not None:
+            self.kv_store.save_group(group)
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached prefix (a benchmark's next round starts cold)."""
@@ -162,7 +169,9 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     def stats(self) -> EngineStats:
-        return replace(self.scheduler.stats(), kv_cache_dtype=self.kv_cache_dtype)
+        store = {} if self.kv_store is None else {
+            "kv_store_read": self.kv_store.loaded, "kv_store_written": self.kv_store.saved}
+        return replace(self.scheduler.stats(), kv_cache_dtype=self.kv_cache_dtype, **store)
 
     @property
     def kv_cache_dtype(self) -> str:
@@ -283,6 +292,8 @@ class LLMEngine:
             if not group.is_finished and not group.unfinished_seqs:
                 self.scheduler.finish(group)
                 group.metrics.finished_time = time.time()
+                if self.kv_store is not None:
+                    self.kv_store.save_group(group)
             try:
                 results.append(self._request_output(group))
             except Exception as error:

@@ -110,6 +110,9 @@ class EngineStats:
     speculative: str | None = None
     draft_tokens: int = 0
     accepted_tokens: int = 0
+    # the KV store (kv_store.py): blocks read back from disk and written to it; None: none
+    kv_store_read: int | None = None
+    kv_store_written: int = 0
     block_tables: list[SeqBlockTable] = field(default_factory=list)
     groups: list[GroupSharing] = field(default_factory=list)
     pool: list[str] = field(default_factory=list)  # per block: free | cached | used | shared

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING
 
 from textual.app import App, ComposeResult, SystemCommand
@@ -84,11 +85,14 @@ class ChatApp(App):
         continue_last: bool = False,
         settings: SamplingSettings | None = None,
         system_prompt: str = DEFAULT_SYSTEM_PROMPT,
+        load_model: Callable[[str | None], LLMEngine] | None = None,
     ) -> None:
-        """``settings`` and ``system_prompt`` are those of new sessions."""
+        """``settings`` and ``system_prompt`` are those of new sessions; ``load_model``
+        makes the engine of another model for ``/model`` (None: the app cannot switch)."""
         super().__init__()
         self.store = store
         self.model_name = model_name
+        self.load_model = load_model
         self.new_settings = settings or SamplingSettings()
         self.new_system_prompt = system_prompt
         self.driver = EngineDriver(load_engine, lambda event: self.post_message(EngineEvent(event)))
@@ -198,6 +202,15 @@ class ChatApp(App):
         if self.session is not None:
             self.query_one(PromptInput).remember(
                 [m.content for m in self.session.messages if m.role == "user"])
+
+    def switch_model(self, spec: str | None, name: str) -> None:
+        """Load model ``spec`` (a named model, a path, None: the default) in the engine's
+        thread; replies sent meanwhile wait for it. The sessions are the store's, so they
+        keep their history."""
+        self.model_name = name
+        self.replies.engine_ready = False
+        self.query_one(StatusLine).show_loading(name, time.monotonic())
+        self.driver.switch(partial(self.load_model, spec))
 
     def on_message_box_copied(self) -> None:
         self.focus_input()
@@ -343,7 +356,8 @@ class ChatApp(App):
 
     def show_inspector_focus(self) -> None:
         titles = {sid: session.title for sid, session in self.sessions.items()}
-        self.query_one(Inspector).show_focus(self.replies.session_of, titles, self.current)
+        self.query_one(Inspector).show_focus(self.replies.session_of, titles, self.current,
+                                             self.replies.paths)
 
     def save(self, write: Callable[[], object]) -> None:
         """Run a store write; a failure is shown, and the data stays in memory."""

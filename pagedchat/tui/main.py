@@ -32,11 +32,11 @@ def run_chat(
     raw: bool = False,
     settings: SamplingSettings | None = None,
     system_prompt: str = DEFAULT_SYSTEM_PROMPT,
-    speculation: dict[str, object] | None = None,
+    engine_options: dict[str, object] | None = None,
 ) -> None:
     """Open the store, check the asked-for session, and run the app until the user quits;
-    ``settings`` and ``system_prompt`` are those of new sessions; ``speculation``: the
-    engine's speculative decoding options (EngineConfig's names)."""
+    ``settings`` and ``system_prompt`` are those of new sessions; ``engine_options``: more
+    of the engine's options, by EngineConfig's names (speculative decoding, the KV store)."""
     from pagedchat.tui.app import ChatApp  # Textual loads only when the app runs
 
     try:
@@ -47,13 +47,13 @@ def run_chat(
     except StoreError as error:
         raise typer.BadParameter(str(error), param_hint="--db") from error
     name = Path(model).name if model else DEFAULT_MODEL_NAME
-    load = partial(load_engine, model, num_kv_blocks=kv_blocks, max_num_seqs=CHAT.max_num_seqs,
-                   swap_space=swap_space("recompute"),
-                   tensor_parallel_size=tensor_parallel_size, weights=weights,
-                   kv_cache_dtype=kv_cache_dtype, **(speculation or {}))
-    app = ChatApp(store, load, name, context_window=context_window, raw=raw,
-                  session_id=session_id, continue_last=continue_last, settings=settings,
-                  system_prompt=system_prompt)
+    load_model = partial(load_engine, num_kv_blocks=kv_blocks, max_num_seqs=CHAT.max_num_seqs,
+                         swap_space=swap_space("recompute"),
+                         tensor_parallel_size=tensor_parallel_size, weights=weights,
+                         kv_cache_dtype=kv_cache_dtype, **(engine_options or {}))
+    app = ChatApp(store, partial(load_model, model), name, context_window=context_window,
+                  raw=raw, session_id=session_id, continue_last=continue_last,
+                  settings=settings, system_prompt=system_prompt, load_model=load_model)
     app.run()
     if not app.engine_stopped:
         # The engine thread is inside a model load or a step that cannot be interrupted;

@@ -72,6 +72,8 @@ class Replies:
         self.raw = raw  # plain continuation, no chat format
         self.turns: dict[str, Turn] = {}
         self.session_of: dict[str, int] = {}  # every request id of this run -> its session
+        # every request id of this run -> the messages it answered, its reply last
+        self.paths: dict[str, list[Message]] = {}
         self.engine_ready = False
         self._request_numbers = itertools.count(1)
 
@@ -153,6 +155,7 @@ class Replies:
         self.turns[rid] = Turn(session, reply, time.monotonic(), reply.content,
                                reply.output_tokens)
         self.session_of[rid] = session.id
+        self.paths[rid] = list(session.messages)
         self.driver.submit(Submit(rid, session.system_prompt, session.history(), params,
                                   self.context_window, self.raw,
                                   session.settings.loop_guard, continue_reply=True))
@@ -185,6 +188,7 @@ class Replies:
                                   self.context_window, self.raw,
                                   session.settings.loop_guard))
         session.messages.append(reply)
+        self.paths[rid] = list(session.messages)
         box = await app.view(session.id).add(reply)
         box.refresh_info("" if self.engine_ready else "waiting for the model")
         app.show_sessions()

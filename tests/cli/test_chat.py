@@ -49,3 +49,21 @@ def test_tensor_parallel_size_reaches_the_engine(tmp_path, monkeypatch, tiny_tp_
     engine = loaded[0]
     assert engine.config.tensor_parallel_size == 2
     assert not any(worker.is_alive() for worker in engine.runner.workers)
+
+
+def test_the_kv_store_is_on_by_default_and_its_flags_are_checked(tmp_path, monkeypatch):
+    seen = {}
+    monkeypatch.setattr("pagedchat.cli.chat.run_chat", lambda *args: seen.update(args=args))
+    monkeypatch.setenv("PAGEDCHAT_CACHE_DIR", str(tmp_path))
+    db = ["--db", str(tmp_path / "c.db"), "--config", str(tmp_path / "none.toml")]
+    assert CliRunner().invoke(app, db).exit_code == 0
+    assert seen["args"][-1]["kv_store"] == str(tmp_path / "kv")
+    assert seen["args"][-1]["kv_store_cap"] == "2GiB"
+    assert CliRunner().invoke(app, [*db, "--no-kv-store"]).exit_code == 0
+    assert "kv_store" not in seen["args"][-1]
+    assert CliRunner().invoke(app, [*db, "-tp", "2"]).exit_code == 0
+    assert "kv_store" not in seen["args"][-1]  # not with tensor parallelism, unless asked
+    for flags, words in ((["--kv-store", "x", "--no-kv-store"], "do not combine"),
+                         (["--kv-store", "x", "-tp", "2"], "--tensor-parallel-size")):
+        result = CliRunner().invoke(app, [*db, *flags])
+        assert result.exit_code == 2 and words in result.output

@@ -49,7 +49,8 @@ def make_app(request, tmp_path, fake_engine) -> Iterator[Callable[..., ChatApp]]
         settings = settings or SamplingSettings(temperature=0.0, max_tokens=8, seed=0)
         if engine == "tiny":
             folder = model or str(request.getfixturevalue("tiny_model_dir"))
-            loader = partial(load_engine, folder, num_kv_blocks=kv_blocks)
+            options.setdefault("load_model", partial(load_engine, num_kv_blocks=kv_blocks))
+            loader = partial(options["load_model"], folder)
             if step_delay:
                 loader = partial(slowed, loader, step_delay)
         else:

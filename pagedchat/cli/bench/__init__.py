@@ -26,6 +26,7 @@ from pagedchat.cli.bench import (
     speculative,
     synth_model,
     throughput,
+    warm_start,
 )
 
 app = typer.Typer(help="The paper's evaluation on this machine, peers side by side.",
@@ -45,3 +46,4 @@ app.command()(parallel.parallel)
 app.command()(isolation.isolation)
 app.command()(speculative.speculative)
 app.command("synth-model")(synth_model.synth_model)
+app.command("warm-start")(warm_start.warm_start)

@@ -6,9 +6,11 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Label, Static
 
+from pagedchat.chat.conversation import Message
 from pagedchat.chat.driver import StatsUpdate
 from pagedchat.engine.outputs import EngineStats, SeqBlockTable
 from pagedchat.tui.widgets.block_table import BlockTable
+from pagedchat.tui.widgets.branch_sharing import BranchBlocks, branch_lines
 from pagedchat.tui.widgets.figures import Figures, figures_of
 from pagedchat.tui.widgets.pool_map import PoolMap
 
@@ -20,6 +22,7 @@ class Inspector(VerticalScroll):
         # Per session, its last live block tables and what they shared: a finished
         # reply's blocks stay visible (marked "last seen") instead of vanishing.
         self._last_seen: dict[int, tuple[list[SeqBlockTable], str]] = {}
+        self.branches = BranchBlocks()
 
     def compose(self) -> ComposeResult:
         yield Label("Engine", classes="section")
@@ -35,6 +38,7 @@ class Inspector(VerticalScroll):
         """Record a new engine snapshot: figures, their history and the counts."""
         self.latest = update
         s = update.stats
+        self.branches.record(s.block_tables)
         self.query_one(Figures).add(figures_of(s, update.tokens_per_second))
         self.query_one("#counts", Static).update(
             f"blocks  {s.used_blocks} used · {s.cached_blocks} cached · {s.free_blocks} free\n"
@@ -43,13 +47,18 @@ class Inspector(VerticalScroll):
             f"prefix  {s.prefix_hits} of {s.prefix_queries} prompt tokens cached"
             + (_window_line(s) if s.has_windows else "")
             + (f"\nspec    {s.speculation()}" if s.speculative else "")
+            + (f"\ndisk    {s.kv_store_read} blocks read back · {s.kv_store_written} "
+               "written (KV store)" if s.kv_store_read is not None else "")
         )
 
     def show_focus(self, session_of: dict[str, int], titles: dict[int, str],
-                   focused: int | None) -> None:
+                   focused: int | None, paths: dict[str, list[Message]] | None = None,
+                   ) -> None:
         """Show the block table of session ``focused`` and the pool map, from the latest snapshot.
 
-        ``session_of`` maps request ids to sessions, ``titles`` sessions to their titles.
+        ``session_of`` maps request ids to sessions, ``titles`` sessions to their titles,
+        ``paths`` request ids to the messages they answered (their reply last), which names
+        the branches of the session that share its blocks.
         """
         if self.latest is None:
             return
@@ -57,7 +66,12 @@ class Inspector(VerticalScroll):
         live = [t for t in s.block_tables
                 if focused is not None and session_of.get(t.request_id) == focused]
         if live:
-            self._last_seen[focused] = (live, _sharing(live, s.owners, session_of, titles, focused))
+            ours = {rid: path for rid, path in (paths or {}).items()
+                    if session_of.get(rid) == focused}
+            lines = branch_lines(self.branches, sorted({t.request_id for t in live}), ours,
+                                 s.block_size)
+            sharing = _sharing(live, s.owners, session_of, titles, focused)
+            self._last_seen[focused] = (live, "\n".join(filter(None, [sharing, *lines])))
         tables, sharing = self._last_seen.get(focused, ([], ""))
         state = "live" if live else "last seen" if tables else "none live"
         self.query_one("#table-title", Label).update(f"Blocks of this chat ({state})")

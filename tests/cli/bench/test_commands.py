@@ -228,3 +228,15 @@ def test_quality_scores_agreement_and_held_out_replies(tiny, tmp_path):
     # exact float32 weights: the same perplexity as transformers'
     assert figures["perplexity"] == pytest.approx(figures["hf_float32_perplexity"], rel=1e-4)
     assert "perplexity=" in result.stdout
+
+
+def test_warm_start_reads_the_session_back_and_answers_the_same(tiny, tmp_path):
+    out = tmp_path / "w.json"
+    result = bench("warm-start", *tiny, "--context", "64", "--rounds", "1", "--check-tokens",
+                   "4", "--kv-memory", "4MiB", "--kv-store", str(tmp_path / "kv"),
+                   "--json", str(out))
+    assert result.exit_code == 0, result.output
+    figures = json.loads(out.read_text())["engines"]["pagedchat"]
+    assert figures["greedy_identical"] is True
+    assert figures["warm_cached_tokens"] == 64  # the whole session, from the store
+    assert figures["store_bytes"] > 0

@@ -20,7 +20,7 @@ def test_parse():
 
 
 def test_help_lists_every_command_from_its_one_table():
-    assert list(COMMANDS) == ["new", "system", "set", "regen", "edit", "continue", "clear",
+    assert list(COMMANDS) == ["new", "system", "set", "model", "regen", "edit", "continue", "clear",
                               "rename", "export", "help"]
     markdown = help_markdown([])
     assert all(f"| `{found.usage}` | {found.help} |" in markdown for found in COMMANDS.values())
