@@ -53,7 +53,7 @@ def test_tensor_parallel_size_reaches_the_engine(tmp_path, monkeypatch, tiny_tp_
 
 def test_the_kv_store_is_on_by_default_and_its_flags_are_checked(tmp_path, monkeypatch):
     seen = {}
-    monkeypatch.setattr("pagedchat.cli.chat.run_chat", lambda *args: seen.update(args=args))
+    monkeypatch.setattr("pagedchat.tui.main.run_chat", lambda *args: seen.update(args=args))
     monkeypatch.setenv("PAGEDCHAT_CACHE_DIR", str(tmp_path))
     db = ["--db", str(tmp_path / "c.db"), "--config", str(tmp_path / "none.toml")]
     assert CliRunner().invoke(app, db).exit_code == 0

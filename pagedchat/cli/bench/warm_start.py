@@ -9,12 +9,12 @@ from typing import Annotated
 
 import typer
 
-from pagedchat.bench import report
+from pagedchat.cli import console
 from pagedchat.cli.bench import options as opt
 from pagedchat.cli.options import KvMemory, user_errors
 
 
-def warm_start(model: opt.Model = None, dtype: opt.Dtype = opt.DType.float32,
+def warm_start(model: opt.Model = None, dtype: opt.DTypeOption = opt.DType.float32,
                weights: opt.Weights = None, kv_memory: KvMemory = "1GiB",
                context: Annotated[int, typer.Option(
                    "--context", min=32, help="Tokens of the session reopened.")] = 4000,
@@ -27,7 +27,7 @@ def warm_start(model: opt.Model = None, dtype: opt.Dtype = opt.DType.float32,
                    help="The store's folder (default: a temporary one).")] = None,
                json_path: opt.JsonPath = None) -> None:
     """Time to first token of a reopened session: KV blocks read from disk vs recomputed."""
-    from pagedchat.bench import sharegpt
+    from pagedchat.bench import report, sharegpt
     from pagedchat.bench.warm_start import warm_against_cold
     from pagedchat.engine.kv_store import KVStore
 
@@ -38,8 +38,7 @@ def warm_start(model: opt.Model = None, dtype: opt.Dtype = opt.DType.float32,
         question = engine.tokenizer.encode("\nIn one sentence, what was this about?")
         figures = warm_against_cold(engine, session, question, rounds, check_tokens)
         report.emit_table("warm start", [figures], list(figures))
-        report.note(f"one engine, its pool emptied before each first token; warm reads the "
+        console.note(f"one engine, its pool emptied before each first token; warm reads the "
                     f"session's blocks from the store (the files in the OS page cache), "
                     f"cold computes them; medians of {rounds} rounds taking turns")
-        if json_path:
-            report.write_json(json_path, report.engine_metadata(engine), {"pagedchat": figures})
+        report.save(json_path, engine, {"pagedchat": figures})
