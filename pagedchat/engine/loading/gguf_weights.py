@@ -88,7 +88,8 @@ def _header_parsed_once() -> Iterator[None]:
             return parse(file, return_tensors, **kwargs)
         if str(file) not in parsed:
             parsed[str(file)] = parse(file, return_tensors=False)
-        return copy.deepcopy(parsed[str(file)])
+        # the callers read the config alone: the vocabulary is not copied
+        return {**parsed[str(file)], "config": copy.deepcopy(parsed[str(file)]["config"])}
 
     if parse is not None:
         gguf_utils.load_gguf_checkpoint = parse_once
