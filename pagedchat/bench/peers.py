@@ -13,7 +13,7 @@ from pagedchat.bench.engines import PagedChat
 from pagedchat.bench.hf import HFContinuous, HFGenerate, load_hf_model
 from pagedchat.bench.metrics import RequestResult
 from pagedchat.bench.sharegpt import Request
-from pagedchat.cli.bench.options import DType
+from pagedchat.engine.config import DTYPE_NAMES
 from pagedchat.engine.llm_engine import LLMEngine
 
 # transformers' continuous batching does best with at most 64 requests and 2048 tokens per
@@ -91,7 +91,7 @@ PEERS: dict[str, Callable[[PeerSettings], list[Peer]]] = {
     "hf-continuous": _hf_continuous,
     llamacpp.NAME: lambda s: llamacpp.batched_peers(s.engine, s.llamacpp_seqs),
     vllm_cpu.NAME: _vllm_cpu,
-    **{f"pagedchat-{dtype.value}": _pagedchat_in(dtype.value) for dtype in DType},
+    **{f"pagedchat-{dtype}": _pagedchat_in(dtype) for dtype in DTYPE_NAMES},
 }
 
 

@@ -27,6 +27,8 @@ def parse_bytes(size: str | int) -> int:
 QUANTIZED_WEIGHTS = ("gguf", "gguf-int8")
 CPU_WEIGHTS = (*QUANTIZED_WEIGHTS, "q8_0")
 KV_CACHE_DTYPES = ("auto", "int8")
+# the dtypes of weights and activations an engine runs in
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
 
 
 @dataclass
@@ -84,11 +86,11 @@ class EngineConfig:
             raise RequestError(
                 f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}"
             )
-        if self.dtype not in ("float32", "bfloat16", "float16"):
+        if self.dtype not in DTYPE_NAMES:
             raise RequestError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise RequestError(f"kv_cache_dtype must be auto or int8, got {self.kv_cache_dtype!r}")
-        if self.weights not in (None, *CPU_WEIGHTS, "float32", "bfloat16", "float16"):
+        if self.weights not in (None, *CPU_WEIGHTS, *DTYPE_NAMES):
             raise RequestError(f"weights must be gguf, gguf-int8, q8_0, float32 or bfloat16, "
                                f"got {self.weights!r}")
         if self.attention_backend not in ("auto", "torch", "cpu", "triton"):

@@ -19,7 +19,7 @@ from pagedchat.cli.options import (
     TensorParallelSize,
     Weights,
 )
-from pagedchat.engine.config import EngineConfig
+from pagedchat.engine.config import DTYPE_NAMES, EngineConfig
 
 if TYPE_CHECKING:
     from pagedchat.bench.suite import EngineOptions
@@ -30,10 +30,7 @@ __all__ = ["MAX_SEQS", "BlockSize", "Compare", "DType", "DTypeOption", "HfBatch"
            "check_sizes", "engine_options"]
 
 
-class DType(str, Enum):
-    float32 = "float32"
-    bfloat16 = "bfloat16"
-    float16 = "float16"
+DType = Enum("DType", {name: name for name in DTYPE_NAMES}, type=str)
 
 
 def _check_peers(value: str) -> str:
