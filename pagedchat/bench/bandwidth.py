@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from pagedchat.cli import console
+from pagedchat import console
 
 # each of the two buffers: far larger than a CPU's caches, small next to its memory
 COPY_BYTES = 256 << 20

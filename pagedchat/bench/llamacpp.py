@@ -299,9 +299,9 @@ def check_tokens(engine, llama: LlamaCpp, count: int = 4, max_tokens: int = 32,
     """How far llama.cpp's greedy tokens follow pagedchat's on ``count`` ShareGPT prompts.
     Agreement, not identity: llama.cpp multiplies 8-bit-quantized activations and keeps a
     float16 KV cache, pagedchat multiplies the de-quantized weights in its own dtype."""
+    from pagedchat import console
     from pagedchat.bench.quality import shared_prefix_len
     from pagedchat.bench.sharegpt import sample_requests
-    from pagedchat.cli import console
     from pagedchat.engine.sampling_params import SamplingParams
 
     prompts = [r.prompt_ids for r in sample_requests(

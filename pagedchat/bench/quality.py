@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from pagedchat.bench.peers import load_hf_model
+from pagedchat.bench.hf import load_hf_model
 from pagedchat.engine.llm_engine import LLMEngine
 from pagedchat.engine.outputs import RequestOutput
 from pagedchat.engine.sampling_params import SamplingParams

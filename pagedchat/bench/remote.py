@@ -12,11 +12,11 @@ import asyncio
 import platform
 from pathlib import Path
 
+from pagedchat import console
 from pagedchat.bench import report, sharegpt
 from pagedchat.bench.load import arrival_offsets, run_load, served_model
 from pagedchat.bench.serve_stats import serve_figures
 from pagedchat.bench.sharegpt import Request
-from pagedchat.cli import console
 from pagedchat.engine.loading.loader import prepare_model, reads_quantized
 from pagedchat.engine.loading.model_config import ModelConfig
 from pagedchat.engine.loading.tokenizer import load_tokenizer

@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from pagedchat.cli.console import engine_metadata, note, stdout
+from pagedchat.console import engine_metadata, note, stdout
 
 
 def _cell(value: object) -> str:

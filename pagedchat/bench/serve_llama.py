@@ -21,12 +21,12 @@ from pathlib import Path
 
 import torch
 
+from pagedchat import console
 from pagedchat.bench import llamacpp, report, sharegpt
 from pagedchat.bench.load import run_load, served_model
 from pagedchat.bench.remote import model_tokenizer, run_at_rate
 from pagedchat.bench.servers import ServerProcess, llama_server_command, pagedchat_command
 from pagedchat.bench.suite import WARMUP_TEXT, EngineOptions, warmup_prompt
-from pagedchat.cli import console
 
 PAGEDCHAT, LLAMA = "pagedchat serve", "llama-server"
 CONTEXT = 2048  # the longest request (prompt + output) of the trace

@@ -22,6 +22,7 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
+from pagedchat import console
 from pagedchat.bench import report
 from pagedchat.bench.engines import PagedChat
 from pagedchat.bench.load import run_load, served_model
@@ -36,7 +37,6 @@ from pagedchat.bench.suite import (
     sample_trace,
     warmup_prompt,
 )
-from pagedchat.cli import console
 
 ALONE_TOKENS = 4  # a request sent alone is timed to its first token; it need not run long
 OFFLINE, SERVED = "offline engine", "pagedchat serve"

@@ -8,11 +8,11 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from pagedchat import console
 from pagedchat.bench import sharegpt
 from pagedchat.bench.metrics import RequestResult, latency_figures, throughput_figures
 from pagedchat.bench.peers import Peer
 from pagedchat.bench.sharegpt import Request
-from pagedchat.cli import console
 from pagedchat.engine.config import EngineConfig
 from pagedchat.engine.llm_engine import LLMEngine
 from pagedchat.engine.presets import PRESETS, swap_space

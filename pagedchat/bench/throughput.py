@@ -3,13 +3,13 @@ engine's median run kept, and the matmul ceiling the run is measured against."""
 
 from __future__ import annotations
 
+from pagedchat import console
 from pagedchat.bench import report
 from pagedchat.bench.ceiling import load_config, measure_ceiling, work_flops
 from pagedchat.bench.engines import PagedChat
 from pagedchat.bench.peers import Peer
 from pagedchat.bench.sharegpt import Request
 from pagedchat.bench.suite import in_turn, measure, median_ratio
-from pagedchat.cli import console
 
 Figures = dict[str, object]
 

@@ -9,8 +9,8 @@ import gc
 
 import typer
 
-from pagedchat import progress
-from pagedchat.cli import batch, bench, chat, console, inspect, models, run, serve
+from pagedchat import console, progress
+from pagedchat.cli import batch, bench, chat, inspect, models, run, serve
 
 app = typer.Typer(
     help="A terminal chatbot on a from-scratch PagedAttention engine.",

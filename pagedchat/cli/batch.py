@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from pagedchat.cli import console
+from pagedchat import console
 from pagedchat.cli.options import (
     KvBlocks,
     KvCacheDtype,

@@ -10,7 +10,8 @@ from typing import Annotated
 
 import typer
 
-from pagedchat.cli import console, inspect_render
+from pagedchat import console
+from pagedchat.cli import inspect_render
 from pagedchat.cli.options import (
     BlockSize,
     JsonPath,

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from pagedchat.cli import console
+from pagedchat import console
 from pagedchat.engine.errors import PagedChatError
 
 MODEL_HELP = ("HF folder, GGUF file or named model (see pagedchat models); default: "

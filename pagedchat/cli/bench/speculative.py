@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from pagedchat.cli import console
+from pagedchat import console
 from pagedchat.cli.bench import options as opt
 from pagedchat.cli.options import NumSpeculativeTokens, user_errors
 

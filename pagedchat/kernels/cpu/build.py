@@ -44,7 +44,7 @@ SOURCES = (
     "quant_int8.c",
     "quant_int8_tile.c",
 )
-HEADERS = ("vector.h", "kernels.h", "quant.h", "quant_int8.h", "attention.h", "kv8.h")
+HEADERS = ("vector.h", "kernels.h", "ggml_formats.h", "quant_int8.h", "attention.h", "kv8.h")
 COMPILE_FLAGS = ["-O3", "-ffast-math", "-fopenmp", "-fPIC", "-std=c11"]
 # The instruction-set levels the kernels are built for, from the least to the most the CPU
 # must have: plain C (x86-64's baseline, or the compiler's default elsewhere), AVX2 with

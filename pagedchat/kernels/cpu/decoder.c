@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "kernels.h"
-#include "quant.h"
+#include "ggml_formats.h"
 
 /* Consecutive output rows of a quantized weight in one GGML format (quant.py's Segment). */
 typedef struct {
@@ -42,7 +42,7 @@ typedef struct {
 
 /* The step: shapes, the attention metadata shared by every layer, scratch buffers sized
  * for its rows (of the element type), and `bounds`, num_threads + 1 fractions that split
- * the quantized products' columns among the threads (see thread_run in quant.h), which
+ * the quantized products' columns among the threads (see thread_run in ggml_formats.h), which
  * the decoder adjusts after each call (rebalance in kernels.h). Mirrors _DecoderStep in
  * decoder.py. */
 typedef struct {

@@ -73,7 +73,7 @@ DECLARE_KV8_KERNELS(bf16_t, bf16)
 
 /* Thread t of a team of `threads`: its share of a product on GGML blocks (quant.c), float32
  * x, out float32 or (out_bf16) bfloat16; equal shares of the output columns where bounds is
- * NULL, else as thread_run (quant.h) reads bounds. Returns 0, 1 for an unknown type, 2 when
+ * NULL, else as thread_run (ggml_formats.h) reads bounds. Returns 0, 1 for an unknown type, 2 when
  * out of memory. */
 int quant_product_part(const float *x, const uint8_t *w, int type, const float *bias,
                        void *out, int out_bf16, int rows, int k_dim, int n_dim,

@@ -27,7 +27,7 @@
 #include <string.h>
 
 #include "kernels.h"
-#include "quant.h"
+#include "ggml_formats.h"
 #include "vector.h"
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__)) || defined(__F16C__)

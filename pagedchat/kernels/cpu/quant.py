@@ -29,7 +29,7 @@ _BOUNDS: weakref.WeakKeyDictionary[QuantizedWeight, ctypes.Array] = weakref.Weak
 
 def thread_split(split: ctypes.Array | None, threads: int) -> ctypes.Array:
     """``split`` (the C kernels' ``bounds``: threads + 1 float fractions, see thread_run in
-    quant.h) where it is one for ``threads`` threads, else the equal split."""
+    ggml_formats.h) where it is one for ``threads`` threads, else the equal split."""
     if split is not None and len(split) == threads + 1:
         return split
     return (ctypes.c_float * (threads + 1))(*(i / threads for i in range(threads + 1)))

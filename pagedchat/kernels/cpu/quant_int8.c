@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "quant.h"
+#include "ggml_formats.h"
 #include "quant_int8.h"
 #include "vector.h"
 

@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "quant.h"
+#include "ggml_formats.h"
 
 #if defined(__AVX2__)
 #include <immintrin.h>

@@ -21,7 +21,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "quant.h"
+#include "ggml_formats.h"
 #include "vector.h"
 
 /* 16 lanes from 16 bytes at p: ((p[i] >> shift) & mask) as float32; the signed bytes as

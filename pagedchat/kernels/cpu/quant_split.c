@@ -15,7 +15,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "quant.h"
+#include "ggml_formats.h"
 
 #if defined(__AVX2__)
 #include <immintrin.h>

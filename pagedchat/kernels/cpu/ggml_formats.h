@@ -1,8 +1,8 @@
 /* GGML's block formats, shared by the products on them: quant.c (a decoded tile, any row
  * count), quant_rows.c (decoding in registers, for a few rows), quant_int8.c and quant_int8_tile.c
  * (8-bit activations, for a few rows and for many). */
-#ifndef PAGEDCHAT_CPU_QUANT_H
-#define PAGEDCHAT_CPU_QUANT_H
+#ifndef PAGEDCHAT_CPU_GGML_FORMATS_H
+#define PAGEDCHAT_CPU_GGML_FORMATS_H
 
 #include <stdint.h>
 #include <string.h>
