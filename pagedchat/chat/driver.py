@@ -18,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from pagedchat.chat.command_thread import STOP, CommandThread
 from pagedchat.chat.prompt import PLAIN_STOP, PromptTooLong, build_prompt, has_chat_template
 from pagedchat.chat.repetition import repeating
+from pagedchat.engine.engine_thread import STOP, EngineThread
 
 if TYPE_CHECKING:
     from pagedchat.engine.llm_engine import LLMEngine
@@ -104,7 +104,7 @@ def load_engine(model: str | None = None, **config: Any) -> LLMEngine:
     return LLMEngine(EngineConfig(model=model, **config))
 
 
-class EngineDriver(CommandThread):
+class EngineDriver(EngineThread):
     def __init__(
         self,
         load: Callable[[], LLMEngine],
@@ -155,22 +155,19 @@ class EngineDriver(CommandThread):
             if isinstance(command, Submit):
                 self._emit(RequestFailed(command.request_id, reason))
 
-    def _serve(self, engine: LLMEngine) -> None:
-        while True:
-            busy = engine.has_unfinished_requests()
-            for command in self._take(block=not busy):
-                if command is STOP:
-                    for rid in list(self._live):  # leave the engine with its pool balanced
-                        self._abort(engine, rid)
-                    engine.shutdown()  # tensor-parallel workers end with the app
-                    return
-                if isinstance(command, Submit):
-                    self._add(engine, command)
-                else:
-                    self._abort(engine, command.request_id)
-            if engine.has_unfinished_requests():
-                self._step(engine)
-            self._flush(engine, force=not engine.has_unfinished_requests())
+    def _handle(self, engine: LLMEngine, command: Submit | Cancel) -> None:
+        if isinstance(command, Submit):
+            self._add(engine, command)
+        else:
+            self._abort(engine, command.request_id)
+
+    def _after_step(self, engine: LLMEngine) -> None:
+        self._flush(engine, force=not engine.has_unfinished_requests())
+
+    def _on_stop(self, engine: LLMEngine) -> None:
+        for rid in list(self._live):  # leave the engine with its pool balanced
+            self._abort(engine, rid)
+        engine.shutdown()  # tensor-parallel workers end with the app
 
     def _add(self, engine: LLMEngine, command: Submit) -> None:
         rid = command.request_id

