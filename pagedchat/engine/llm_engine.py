@@ -96,7 +96,7 @@ class LLMEngine:
             raise RequestError(
                 f"the prompt has {len(token_ids)} tokens but the model's context is {limit} "
                 "tokens (it must leave room for at least one new token)", "prompt")
-        self.scheduler.check_fits(len(token_ids), params)
+        self.request_fit.check(len(token_ids), params)
         if params.use_beam_search and self.config.speculative:
             raise RequestError(f"beam search does not combine with speculative decoding "
                                f"(the engine runs --speculative {self.config.speculative})",

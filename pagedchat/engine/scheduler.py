@@ -21,7 +21,6 @@ from pagedchat.engine.blocks import NO_HIT, PrefixHit
 from pagedchat.engine.config import EngineConfig
 from pagedchat.engine.fits import RequestFit
 from pagedchat.engine.ngram_proposer import NgramProposer
-from pagedchat.engine.sampling_params import SamplingParams
 from pagedchat.engine.sequence import Sequence, SequenceGroup, SequenceStatus
 from pagedchat.engine.step_input import StepInput
 
@@ -103,16 +102,13 @@ class Scheduler:
         self.proposer = (NgramProposer(config.ngram_min, config.ngram_max)
                          if config.speculative == "ngram" else None)
         self.draft_tokens = self.accepted_tokens = 0
+        # the rule by which add_request refuses a request that could never run
         bm = block_manager
         self.fit = RequestFit(bm.block_size, bm.windows, config.max_model_len,
                               config.max_num_batched_tokens, config.max_num_seqs, bm.num_blocks)
 
     def add(self, group: SequenceGroup) -> None:
         self.waiting.append(group)
-
-    def check_fits(self, num_prompt_tokens: int, params: SamplingParams) -> None:
-        """Raise RequestError for a group that could never be scheduled (see RequestFit)."""
-        self.fit.check(num_prompt_tokens, params)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)

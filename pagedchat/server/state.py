@@ -114,7 +114,7 @@ class ServerState:
             raise APIError(400, "prompt: must not be empty", "prompt")
         return [await self.encode(p) if isinstance(p, str) else list(p) for p in prompt]
 
-    def check_fits(self, prompt: list[int], sequences: int, param: str) -> None:
+    def check_prompt_fits(self, prompt: list[int], sequences: int, param: str) -> None:
         """413 for a prompt the model or the whole pool can never hold (the engine's rule,
         with one new token)."""
         context, blocks, size = (self.config.max_model_len, self.config.num_kv_blocks,
@@ -146,7 +146,7 @@ class ServerState:
         if body.stream and best_of > body.n:
             raise APIError(400, "best_of > n cannot stream", "best_of")
         for prompt in prompts:
-            self.check_fits(prompt, best_of, "messages" if is_chat else "prompt")
+            self.check_prompt_fits(prompt, best_of, "messages" if is_chat else "prompt")
         requested = (body.max_completion_tokens or body.max_tokens) if is_chat else body.max_tokens
         longest = max(map(len, prompts))
         if requested is None:  # OpenAI: as many as fit, here in the context and the pool

@@ -1,4 +1,4 @@
-"""RequestFit: the one rule for whether a request fits, which the scheduler refuses by and
+"""RequestFit: the one rule for whether a request fits, which the engine refuses by and
 the server answers 413 and sizes a default max_tokens by."""
 
 from __future__ import annotations
