@@ -68,6 +68,10 @@ class HostPool:
     def num_free(self) -> int:
         return len(self.free_ids)
 
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - len(self.free_ids)
+
     def allocate(self, source: Block) -> int:
         block_id = self.free_ids.pop()
         self.ref_counts[block_id] = 1
