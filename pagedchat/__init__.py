@@ -10,7 +10,7 @@ import os
 from typing import TYPE_CHECKING
 
 # MKL's own allocator keeps every buffer it ever packed a matrix into; without it they go
-# back to malloc, which the engine keeps warm anyway (model_runner.keep_freed_memory). MKL
+# back to malloc, which the engine keeps warm anyway (runner.memory.keep_freed_memory). MKL
 # reads this once, when torch loads it: here it comes before any of pagedchat imports
 # torch. A user's setting wins.
 os.environ.setdefault("MKL_DISABLE_FAST_MM", "1")

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from pagedchat.engine.block_manager import HOLE, BlockManager
+from pagedchat.engine.block_manager import BlockManager
+from pagedchat.engine.blocks import HOLE
 from pagedchat.engine.llm_engine import LLMEngine
 from pagedchat.engine.sampling_params import SamplingParams
 from pagedchat.engine.scheduler import Scheduler

@@ -18,8 +18,8 @@ from pagedchat.bench.load import arrival_offsets, run_load, served_model
 from pagedchat.bench.serve_stats import serve_figures
 from pagedchat.bench.sharegpt import Request
 from pagedchat.engine.loading.loader import prepare_model, reads_quantized
-from pagedchat.engine.loading.model_config import ModelConfig
 from pagedchat.engine.loading.tokenizer import load_tokenizer
+from pagedchat.engine.model_config import ModelConfig
 
 
 def model_tokenizer(model: str | None):

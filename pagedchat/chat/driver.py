@@ -18,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from pagedchat.chat.command_thread import STOP, CommandThread
 from pagedchat.chat.prompt import PLAIN_STOP, PromptTooLong, build_prompt, has_chat_template
 from pagedchat.chat.repetition import repeating
+from pagedchat.engine.engine_thread import STOP, EngineThread
 
 if TYPE_CHECKING:
     from pagedchat.engine.llm_engine import LLMEngine
@@ -112,7 +112,7 @@ def load_engine(model: str | None = None, **config: Any) -> LLMEngine:
     return LLMEngine(EngineConfig(model=model, **config))
 
 
-class EngineDriver(CommandThread):
+class EngineDriver(EngineThread):
     def __init__(
         self,
         load: Callable[[], LLMEngine],
@@ -132,7 +132,6 @@ class EngineDriver(CommandThread):
         self._new_tokens = 0
         self._last_flush = self._last_stats = time.monotonic()
         self._stats_dirty = True
-        self._backlog: list = []  # commands queued behind a model switch
         self._stats_due = False  # a snapshot is wanted at the next flush, whatever the time
 
     def start(self) -> None:
@@ -165,7 +164,8 @@ class EngineDriver(CommandThread):
             self._emit(EngineReady(config.num_kv_blocks, config.block_size,
                                    has_chat_template(engine.tokenizer)))
             self._emit(StatsUpdate(engine.stats(), 0.0))
-            load = self._serve(engine)
+            ended = self._serve(engine)
+            load = ended.load if isinstance(ended, SwitchModel) else None
             del engine  # the old model's memory goes before the next one loads
 
     def _refuse_all(self, reason: str) -> Callable[[], LLMEngine] | None:
@@ -180,30 +180,24 @@ class EngineDriver(CommandThread):
     def _next(self) -> object:
         return self._backlog.pop(0) if self._backlog else self._commands.get()
 
-    def _serve(self, engine: LLMEngine) -> Callable[[], LLMEngine] | None:
-        """Run ``engine`` until the end (None) or a model switch (the new loader)."""
-        while True:
-            busy = engine.has_unfinished_requests()
-            commands, self._backlog = [*self._backlog, *self._take(
-                block=not busy and not self._backlog)], []
-            for place, command in enumerate(commands):
-                if command is STOP or isinstance(command, SwitchModel):
-                    for rid in list(self._live):  # leave the engine with its pool balanced
-                        self._abort(engine, rid)
-                        if command is not STOP:
-                            self._emit(RequestFailed(rid, "the model was switched"))
-                    engine.shutdown()  # tensor-parallel workers end with the app
-                    if command is STOP:
-                        return None
-                    self._backlog = commands[place + 1:]
-                    return command.load
-                if isinstance(command, Submit):
-                    self._add(engine, command)
-                else:
-                    self._abort(engine, command.request_id)
-            if engine.has_unfinished_requests():
-                self._step(engine)
-            self._flush(engine, force=not engine.has_unfinished_requests())
+    def _ends(self, command: object) -> bool:
+        return isinstance(command, SwitchModel)
+
+    def _handle(self, engine: LLMEngine, command: Submit | Cancel) -> None:
+        if isinstance(command, Submit):
+            self._add(engine, command)
+        else:
+            self._abort(engine, command.request_id)
+
+    def _after_step(self, engine: LLMEngine) -> None:
+        self._flush(engine, force=not engine.has_unfinished_requests())
+
+    def _on_stop(self, engine: LLMEngine, command: object) -> None:
+        for rid in list(self._live):  # leave the engine with its pool balanced
+            self._abort(engine, rid)
+            if command is not STOP:
+                self._emit(RequestFailed(rid, "the model was switched"))
+        engine.shutdown()  # tensor-parallel workers end with the app
 
     def _add(self, engine: LLMEngine, command: Submit) -> None:
         rid = command.request_id

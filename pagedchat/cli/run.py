@@ -56,7 +56,8 @@ def run(
     from pagedchat.engine.config import EngineConfig
     from pagedchat.engine.errors import PagedChatError
     from pagedchat.engine.kv_groups import kv_groups
-    from pagedchat.engine.llm_engine import LLMEngine, open_model
+    from pagedchat.engine.llm_engine import LLMEngine
+    from pagedchat.engine.opening import open_model
     from pagedchat.engine.sampling_params import SamplingParams
 
     if prompt is None or prompt == "-":

@@ -6,94 +6,27 @@ the block's position in the sequence. In a group with a sliding window, a block 
 tokens all lie before the window of the next token to compute is never read again: it
 goes back to the pool and its entry becomes ``HOLE``, so the holes are always a prefix.
 
-Every physical block is in exactly one of three states:
-- referenced: ``ref_count > 0``, in one or more block tables;
-- cached-evictable: ``ref_count == 0`` but it holds a full block found again by its
-  hash; kept in LRU order and reused only when no free block is left;
-- free: ``ref_count == 0`` and no hash.
-
-Full blocks are hashed over the whole prefix (the parent block's hash, then the
-block's tokens). A lookup compares the stored tokens and parent hash too, so a hash
-collision can never make a request read another request's K/V.
+Every physical block is referenced, cached-evictable or free (see ``blocks.Block``).
+A lookup compares a full block's stored tokens and parent hash, not only its chained hash
+(``blocks.block_hash``), so a hash collision never makes a request read another's K/V.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
-
-import xxhash
 
 from pagedchat.engine import kv_groups
+from pagedchat.engine.blocks import (
+    HOLE,
+    NO_HASH,
+    NO_HIT,
+    Block,
+    HostPool,
+    PrefixHit,
+    block_hash,
+    held_blocks,
+)
 from pagedchat.engine.sequence import Sequence
-
-NO_HASH = -1
-HOLE = -1  # a table entry whose block slid out of its group's window
-
-
-def block_hash(parent_hash: int, token_ids: list[int] | tuple[int, ...]) -> int:
-    """The chained hash of one full block: its tokens and everything before them."""
-    digest = xxhash.xxh3_64()
-    digest.update(parent_hash.to_bytes(8, "little", signed=True))
-    digest.update(b"".join(t.to_bytes(4, "little") for t in token_ids))
-    return digest.intdigest() & 0x7FFF_FFFF_FFFF_FFFF
-
-
-@dataclass
-class Block:
-    block_id: int
-    ref_count: int = 0
-    hash: int = NO_HASH
-    parent_hash: int = NO_HASH
-    token_ids: tuple[int, ...] = ()
-    group: int = 0  # the layer group whose table holds it (its prefix-cache key)
-
-
-@dataclass(frozen=True)
-class PrefixHit:
-    """Cached blocks holding the start of a sequence: per group, a table as long as the
-    hit, with ``HOLE`` where a windowed group's block lies wholly before the window of the
-    first token left to compute; and the blocks' chain hashes."""
-
-    tables: tuple[tuple[int, ...], ...] = ()
-    hashes: tuple[int, ...] = ()
-
-    @property
-    def num_blocks(self) -> int:
-        return len(self.hashes)
-
-    def block_ids(self) -> set[int]:
-        return {block_id for table in self.tables for block_id in table if block_id != HOLE}
-
-
-NO_HIT = PrefixHit()
-
-
-class HostPool:
-    """The host-memory swap pool: its own free list and reference counts."""
-
-    def __init__(self, num_blocks: int) -> None:
-        self.num_blocks = num_blocks
-        self.free_ids = list(range(num_blocks - 1, -1, -1))
-        self.ref_counts = [0] * num_blocks
-        self.saved: dict[int, Block] = {}
-
-    @property
-    def num_free(self) -> int:
-        return len(self.free_ids)
-
-    def allocate(self, source: Block) -> int:
-        block_id = self.free_ids.pop()
-        self.ref_counts[block_id] = 1
-        self.saved[block_id] = Block(block_id, 0, source.hash, source.parent_hash,
-                                     source.token_ids, source.group)
-        return block_id
-
-    def release(self, block_id: int) -> None:
-        self.ref_counts[block_id] -= 1
-        if self.ref_counts[block_id] == 0:
-            del self.saved[block_id]
-            self.free_ids.append(block_id)
 
 
 class BlockManager:
@@ -148,6 +81,19 @@ class BlockManager:
         """The most blocks one sequence of ``num_tokens`` tokens holds at once, computing at
         most ``chunk`` tokens a step: a windowed group holds its window and one chunk."""
         return kv_groups.max_blocks(self.windows, self.block_size, num_tokens, chunk)
+
+    def ref_count(self, block_id: int) -> int:
+        return self.blocks[block_id].ref_count
+
+    def block_state(self, block_id: int) -> str:
+        """``shared`` (in several tables), ``used`` (in one), ``cached`` or ``free``."""
+        ref_count = self.blocks[block_id].ref_count
+        if ref_count:
+            return "shared" if ref_count > 1 else "used"
+        return "cached" if block_id in self.evictable else "free"
+
+    def is_hashed(self, block_id: int) -> bool:  # a full block others can find by its prefix
+        return self.blocks[block_id].hash != NO_HASH
 
     # ---- prefix cache ---------------------------------------------------------
     def find_cached_prefix(self, seq: Sequence) -> PrefixHit:
@@ -364,7 +310,7 @@ class BlockManager:
 
     # ---- swapping -------------------------------------------------------------
     def can_swap_out(self, seqs: list[Sequence]) -> bool:
-        return len(_held(seq.block_tables for seq in seqs)) <= self.host.num_free
+        return len(held_blocks(seq.block_tables for seq in seqs)) <= self.host.num_free
 
     def swap_out(self, seqs: list[Sequence]) -> list[tuple[int, int]]:
         """Move the blocks of ``seqs`` to the host pool, each shared block once."""
@@ -387,7 +333,7 @@ class BlockManager:
         return list(mapping.items())
 
     def can_swap_in(self, seqs: list[Sequence], reserve: int = 0) -> bool:
-        unique = _held(seq.cpu_block_tables for seq in seqs)
+        unique = held_blocks(seq.cpu_block_tables for seq in seqs)
         return len(unique) + reserve <= self.num_free_blocks
 
     def swap_in(self, seqs: list[Sequence]) -> list[tuple[int, int]]:
@@ -472,9 +418,3 @@ class BlockManager:
         self.blocks[block_id].group = group
         self.high_water = max(self.high_water, block_id + 1)
         return block_id
-
-
-def _held(tables_per_seq) -> set[int]:
-    """The distinct blocks named by these sequences' tables (holes left out)."""
-    return {block_id for tables in tables_per_seq for table in tables for block_id in table
-            if block_id != HOLE}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from pagedchat.engine import kv_groups
 from pagedchat.engine.errors import RequestError
+from pagedchat.engine.fits import RequestFit
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
@@ -61,7 +61,6 @@ class EngineConfig:
     device: str = "auto"
     attention_backend: str = "auto"
     tensor_parallel_size: int = 1
-    seed: int = 0
     # speculative decoding: None (off) or "ngram" (drafts looked up in the sequence's own
     # tokens, see ngram_proposer.py), up to num_speculative_tokens verified in one step
     speculative: str | None = None
@@ -134,10 +133,9 @@ class EngineConfig:
         or the context (``max_model_len``) where that is less, counted unshared as the
         scheduler counts a request that must fit the pool; at least
         ``MIN_REQUEST_POOL_TOKENS`` tokens' worth. ``windows``: the model's layer groups
-        (:func:`pagedchat.engine.kv_groups.kv_groups`), each holding its own blocks."""
-        tokens = num_prompt_tokens + max_tokens
-        if self.max_model_len is not None:
-            tokens = min(tokens, self.max_model_len)
-        held = kv_groups.max_blocks(windows, self.block_size, tokens, self.max_num_batched_tokens)
-        return max(sequences * held,
+        (:func:`pagedchat.engine.kv_groups.kv_groups`), each holding its own blocks; the
+        arithmetic is the scheduler's (:class:`pagedchat.engine.fits.RequestFit`)."""
+        fit = RequestFit(self.block_size, windows, self.max_model_len,
+                         self.max_num_batched_tokens, self.max_num_seqs)
+        return max(fit.blocks(num_prompt_tokens, max_tokens, sequences),
                    len(windows) * -(-self.MIN_REQUEST_POOL_TOKENS // self.block_size))

@@ -9,72 +9,35 @@ samples and to finish sequences, and never touches the block manager itself.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import replace
 
 import torch
 
 from pagedchat.engine.block_manager import BlockManager
-from pagedchat.engine.config import CPU_WEIGHTS, EngineConfig, parse_bytes
+from pagedchat.engine.config import EngineConfig, parse_bytes
 from pagedchat.engine.errors import ModelLoadError, RequestError
 from pagedchat.engine.kv_store import KVStore
-from pagedchat.engine.loading.detokenizer import IncrementalDetokenizer
-from pagedchat.engine.loading.loader import ModelFiles, prepare_model, reads_quantized
-from pagedchat.engine.loading.model_config import ModelConfig
-from pagedchat.engine.loading.tokenizer import load_tokenizer
-from pagedchat.engine.outputs import CompletionOutput, EngineStats, RequestOutput
+from pagedchat.engine.loading.loader import ModelFiles
+from pagedchat.engine.opening import OpenedModel, eos_token_ids, open_model
+from pagedchat.engine.outputs import EngineStats, RequestOutput
 from pagedchat.engine.parallel.parallel_runner import ParallelRunner
-from pagedchat.engine.parallel.tensor_parallel import check_size
-from pagedchat.engine.runner.beam_search import beam_step, fork_beams
-from pagedchat.engine.runner.logprobs import token_logprobs
-from pagedchat.engine.runner.model_runner import (
-    ModelRunner,
-    hand_back_freed_memory,
-    resolve_device,
-)
-from pagedchat.engine.runner.sampler import SampleRow, apply_penalties, sample
-from pagedchat.engine.runner.step_input import StepOutput
+from pagedchat.engine.request_outputs import failed_output, request_output
+from pagedchat.engine.runner.model_runner import ModelRunner
+from pagedchat.engine.runner.protocol import Runner
+from pagedchat.engine.sampling.beam_search import beam_step, fork_beams
+from pagedchat.engine.sampling.detokenizer import IncrementalDetokenizer
+from pagedchat.engine.sampling.logprobs import token_logprobs
+from pagedchat.engine.sampling.sampler import SampleRow, apply_penalties, sample
 from pagedchat.engine.sampling_params import SamplingParams
 from pagedchat.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from pagedchat.engine.sequence import Sequence, SequenceGroup
 from pagedchat.engine.speculation import verify_drafts
+from pagedchat.engine.stats import engine_stats
+from pagedchat.engine.step_input import StepOutput
 
 log = logging.getLogger("pagedchat.engine")
-
-
-@dataclass(frozen=True)
-class OpenedModel:
-    """A model opened without its weights: its files, shape and tokenizer, and the engine's
-    config with the weights and the context resolved (see :func:`open_model`)."""
-
-    config: EngineConfig
-    files: ModelFiles
-    model_config: ModelConfig
-    tokenizer: Any
-
-
-def open_model(config: EngineConfig) -> OpenedModel:
-    """Everything the engine reads of a model before its weights. Cheap next to them, so a
-    caller can tokenize first and size the engine from what it found (``pagedchat run``
-    fits the KV pool to its one request), then hand the result to :class:`LLMEngine`."""
-    config = resolve_weights(config)
-    hand_back_freed_memory()  # the tokenizer's scratch too, before the runner loads weights
-    files = prepare_model(config.model, config.weights)
-    try:
-        model_config = replace(ModelConfig.from_folder(files.folder), gguf=files.gguf,
-                               int8_activations=config.weights == "gguf-int8",
-                               quantize_q8_0=config.weights == "q8_0")
-        tokenizer = load_tokenizer(model_config)
-    except Exception as error:
-        raise ModelLoadError(
-            f"{files.folder}: cannot read config or tokenizer ({error})") from error
-    context = model_config.max_position_embeddings
-    config = replace(config, max_model_len=min(config.max_model_len or context, context))
-    check_size(config.tensor_parallel_size, model_config)
-    return OpenedModel(config, files, model_config, tokenizer)
 
 
 class LLMEngine:
@@ -89,7 +52,7 @@ class LLMEngine:
         folder = self.model_files.folder
         runner_class = ParallelRunner if config.tensor_parallel_size > 1 else ModelRunner
         try:
-            self.runner = runner_class(self.config, model_config)
+            self.runner: Runner = runner_class(self.config, model_config)
         except KeyError as error:
             raise ModelLoadError(f"{folder}: weights do not match the config ({error})") from error
         self.config = replace(self.config, num_kv_blocks=self.runner.num_blocks)
@@ -99,7 +62,9 @@ class LLMEngine:
         ))
         self.kv_store = None if config.kv_store is None else KVStore(
             self, config.kv_store, parse_bytes(config.kv_store_cap))
-        self.eos_token_ids = _eos_ids(model_config, self.tokenizer)
+        # whether a request fits this engine's context and pool (the scheduler's rule)
+        self.request_fit = self.scheduler.fit
+        self.eos_token_ids = eos_token_ids(model_config, self.tokenizer)
         self.vocab_size = model_config.vocab_size
         self.model_config = model_config
         self.load_seconds = time.perf_counter() - start
@@ -136,7 +101,7 @@ class LLMEngine:
             raise RequestError(
                 f"the prompt has {len(token_ids)} tokens but the model's context is {limit} "
                 "tokens (it must leave room for at least one new token)", "prompt")
-        self.scheduler.check_fits(len(token_ids), params)
+        self.request_fit.check(len(token_ids), params)
         if params.use_beam_search and self.config.speculative:
             raise RequestError(f"beam search does not combine with speculative decoding "
                                f"(the engine runs --speculative {self.config.speculative})",
@@ -169,9 +134,11 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     def stats(self) -> EngineStats:
-        store = {} if self.kv_store is None else {
-            "kv_store_read": self.kv_store.loaded, "kv_store_written": self.kv_store.saved}
-        return replace(self.scheduler.stats(), kv_cache_dtype=self.kv_cache_dtype, **store)
+        stats = engine_stats(self.scheduler, self.kv_cache_dtype)
+        if self.kv_store is None:
+            return stats
+        return replace(stats, kv_store_read=self.kv_store.loaded,
+                       kv_store_written=self.kv_store.saved)
 
     @property
     def kv_cache_dtype(self) -> str:
@@ -295,10 +262,10 @@ class LLMEngine:
                 if self.kv_store is not None:
                     self.kv_store.save_group(group)
             try:
-                results.append(self._request_output(group))
+                results.append(request_output(group, self.tokenizer))
             except Exception as error:
                 self._fail(group, error)
-                results.append(self._failed_output(group))
+                results.append(failed_output(group))
         return results
 
     def _sample(self, logits: torch.Tensor, rows: list[SampleRow],
@@ -340,13 +307,6 @@ class LLMEngine:
         log.error("request %s failed: %s", group.request_id, group.error, exc_info=error)
         self.scheduler.abort(group, "error")
         group.metrics.finished_time = time.time()
-
-    @staticmethod
-    def _failed_output(group: SequenceGroup) -> RequestOutput:
-        outputs = [CompletionOutput(i, "", seq.output_token_ids, None, "error")
-                   for i, seq in enumerate(group.seqs[: group.params.n])]
-        return RequestOutput(group.request_id, group.prompt, group.prompt_token_ids, outputs,
-                             True, group.num_cached_tokens, group.metrics, error=group.error)
 
     def _banned(self, params: SamplingParams, seq: Sequence) -> tuple[int, ...]:
         """The ids that may not end the sequence yet (min_tokens)."""
@@ -417,88 +377,3 @@ class LLMEngine:
             reason = "length"
         if reason is not None:
             self.scheduler.finish_seq(seq, reason)
-
-    def _request_output(self, group: SequenceGroup) -> RequestOutput:
-        if group.params.use_beam_search:
-            return self._beam_output(group)
-        params = group.params
-        seqs = sorted(group.seqs, key=lambda s: s.index)
-        if params.best_of > params.n and not group.unfinished_seqs:
-            seqs = sorted(seqs, key=lambda s: -s.cumulative_logprob)[: params.n]
-        elif params.best_of > params.n:
-            seqs = seqs[: params.n]
-        outputs = []
-        for i, seq in enumerate(seqs):
-            visible = _visible_text(seq, params)
-            delta = visible[seq.emitted_chars :]
-            seq.emitted_chars = len(visible)
-            outputs.append(CompletionOutput(
-                i, visible, seq.output_token_ids, seq.cumulative_logprob, seq.finish_reason, delta,
-                list(seq.token_logprobs) if params.logprobs is not None else None))
-        return RequestOutput(
-            group.request_id, group.prompt, group.prompt_token_ids, outputs,
-            group.is_finished, group.num_cached_tokens, group.metrics, error=group.error,
-        )
-
-    def _beam_output(self, group: SequenceGroup) -> RequestOutput:
-        """The n best finished hypotheses, best first, once the search is over; until then
-        the n best live beams (their text is whole each time: beams change, nothing streams)."""
-        n = group.params.n
-        outputs, scores = [], []
-        if group.is_finished:
-            for i, hypothesis in enumerate(group.beam_hypotheses[:n]):
-                text = self.tokenizer.decode(hypothesis.token_ids, skip_special_tokens=True)
-                outputs.append(CompletionOutput(i, text, hypothesis.token_ids,
-                                                hypothesis.cumulative_logprob,
-                                                hypothesis.finish_reason, text))
-                scores.append(hypothesis.score)
-        else:
-            for i, seq in enumerate(group.seqs[:n]):
-                text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
-                outputs.append(CompletionOutput(i, text, seq.output_token_ids,
-                                                seq.cumulative_logprob))
-        return RequestOutput(group.request_id, group.prompt, group.prompt_token_ids, outputs,
-                             group.is_finished, group.num_cached_tokens, group.metrics, scores,
-                             group.error)
-
-def _visible_text(seq: Sequence, params: SamplingParams) -> str:
-    """Text safe to show now: while a stop string could still be forming, hold back
-    its length minus one characters."""
-    if seq.is_finished or not params.stop:
-        return seq.output_text
-    hold = max(map(len, params.stop)) - 1
-    return seq.output_text[: max(len(seq.output_text) - hold, 0)]
-
-
-def _eos_ids(model_config: ModelConfig, tokenizer) -> set[int]:
-    """Every id that ends a reply: the end-of-sequence ids of the generation config, of the
-    model config and of the tokenizer."""
-    ids: set[int] = set()
-    try:
-        generation = json.loads(
-            (model_config.folder / "generation_config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        generation = {}
-    candidates = [generation.get("eos_token_id"), model_config.eos_token_id,
-                  tokenizer.eos_token_id]
-    for value in candidates:
-        if isinstance(value, int):
-            ids.add(value)
-        elif value:
-            ids.update(value)
-    return ids
-
-
-def resolve_weights(config: EngineConfig) -> EngineConfig:
-    """``config`` with its weights chosen (see ``EngineConfig.weights``) and its dtype
-    following de-quantized ones. Quantized weights are multiplied on the CPU only."""
-    weights = config.weights
-    on_cpu = resolve_device(config.device) == "cpu"
-    if weights is None:
-        gguf = reads_quantized(config.model) and on_cpu and config.dtype == "float32"
-        weights = "gguf" if gguf else config.dtype
-    if weights in CPU_WEIGHTS and not on_cpu:
-        raise ModelLoadError(f"--weights {weights} runs on the CPU: use --weights float32 or "
-                             "bfloat16 on a GPU")
-    dtype = config.dtype if weights in CPU_WEIGHTS else weights
-    return replace(config, weights=weights, dtype=dtype)

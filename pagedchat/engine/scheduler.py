@@ -16,14 +16,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pagedchat.engine.block_manager import HOLE, NO_HASH, NO_HIT, BlockManager, PrefixHit
+from pagedchat.engine.block_manager import BlockManager
+from pagedchat.engine.blocks import NO_HIT, PrefixHit
 from pagedchat.engine.config import EngineConfig
-from pagedchat.engine.errors import RequestError
+from pagedchat.engine.fits import RequestFit
 from pagedchat.engine.ngram_proposer import NgramProposer
-from pagedchat.engine.outputs import BlockEntry, EngineStats, GroupSharing, SeqBlockTable
-from pagedchat.engine.runner.step_input import StepInput
-from pagedchat.engine.sampling_params import SamplingParams
 from pagedchat.engine.sequence import Sequence, SequenceGroup, SequenceStatus
+from pagedchat.engine.step_input import StepInput
 
 
 @dataclass
@@ -103,27 +102,13 @@ class Scheduler:
         self.proposer = (NgramProposer(config.ngram_min, config.ngram_max)
                          if config.speculative == "ngram" else None)
         self.draft_tokens = self.accepted_tokens = 0
+        # the rule by which add_request refuses a request that could never run
+        bm = block_manager
+        self.fit = RequestFit(bm.block_size, bm.windows, config.max_model_len,
+                              config.max_num_batched_tokens, config.max_num_seqs, bm.num_blocks)
 
     def add(self, group: SequenceGroup) -> None:
         self.waiting.append(group)
-
-    def check_fits(self, num_prompt_tokens: int, params: SamplingParams) -> None:
-        """Raise RequestError for a group that could never be scheduled: more sequences
-        than run at once, or more blocks than the whole pool holds."""
-        if params.best_of > self.config.max_num_seqs:
-            raise RequestError(
-                f"the request runs {params.best_of} sequences (n/best_of) but the engine runs at "
-                f"most max_num_seqs={self.config.max_num_seqs} at once", "n")
-        total = min(num_prompt_tokens + params.max_tokens, self.config.max_model_len)
-        bm = self.block_manager
-        # counted unshared: a group preempted by recompute prefills each sequence on its own
-        need = params.best_of * bm.max_blocks(total, self.config.max_num_batched_tokens)
-        if need > bm.num_blocks:
-            raise RequestError(
-                f"the request needs up to {need} KV blocks ({num_prompt_tokens} prompt tokens + "
-                f"{total - num_prompt_tokens} new, x{params.best_of} sequences, block size "
-                f"{bm.block_size}) but the whole pool has {bm.num_blocks}; lower max_tokens "
-                "or give the cache more memory", "max_tokens")
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
@@ -348,83 +333,3 @@ class Scheduler:
             if group.request_id == request_id:
                 return group
         return None
-
-    # ---- what the UI and benches read ----------------------------------------------
-    def stats(self) -> EngineStats:
-        """One snapshot of the pool, the running groups' block tables and the counters."""
-        bm = self.block_manager
-        bs = bm.block_size
-        filled: dict[int, int] = {}
-        owners: dict[int, list[str]] = {}
-        tables: list[SeqBlockTable] = []
-        groups: list[GroupSharing] = []
-        for group in self.running:
-            held: set[int] = set()
-            without = 0
-            seqs = group.unfinished_seqs
-            for seq in seqs:
-                for layer_group, table in enumerate(seq.block_tables):
-                    entries = []
-                    for logical, physical in enumerate(table):
-                        if physical == HOLE:
-                            continue
-                        fill = max(min(bs, seq.num_computed_tokens - logical * bs), 0)
-                        filled[physical] = max(filled.get(physical, 0), fill)
-                        names = owners.setdefault(physical, [])
-                        if group.request_id not in names:
-                            names.append(group.request_id)
-                        block = bm.blocks[physical]
-                        entries.append(BlockEntry(logical, physical, fill, block.ref_count,
-                                                  block.hash != NO_HASH, block.ref_count > 1))
-                        held.add(physical)
-                    tables.append(SeqBlockTable(group.request_id, seq.index, entries,
-                                                layer_group, bm.windows[layer_group],
-                                                len(table) - len(entries)))
-                    without += len(entries)
-            if len(seqs) > 1:
-                groups.append(GroupSharing(group.request_id, len(seqs), without, len(held)))
-        pool = []
-        for block in bm.blocks:
-            if block.ref_count > 1:
-                pool.append("shared")
-            elif block.ref_count == 1:
-                pool.append("used")
-            elif block.block_id in bm.evictable:
-                pool.append("cached")
-            else:
-                pool.append("free")
-        used = sum(1 for state in pool if state in ("used", "shared"))
-        live = sum(filled.values())
-        allocated = used * bs
-        return EngineStats(
-            total_blocks=bm.num_blocks,
-            block_size=bs,
-            used_blocks=used,
-            free_blocks=len(bm.free_ids),
-            cached_blocks=len(bm.evictable),
-            live_tokens=live,
-            empty_slots=allocated - live,
-            utilization=live / allocated if allocated else 0.0,
-            internal_fragmentation=(allocated - live) / allocated if allocated else 0.0,
-            shared_blocks=sum(1 for state in pool if state == "shared"),
-            saved_blocks=sum(b.ref_count - 1 for b in bm.blocks if b.ref_count > 1),
-            prefix_queries=bm.prefix_queries,
-            prefix_hits=bm.prefix_hits,
-            prefix_hit_rate=bm.prefix_hits / bm.prefix_queries if bm.prefix_queries else 0.0,
-            preemptions=self.num_preemptions,
-            swapped_out=bm.swapped_out,
-            swapped_in=bm.swapped_in,
-            host_blocks_used=bm.host.num_blocks - bm.host.num_free,
-            window_freed_blocks=bm.window_freed,
-            group_windows=list(bm.windows),
-            speculative=self.config.speculative,
-            draft_tokens=self.draft_tokens,
-            accepted_tokens=self.accepted_tokens,
-            num_running=len(self.running),
-            num_waiting=len(self.waiting),
-            num_swapped=len(self.swapped),
-            block_tables=tables,
-            groups=groups,
-            pool=pool,
-            owners=owners,
-        )

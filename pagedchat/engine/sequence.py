@@ -137,7 +137,6 @@ class SequenceGroup:
         self.prompt_token_ids = list(prompt_token_ids)
         self.params = params
         self.seqs = [Sequence(prompt_token_ids, len(prompt_token_ids))]
-        self.finished_seqs: list[Sequence] = []
         self.beam_hypotheses: list[BeamHypothesis] = []
         self.forked = params.best_of == 1 and not params.use_beam_search
         self.metrics = RequestMetrics(arrival_time or time.time())
@@ -160,6 +159,3 @@ class SequenceGroup:
     @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
-
-    def all_seqs(self) -> list[Sequence]:
-        return self.finished_seqs + self.seqs

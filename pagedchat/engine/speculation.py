@@ -7,7 +7,7 @@ Row j's logits are those of the sequence with the draft's first j tokens appende
 are exactly the tokens appended before row j is read: so greedy choices are the ones a plain
 decode makes, and a sampled row draws from the same target distribution (penalties,
 constraints and min_tokens see the same history). A drafted row's sampled token goes through
-the acceptance test of speculative sampling (``runner/rejection.py``); the last row, after
+the acceptance test of speculative sampling (``sampling/rejection.py``); the last row, after
 a fully accepted draft, is sampled plainly.
 """
 
@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from pagedchat.engine.runner.rejection import accept_draft
-from pagedchat.engine.runner.sampler import SampleRow, filter_logits, processed_logits, sample
+from pagedchat.engine.sampling.rejection import accept_draft
+from pagedchat.engine.sampling.sampler import SampleRow, filter_logits, processed_logits, sample
 from pagedchat.engine.scheduler import ScheduledSeq
 from pagedchat.engine.sequence import SequenceGroup
 

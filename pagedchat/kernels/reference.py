@@ -73,6 +73,9 @@ def paged_attention(
     context_lens: torch.Tensor,
     query_start_loc: torch.Tensor,
     scale: float,
+    *,
+    max_query_len: int | None = None,
+    max_context_len: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of a chunk of new queries per sequence over its paged cache.
 
@@ -83,6 +86,9 @@ def paged_attention(
     a prefill chunk after a prefix-cache hit or an earlier chunk is ``q_len > 1``
     with cached tokens before it. Grouped-query heads share K/V heads.
     Returns ``[num_tokens, num_heads, head_dim]`` in the query's dtype.
+    ``max_query_len`` / ``max_context_len``: the batch's largest query chunk and context
+    where the caller knows them on the host, so that a device backend sizes its launch
+    without reading the lengths back (a device sync); a host backend reads them itself.
     """
     num_heads = query.shape[1]
     num_kv_heads = k_cache.shape[2]

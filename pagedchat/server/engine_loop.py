@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pagedchat.chat.command_thread import STOP, CommandThread
+from pagedchat.engine.engine_thread import EngineThread
 from pagedchat.engine.errors import RequestError
 from pagedchat.engine.outputs import RequestOutput
 from pagedchat.engine.sampling_params import SamplingParams
@@ -85,7 +85,7 @@ class _Stats:
 WARM_UP_PROMPT = "Hello!"
 
 
-class EngineLoop(CommandThread):
+class EngineLoop(EngineThread):
     def __init__(self, engine: LLMEngine, warm_up: bool = True) -> None:
         super().__init__("engine-loop")
         self.engine = engine
@@ -138,22 +138,16 @@ class EngineLoop(CommandThread):
 
     # ---- engine thread -----------------------------------------------------------------
     def _run(self) -> None:
-        engine = self.engine
         if not self._warm_up_first or self._warm_up():
             self.ready.set()
             self.on_ready()
-        while True:
-            for command in self._take(block=self.failed is not None
-                                       or not engine.has_unfinished_requests()):
-                if command is STOP:
-                    self._abort_all("the server is shutting down")
-                    return
-                try:
-                    self._handle(command)
-                except Exception as error:  # the thread must live to answer every request
-                    self._engine_failed(error)
-            if self.failed is None and engine.has_unfinished_requests():
-                self._step()
+        self._serve(self.engine)
+
+    def _can_step(self, engine: LLMEngine) -> bool:
+        return self.failed is None and engine.has_unfinished_requests()
+
+    def _on_stop(self, engine: LLMEngine, command: object) -> None:
+        self._abort_all("the server is shutting down")
 
     def _warm_up(self) -> bool:
         """One greedy and one sampled request of a few tokens, to their end: every kernel a
@@ -180,7 +174,13 @@ class EngineLoop(CommandThread):
         self._abort_all(f"the engine failed: {self.failed}")
         self.on_failure(self.failed)
 
-    def _handle(self, command) -> None:
+    def _handle(self, engine: LLMEngine, command) -> None:
+        try:
+            self._take_command(command)
+        except Exception as error:  # the thread must live to answer every request
+            self._engine_failed(error)
+
+    def _take_command(self, command) -> None:
         if isinstance(command, _Add):
             rid = command.request_id
             if self.failed is not None:
@@ -219,9 +219,9 @@ class EngineLoop(CommandThread):
         self._live.clear()
         self._send(events)
 
-    def _step(self) -> None:
+    def _step(self, engine: LLMEngine) -> None:
         try:
-            outputs = self.engine.step()
+            outputs = engine.step()
         except Exception as error:  # a request's own faults end it inside the step
             self._engine_failed(error)
             return

@@ -63,6 +63,7 @@ class ServerState:
         self.settings = settings
         self.config = engine.config
         self.vocab_size = engine.vocab_size
+        self.fit = engine.request_fit
         # its own tokenizer: the engine thread uses the engine's at the same time
         self.tokenizer = load_tokenizer(engine.model_config)
         self._tokenizer_lock = threading.Lock()
@@ -113,15 +114,16 @@ class ServerState:
             raise APIError(400, "prompt: must not be empty", "prompt")
         return [await self.encode(p) if isinstance(p, str) else list(p) for p in prompt]
 
-    def check_fits(self, prompt: list[int], sequences: int, param: str) -> None:
-        """413 for a prompt the model or the whole pool can never hold."""
+    def check_prompt_fits(self, prompt: list[int], sequences: int, param: str) -> None:
+        """413 for a prompt the model or the whole pool can never hold (the engine's rule,
+        with one new token)."""
         context, blocks, size = (self.config.max_model_len, self.config.num_kv_blocks,
                                  self.config.block_size)
         if len(prompt) >= context:
             raise APIError(413, f"the prompt has {len(prompt)} tokens but the model's context "
                            f"is {context} tokens (it must leave room for one new token)",
                            param, "context_length_exceeded")
-        if sequences * -(-(len(prompt) + 1) // size) > blocks:
+        if self.fit.blocks(len(prompt), 1, sequences) > self.fit.num_blocks:
             raise APIError(413, f"the prompt has {len(prompt)} tokens x{sequences} sequences "
                            f"but the KV pool holds {blocks} blocks of {size} tokens",
                            param, "context_length_exceeded")
@@ -144,12 +146,11 @@ class ServerState:
         if body.stream and best_of > body.n:
             raise APIError(400, "best_of > n cannot stream", "best_of")
         for prompt in prompts:
-            self.check_fits(prompt, best_of, "messages" if is_chat else "prompt")
+            self.check_prompt_fits(prompt, best_of, "messages" if is_chat else "prompt")
         requested = (body.max_completion_tokens or body.max_tokens) if is_chat else body.max_tokens
         longest = max(map(len, prompts))
         if requested is None:  # OpenAI: as many as fit, here in the context and the pool
-            pool = self.config.num_kv_blocks // best_of * self.config.block_size
-            requested = min(self.config.max_model_len, pool) - longest
+            requested = self.fit.longest(best_of) - longest
         elif longest + requested > self.config.max_model_len:
             field = "max_completion_tokens" if is_chat and body.max_completion_tokens else (
                 "max_tokens")

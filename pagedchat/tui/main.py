@@ -13,9 +13,9 @@ from pagedchat.chat.conversation import DEFAULT_SYSTEM_PROMPT, SamplingSettings
 from pagedchat.chat.driver import load_engine
 from pagedchat.chat.prompt import DEFAULT_CONTEXT_WINDOW
 from pagedchat.chat.store import Store, StoreError
+from pagedchat.engine.loading.loader import DEFAULT_MODEL_NAME
 from pagedchat.engine.presets import PRESETS, swap_space
 
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 CHAT = PRESETS["chat"]
 
 

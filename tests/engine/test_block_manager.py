@@ -9,7 +9,8 @@ import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from pagedchat.engine.block_manager import HOLE, NO_HASH, NO_HIT, BlockManager, block_hash
+from pagedchat.engine.block_manager import BlockManager
+from pagedchat.engine.blocks import HOLE, NO_HASH, NO_HIT, block_hash
 from pagedchat.engine.sequence import Sequence
 
 BLOCK_SIZE = 4

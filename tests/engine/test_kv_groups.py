@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pagedchat.engine.kv_groups import LOCAL, kv_groups
-from pagedchat.engine.loading.model_config import ModelConfig
+from pagedchat.engine.model_config import ModelConfig
 
 
 def config(layer_types: list[str], window: int | None = 512) -> ModelConfig:

@@ -14,7 +14,7 @@ from hypothesis import settings
 from hypothesis.stateful import precondition, rule
 
 from pagedchat.engine.config import EngineConfig
-from pagedchat.engine.runner.beam_search import Candidate, fork_beams
+from pagedchat.engine.sampling.beam_search import Candidate, fork_beams
 from pagedchat.engine.sampling_params import SamplingParams
 from pagedchat.engine.scheduler import ScheduledSeq, Scheduler
 from pagedchat.engine.sequence import Sequence, SequenceGroup

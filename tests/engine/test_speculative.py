@@ -16,7 +16,7 @@ import torch
 from pagedchat import LLM, SamplingParams
 from pagedchat.engine.errors import RequestError
 from pagedchat.engine.ngram_proposer import NgramProposer
-from pagedchat.engine.runner.rejection import accept_draft
+from pagedchat.engine.sampling.rejection import accept_draft
 from pagedchat.engine.sequence import Sequence
 
 MAX_TOKENS = 24

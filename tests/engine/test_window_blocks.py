@@ -16,7 +16,8 @@ import hypothesis.strategies as st
 from hypothesis import given, settings
 from hypothesis.stateful import invariant, precondition, rule
 
-from pagedchat.engine.block_manager import HOLE, NO_HIT, BlockManager
+from pagedchat.engine.block_manager import BlockManager
+from pagedchat.engine.blocks import HOLE, NO_HIT
 from pagedchat.engine.config import EngineConfig
 from pagedchat.engine.errors import RequestError
 from pagedchat.engine.sampling_params import SamplingParams
@@ -234,7 +235,7 @@ def test_scheduler_runs_read_only_what_they_wrote(data, mode, caching, num_block
         n = data.draw(st.integers(1, 3))
         params = SamplingParams(n=n, temperature=1.0, max_tokens=data.draw(st.integers(1, 12)))
         try:
-            scheduler.check_fits(len(prompt), params)
+            scheduler.fit.check(len(prompt), params)
         except RequestError:
             continue
         scheduler.add(SequenceGroup(f"r{index}", None, prompt, params))

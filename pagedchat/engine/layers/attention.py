@@ -10,7 +10,7 @@ from torch import nn
 
 from pagedchat.engine.layers.linear import Linear
 from pagedchat.engine.layers.rotary import Rope
-from pagedchat.engine.loading.model_config import ModelConfig
+from pagedchat.engine.model_config import ModelConfig
 from pagedchat.engine.parallel.tensor_parallel import TensorParallel
 
 
@@ -22,6 +22,7 @@ class AttentionMetadata:
     block_tables: torch.Tensor  # [num_seqs, max_blocks] int32, padded with -1
     context_lens: torch.Tensor  # [num_seqs] int32, tokens in cache after this step
     query_start_loc: torch.Tensor  # [num_seqs + 1] int32
+    # the largest query chunk and context_len, known on the host: the kernels' launch hints
     max_query_len: int
     max_context_len: int
 
@@ -57,6 +58,6 @@ class Attention(nn.Module):
         the output projection and summed over the workers."""
         out = self.kernels.paged_attention(
             q, k_cache, v_cache, meta.block_tables, meta.context_lens, meta.query_start_loc,
-            self.scale,
+            self.scale, max_query_len=meta.max_query_len, max_context_len=meta.max_context_len,
         )
         return self.tp.all_reduce(self.o_proj(out.reshape(-1, self.q_size)))

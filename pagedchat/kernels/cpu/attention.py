@@ -37,6 +37,9 @@ def paged_attention(
     context_lens: torch.Tensor,
     query_start_loc: torch.Tensor,
     scale: float,
+    *,
+    max_query_len: int | None = None,
+    max_context_len: int | None = None,
 ) -> torch.Tensor:
     """Same contract as :func:`pagedchat.kernels.reference.paged_attention`."""
     int8 = k_cache.dtype == torch.int8

@@ -14,7 +14,8 @@
  * bfloat16 (computed in float32), head sizes that are multiples of 16 up to MAX_HEAD_DIM
  * and groups of up to MAX_ROWS query heads only; attention.py sends the rest to SDPA. The
  * torch reference kernel is the definition; the tests compare the two.
- * Layout (DESIGN.md): caches [num_blocks, block_size, num_kv_heads, head_dim], or int8
+ * Layout (the KV cache layout stated in kernels/reference.py):
+ * caches [num_blocks, block_size, num_kv_heads, head_dim], or int8
  * rows with their scales (kv8.h), de-quantized as they are gathered.
  */
 #include <math.h>

@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pagedchat.engine.loading.loader import DEFAULT_MODEL_NAME
 from pagedchat.engine.loading.named_models import NAMED_MODELS, is_installed, part_path
 from pagedchat.tui.commands.registry import command
-from pagedchat.tui.main import DEFAULT_MODEL_NAME
 
 if TYPE_CHECKING:
     from pagedchat.tui.app import ChatApp

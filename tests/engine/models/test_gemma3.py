@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from pagedchat import LLM, SamplingParams
-from pagedchat.engine.loading.model_config import ModelConfig
+from pagedchat.engine.model_config import ModelConfig
 
 WINDOW = 16
 LAYER_TYPES = ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]

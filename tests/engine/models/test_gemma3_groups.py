@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from pagedchat import LLM, SamplingParams
-from pagedchat.engine.block_manager import HOLE
+from pagedchat.engine.blocks import HOLE
 from tests.engine.models.test_gemma3 import WINDOW, prompts, reference, save_tiny_gemma3
-from tests.engine.runner.test_beam_search import assert_same_beams, hf_beams
+from tests.engine.sampling.test_beam_search import assert_same_beams, hf_beams
 
 BLOCK_SIZE = 4
 
@@ -125,7 +125,7 @@ def test_a_pool_sized_for_one_request_counts_every_group(gemma_dir):
     from pagedchat.engine.config import EngineConfig
     from pagedchat.engine.errors import RequestError
     from pagedchat.engine.kv_groups import kv_groups
-    from pagedchat.engine.loading.model_config import ModelConfig
+    from pagedchat.engine.model_config import ModelConfig
 
     windows = kv_groups(ModelConfig.from_folder(gemma_dir)).windows
     params = SamplingParams(max_tokens=300, n=2)

@@ -12,6 +12,7 @@ import pytest
 
 from pagedchat import LLM, SamplingParams
 from pagedchat.engine.errors import RequestError, WorkerError
+from pagedchat.engine.runner.protocol import Runner
 
 GREEDY = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
 SYSTEM = ("You are a terse assistant who answers questions about cooking, gardening and "
@@ -40,6 +41,7 @@ def _run_sharded(model_dir, prompts, k: int, **options):
     """Warm the prefix cache with the first prompt, then run the rest together."""
     with LLM(model=str(model_dir), tensor_parallel_size=k, block_size=16,
              swap_space="16MiB", **options) as llm:
+        assert isinstance(llm.engine.runner, Runner)
         first = llm.generate(prompts[:1], GREEDY)
         rest = llm.generate(prompts[1:], GREEDY)
         return first + rest, llm.engine.stats(), llm.engine.runner.workers

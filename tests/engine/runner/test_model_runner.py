@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pagedchat import LLM
+from pagedchat import LLM, SamplingParams
 from tests.engine.test_llm_engine import GREEDY, _prompts
 
 
@@ -28,3 +28,24 @@ def test_logits_go_to_one_buffer_kept_across_steps(tiny_model_dir):
     reference = LLM(model=str(tiny_model_dir), num_kv_blocks=64, block_size=16,
                     attention_backend="torch")
     assert ours == [o.outputs[0].token_ids for o in reference.generate(prompts, GREEDY)]
+
+
+def test_the_kernels_get_the_steps_largest_query_and_context(tiny_model_dir, monkeypatch):
+    """AttentionMetadata's host-side maxima reach the attention kernel (the Triton backend
+    sizes its launch by them instead of reading the lengths back from the device)."""
+    from pagedchat.kernels import reference
+
+    seen = []
+    attention = reference.paged_attention
+
+    def recording(*args, **hints):
+        seen.append((hints["max_query_len"], hints["max_context_len"]))
+        return attention(*args, **hints)
+
+    monkeypatch.setattr(reference, "paged_attention", recording)
+    llm = LLM(model=str(tiny_model_dir), num_kv_blocks=64, attention_backend="torch")
+    prompts = _prompts(2, seed=3)
+    llm.generate(prompts, SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+    longest = max(map(len, prompts))
+    layers = llm.engine.model_config.num_hidden_layers
+    assert seen == [(longest, longest)] * layers + [(1, longest + 1)] * layers

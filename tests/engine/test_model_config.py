@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from pagedchat import LLM, SamplingParams
-from pagedchat.engine.loading.model_config import ModelConfig
 from pagedchat.engine.loading.tokenizer import load_tokenizer
+from pagedchat.engine.model_config import ModelConfig
 
 FIELDS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
           "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pagedchat.engine.loading.detokenizer import IncrementalDetokenizer
+from pagedchat.engine.sampling.detokenizer import IncrementalDetokenizer
 
 
 def test_detokenizer_never_splits_a_multibyte_character(tiny_llm):

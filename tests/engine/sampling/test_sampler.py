@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from pagedchat.engine.runner.sampler import SampleRow, apply_penalties, filter_logits, sample
+from pagedchat.engine.sampling.sampler import SampleRow, apply_penalties, filter_logits, sample
 from pagedchat.engine.sampling_params import SamplingParams
 
 
@@ -79,7 +79,7 @@ def test_draws_follow_the_distribution():
 def test_slices_of_rows_sample_as_one_batch(monkeypatch):
     """A wide vocabulary is sampled a slice of rows at a time, with the same result for
     greedy, penalised and seeded rows."""
-    import pagedchat.engine.runner.sampler as sampler
+    import pagedchat.engine.sampling.sampler as sampler
 
     logits = torch.randn(7, 3000, generator=torch.Generator().manual_seed(1)) * 4
 

@@ -1,0 +1,30 @@
+"""No import cycle anywhere in the package: Python modules (imports at the top of a module
+and inside functions alike; type-only imports never run and are left out) and the C
+kernels' includes."""
+
+from __future__ import annotations
+
+import re
+
+from tests.import_graph import PACKAGE_ROOT, find_cycle, import_graph
+
+
+def test_no_python_import_cycle():
+    graph = import_graph()
+    edges = {name: {i.target for i in imports if not i.type_only}
+             for name, imports in graph.items()}
+    assert find_cycle(edges) is None, " -> ".join(find_cycle(edges))
+
+
+def test_no_c_include_cycle():
+    include = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
+    files = {path.name: path for suffix in ("*.c", "*.h") for path in PACKAGE_ROOT.rglob(suffix)}
+    assert files
+    edges = {name: set(include.findall(path.read_text(encoding="utf-8"))) & files.keys()
+             for name, path in files.items()}
+    assert find_cycle(edges) is None, " -> ".join(find_cycle(edges))
+
+
+def test_a_cycle_is_found():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
