@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from pagedchat.engine.engine_thread import EngineThread
+from pagedchat.engine.engine_thread import STOP, EngineThread
 
 
 class CountingEngine:
@@ -27,7 +27,9 @@ class Recorder(EngineThread):
         self.idle = threading.Event()
 
     def _run(self) -> None:
-        self._serve(self.engine)
+        self.ended = [self._serve(self.engine)]
+        if self.ended[0] == "switch":  # a second engine serves what was queued behind it
+            self.ended.append(self._serve(self.engine))
 
     def _handle(self, engine, command) -> None:
         engine.log.append(command)
@@ -41,8 +43,11 @@ class Recorder(EngineThread):
         if not engine.has_unfinished_requests():
             self.idle.set()
 
-    def _on_stop(self, engine) -> None:
-        engine.log.append("stopped")
+    def _ends(self, command) -> bool:
+        return command == "switch"
+
+    def _on_stop(self, engine, command) -> None:
+        engine.log.append(f"ended by {'STOP' if command is STOP else command}")
         self.stopped.set()
 
 
@@ -58,4 +63,16 @@ def test_commands_between_steps_then_stop():
     assert thread.idle.wait(10)
     assert thread.stop()
     assert thread.stopped.is_set() and not thread._thread.is_alive()
-    assert engine.log == ["a", "b"] + ["step"] * 4 + ["c"] + ["step"] * 2 + ["stopped"]
+    assert engine.log == ["a", "b"] + ["step"] * 4 + ["c"] + ["step"] * 2 + ["ended by STOP"]
+
+
+def test_a_command_that_ends_serving_leaves_the_rest_for_the_next():
+    engine = CountingEngine()
+    thread = Recorder(engine)
+    for name in ("a", "switch", "b"):  # taken together: "b" waits behind the switch
+        thread._commands.put(name)
+    thread._thread.start()
+    assert thread.idle.wait(10)
+    assert thread.stop()
+    assert thread.ended == ["switch", STOP]
+    assert engine.log == ["a", "ended by switch", "b"] + ["step"] * 4 + ["ended by STOP"]
