@@ -43,7 +43,8 @@ KV_INT8 = True
 
 __all__ = ["BLOCKED_ROWS", "ISAS", "ISA_VARIABLE", "LINEAR_ROWS", "PREFILL_MIN_QUERY_LEN",
            "DecoderStack", "LayerTensors", "_onednn", "blocked_width", "chosen_isa",
-           "copy_blocks", "decoder_stack", "embedding", "gelu_tanh_mul", "isa", "kernel_library", "linear",
+           "copy_blocks", "decoder_stack", "embedding", "gelu_tanh_mul", "isa",
+           "kernel_library", "linear",
            "max_logsumexp", "onednn_rows", "pack_embedding", "pack_linear", "paged_attention",
            "quantized_embedding", "quantized_linear", "rms_norm", "rotary_store",
            "runnable_isas", "screen_candidates", "set_isa", "silu_mul", "store_kv",
