@@ -25,6 +25,7 @@ from pagedchat.engine.layers.embedding import Embedding
 from pagedchat.engine.layers.linear import Linear
 from pagedchat.engine.layers.mlp import MLP
 from pagedchat.engine.layers.norm import RMSNorm
+from pagedchat.engine.layers.qk_norm import QKNormAttention
 from pagedchat.engine.layers.rotary import Rope, RotaryEmbedding, rope_parameters
 from pagedchat.engine.loading.gguf_weights import Weight
 from pagedchat.engine.loading.model_config import ModelConfig
@@ -116,7 +117,7 @@ class LlamaForCausalLM(CausalLM):
                     layer.self_attn.qkv_proj.bias, layer.self_attn.o_proj.stored,
                     layer.post_attention_layernorm.weight, layer.mlp.gate_up_proj.stored,
                     layer.mlp.down_proj.stored, layer.self_attn.k_cache,
-                    layer.self_attn.v_cache)
+                    layer.self_attn.v_cache, *_qk_norms(layer.self_attn))
                 for layer in self.layers], self.layers[0].self_attn.num_heads,
                 self.config.rms_norm_eps, self.layers[0].self_attn.scale)
         return self._stack
@@ -144,3 +145,10 @@ class LlamaForCausalLM(CausalLM):
         self.load_head(tensors)
         self.quantized = any(isinstance(m, Linear) and m.quantized is not None
                              for m in self.modules())
+
+
+def _qk_norms(attention: Attention) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The weights of the per-head norms of Q and K (Qwen 3's), or None where there are none."""
+    if not isinstance(attention, QKNormAttention):
+        return None, None
+    return attention.q_norm.weight, attention.k_norm.weight

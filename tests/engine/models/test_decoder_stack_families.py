@@ -1,7 +1,7 @@
-"""Gemma 3 through the CPU backend's one-call decoder stack: every step of a run both ways
-(the stack, then the layers one by one), equal bit for bit, K/V writes included, on a
-tiny random Gemma 3 whose prompts cross its sliding window; and greedy tokens equal
-transformers ``generate``."""
+"""Gemma 3 and Qwen 3 through the CPU backend's one-call decoder stack: every step of a run
+both ways (the stack, then the layers one by one), equal bit for bit, K/V writes included,
+on a tiny random Gemma 3 whose prompts cross its sliding window and a tiny Qwen 3 (QK
+norms); and Gemma 3's greedy tokens equal transformers ``generate``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ import torch
 from pagedchat import LLM, SamplingParams
 from pagedchat.kernels import cpu
 from pagedchat.kernels.quant import QuantizedWeight
+from tests.conftest import SMALL_VOCAB_SIZE, build_tiny_tokenizer
 from tests.engine.models.test_decoder_stack import _quantized
+from tests.engine.models.test_folder_families import _model
 from tests.engine.models.test_gemma3 import prompts, reference, save_tiny_gemma3
 
 needs_kernels = pytest.mark.skipif(cpu.kernel_library() is None,
@@ -134,3 +136,14 @@ def test_stack_greedy_matches_transformers(gemma_dir):
             got = [out.outputs[0].token_ids for out in llm.generate(batch, params)]
     assert sum(calls) >= 20
     assert got == expected
+
+
+@needs_stack
+def test_qwen3_stack_gives_the_layers_result_bit_for_bit(tmp_path, monkeypatch):
+    """Qwen 3's per-head norms of Q and K (plain RMSNorm) in the stack."""
+    _model("qwen3").save_pretrained(tmp_path)
+    build_tiny_tokenizer(SMALL_VOCAB_SIZE).save_pretrained(tmp_path)
+    llm = LLM(model=str(tmp_path), block_size=4, num_kv_blocks=128)
+    assert llm.engine.runner.model.layers[0].self_attn.q_norm is not None
+    outs, taken = _run_both_ways(llm, monkeypatch, prompts(), 12)
+    assert all(len(out) == 12 for out in outs) and max(taken) == len(prompts())
