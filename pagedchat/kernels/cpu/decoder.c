@@ -1,7 +1,7 @@
 /* A small decode batch through every decoder layer in one call (float32 or bfloat16).
  *
  * A Llama-family layer is nine kernels: the two norms, four products, rotary-and-store,
- * attention and SiLU-and-multiply. A Gemma 3 layer adds the per-head norms of Q and K
+ * attention and SiLU-and-multiply. Qwen 3 adds the per-head norms of Q and K; Gemma 3 those
  * and a norm after attention and after the MLP, takes GELU(tanh) for SiLU, and its local
  * layers read their window through metadata and a rope table of their own. Called one by
  * one from Python, each kernel call pays for its dispatch, a large share of a
@@ -37,10 +37,10 @@ typedef struct {
  * with blocks of one token, its block_size). Norms, caches and a blocked product's bias
  * are of the step's element type; a quantized product's bias is float32, as
  * quantized_linear passes it. post_norm is the norm that adds the residual before the
- * MLP. Gemma 3's norms (NULL in a Llama-family layer): q_norm and k_norm over each head,
- * attention_out_norm on attention's output and mlp_out_norm on the MLP's. rope and group:
- * the layer's entries in the step's rope tables and attention groups. Mirrors
- * _DecoderLayer in decoder.py. */
+ * MLP. Norms a layer may lack (NULL): q_norm and k_norm over each head (Qwen 3, Gemma 3),
+ * attention_out_norm on attention's output and mlp_out_norm on the MLP's (Gemma 3).
+ * rope and group: the layer's entries in the step's rope tables and attention groups.
+ * Mirrors _DecoderLayer in decoder.py. */
 typedef struct {
     const void *input_norm, *post_norm, *qkv_bias;
     Product qkv, o, gate_up, down;
@@ -158,7 +158,8 @@ static void qk_norm_##S(T *qkv, const T *q_norm, const T *k_norm, int rows, int 
 DEFINE_QK_NORM(float, f32)
 DEFINE_QK_NORM(bf16_t, bf16)
 
-/* x: [rows, hidden], the embeddings in, the last layer's MLP output out; residual:
+/* x: [rows, hidden], the embeddings in, the last layer's MLP output (normed where it has
+ * mlp_out_norm) out; residual:
  * [rows, hidden], the residual stream still to be added to x. Returns 0, or one of the
  * statuses above.
  *

@@ -36,8 +36,8 @@ _FAILURES = {
 class LayerTensors(NamedTuple):
     """One decoder layer's weights (as the model holds them: products packed, or quantized)
     and caches, as its attention reads them (a local layer's seen as blocks of one token).
-    ``post_norm`` adds the residual before the MLP. Gemma 3's norms (None in a
-    Llama-family layer): ``q_norm``/``k_norm`` over each head of Q and K,
+    ``post_norm`` adds the residual before the MLP. Norms a layer may lack (None):
+    ``q_norm``/``k_norm`` over each head of Q and K (Qwen 3, Gemma 3), and Gemma 3's
     ``attention_out_norm`` and ``mlp_out_norm`` on the outputs of attention and the MLP.
     ``rope`` and ``group``: the layer's rope table and attention group in a step's."""
 
