@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from pagedchat.kernels.kv_int8 import dequantize, quantize
 from pagedchat.kernels.quant import quantized_embedding, quantized_linear
 
-__all__ = ["copy_blocks", "embedding", "gather_kv", "linear", "max_logsumexp",
+__all__ = ["copy_blocks", "embedding", "gather_kv", "gelu_tanh_mul", "linear", "max_logsumexp",
            "pack_embedding", "pack_linear", "paged_attention", "quantized_embedding",
            "quantized_linear", "rms_norm", "rotary", "rotary_store", "screen_candidates",
            "silu_mul", "split_rotary", "store_kv", "swap_blocks", "write_slots"]
@@ -220,6 +220,13 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     gate, up = gate_up.chunk(2, dim=-1)
     # the product in place: one [tokens, width] buffer instead of two
     return F.silu(gate).mul_(up)
+
+
+def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``gelu_tanh(gate) * up`` (GELU's tanh approximation, Gemma's GeGLU) for rows
+    ``[gate | up]`` of the fused gate/up projection."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh").mul_(up)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

@@ -4,10 +4,11 @@ Importing it requires Triton. On a machine without a GPU it only works under
 ``TRITON_INTERPRET=1`` (set before this module is first imported), which is how the tests
 run it on CPU. ``swap_blocks`` is a plain device <-> host copy, ``max_logsumexp`` two
 reductions over the logits, ``linear`` and ``embedding`` torch's own (``pack_linear`` and
-``pack_embedding`` leave weights as they are), and ``rms_norm``, ``silu_mul`` and the
-rotation in ``rotary_store`` elementwise work that torch launches as a few kernels each:
-those come from the reference. So do the products on quantized weights, which the engine
-keeps on the CPU only: here they serve the Triton kernels interpreted on the CPU.
+``pack_embedding`` leave weights as they are), and ``rms_norm``, ``silu_mul``,
+``gelu_tanh_mul`` and the rotation in ``rotary_store`` elementwise work that torch launches
+as a few kernels each: those come from the reference. So do the products on quantized
+weights, which the engine keeps on the CPU only: here they serve the Triton kernels
+interpreted on the CPU.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 
 from pagedchat.kernels.reference import (
     embedding,
+    gelu_tanh_mul,
     linear,
     max_logsumexp,
     pack_embedding,
@@ -42,6 +44,7 @@ __all__ = [
     "choose_num_splits",
     "copy_blocks",
     "embedding",
+    "gelu_tanh_mul",
     "linear",
     "max_logsumexp",
     "pack_embedding",

@@ -172,6 +172,8 @@ def test_head_and_layer_kernels_read_only_their_operands(edge):
         assert _close(out, ref_out) and torch.equal(total, ref_total)
         gate_up = torch.randn(5, 200, generator=gen).to(dtype)
         assert _close(cpu.silu_mul(at_page_edge(gate_up, edge)), ref.silu_mul(gate_up))
+        assert _close(cpu.gelu_tanh_mul(at_page_edge(gate_up, edge)),
+                      ref.gelu_tanh_mul(gate_up))
         qkv = torch.randn(3, (4 + 2 * 2) * 80, generator=gen).to(dtype)  # 4 heads, 2 of KV
         cos, sin = (torch.rand(3, 80, generator=gen).to(dtype) for _ in range(2))
         slots = torch.tensor([5, 0, 3])  # the pool's last and first slots
@@ -378,6 +380,21 @@ def test_silu_mul_matches_reference(rows, width, scale, dtype, seed):
     assert out.dtype == dtype and _close(out, ref.silu_mul(gate_up))
 
 
+@settings(max_examples=30, deadline=None)
+@given(rows=st.sampled_from([1, 5, 64, 300]), width=st.sampled_from([8, 100, 1152]),
+       scale=st.floats(0.1, 60.0), dtype=DTYPES, seed=st.integers(0, 2**16))
+def test_gelu_tanh_mul_matches_reference(rows, width, scale, dtype, seed):
+    """Gemma's GeGLU activation; large gates both ways (gelu(-60) is -0, gelu(60) the gate).
+    Against the reference in float64: torch's float32 ``1 + tanh(u)`` cancels for gates
+    below about -4 (an absolute error of an ulp of 1 times the gate), the kernel's
+    ``g / (1 + e^-2u)`` does not."""
+    gen = torch.Generator().manual_seed(seed)
+    gate_up = (torch.randn(rows, 2 * width, generator=gen) * scale).to(dtype)
+    out = cpu.gelu_tanh_mul(gate_up)
+    expected = ref.gelu_tanh_mul(gate_up.double()).to(dtype)
+    assert out.dtype == dtype and _close(out, expected)
+
+
 def test_layer_kernels_leave_other_dtypes_to_the_reference():
     """float16 rows (and anything the C code does not take) get the reference's bits."""
     gen = torch.Generator().manual_seed(3)
@@ -385,6 +402,7 @@ def test_layer_kernels_leave_other_dtypes_to_the_reference():
     weight = torch.randn(64, generator=gen).half()
     assert torch.equal(cpu.rms_norm(x, weight, 1e-5, x)[0], ref.rms_norm(x, weight, 1e-5, x)[0])
     assert torch.equal(cpu.silu_mul(x), ref.silu_mul(x))
+    assert torch.equal(cpu.gelu_tanh_mul(x), ref.gelu_tanh_mul(x))
     cos = torch.randn(4, 16, generator=gen).half()
     caches = [torch.zeros(8, 1, 1, 16, dtype=torch.float16) for _ in range(4)]
     q = cpu.rotary_store(x[:, :48], cos, cos, 1, caches[0], caches[1], torch.arange(4))

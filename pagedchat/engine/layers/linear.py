@@ -27,6 +27,12 @@ class Linear(nn.Linear):
             return self.kernels.quantized_linear(x, self.quantized, self.bias, out=out)
         return self.kernels.linear(x, self.weight, self.bias, out=out)
 
+    @property
+    def stored(self) -> torch.Tensor | QuantizedWeight:
+        """The weight as the product reads it: the quantized blocks where kept, else
+        ``weight`` (packed after :meth:`pack`)."""
+        return self.weight if self.quantized is None else self.quantized
+
     @torch.no_grad()
     def load(self, weight: torch.Tensor | QuantizedWeight) -> None:
         """Take ``weight`` (``[out, in]``): copied into ``weight``, or kept as it is where

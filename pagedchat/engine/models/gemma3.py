@@ -10,6 +10,7 @@ final logits.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import ModuleType
 
 import torch
@@ -118,6 +119,7 @@ class Gemma3ForCausalLM(CausalLM):
         self.kernels = kernels
         self.rotary: Gemma3Rotary | None = None  # see build_rotary
         self.kv_groups = kv_groups(config)
+        self._stack = self._stack_caches = None  # see decoder_stack
 
     def build_rotary(self, max_positions: int) -> None:
         """The two cos/sin tables, on the current device (the model is built on meta)."""
@@ -145,11 +147,51 @@ class Gemma3ForCausalLM(CausalLM):
             rows = window_rows(meta, positions, self.config.sliding_window)
             metas = [m if w is None else window_metadata(rows, m, block_size)
                      for m, w in zip(metas, windows, strict=True)]
-        residual = None
-        for layer, group in zip(self.layers, self.kv_groups.layer_group, strict=True):
-            rope = local_rope if layer.local else full_rope
-            x, residual = layer(x, residual, rope, metas[group])
+        stack = self.decoder_stack()
+        stacked = None if stack is None else stack(
+            x, [full_rope, local_rope],
+            [(m.slot_mapping, m.block_tables, m.context_lens, m.query_start_loc)
+             for m in metas])
+        if stacked is not None:
+            x, residual = stacked
+        else:
+            residual = None
+            for layer, group in zip(self.layers, self.kv_groups.layer_group, strict=True):
+                rope = local_rope if layer.local else full_rope
+                x, residual = layer(x, residual, rope, metas[group])
         return x + residual
+
+    def decoder_stack(self) -> Callable[..., tuple[torch.Tensor, torch.Tensor] | None] | None:
+        """The backend's call through every layer at once (the CPU's, for small decode
+        batches: rope tables full then local, one metadata per layer group), where it has one
+        and the model is whole on this worker; else None. Built on first use, after the
+        caches are in place, and again if they change."""
+        build = getattr(self.kernels, "decoder_stack", None)
+        if build is None or self.tp.size > 1:
+            return None
+        caches = self.layers[0].self_attn.k_cache
+        if self._stack_caches is not caches:
+            self._stack_caches = caches
+            self._stack = build(
+                [self._layer_tensors(layer, group)
+                 for layer, group in zip(self.layers, self.kv_groups.layer_group, strict=True)],
+                self.layers[0].self_attn.num_heads, self.config.rms_norm_eps,
+                self.layers[0].self_attn.scale, "gelu_tanh")
+        return self._stack
+
+    def _layer_tensors(self, layer: Gemma3DecoderLayer, group: int):
+        """One layer as the stack takes it: a local layer's caches seen as the window's
+        single-token blocks, and its own rope table."""
+        attn, mlp = layer.self_attn, layer.mlp
+        k_cache, v_cache = attn.k_cache, attn.v_cache
+        if layer.local:
+            k_cache, v_cache = single_token_blocks(k_cache), single_token_blocks(v_cache)
+        return self.kernels.LayerTensors(
+            layer.input_layernorm.weight, attn.qkv_proj.stored, attn.qkv_proj.bias,
+            attn.o_proj.stored, layer.pre_feedforward_layernorm.weight,
+            mlp.gate_up_proj.stored, mlp.down_proj.stored, k_cache, v_cache,
+            attn.q_norm.weight, attn.k_norm.weight, layer.post_attention_layernorm.weight,
+            layer.post_feedforward_layernorm.weight, rope=int(layer.local), group=group)
 
     @torch.no_grad()
     def load_hf_state_dict(self, tensors: dict[str, Weight]) -> None:

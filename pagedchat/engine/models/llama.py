@@ -25,6 +25,7 @@ from pagedchat.engine.layers.embedding import Embedding
 from pagedchat.engine.layers.linear import Linear
 from pagedchat.engine.layers.mlp import MLP
 from pagedchat.engine.layers.norm import RMSNorm
+from pagedchat.engine.layers.qk_norm import QKNormAttention
 from pagedchat.engine.layers.rotary import Rope, RotaryEmbedding, rope_parameters
 from pagedchat.engine.loading.gguf_weights import Weight
 from pagedchat.engine.model_config import ModelConfig
@@ -89,8 +90,8 @@ class LlamaForCausalLM(CausalLM):
         rope = self.rotary.lookup(positions, x.dtype)
         stack = self.decoder_stack()
         stacked = None if stack is None else stack(
-            x, *rope, meta.slot_mapping, meta.block_tables, meta.context_lens,
-            meta.query_start_loc)
+            x, [rope], [(meta.slot_mapping, meta.block_tables, meta.context_lens,
+                         meta.query_start_loc)])
         if stacked is not None:
             x, residual = stacked
         else:
@@ -107,19 +108,16 @@ class LlamaForCausalLM(CausalLM):
         if build is None or self.tp.size > 1:
             return None
 
-        def weight(linear: Linear) -> Weight:
-            return linear.weight if linear.quantized is None else linear.quantized
-
         caches = self.layers[0].self_attn.k_cache
         if self._stack_caches is not caches:
             self._stack_caches = caches
             self._stack = build([
                 self.kernels.LayerTensors(
-                    layer.input_layernorm.weight, weight(layer.self_attn.qkv_proj),
-                    layer.self_attn.qkv_proj.bias, weight(layer.self_attn.o_proj),
-                    layer.post_attention_layernorm.weight, weight(layer.mlp.gate_up_proj),
-                    weight(layer.mlp.down_proj), layer.self_attn.k_cache,
-                    layer.self_attn.v_cache)
+                    layer.input_layernorm.weight, layer.self_attn.qkv_proj.stored,
+                    layer.self_attn.qkv_proj.bias, layer.self_attn.o_proj.stored,
+                    layer.post_attention_layernorm.weight, layer.mlp.gate_up_proj.stored,
+                    layer.mlp.down_proj.stored, layer.self_attn.k_cache,
+                    layer.self_attn.v_cache, *_qk_norms(layer.self_attn))
                 for layer in self.layers], self.layers[0].self_attn.num_heads,
                 self.config.rms_norm_eps, self.layers[0].self_attn.scale)
         return self._stack
@@ -147,3 +145,10 @@ class LlamaForCausalLM(CausalLM):
         self.load_head(tensors)
         self.quantized = any(isinstance(m, Linear) and m.quantized is not None
                              for m in self.modules())
+
+
+def _qk_norms(attention: Attention) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The weights of the per-head norms of Q and K (Qwen 3's), or None where there are none."""
+    if not isinstance(attention, QKNormAttention):
+        return None, None
+    return attention.q_norm.weight, attention.k_norm.weight

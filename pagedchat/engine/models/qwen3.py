@@ -10,13 +10,9 @@ from pagedchat.engine.models.llama import LlamaForCausalLM
 
 
 class Qwen3ForCausalLM(LlamaForCausalLM):
-    """Llama's model with QK-norm attention; the CPU's stack of every layer in one call
-    knows no QK-norm, so each layer runs on its own."""
+    """Llama's model with QK-norm attention (which the CPU's decoder stack runs too)."""
 
     attention = QKNormAttention
-
-    def decoder_stack(self) -> None:
-        return None
 
     @torch.no_grad()
     def load_hf_state_dict(self, tensors: dict[str, Weight]) -> None:

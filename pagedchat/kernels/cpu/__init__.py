@@ -1,6 +1,6 @@
 """The CPU backend: compiled C kernels for paged attention (row by row for decodes and
 short chunks, tiled for longer prompt chunks), the sampler's pass over the logits, a
-greedy head's screen, RMSNorm, rotary-and-store and SiLU-and-multiply (float32 and
+greedy head's screen, RMSNorm, rotary-and-store and SiLU- and GELU-and-multiply (float32 and
 bfloat16), linear layers on weights packed once into oneDNN's layout (a compiled product
 reads that layout for up to 256 rows, oneDNN's own product takes the rest; a tied head is
 packed too, and the embedding reads its rows from that layout), a small decode batch
@@ -22,7 +22,7 @@ from pagedchat.kernels.cpu.build import (
     set_isa,
 )
 from pagedchat.kernels.cpu.decoder import DecoderStack, LayerTensors, decoder_stack
-from pagedchat.kernels.cpu.layer import rms_norm, rotary_store, silu_mul
+from pagedchat.kernels.cpu.layer import gelu_tanh_mul, rms_norm, rotary_store, silu_mul
 from pagedchat.kernels.cpu.linear import (
     BLOCKED_ROWS,
     LINEAR_ROWS,
@@ -43,7 +43,8 @@ KV_INT8 = True
 
 __all__ = ["BLOCKED_ROWS", "ISAS", "ISA_VARIABLE", "LINEAR_ROWS", "PREFILL_MIN_QUERY_LEN",
            "DecoderStack", "LayerTensors", "_onednn", "blocked_width", "chosen_isa",
-           "copy_blocks", "decoder_stack", "embedding", "isa", "kernel_library", "linear",
+           "copy_blocks", "decoder_stack", "embedding", "gelu_tanh_mul", "isa",
+           "kernel_library", "linear",
            "max_logsumexp", "onednn_rows", "pack_embedding", "pack_linear", "paged_attention",
            "quantized_embedding", "quantized_linear", "rms_norm", "rotary_store",
            "runnable_isas", "screen_candidates", "set_isa", "silu_mul", "store_kv",

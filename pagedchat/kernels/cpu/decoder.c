@@ -1,13 +1,15 @@
 /* A small decode batch through every decoder layer in one call (float32 or bfloat16).
  *
- * A layer is nine kernels: the two norms, four products, rotary-and-store, attention and
- * SiLU-and-multiply. Called one by one from Python, each call pays for its dispatch, a
- * large share of a single-stream step once the products read the weights at the memory's
- * speed. Here the same kernels, with the same arguments, run
- * back to back in C, so the result is bit for bit the one the calls from Python give
- * (the tests compare the two). The caller (decoder.py) sends a step here only when every
- * product is the blocked one or a quantized one and every query row goes to the row-by-row
- * attention.
+ * A Llama-family layer is nine kernels: the two norms, four products, rotary-and-store,
+ * attention and SiLU-and-multiply. Qwen 3 adds the per-head norms of Q and K; Gemma 3 those
+ * and a norm after attention and after the MLP, takes GELU(tanh) for SiLU, and its local
+ * layers read their window through metadata and a rope table of their own. Called one by
+ * one from Python, each kernel call pays for its dispatch, a large share of a
+ * single-stream step once the products read the weights at the memory's speed. Here the
+ * same kernels, with the same arguments, run back to back in C, so the result is bit for
+ * bit the one the calls from Python give (the tests compare the two). The caller
+ * (decoder.py) sends a step here only when every product is the blocked one or a
+ * quantized one and every query row goes to the row-by-row attention.
  */
 #include <omp.h>
 #include <stdint.h>
@@ -31,28 +33,47 @@ typedef struct {
     int count;
 } Product;
 
-/* One layer's weights and KV caches. Norms, caches and a blocked product's bias are of the
- * step's element type; a quantized product's bias is float32, as quantized_linear passes it.
+/* One layer's weights and KV caches (as its attention reads them: a local layer's seen
+ * with blocks of one token, its block_size). Norms, caches and a blocked product's bias
+ * are of the step's element type; a quantized product's bias is float32, as
+ * quantized_linear passes it. post_norm is the norm that adds the residual before the
+ * MLP. Norms a layer may lack (NULL): q_norm and k_norm over each head (Qwen 3, Gemma 3),
+ * attention_out_norm on attention's output and mlp_out_norm on the MLP's (Gemma 3).
+ * rope and group: the layer's entries in the step's rope tables and attention groups.
  * Mirrors _DecoderLayer in decoder.py. */
 typedef struct {
     const void *input_norm, *post_norm, *qkv_bias;
     Product qkv, o, gate_up, down;
     void *k_cache, *v_cache;
+    const void *q_norm, *k_norm, *attention_out_norm, *mlp_out_norm;
+    int block_size, rope, group;
 } DecoderLayer;
 
-/* The step: shapes, the attention metadata shared by every layer, scratch buffers sized
- * for its rows (of the element type), and `bounds`, num_threads + 1 fractions that split
- * the quantized products' columns among the threads (see thread_run in ggml_formats.h), which
- * the decoder adjusts after each call (rebalance in kernels.h). Mirrors _DecoderStep in
- * decoder.py. */
+/* One rope table's rows for the step's tokens: [rows, head_dim] each. */
 typedef struct {
-    int rows, hidden, heads, kv_heads, head_dim, intermediate, block_size, max_blocks;
-    int attention_rows, num_threads;
-    int kv8;  /* the caches hold int8 rows with their scales (kv8.h) */
-    float eps, scale;
     const void *cos, *sin;
+} RopeRows;
+
+/* The metadata of the layers of one group (see kv_groups.py): where their K/V are stored
+ * and which cached tokens each query row reads. Mirrors _AttentionGroup in decoder.py. */
+typedef struct {
     const int64_t *slots;
     const int32_t *block_tables, *context_lens, *query_start, *row_ids, *row_seqs;
+    int attention_rows, max_blocks;
+} AttentionGroup;
+
+/* The step: shapes, the rope tables and attention groups the layers name, scratch buffers
+ * sized for its rows (of the element type), and `bounds`, num_threads + 1 fractions that
+ * split the quantized products' columns among the threads (see thread_run in ggml_formats.h),
+ * which the decoder adjusts after each call (rebalance in kernels.h). gelu: the MLP's
+ * activation is GELU(tanh), else SiLU. Mirrors _DecoderStep in decoder.py. */
+typedef struct {
+    int rows, hidden, heads, kv_heads, head_dim, intermediate;
+    int num_threads, gelu;
+    int kv8;  /* the caches hold int8 rows with their scales (kv8.h) */
+    float eps, scale;
+    const RopeRows *ropes;
+    const AttentionGroup *groups;
     void *h, *qkv, *q, *attention, *gate_up, *act;
     float *wide;  /* bfloat16 steps on quantized products: x widened, [rows, widest input] */
     float *bounds;
@@ -120,7 +141,25 @@ static int known_formats(const DecoderLayer *layers, int count) {
     return 1;
 }
 
-/* x: [rows, hidden], the embeddings in, the last layer's MLP output out; residual:
+/* Thread t of the team's share of the per-head norms of Q and K, in place in the qkv rows
+ * ([rows, width]): each head normed as rms_norm over [tokens * heads, head_dim] norms it
+ * (a row's result does not depend on which thread takes it). */
+#define DEFINE_QK_NORM(T, S)                                                               \
+static void qk_norm_##S(T *qkv, const T *q_norm, const T *k_norm, int rows, int width,    \
+                        int heads, int kv_heads, int head_dim, float eps, int t,           \
+                        int team) {                                                        \
+    for (int r = rows * t / team; r < rows * (t + 1) / team; r++) {                       \
+        T *q = qkv + (int64_t)r * width, *k = q + (int64_t)heads * head_dim;               \
+        rms_norm_##S##_part(q, NULL, q_norm, q, NULL, heads, head_dim, eps, 0, 1);         \
+        rms_norm_##S##_part(k, NULL, k_norm, k, NULL, kv_heads, head_dim, eps, 0, 1);      \
+    }                                                                                      \
+}
+
+DEFINE_QK_NORM(float, f32)
+DEFINE_QK_NORM(bf16_t, bf16)
+
+/* x: [rows, hidden], the embeddings in, the last layer's MLP output (normed where it has
+ * mlp_out_norm) out; residual:
  * [rows, hidden], the residual stream still to be added to x. Returns 0, or one of the
  * statuses above.
  *
@@ -148,12 +187,12 @@ static int known_formats(const DecoderLayer *layers, int count) {
 /* The arguments of rotary-and-store and of attention in a layer of DEFINE_DECODER, the same
  * for float caches and int8 ones (s->kv8). */
 #define ROTARY_ARGS                                                                        \
-    qkv, qkv_width, s->cos, s->sin, s->slots, q, k_cache, v_cache, rows, s->heads,        \
+    qkv, qkv_width, rope->cos, rope->sin, g->slots, q, k_cache, v_cache, rows, s->heads,  \
     s->kv_heads, s->head_dim, t, team
 #define ATTENTION_ARGS                                                                     \
-    q, k_cache, v_cache, attention, s->block_tables, s->context_lens, s->query_start,     \
-    s->row_ids, s->row_seqs, s->attention_rows, s->max_blocks, s->heads, s->kv_heads,     \
-    s->head_dim, s->block_size, s->scale, t, team
+    q, k_cache, v_cache, attention, g->block_tables, g->context_lens, g->query_start,     \
+    g->row_ids, g->row_seqs, g->attention_rows, g->max_blocks, s->heads, s->kv_heads,     \
+    s->head_dim, l->block_size, s->scale, t, team
 
 #define DEFINE_DECODER(NAME, T, S)                                                         \
 int NAME(const DecoderLayer *layers, int count, const DecoderStep *s, T *x, T *residual) { \
@@ -174,6 +213,8 @@ int NAME(const DecoderLayer *layers, int count, const DecoderStep *s, T *x, T *r
         int status = 0;                                                                    \
         for (int i = 0; i < count; i++) {                                                  \
             const DecoderLayer *l = &layers[i];                                            \
+            const RopeRows *rope = &s->ropes[l->rope];                                     \
+            const AttentionGroup *g = &s->groups[l->group];                                \
             void *k_cache = l->k_cache, *v_cache = l->v_cache;                             \
             /* no residual before layer 0: the stream starts as the embeddings */          \
             if (i == 0 && t == 0) memcpy(residual, x, sizeof(T) * (size_t)rows * hidden);  \
@@ -182,6 +223,9 @@ int NAME(const DecoderLayer *layers, int count, const DecoderStep *s, T *x, T *r
                                       team), 0));                                          \
             PRODUCT_STEP(product_##S(&l->qkv, h, wide, l->qkv_bias, qkv, rows, hidden,    \
                                      qkv_width, t, team, bounds));                         \
+            if (l->q_norm != NULL)                                                         \
+                STEP((qk_norm_##S(qkv, l->q_norm, l->k_norm, rows, qkv_width, s->heads,    \
+                                  s->kv_heads, s->head_dim, s->eps, t, team), 0));         \
             STEP((s->kv8 ? rotary_store_kv8_##S##_part(ROTARY_ARGS)                        \
                          : rotary_store_##S##_part(ROTARY_ARGS), 0));                      \
             STEP((s->kv8 ? paged_attention_kv8_##S##_part(ATTENTION_ARGS)                  \
@@ -189,13 +233,22 @@ int NAME(const DecoderLayer *layers, int count, const DecoderStep *s, T *x, T *r
                  ? ATTENTION_NO_MEMORY : 0);                                               \
             PRODUCT_STEP(product_##S(&l->o, attention, wide, NULL, x, rows, q_size, hidden, \
                                      t, team, bounds));                                    \
+            if (l->attention_out_norm != NULL)  /* in place: each row read, then written */ \
+                STEP((rms_norm_##S##_part(x, NULL, l->attention_out_norm, x, NULL, rows,   \
+                                          hidden, s->eps, t, team), 0));                   \
             STEP((rms_norm_##S##_part(x, residual, l->post_norm, h, residual, rows, hidden, \
                                       s->eps, t, team), 0));                               \
             PRODUCT_STEP(product_##S(&l->gate_up, h, wide, NULL, gate_up, rows, hidden,    \
                                      2 * s->intermediate, t, team, bounds));               \
-            STEP((silu_mul_##S##_part(gate_up, act, rows, s->intermediate, t, team), 0));  \
+            STEP((s->gelu ? gelu_tanh_mul_##S##_part(gate_up, act, rows, s->intermediate,  \
+                                                     t, team)                              \
+                          : silu_mul_##S##_part(gate_up, act, rows, s->intermediate, t,    \
+                                                team), 0));                                \
             PRODUCT_STEP(product_##S(&l->down, act, wide, NULL, x, rows, s->intermediate,  \
                                      hidden, t, team, bounds));                            \
+            if (l->mlp_out_norm != NULL)                                                   \
+                STEP((rms_norm_##S##_part(x, NULL, l->mlp_out_norm, x, NULL, rows, hidden, \
+                                          s->eps, t, team), 0));                           \
         }                                                                                  \
         if (status != 0) {                                                                 \
             _Pragma("omp atomic write")                                                    \

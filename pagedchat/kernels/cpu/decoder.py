@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
@@ -34,7 +35,11 @@ _FAILURES = {
 
 class LayerTensors(NamedTuple):
     """One decoder layer's weights (as the model holds them: products packed, or quantized)
-    and caches."""
+    and caches, as its attention reads them (a local layer's seen as blocks of one token).
+    ``post_norm`` adds the residual before the MLP. Norms a layer may lack (None):
+    ``q_norm``/``k_norm`` over each head of Q and K (Qwen 3, Gemma 3), and Gemma 3's
+    ``attention_out_norm`` and ``mlp_out_norm`` on the outputs of attention and the MLP.
+    ``rope`` and ``group``: the layer's rope table and attention group in a step's."""
 
     input_norm: torch.Tensor
     qkv: Weight
@@ -45,6 +50,20 @@ class LayerTensors(NamedTuple):
     down: Weight
     k_cache: torch.Tensor
     v_cache: torch.Tensor
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
+    attention_out_norm: torch.Tensor | None = None
+    mlp_out_norm: torch.Tensor | None = None
+    rope: int = 0
+    group: int = 0
+
+
+# One attention group's metadata for a step (see kv_groups.py): slot_mapping, block_tables,
+# context_lens and query_start_loc, as AttentionMetadata holds them.
+GroupMetadata = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+# a norm a layer may lack, in _DecoderLayer's order after the caches
+_OPTIONAL_NORMS = ("q_norm", "k_norm", "attention_out_norm", "mlp_out_norm")
+ACTIVATIONS = ("silu", "gelu_tanh")
 
 
 class _QuantSegment(ctypes.Structure):
@@ -65,19 +84,39 @@ class _DecoderLayer(ctypes.Structure):
 
     _fields_ = [(name, P) for name in ("input_norm", "post_norm", "qkv_bias")] + \
                [(name, _Product) for name in ("qkv", "o", "gate_up", "down")] + \
-               [("k_cache", P), ("v_cache", P)]
+               [("k_cache", P), ("v_cache", P)] + \
+               [(name, P) for name in _OPTIONAL_NORMS] + \
+               [(name, INT) for name in ("block_size", "rope", "group")]
+
+
+class _RopeRows(ctypes.Structure):
+    """``RopeRows`` in ``decoder.c``."""
+
+    _fields_ = [("cos", P), ("sin", P)]
+
+
+class _AttentionGroup(ctypes.Structure):
+    """``AttentionGroup`` in ``decoder.c``."""
+
+    _fields_ = [(name, P) for name in ("slots", "block_tables", "context_lens", "query_start",
+                                        "row_ids", "row_seqs")] + \
+               [("attention_rows", INT), ("max_blocks", INT)]
 
 
 class _DecoderStep(ctypes.Structure):
     """``DecoderStep`` in ``decoder.c``."""
 
     _fields_ = [(name, INT) for name in ("rows", "hidden", "heads", "kv_heads", "head_dim",
-                                          "intermediate", "block_size", "max_blocks",
-                                          "attention_rows", "num_threads", "kv8")] + \
+                                          "intermediate", "num_threads", "gelu", "kv8")] + \
                [("eps", FLOAT), ("scale", FLOAT)] + \
-               [(name, P) for name in ("cos", "sin", "slots", "block_tables", "context_lens",
-                                        "query_start", "row_ids", "row_seqs", "h", "qkv", "q",
-                                        "attention", "gate_up", "act", "wide", "bounds")]
+               [("ropes", ctypes.POINTER(_RopeRows)),
+                ("groups", ctypes.POINTER(_AttentionGroup))] + \
+               [(name, P) for name in ("h", "qkv", "q", "attention", "gate_up", "act", "wide",
+                                        "bounds")]
+
+
+def _pointer(tensor: torch.Tensor | None) -> int | None:
+    return None if tensor is None else tensor.data_ptr()
 
 
 def _product(weight: Weight, keep: list) -> _Product:
@@ -108,16 +147,19 @@ class DecoderStack:
     their Python dispatch. Built by :func:`decoder_stack`, which checks the weights."""
 
     def __init__(self, layers: list[LayerTensors], num_heads: int, eps: float,
-                 scale: float) -> None:
+                 scale: float, activation: str = "silu") -> None:
         first = layers[0]
         self.hidden = first.input_norm.shape[0]
         self.heads = num_heads
-        _, self.block_size, self.kv_heads, _ = first.k_cache.shape
+        self.kv_heads = first.k_cache.shape[2]
         self.head_dim = head_dim_of(first.k_cache)
         self.kv8 = first.k_cache.dtype == torch.int8
         self.qkv_width = first.qkv.shape[0]
         self.intermediate = first.gate_up.shape[0] // 2
         self.eps, self.scale = eps, scale
+        self.gelu = activation == "gelu_tanh"
+        self.num_ropes = 1 + max(layer.rope for layer in layers)
+        self.num_groups = 1 + max(layer.group for layer in layers)
         self.dtype = first.input_norm.dtype
         self._decoder = kernel("decoder_layers", first.input_norm)
         self.rows = QUANTIZED_ROWS if all(
@@ -127,30 +169,35 @@ class DecoderStack:
         self._tensors = layers, biases, segments  # keeps what the pointers point at alive
         self._layers = (_DecoderLayer * len(layers))(*(
             _DecoderLayer(
-                layer.input_norm.data_ptr(), layer.post_norm.data_ptr(),
-                None if bias is None else bias.data_ptr(),
+                layer.input_norm.data_ptr(), layer.post_norm.data_ptr(), _pointer(bias),
                 *(_product(weight, segments) for weight in (layer.qkv, layer.o,
                                                             layer.gate_up, layer.down)),
-                layer.k_cache.data_ptr(), layer.v_cache.data_ptr())
+                layer.k_cache.data_ptr(), layer.v_cache.data_ptr(),
+                *(_pointer(getattr(layer, name)) for name in _OPTIONAL_NORMS),
+                layer.k_cache.shape[1], layer.rope, layer.group)
             for layer, bias in zip(layers, biases, strict=True)))
         # how the quantized products' columns are split among the threads: equal at first,
         # then as the decoder finds the threads' speeds (rebalance in kernels.h)
         self.bounds: ctypes.Array | None = None
 
-    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 slot_mapping: torch.Tensor, block_tables: torch.Tensor,
-                 context_lens: torch.Tensor,
-                 query_start_loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def __call__(self, x: torch.Tensor, ropes: Sequence[tuple[torch.Tensor, torch.Tensor]],
+                 groups: Sequence[GroupMetadata]) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The last layer's output and the residual stream still to be added to it (as the
-        layers return them), or None where this step is not one for the stack."""
+        layers return them), or None where this step is not one for the stack. ``ropes``:
+        the (cos, sin) rows of each rope table the layers name; ``groups``: each attention
+        group's metadata."""
         rows = x.shape[0]
-        if rows not in self.rows or x.dtype != self.dtype or cos.dtype != self.dtype:
+        if (rows not in self.rows or x.dtype != self.dtype or len(ropes) != self.num_ropes
+                or len(groups) != self.num_groups
+                or any(cos.dtype != self.dtype for cos, _ in ropes)):
             return None
-        plan = _plan(block_tables, context_lens, query_start_loc)
-        if plan.long_chunks:
+        plans = [_plan(tables, context_lens, starts)
+                 for _, tables, context_lens, starts in groups]
+        if any(plan.long_chunks for plan in plans):
             return None
-        x, cos, sin = x.contiguous(), cos.contiguous(), sin.contiguous()
-        slots = slot_mapping.to(torch.int64).contiguous()
+        x = x.contiguous()
+        ropes = [(cos.contiguous(), sin.contiguous()) for cos, sin in ropes]
+        slots = [slot_mapping.to(torch.int64).contiguous() for slot_mapping, *_ in groups]
         residual = torch.empty_like(x)
         q_size = self.heads * self.head_dim
         scratch = [torch.empty(rows, width, dtype=self.dtype) for width in (
@@ -161,13 +208,18 @@ class DecoderStack:
                 if self.dtype == torch.bfloat16 else None)
         threads = torch.get_num_threads()
         self.bounds = thread_split(self.bounds, threads)
+        rope_rows = (_RopeRows * len(ropes))(*(
+            _RopeRows(cos.data_ptr(), sin.data_ptr()) for cos, sin in ropes))
+        attention_groups = (_AttentionGroup * len(plans))(*(
+            _AttentionGroup(group_slots.data_ptr(), plan.tables.data_ptr(),
+                            plan.context_lens.data_ptr(), plan.query_start_loc.data_ptr(),
+                            plan.rows.data_ptr(), plan.row_seqs.data_ptr(), len(plan.rows),
+                            plan.tables.shape[1])
+            for group_slots, plan in zip(slots, plans, strict=True)))
         step = _DecoderStep(
             rows, self.hidden, self.heads, self.kv_heads, self.head_dim, self.intermediate,
-            self.block_size, plan.tables.shape[1], len(plan.rows), threads, self.kv8,
-            self.eps, self.scale, cos.data_ptr(), sin.data_ptr(), slots.data_ptr(),
-            plan.tables.data_ptr(), plan.context_lens.data_ptr(),
-            plan.query_start_loc.data_ptr(), plan.rows.data_ptr(), plan.row_seqs.data_ptr(),
-            *(buffer.data_ptr() for buffer in scratch), None if wide is None else wide.data_ptr(),
+            threads, self.gelu, self.kv8, self.eps, self.scale, rope_rows, attention_groups,
+            *(buffer.data_ptr() for buffer in scratch), _pointer(wide),
             ctypes.addressof(self.bounds))
         status = self._decoder(
             self._layers, len(self._layers), ctypes.byref(step), x.data_ptr(),
@@ -189,24 +241,33 @@ def _product_ok(weight: Weight, dtype: torch.dtype, in_features: int) -> bool:
 
 
 def decoder_stack(layers: list[LayerTensors], num_heads: int, eps: float,
-                  scale: float) -> DecoderStack | None:
+                  scale: float, activation: str = "silu") -> DecoderStack | None:
     """The layers as one C call where they can be: float32 or bfloat16 on the CPU, every
     product's weight packed in the blocked layout the C product reads or kept quantized,
-    caches contiguous, of the step's type or all int8; else None (the model then calls its
-    layers one by one)."""
-    if not layers or kernel("decoder_layers", layers[0].input_norm) is None:
+    caches contiguous, of the step's type or all int8, the MLP's ``activation`` one of
+    ``ACTIVATIONS``; else None (the model then calls its layers one by one)."""
+    if (not layers or activation not in ACTIVATIONS
+            or kernel("decoder_layers", layers[0].input_norm) is None):
         return None
     dtype = layers[0].input_norm.dtype
     hidden = layers[0].input_norm.shape[0]
     cache_dtype = layers[0].k_cache.dtype if layers[0].k_cache.dtype == torch.int8 else dtype
+    shape = (layers[0].k_cache.shape[2], head_dim_of(layers[0].k_cache),
+             layers[0].gate_up.shape[0], layers[0].qkv.shape[0])
     for layer in layers:
         q_size = num_heads * head_dim_of(layer.k_cache)
         intermediate = layer.gate_up.shape[0] // 2
         products = ((layer.qkv, hidden), (layer.o, q_size), (layer.gate_up, hidden),
                     (layer.down, intermediate))
-        plain = [layer.input_norm, layer.post_norm]
+        norms = [getattr(layer, name) for name in _OPTIONAL_NORMS]
+        plain = [layer.input_norm, layer.post_norm] + [n for n in norms if n is not None]
         if layer.qkv_bias is not None:
             plain.append(layer.qkv_bias)
+        if (layer.q_norm is None) != (layer.k_norm is None):
+            return None
+        if (layer.k_cache.shape[2], head_dim_of(layer.k_cache), layer.gate_up.shape[0],
+                layer.qkv.shape[0]) != shape:
+            return None
         if not all(_product_ok(weight, dtype, width) for weight, width in products):
             return None
         if not all(tensor.dtype == dtype and tensor.is_cpu and tensor.is_contiguous()
@@ -215,4 +276,4 @@ def decoder_stack(layers: list[LayerTensors], num_heads: int, eps: float,
         if not all(cache.dtype == cache_dtype and cache.is_cpu and cache.is_contiguous()
                    for cache in (layer.k_cache, layer.v_cache)):
             return None
-    return DecoderStack(layers, num_heads, eps, scale)
+    return DecoderStack(layers, num_heads, eps, scale, activation)

@@ -26,6 +26,10 @@
     void silu_mul_##S(const T *gate_up, T *out, int rows, int width, int num_threads);     \
     void silu_mul_##S##_part(const T *gate_up, T *out, int rows, int width, int t,         \
                              int count);                                                   \
+    void gelu_tanh_mul_##S(const T *gate_up, T *out, int rows, int width,                  \
+                           int num_threads);                                               \
+    void gelu_tanh_mul_##S##_part(const T *gate_up, T *out, int rows, int width, int t,    \
+                                  int count);                                              \
     int paged_attention_##S(const T *query, const T *k_cache, const T *v_cache, T *out,    \
                             const int32_t *block_tables, const int32_t *context_lens,      \
                             const int32_t *query_start, const int32_t *rows,               \

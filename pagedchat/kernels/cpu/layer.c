@@ -2,7 +2,7 @@
  *
  * In torch each is five to eight separate operations (RMSNorm: pow, mean, add, rsqrt, two
  * multiplies, plus the residual add; rotary: two multiplies, a negation, a concatenation
- * and an add; SiLU-and-multiply: two), and at one decoding sequence those calls, not the
+ * and an add; SiLU- or GELU-and-multiply: two), and at one decoding sequence those calls, not the
  * arithmetic, are the cost.
  * The rotary pass also writes the step's keys and values into their cache slots.
  * Each comes in float32 and bfloat16 (the arithmetic in float32 either way; bfloat16
@@ -57,6 +57,16 @@ static inline void rows_of(int n, int64_t elements, int t, int count, int *first
  * which turns g / (1 + inf) into NaN; silu(g) for g < -80 is then ~1e-33 instead of -0. */
 static inline vf silu16(vf g) {
     const vf e = vf_exp(vf_min(vf_sub(vf_zero(), g), vf_set1(80.0f)));
+    return vf_div(g, vf_add(vf_set1(1.0f), e));
+}
+
+/* tanh-approximated GELU of 16 lanes, g (1 + tanh(u)) / 2 with u = sqrt(2 / pi) (g + 0.044715
+ * g^3), written as g / (1 + e^-2u) (the same function: (1 + tanh(u)) / 2 = sigmoid(2u)),
+ * e^-2u kept finite as in silu16. */
+static inline vf gelu_tanh16(vf g) {
+    const vf inner = vf_fmadd(vf_mul(vf_set1(0.044715f), vf_mul(g, g)), g, g);
+    const vf minus_2u = vf_mul(vf_set1(-1.5957691216057308f), inner);
+    const vf e = vf_exp(vf_min(minus_2u, vf_set1(80.0f)));
     return vf_div(g, vf_add(vf_set1(1.0f), e));
 }
 
@@ -198,16 +208,16 @@ void NAME(const T *qkv, int64_t row_stride, const T *cos, const T *sin,         
 #define F32_LOAD1(p, i) ((p)[i])
 #define BF16_LOAD1(p, i) bf16_load((p), (i))
 
-/* out = silu(gate) * up, gate and up the two halves of each row of gate_up
- * ([rows, 2 * width] contiguous); out: [rows, width]. */
-#define SILU_MUL_ROW(P)                                                                    \
+/* out = ACT(gate) * up (ACT: silu16 or gelu_tanh16), gate and up the two halves of each
+ * row of gate_up ([rows, 2 * width] contiguous); out: [rows, width]. */
+#define ACT_MUL_ROW(P, ACT)                                                                \
     for (int i = 0; i < width; i += 16) {                                                  \
         const vmask m = tail_mask(width - i);                                              \
-        const vf silu = silu16(P##_LOAD16(gate + i, m));                                   \
-        P##_STORE16(o + i, m, vf_mul(P##_ROUND16(silu), P##_LOAD16(up + i, m)));           \
+        const vf act = ACT(P##_LOAD16(gate + i, m));                                       \
+        P##_STORE16(o + i, m, vf_mul(P##_ROUND16(act), P##_LOAD16(up + i, m)));            \
     }
 
-#define DEFINE_SILU_MUL(NAME, T, P)                                                        \
+#define DEFINE_ACT_MUL(NAME, T, P, ACT)                                                    \
 void NAME##_part(const T *gate_up, T *out, int rows, int width, int t, int count) {        \
     int first, end;                                                                        \
     rows_of(rows, (int64_t)rows * width, t, count, &first, &end);                          \
@@ -215,7 +225,7 @@ void NAME##_part(const T *gate_up, T *out, int rows, int width, int t, int count
         const T *gate = gate_up + (int64_t)r * 2 * width;                                  \
         const T *up = gate + width;                                                        \
         T *o = out + (int64_t)r * width;                                                   \
-        SILU_MUL_ROW(P)                                                                    \
+        ACT_MUL_ROW(P, ACT)                                                                \
     }                                                                                      \
 }                                                                                          \
                                                                                            \
@@ -225,9 +235,11 @@ void NAME(const T *gate_up, T *out, int rows, int width, int num_threads) {     
 
 DEFINE_RMS_NORM(rms_norm_f32, float, F32)
 DEFINE_ROTARY_STORE(rotary_store_f32, float, F32)
-DEFINE_SILU_MUL(silu_mul_f32, float, F32)
+DEFINE_ACT_MUL(silu_mul_f32, float, F32, silu16)
+DEFINE_ACT_MUL(gelu_tanh_mul_f32, float, F32, gelu_tanh16)
 DEFINE_RMS_NORM(rms_norm_bf16, bf16_t, BF16)
 DEFINE_ROTARY_STORE(rotary_store_bf16, bf16_t, BF16)
-DEFINE_SILU_MUL(silu_mul_bf16, bf16_t, BF16)
+DEFINE_ACT_MUL(silu_mul_bf16, bf16_t, BF16, silu16)
+DEFINE_ACT_MUL(gelu_tanh_mul_bf16, bf16_t, BF16, gelu_tanh16)
 DEFINE_ROTARY_STORE_KV8(rotary_store_kv8_f32, float, f32, F32_LOAD1)
 DEFINE_ROTARY_STORE_KV8(rotary_store_kv8_bf16, bf16_t, bf16, BF16_LOAD1)

@@ -1,7 +1,10 @@
 """The small operations of a decoder layer on the CPU (layer.c): RMSNorm with the residual
-add, rotary embedding with the K/V store, SiLU-and-multiply, float32 and bfloat16."""
+add, rotary embedding with the K/V store, SiLU- and GELU(tanh)-and-multiply, float32 and
+bfloat16."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -14,6 +17,7 @@ declare({
     "rotary_store": (None, [P, INT64] + [P] * 6 + [INT] * 5),
     "rotary_store_kv8": (None, [P, INT64] + [P] * 6 + [INT] * 5),  # into int8 caches
     "silu_mul": (None, [P, P, INT, INT, INT]),
+    "gelu_tanh_mul": (None, [P, P, INT, INT, INT]),
 })
 
 
@@ -62,9 +66,20 @@ def rotary_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_he
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """Same contract as :func:`pagedchat.kernels.reference.silu_mul`, one pass."""
-    function = kernel("silu_mul", gate_up)
+    return _activation_mul("silu_mul", gate_up, reference.silu_mul)
+
+
+def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """Same contract as :func:`pagedchat.kernels.reference.gelu_tanh_mul`, one pass."""
+    return _activation_mul("gelu_tanh_mul", gate_up, reference.gelu_tanh_mul)
+
+
+def _activation_mul(name: str, gate_up: torch.Tensor,
+                    fallback: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """``act(gate) * up`` through the C kernel ``name``, or ``fallback`` where none is built."""
+    function = kernel(name, gate_up)
     if function is None or gate_up.dim() != 2:
-        return reference.silu_mul(gate_up)
+        return fallback(gate_up)
     gate_up = gate_up.contiguous()
     rows, width = gate_up.shape[0], gate_up.shape[1] // 2
     out = torch.empty(rows, width, dtype=gate_up.dtype)

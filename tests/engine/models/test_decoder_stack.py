@@ -116,8 +116,8 @@ def test_stack_gives_the_layers_result_bit_for_bit(tiny_model_dir, monkeypatch, 
         rope = model.rotary.lookup(positions, x.dtype)
         caches = [(layer.self_attn.k_cache.clone(), layer.self_attn.v_cache.clone())
                   for layer in model.layers]
-        stacked = stack(x.clone(), *rope, meta.slot_mapping, meta.block_tables,
-                        meta.context_lens, meta.query_start_loc)
+        stacked = stack(x.clone(), [rope], [(meta.slot_mapping, meta.block_tables,
+                                             meta.context_lens, meta.query_start_loc)])
         stacked_caches = [(layer.self_attn.k_cache.clone(), layer.self_attn.v_cache.clone())
                           for layer in model.layers]
         for layer, (k, v) in zip(model.layers, caches, strict=True):
@@ -173,8 +173,8 @@ def test_stack_leaves_large_steps_and_other_dtypes_to_the_layers(tiny_model_dir)
     x = torch.zeros(rows, model.config.hidden_size)
     cos = sin = torch.zeros(rows, model.config.head_dim)
     ids = torch.arange(rows, dtype=torch.int32)
-    assert model.decoder_stack()(x, cos, sin, ids, ids[:, None], ids + 1,
-                                 torch.arange(rows + 1, dtype=torch.int32)) is None
+    assert model.decoder_stack()(x, [(cos, sin)], [(
+        ids, ids[:, None], ids + 1, torch.arange(rows + 1, dtype=torch.int32))]) is None
     half = LLM(model=str(tiny_model_dir), num_kv_blocks=64, block_size=16, dtype="float16")
     assert half.engine.runner.model.decoder_stack() is None
     assert half.generate([[5, 6, 7]], SamplingParams(max_tokens=3))[0].outputs[0].token_ids
@@ -197,7 +197,7 @@ def test_quantized_stack_takes_steps_past_the_blocked_rows(tiny_model_dir, dtype
     tables = torch.arange(rows, dtype=torch.int32)[:, None]
     context = torch.ones(rows, dtype=torch.int32)
     starts = torch.arange(rows + 1, dtype=torch.int32)
-    stacked = stack(x.clone(), *rope, slots, tables, context, starts)
+    stacked = stack(x.clone(), [rope], [(slots, tables, context, starts)])
     assert stacked is not None
     stacked_caches = [layer.self_attn.k_cache.clone() for layer in model.layers]
     for layer in model.layers:
@@ -214,10 +214,10 @@ def test_quantized_stack_takes_steps_past_the_blocked_rows(tiny_model_dir, dtype
                for a, layer in zip(stacked_caches, model.layers, strict=True))
     many = QUANTIZED_ROWS.stop
     assert stack(torch.zeros(many, model.config.hidden_size).to(stack.dtype),
-                 *model.rotary.lookup(torch.zeros(many, dtype=torch.int64), stack.dtype),
-                 torch.arange(many), torch.arange(many, dtype=torch.int32)[:, None],
-                 torch.ones(many, dtype=torch.int32),
-                 torch.arange(many + 1, dtype=torch.int32)) is None
+                 [model.rotary.lookup(torch.zeros(many, dtype=torch.int64), stack.dtype)],
+                 [(torch.arange(many), torch.arange(many, dtype=torch.int32)[:, None],
+                   torch.ones(many, dtype=torch.int32),
+                   torch.arange(many + 1, dtype=torch.int32))]) is None
 
 
 @needs_kernels
@@ -234,7 +234,7 @@ def test_a_quantization_the_kernel_does_not_know_is_named(tiny_model_dir):
     cos = sin = torch.zeros(1, model.config.head_dim)
     one = torch.ones(1, dtype=torch.int32)
     with pytest.raises(ValueError, match="linear: a quantization the kernel does not know"):
-        stack(x, cos, sin, one - 1, one[:, None] - 1, one, torch.tensor([0, 1],
-                                                                       dtype=torch.int32))
+        stack(x, [(cos, sin)], [(one - 1, one[:, None] - 1, one,
+                                 torch.tensor([0, 1], dtype=torch.int32))])
     with pytest.raises(ValueError, match="linear: a quantization the kernel does not know"):
         o_proj(torch.zeros(1, o_proj.quantized.in_features))
