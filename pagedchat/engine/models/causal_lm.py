@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from itertools import accumulate
 
 import torch
@@ -21,6 +22,27 @@ class CausalLM(nn.Module):
     ``tp``."""
 
     greedy_head: GreedyHead | None = None  # see pack
+    # the backend's call through every layer, and the caches it was built on (decoder_stack)
+    _stack: Callable | None = None
+    _stack_caches: torch.Tensor | None = None
+
+    def decoder_stack(self) -> Callable[..., tuple[torch.Tensor, torch.Tensor] | None] | None:
+        """The backend's call through every layer at once (the CPU's, for small decode
+        batches), where it has one and the model is whole on this worker; else None.
+        Built by ``_build_stack`` on first use, after the caches are in place, and again if
+        they change."""
+        build = getattr(self.kernels, "decoder_stack", None)
+        if build is None or self.tp.size > 1:
+            return None
+        caches = self.layers[0].self_attn.k_cache
+        if self._stack_caches is not caches:
+            self._stack_caches = caches
+            self._stack = self._build_stack(build)
+        return self._stack
+
+    def _build_stack(self, build: Callable) -> Callable:
+        """The family's layers handed to the backend's ``decoder_stack`` builder."""
+        raise NotImplementedError
 
     @property
     def vocab_rows(self) -> int:

@@ -119,7 +119,6 @@ class Gemma3ForCausalLM(CausalLM):
         self.kernels = kernels
         self.rotary: Gemma3Rotary | None = None  # see build_rotary
         self.kv_groups = kv_groups(config)
-        self._stack = self._stack_caches = None  # see decoder_stack
 
     def build_rotary(self, max_positions: int) -> None:
         """The two cos/sin tables, on the current device (the model is built on meta)."""
@@ -161,23 +160,13 @@ class Gemma3ForCausalLM(CausalLM):
                 x, residual = layer(x, residual, rope, metas[group])
         return x + residual
 
-    def decoder_stack(self) -> Callable[..., tuple[torch.Tensor, torch.Tensor] | None] | None:
-        """The backend's call through every layer at once (the CPU's, for small decode
-        batches: rope tables full then local, one metadata per layer group), where it has one
-        and the model is whole on this worker; else None. Built on first use, after the
-        caches are in place, and again if they change."""
-        build = getattr(self.kernels, "decoder_stack", None)
-        if build is None or self.tp.size > 1:
-            return None
-        caches = self.layers[0].self_attn.k_cache
-        if self._stack_caches is not caches:
-            self._stack_caches = caches
-            self._stack = build(
-                [self._layer_tensors(layer, group)
-                 for layer, group in zip(self.layers, self.kv_groups.layer_group, strict=True)],
-                self.layers[0].self_attn.num_heads, self.config.rms_norm_eps,
-                self.layers[0].self_attn.scale, "gelu_tanh")
-        return self._stack
+    def _build_stack(self, build: Callable) -> Callable:
+        """Rope tables full then local, one metadata per layer group."""
+        return build(
+            [self._layer_tensors(layer, group)
+             for layer, group in zip(self.layers, self.kv_groups.layer_group, strict=True)],
+            self.layers[0].self_attn.num_heads, self.config.rms_norm_eps,
+            self.layers[0].self_attn.scale, "gelu_tanh")
 
     def _layer_tensors(self, layer: Gemma3DecoderLayer, group: int):
         """One layer as the stack takes it: a local layer's caches seen as the window's

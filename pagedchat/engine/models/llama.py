@@ -74,7 +74,6 @@ class LlamaForCausalLM(CausalLM):
                         Linear(config.hidden_size, self.vocab_rows, False, kernels))
         self.kernels = kernels
         self.rotary: RotaryEmbedding | None = None  # see build_rotary
-        self._stack = self._stack_caches = None  # see decoder_stack
         self.quantized = False  # whether a product's weight is loaded quantized
 
     def build_rotary(self, max_positions: int) -> None:
@@ -100,27 +99,16 @@ class LlamaForCausalLM(CausalLM):
                 x, residual = layer(x, residual, rope, meta)
         return x + residual
 
-    def decoder_stack(self) -> Callable[..., tuple[torch.Tensor, torch.Tensor] | None] | None:
-        """The backend's call through every layer at once (the CPU's, for small decode
-        batches), where it has one and the model is whole on this worker; else None.
-        Built on first use, after the caches are in place, and again if they change."""
-        build = getattr(self.kernels, "decoder_stack", None)
-        if build is None or self.tp.size > 1:
-            return None
-
-        caches = self.layers[0].self_attn.k_cache
-        if self._stack_caches is not caches:
-            self._stack_caches = caches
-            self._stack = build([
-                self.kernels.LayerTensors(
-                    layer.input_layernorm.weight, layer.self_attn.qkv_proj.stored,
-                    layer.self_attn.qkv_proj.bias, layer.self_attn.o_proj.stored,
-                    layer.post_attention_layernorm.weight, layer.mlp.gate_up_proj.stored,
-                    layer.mlp.down_proj.stored, layer.self_attn.k_cache,
-                    layer.self_attn.v_cache, *_qk_norms(layer.self_attn))
-                for layer in self.layers], self.layers[0].self_attn.num_heads,
-                self.config.rms_norm_eps, self.layers[0].self_attn.scale)
-        return self._stack
+    def _build_stack(self, build: Callable) -> Callable:
+        return build([
+            self.kernels.LayerTensors(
+                layer.input_layernorm.weight, layer.self_attn.qkv_proj.stored,
+                layer.self_attn.qkv_proj.bias, layer.self_attn.o_proj.stored,
+                layer.post_attention_layernorm.weight, layer.mlp.gate_up_proj.stored,
+                layer.mlp.down_proj.stored, layer.self_attn.k_cache,
+                layer.self_attn.v_cache, *_qk_norms(layer.self_attn))
+            for layer in self.layers], self.layers[0].self_attn.num_heads,
+            self.config.rms_norm_eps, self.layers[0].self_attn.scale)
 
     @torch.no_grad()
     def load_hf_state_dict(self, tensors: dict[str, Weight]) -> None:
