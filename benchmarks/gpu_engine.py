@@ -10,6 +10,8 @@ need not travel to the GPU machine; the wide init keeps greedy steps far from ti
    batching (left padding, best of the batch sizes given) on the same random prompts.
 3. One decode step at batch 256 under ``torch.profiler``: wall time against the time the
    GPU spent in kernels, and the number of kernels launched.
+4. int8 K/V (``--sections kv-int8``): greedy agreement with the activations' K/V, and with
+   one fixed pool size the sequences that fit, preemptions and output tokens/s of each.
 
     python benchmarks/gpu_engine.py --tokenizer DIR --json results.json
 
@@ -50,6 +52,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     p.add_argument("--hf-batch-sizes", default="32,64,128")
     p.add_argument("--json", type=Path)
+    p.add_argument("--sections", default="exactness,throughput,profile",
+                   help="comma-separated: exactness, throughput, profile, kv-int8")
+    p.add_argument("--kv-pool", default="64MiB", help="the pool of the kv-int8 comparison")
     return p.parse_args(argv)
 
 
@@ -194,6 +199,59 @@ def profile_decode_step(folder: Path, args: argparse.Namespace, batch: int = 256
     return result
 
 
+def compare_kv_dtypes(tiny: Path, folder: Path, args: argparse.Namespace) -> dict:
+    """int8 K/V on the device against the torch reference's int8 K/V on the CPU (greedy
+    tokens of the ``tiny`` model in float32, whose wide init keeps steps far from ties:
+    the same rows are stored, so the tokens should be identical) and against float32 K/V
+    (tokens shared from the start); then on ``folder``'s model, with one fixed pool size,
+    the pool's token capacity, output tokens/s and preemptions of each K/V dtype."""
+    from pagedchat import LLM, SamplingParams
+
+    prompts = random_prompts(args.exact_prompts, 3, 200, seed=1)
+    greedy = SamplingParams(temperature=0.0, max_tokens=args.exact_tokens, ignore_eos=True)
+
+    def tiny_tokens(device: str, kv_dtype: str, backend: str = "auto") -> list[list[int]]:
+        with LLM(model=str(tiny), device=device, dtype="float32", kv_cache_dtype=kv_dtype,
+                 attention_backend=backend) as llm:
+            return [o.outputs[0].token_ids
+                    for o in llm.generate(prompts, greedy, use_progress=False)]
+
+    int8 = tiny_tokens(args.device, "int8")
+    reference = tiny_tokens("cpu", "int8", "torch")
+    plain = tiny_tokens(args.device, "auto")
+    identical = sum(a == b for a, b in zip(int8, reference, strict=True))
+    shared = [next((i for i, (a, b) in enumerate(zip(p, q)) if a != b), len(p))
+              for p, q in zip(plain, int8, strict=True)]
+    agreement = sum(shared) / sum(len(t) for t in plain)
+    print(f"int8 K/V on {args.device} against the CPU reference's int8 K/V: {identical}/"
+          f"{len(prompts)} identical; greedy prefix shared with float32 K/V: "
+          f"{agreement:.1%} of tokens")
+    result = {"identical_to_cpu_reference": identical, "prompts": len(prompts),
+              "agreement_with_float32_kv": agreement, "pool": args.kv_pool,
+              "dtype": args.dtype}
+
+    load = random_prompts(args.requests, 16, 512, seed=2)
+    params = SamplingParams(temperature=0.0, max_tokens=args.output_tokens, ignore_eos=True)
+    for kv_dtype in ("auto", "int8"):
+        llm = LLM(model=str(folder), device=args.device, dtype=args.dtype,
+                  kv_cache_dtype=kv_dtype, kv_cache_memory=args.kv_pool)
+        llm.generate(load[:8], params, use_progress=False)  # compile the kernels
+        synchronize(args.device)
+        start = time.perf_counter()
+        outs = llm.generate(load, params, use_progress=False)
+        synchronize(args.device)
+        seconds = time.perf_counter() - start
+        config = llm.engine.config
+        run = {"pool_tokens": config.num_kv_blocks * config.block_size,
+               "tok_s": sum(len(o.outputs[0].token_ids) for o in outs) / seconds,
+               "preemptions": llm.engine.stats().preemptions}
+        result.update({f"{kv_dtype}_{name}": value for name, value in run.items()})
+        print(f"K/V {kv_dtype}, pool {args.kv_pool}: {run['pool_tokens']} tokens, "
+              f"{run['tok_s']:.0f} output tok/s, {run['preemptions']} preemptions")
+        del llm
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -201,14 +259,19 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     result = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda")
               else args.device, "torch": torch.__version__}
+    sections = set(args.sections.split(","))
     with tempfile.TemporaryDirectory() as tmp:
-        tiny = random_llama(Path(tmp) / "tiny", args.tokenizer, SHAPES["tiny"], 0.5)
-        result["exactness_tiny"] = check_exactness(tiny, args)
         full = random_llama(Path(tmp) / "full", args.tokenizer, SHAPES["smollm2-135m"], 0.05)
-        result["exactness_135m"] = check_exactness(full, args)
-        result["throughput_135m"] = compare_throughput(full, args)
-        if args.device.startswith("cuda"):
+        tiny = random_llama(Path(tmp) / "tiny", args.tokenizer, SHAPES["tiny"], 0.5)
+        if "exactness" in sections:
+            result["exactness_tiny"] = check_exactness(tiny, args)
+            result["exactness_135m"] = check_exactness(full, args)
+        if "throughput" in sections:
+            result["throughput_135m"] = compare_throughput(full, args)
+        if "profile" in sections and args.device.startswith("cuda"):
             result["decode_step_135m"] = profile_decode_step(full, args)
+        if "kv-int8" in sections:
+            result["kv_int8"] = compare_kv_dtypes(tiny, full, args)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return 0

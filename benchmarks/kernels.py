@@ -7,6 +7,7 @@ as a fraction of what a plain device-to-device copy achieves on the same GPU.
 
     python benchmarks/kernels.py                    # SmolLM2-135M shape, bfloat16
     python benchmarks/kernels.py --num-heads 32 --num-kv-heads 8 --head-dim 128
+    python benchmarks/kernels.py --kv-cache-dtype int8   # int8 K/V rows (kv_int8.py)
 
 Times are medians from ``triton.testing.do_bench``, which flushes the L2 cache before each
 run. They include the host-side launch cost of ``paged_attention``, which dominates the
@@ -33,7 +34,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
     p.add_argument("--batches", default="1,2,4,8,16,32,64,128,256")
     p.add_argument("--contexts", default="128,256,512,1024,2048,4096")
+    p.add_argument("--kv-cache-dtype", choices=["auto", "int8"], default="auto",
+                   help="auto: K/V in --dtype; int8: int8 rows with a float16 scale each")
     return p.parse_args(argv)
+
+
+def random_cache(shape: tuple, dtype: torch.dtype, int8: bool,
+                 gen: torch.Generator | None = None) -> torch.Tensor:
+    """Random K or V in ``dtype``, or as int8 rows (``kv_int8.quantize``)."""
+    from pagedchat.kernels.kv_int8 import quantize
+
+    values = torch.randn(shape, generator=gen, device="cuda")
+    return quantize(values) if int8 else values.to(dtype)
 
 
 def copy_bandwidth(num_bytes: int = 1 << 30) -> float:
@@ -52,8 +64,9 @@ def check_once(tb, ref, args: argparse.Namespace, dtype: torch.dtype) -> None:
     bs, kv, dim = args.block_size, args.num_kv_heads, args.head_dim
     ctx = [1, 300, 1000, 777]
     blocks = [-(-c // bs) for c in ctx]
-    pool = torch.randn(sum(blocks), bs, kv, dim, generator=gen, device="cuda").to(dtype)
-    v_pool = torch.randn(pool.shape, generator=gen, device="cuda").to(dtype)
+    int8 = args.kv_cache_dtype == "int8"
+    pool = random_cache((sum(blocks), bs, kv, dim), dtype, int8, gen)
+    v_pool = random_cache((sum(blocks), bs, kv, dim), dtype, int8, gen)
     perm = torch.randperm(sum(blocks), generator=gen, device="cuda").to(torch.int32)
     tables = torch.full((len(ctx), max(blocks)), -1, dtype=torch.int32, device="cuda")
     used = 0
@@ -102,14 +115,15 @@ def main(argv: list[str] | None = None) -> int:
     peak = copy_bandwidth()
     props = torch.cuda.get_device_properties(0)
     print(f"{props.name}, {props.multi_processor_count} SMs; copy bandwidth {peak / 1e9:.0f} GB/s")
-    print(f"heads {heads}, kv heads {kv}, head dim {dim}, block size {bs}, {args.dtype}")
+    print(f"heads {heads}, kv heads {kv}, head dim {dim}, block size {bs}, {args.dtype}, "
+          f"K/V {args.kv_cache_dtype}")
     print(f"{'batch':>6} {'context':>8} {'splits':>6} {'time us':>9} {'GB/s':>7} {'of copy':>8}")
 
     # One pool big enough for the largest case; each case uses shuffled blocks of it.
     max_blocks = max(batches) * -(-max(contexts) // bs)
-    k_cache = torch.randn(max_blocks, bs, kv, dim, device="cuda").to(dtype)
-    v_cache = torch.randn_like(k_cache)
-    elem = k_cache.element_size()
+    k_cache = random_cache((max_blocks, bs, kv, dim), dtype, args.kv_cache_dtype == "int8")
+    v_cache = random_cache((max_blocks, bs, kv, dim), dtype, args.kv_cache_dtype == "int8")
+    row_bytes = k_cache.shape[-1] * k_cache.element_size()  # a head's values (and scale)
     scale = dim**-0.5
     for context in contexts:
         per_seq = -(-context // bs)
@@ -136,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
 
             ms = triton.testing.do_bench(run, return_mode="median")
-            num_bytes = 2 * batch * context * kv * dim * elem  # K and V, each token once
+            num_bytes = 2 * batch * context * kv * row_bytes  # K and V, each token once
             bw = num_bytes / (ms * 1e-3)
             splits = tb.choose_num_splits(batch, kv, context, props.multi_processor_count)
             print(

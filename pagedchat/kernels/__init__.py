@@ -29,12 +29,6 @@ BACKENDS = ("torch", "cpu", "triton")
 _MODULES = {"torch": "reference", "cpu": "cpu", "triton": "triton_backend"}
 
 
-def backend_name(module: ModuleType) -> str:
-    """The name (one of :data:`BACKENDS`) of a module :func:`select_backend` gave."""
-    short = module.__name__.rsplit(".", 1)[-1]
-    return next(name for name, found in _MODULES.items() if found == short)
-
-
 def select_backend(device: str, preference: str = "auto") -> ModuleType:
     """The kernel module for ``device`` (``"cpu"``, ``"cuda"``...) and a preference."""
     if preference not in ("auto", *BACKENDS):

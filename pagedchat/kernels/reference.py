@@ -23,9 +23,6 @@ __all__ = ["copy_blocks", "embedding", "gather_kv", "gelu_tanh_mul", "linear", "
            "quantized_linear", "rms_norm", "rotary", "rotary_store", "screen_candidates",
            "silu_mul", "split_rotary", "store_kv", "swap_blocks", "write_slots"]
 
-# this backend reads and writes int8 KV caches (see kv_int8.py)
-KV_INT8 = True
-
 
 def store_kv(
     key: torch.Tensor,

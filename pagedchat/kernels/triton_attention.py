@@ -49,7 +49,7 @@ def _decode_kernel(
     part_acc_ptr, part_m_ptr, part_l_ptr, num_splits, tokens_per_split,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    GROUP_PAD: tl.constexpr, TILE_N: tl.constexpr, SPLIT: tl.constexpr,
+    KV8: tl.constexpr, GROUP_PAD: tl.constexpr, TILE_N: tl.constexpr, SPLIT: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -81,7 +81,7 @@ def _decode_kernel(
         m_i, l_i, acc = attend_tile(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, table, tok,
                                     valid, valid[None, :], kv_head, d, d_mask, scale_log2,
                                     stride_cb, stride_ct, stride_ch, stride_cd, BLOCK_SIZE,
-                                    UPCAST, DOT_PRECISION)
+                                    HEAD_DIM, HEAD_DIM_PAD, KV8, DOT_PRECISION)
 
     if SPLIT:
         # Partial results of this split, merged by _reduce_kernel. An empty split (past

@@ -1,7 +1,9 @@
 """Triton kernels that write the paged KV cache: store-KV and copy-on-write block copies.
 
-Same signatures and semantics as ``pagedchat.kernels.reference``. Importing this module
-needs Triton; on CPU it only runs under ``TRITON_INTERPRET=1``.
+Same signatures and semantics as ``pagedchat.kernels.reference``, int8 caches included: a
+row stored in one is byte for byte the row ``kv_int8.quantize`` makes (the same float32
+operations in the same order, division and rounding to nearest even included). Importing
+this module needs Triton; on CPU it only runs under ``TRITON_INTERPRET=1``.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from pagedchat.kernels.kv_int8 import SCALE_BYTES
 from pagedchat.kernels.triton_utils import check_device
 
 
@@ -57,6 +60,59 @@ def _store_kv_kernel(
     tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _round_half_even(y):
+    """``y`` rounded to the nearest integer, ties to even, as torch.round does (exact for
+    the magnitudes of a quantized value)."""
+    r = tl.floor(y + 0.5)
+    tie = (r - y) == 0.5
+    odd = (r - 2.0 * tl.floor(r * 0.5)) != 0.0
+    return tl.where(tie & odd, r - 1.0, r)
+
+
+@triton.jit
+def _quantize_rows(src_ptr, src_offsets, dst_ptr, dst_rows, d, mask, stride_cd,
+                   HEAD_DIM: tl.constexpr):
+    """One token's heads ``[heads, head_dim]`` from ``src_ptr + src_offsets`` as int8 values
+    and a float16 scale per head (``kv_int8.quantize``), at ``dst_ptr + dst_rows`` (``d``:
+    the positions along a head)."""
+    x = tl.load(src_ptr + src_offsets, mask=mask, other=0.0).to(tl.float32)
+    scale = (tl.max(tl.abs(x), 1) * (1.0 / 127.0)).to(tl.float16)
+    wide = scale.to(tl.float32)
+    ones = tl.full(wide.shape, 1.0, tl.float32)
+    inverse = tl.where(wide > 0, tl.math.div_rn(ones, tl.where(wide > 0, wide, 1.0)), 0.0)
+    q = _round_half_even(x * inverse[:, None])
+    q = tl.minimum(tl.maximum(q, -127.0), 127.0).to(tl.int8)
+    tl.store(dst_ptr + dst_rows[:, None] + d[None, :] * stride_cd, q, mask=mask)
+    head_mask = tl.max(mask.to(tl.int32), 1) > 0
+    scale_ptr = (dst_ptr + dst_rows + HEAD_DIM * stride_cd).to(tl.pointer_type(tl.float16))
+    tl.store(scale_ptr, scale, mask=head_mask)
+
+
+@triton.jit
+def _store_kv8_kernel(
+    key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
+    stride_kt, stride_kh, stride_kd, stride_vt, stride_vh, stride_vd,
+    stride_cb, stride_ct, stride_ch, stride_cd,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, KV_HEADS: tl.constexpr,
+    KV_HEADS_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+):
+    # One program per token: every head of its K and V quantized and stored with its scale.
+    token = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
+    if slot < 0:
+        return
+    h = tl.arange(0, KV_HEADS_PAD)
+    d = tl.arange(0, HEAD_DIM_PAD)
+    mask = (h < KV_HEADS)[:, None] & (d < HEAD_DIM)[None, :]
+    rows = (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_ct + h * stride_ch
+    _quantize_rows(key_ptr, token * stride_kt + h[:, None] * stride_kh + d[None, :] * stride_kd,
+                   k_cache_ptr, rows, d, mask, stride_cd, HEAD_DIM)
+    _quantize_rows(value_ptr,
+                   token * stride_vt + h[:, None] * stride_vh + d[None, :] * stride_vd,
+                   v_cache_ptr, rows, d, mask, stride_cd, HEAD_DIM)
+
+
 def store_kv(
     key: torch.Tensor,
     value: torch.Tensor,
@@ -65,16 +121,26 @@ def store_kv(
     slot_mapping: torch.Tensor,
 ) -> None:
     """Write ``key``/``value`` rows ``[num_tokens, num_kv_heads, head_dim]`` into their slots,
-    K and V in one launch. A slot of -1 skips the row (padding)."""
+    K and V in one launch, quantized where the caches hold int8 rows. A slot of -1 skips
+    the row (padding)."""
     num_tokens, num_kv_heads, head_dim = key.shape
     if num_tokens == 0:
         return
     _check_caches(k_cache, v_cache)
-    if value.shape != key.shape or tuple(k_cache.shape[2:]) != (num_kv_heads, head_dim):
+    int8 = k_cache.dtype == torch.int8
+    cache_head_dim = head_dim + (SCALE_BYTES if int8 else 0)
+    if value.shape != key.shape or tuple(k_cache.shape[2:]) != (num_kv_heads, cache_head_dim):
         raise ValueError(
             f"store_kv: key {tuple(key.shape)}, value {tuple(value.shape)} do not fit "
             f"a cache of shape {tuple(k_cache.shape)}"
         )
+    if int8:
+        _store_kv8_kernel[(num_tokens,)](
+            key, value, k_cache, v_cache, slot_mapping.to(key.device), *key.stride(),
+            *value.stride(), *k_cache.stride(), HEAD_DIM=head_dim,
+            HEAD_DIM_PAD=max(16, triton.next_power_of_2(head_dim)), KV_HEADS=num_kv_heads,
+            KV_HEADS_PAD=triton.next_power_of_2(num_kv_heads), BLOCK_SIZE=k_cache.shape[1])
+        return
     if key.dtype != k_cache.dtype:
         # Cast here, not in the kernel: torch rounds to nearest even, and so matches the
         # reference bit for bit, where the Triton interpreter truncates float32 -> bfloat16.

@@ -26,7 +26,7 @@ def _prefill_kernel(
     stride_cb, stride_ct, stride_ch, stride_cd, stride_bt,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    KV8: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     seq = tl.program_id(0)
     m_tile = tl.program_id(1)
@@ -60,8 +60,8 @@ def _prefill_kernel(
         causal = valid[None, :] & (tok[None, :] <= q_pos[:, None])
         m_i, l_i, acc = attend_tile(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, table, tok,
                                     valid, causal, kv_head, d, d_mask, scale_log2, stride_cb,
-                                    stride_ct, stride_ch, stride_cd, BLOCK_SIZE, UPCAST,
-                                    DOT_PRECISION)
+                                    stride_ct, stride_ch, stride_cd, BLOCK_SIZE, HEAD_DIM,
+                                    HEAD_DIM_PAD, KV8, DOT_PRECISION)
 
     store_output(
         out_ptr, q_rows[:, None] * stride_ot + head * stride_oh + d[None, :] * stride_od, mask,

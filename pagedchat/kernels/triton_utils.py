@@ -1,6 +1,10 @@
 """What the Triton kernel modules share: whether Triton interprets, device and shape checks of
 the attention inputs, the dot settings that keep float32 exact, the arguments both attention
-kernels take, and their inner step over a tile of cached tokens."""
+kernels take, and their inner step over a tile of cached tokens.
+
+A cache is either in the activations' type or int8 rows (``kv_int8.py``): each token's head
+as ``head_dim`` int8 values and the float16 scale after them, de-quantized in registers
+as a tile is read."""
 
 from __future__ import annotations
 
@@ -10,6 +14,8 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+
+from pagedchat.kernels.kv_int8 import SCALE_BYTES
 
 
 def _interpreting() -> bool:
@@ -52,13 +58,17 @@ def check_attention_inputs(query: torch.Tensor, k_cache: torch.Tensor,
         )
     if k_cache.stride() != v_cache.stride() or k_cache.dtype != v_cache.dtype:
         raise ValueError("paged_attention: k_cache and v_cache must share strides and dtype")
+    int8 = k_cache.dtype == torch.int8
     num_heads, num_kv_heads = query.shape[1], k_cache.shape[2]
-    if query.shape[2] != k_cache.shape[3] or num_heads % num_kv_heads != 0:
+    cache_head_dim = k_cache.shape[3] - (SCALE_BYTES if int8 else 0)
+    if query.shape[2] != cache_head_dim or num_heads % num_kv_heads != 0:
         raise ValueError(
             f"paged_attention: {num_heads} query heads of dim {query.shape[2]} do not fit "
-            f"{num_kv_heads} kv heads of dim {k_cache.shape[3]}"
+            f"{num_kv_heads} kv heads of dim {cache_head_dim}"
         )
-    if query.dtype != k_cache.dtype:
+    if int8 and (k_cache.stride(3) != 1 or cache_head_dim % 2):
+        raise ValueError("paged_attention: int8 rows must be contiguous, of an even head_dim")
+    if not int8 and query.dtype != k_cache.dtype:
         raise ValueError(f"paged_attention: query is {query.dtype}, cache is {k_cache.dtype}")
     return num_heads // num_kv_heads
 
@@ -72,7 +82,7 @@ class AttentionCall(NamedTuple):
     """One call's checked inputs as both attention kernels take them: ``args`` first
     (output, query, caches, batch metadata, the scale in base 2, their strides), then the
     kernel's own, and ``constexprs`` (GROUP, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, UPCAST,
-    DOT_PRECISION) with its own."""
+    DOT_PRECISION, KV8) with its own."""
 
     out: torch.Tensor
     query_start_loc: torch.Tensor  # on the kernel's device
@@ -99,7 +109,8 @@ def attention_call(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
             block_tables.stride(0))
     constexprs = dict(GROUP=group, HEAD_DIM=head_dim,
                       HEAD_DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
-                      BLOCK_SIZE=k_cache.shape[1], UPCAST=upcast, DOT_PRECISION=precision)
+                      BLOCK_SIZE=k_cache.shape[1], UPCAST=upcast, DOT_PRECISION=precision,
+                      KV8=k_cache.dtype == torch.int8)
     return AttentionCall(out, query_start_loc, args, constexprs)
 
 
@@ -131,22 +142,45 @@ def store_output(out_ptr, offsets, mask, l_i, acc):
 
 
 @triton.jit
+def load_int8_rows(cache_ptr, row, valid, HEAD_DIM: tl.constexpr,
+                   HEAD_DIM_PAD: tl.constexpr, like):
+    """The int8 rows at ``cache_ptr + row`` ``[tokens]`` as ``[tokens, HEAD_DIM_PAD]`` in
+    ``like``'s dtype, each multiplied by its float16 scale (``HEAD_DIM`` bytes in). A row is
+    read as 16-bit pairs, the widest its alignment allows (``head_dim + 2`` bytes apart),
+    and the pairs' bytes split in registers."""
+    half = tl.arange(0, HEAD_DIM_PAD // 2)
+    pair_ptr = (cache_ptr + row[:, None]).to(tl.pointer_type(tl.int16)) + half[None, :]
+    pairs = tl.load(pair_ptr, mask=valid[:, None] & (half < HEAD_DIM // 2)[None, :], other=0)
+    low = (pairs << 8) >> 8  # the first byte of each pair, sign-extended (little-endian)
+    high = pairs >> 8
+    values = tl.interleave(low, high).to(tl.float32)
+    scale = tl.load((cache_ptr + row + HEAD_DIM).to(tl.pointer_type(tl.float16)), mask=valid,
+                    other=0.0)
+    return (values * scale.to(tl.float32)[:, None]).to(like.dtype)
+
+
+@triton.jit
 def attend_tile(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, table, tok, valid, mask, kv_head,
                 d, d_mask, scale_log2, stride_cb, stride_ct, stride_ch, stride_cd,
-                BLOCK_SIZE: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+                KV8: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """One step of online softmax (base 2, float32) over the cached tokens ``tok`` (those
     ``valid`` read, gathered through the block ``table``): the rows of ``q`` score them, the
     scores outside ``mask`` are dropped, and the running max ``m_i``, sum ``l_i`` and
-    output ``acc`` are returned updated."""
+    output ``acc`` are returned updated. K and V are read in ``q``'s dtype; an int8 cache's
+    rows are contiguous (``stride_cd`` 1)."""
     block = tl.load(table + tok // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
     row = block * stride_cb + (tok % BLOCK_SIZE) * stride_ct + kv_head * stride_ch
-    k_mask = valid[None, :] & d_mask[:, None]
-    v_mask = valid[:, None] & d_mask[None, :]
-    k_t = tl.load(k_cache_ptr + row[None, :] + d[:, None] * stride_cd, mask=k_mask, other=0.0)
-    v = tl.load(v_cache_ptr + row[:, None] + d[None, :] * stride_cd, mask=v_mask, other=0.0)
-    if UPCAST:
-        k_t = k_t.to(tl.float32)
-        v = v.to(tl.float32)
+    if KV8:
+        k_t = tl.trans(load_int8_rows(k_cache_ptr, row, valid, HEAD_DIM, HEAD_DIM_PAD, q))
+        v = load_int8_rows(v_cache_ptr, row, valid, HEAD_DIM, HEAD_DIM_PAD, q)
+    else:
+        k_mask = valid[None, :] & d_mask[:, None]
+        v_mask = valid[:, None] & d_mask[None, :]
+        k_t = tl.load(k_cache_ptr + row[None, :] + d[:, None] * stride_cd, mask=k_mask,
+                      other=0.0).to(q.dtype)
+        v = tl.load(v_cache_ptr + row[:, None] + d[None, :] * stride_cd, mask=v_mask,
+                    other=0.0).to(q.dtype)
     s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * scale_log2
     s = tl.where(mask, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))

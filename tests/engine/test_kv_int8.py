@@ -5,6 +5,8 @@ copy-on-write or preemption (recompute or swap) in between; and what it refuses.
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -95,14 +97,15 @@ def test_kv_cache_dtype_is_checked(tiny_model_dir):
         EngineConfig(kv_cache_dtype="fp8")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() and
-                    __import__("importlib").util.find_spec("triton") is None,
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                     reason="the triton backend needs Triton")
-def test_int8_with_the_triton_backend_is_refused_naming_both(tiny_model_dir):
-    """The Triton kernels have no int8 K/V: refused, never ignored."""
-    with pytest.raises(RequestError, match="int8 KV cache.*triton attention backend"):
-        LLMEngine(EngineConfig(model=str(tiny_model_dir), kv_cache_dtype="int8",
-                               attention_backend="triton", num_kv_blocks=16))
+def test_the_triton_backend_gives_the_int8_tokens(tiny_model_dir, int8_tokens):
+    """The Triton kernels store and read the same int8 rows (interpreted on a CPU)."""
+    outs, llm = run(tiny_model_dir, prompts(2), num_kv_blocks=64, kv_cache_dtype="int8",
+                    attention_backend="triton",
+                    params=SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+    assert llm.engine.kv_cache_dtype == "int8"
+    assert outs == [[tokens[0][:4]] for tokens in int8_tokens[:2]]
 
 
 def test_stats_metrics_and_inspect_name_the_kv_dtype(tiny_model_dir):

@@ -35,6 +35,7 @@ pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed"
 from paged_cases import DEVICE, TOL, paged_batch, rel_err  # noqa: E402
 
 from pagedchat.kernels import reference as ref  # noqa: E402
+from pagedchat.kernels.kv_int8 import SCALE_BYTES  # noqa: E402
 
 if HAS_TRITON:
     tb = importlib.import_module("pagedchat.kernels.triton_backend")
@@ -240,6 +241,49 @@ def test_store_kv_matches_reference(block_size, kv_heads, head_dim, dtype, cache
     tb.store_kv(key.to(DEVICE), value.to(DEVICE), k_out, v_out, slots.to(DEVICE))
     torch.testing.assert_close(k_out.cpu(), k_exp, rtol=0, atol=0, equal_nan=True)
     torch.testing.assert_close(v_out.cpu(), v_exp, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize(("kv_heads", "head_dim", "dtype"), [
+    (3, 64, torch.float32), (2, 128, torch.bfloat16), (1, 80, torch.float32)])
+def test_store_kv_into_int8_caches_is_the_reference_byte_for_byte(kv_heads, head_dim, dtype):
+    # Rows of several magnitudes (ties of the rounding among them: values that are exact
+    # halves of the scale step), a row of zeros (scale 0), padding rows left untouched.
+    gen = torch.Generator().manual_seed(head_dim)
+    num_blocks, block_size, n = 5, 8, 19
+    shape = (num_blocks, block_size, kv_heads, head_dim + SCALE_BYTES)
+    k_cache = torch.randint(-128, 128, shape, generator=gen, dtype=torch.int8)
+    v_cache = torch.randint(-128, 128, shape, generator=gen, dtype=torch.int8)
+    fused = torch.randn(n, 3 * kv_heads, head_dim, generator=gen)
+    fused *= torch.logspace(-3, 3, n).view(n, 1, 1)
+    fused[4] = 0.0
+    fused[7, :, 0] = 127.0
+    fused[7, :, 1:] = torch.arange(1, head_dim).float() * 0.5
+    fused = fused.to(dtype)
+    key, value = fused[:, :kv_heads], fused[:, 2 * kv_heads:]
+    slots = torch.randperm(num_blocks * block_size, generator=gen)[:n]
+    slots[[2, 11]] = -1
+    k_exp, v_exp = k_cache.clone(), v_cache.clone()
+    ref.store_kv(key, value, k_exp, v_exp, slots)
+    k_out, v_out = k_cache.to(DEVICE), v_cache.to(DEVICE)
+    tb.store_kv(key.to(DEVICE), value.to(DEVICE), k_out, v_out, slots.to(DEVICE))
+    assert torch.equal(k_out.cpu(), k_exp) and torch.equal(v_out.cpu(), v_exp)
+
+
+@pytest.mark.parametrize(("ctx", "q_lens"), [(DECODE_CTX, [1] * len(DECODE_CTX)),
+                                             *PREFILL_CASES], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_over_int8_caches_matches_reference(ctx, q_lens, dtype):
+    # Unused slots have a NaN scale: a read outside a context shows up.
+    batch = paged_batch(ctx, q_lens, 8, 6, 2, 64, dtype, seed=len(ctx), kv_dtype=torch.int8)
+    run_and_compare(batch, dtype, tb.paged_attention)
+
+
+def test_split_decode_over_int8_caches_matches_reference():
+    ctx = [1, 61, 100]
+    batch = paged_batch(ctx, [1, 1, 1], 16, 9, 3, 64, torch.float32, seed=4,
+                        kv_dtype=torch.int8)
+    run_and_compare(batch, torch.float32, tb.paged_attention_decode, max_context_len=max(ctx),
+                    num_splits=4, tile_n=16)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -11,7 +11,6 @@ import numpy as np
 import torch
 
 from pagedchat.engine.config import EngineConfig, parse_bytes
-from pagedchat.engine.errors import RequestError
 from pagedchat.engine.kv_groups import kv_groups
 from pagedchat.engine.layers.attention import AttentionMetadata
 from pagedchat.engine.loading.loader import load_weights
@@ -26,7 +25,7 @@ from pagedchat.engine.runner.memory import (
 )
 from pagedchat.engine.runner.profiling import StepTimer
 from pagedchat.engine.step_input import StepInput, StepOutput
-from pagedchat.kernels import backend_name, select_backend
+from pagedchat.kernels import select_backend
 from pagedchat.kernels.kv_int8 import SCALE_BYTES
 from pagedchat.kernels.quant import QuantizedWeight
 
@@ -52,17 +51,10 @@ def materialize(model: torch.nn.Module, device: torch.device) -> None:
             setattr(module, name, empty)
 
 
-def kv_cache_dtype(config: EngineConfig, kernels, dtype: torch.dtype) -> torch.dtype:
-    """The KV pools' element type: the activations' (``auto``) or int8, which only the
-    backends that quantize and de-quantize it offer; with another, refused, never ignored."""
-    if config.kv_cache_dtype == "auto":
-        return dtype
-    if not getattr(kernels, "KV_INT8", False):
-        raise RequestError(
-            f"an {config.kv_cache_dtype} KV cache (--kv-cache-dtype {config.kv_cache_dtype}) "
-            f"is not available with the {backend_name(kernels)} attention backend: the cpu "
-            "and torch backends have it; or keep --kv-cache-dtype auto")
-    return torch.int8
+def kv_cache_dtype(config: EngineConfig, dtype: torch.dtype) -> torch.dtype:
+    """The KV pools' element type: the activations' (``auto``) or int8, which every
+    attention backend stores and reads."""
+    return dtype if config.kv_cache_dtype == "auto" else torch.int8
 
 
 def build_model(model_config: ModelConfig, kernels, tp: TensorParallel, device: torch.device,
@@ -96,7 +88,7 @@ class ModelRunner:
             hand_back_freed_memory()
         self.dtype = DTYPES[config.dtype]
         self.kernels = select_backend(self.device.type, config.attention_backend)
-        self.kv_dtype = kv_cache_dtype(config, self.kernels, self.dtype)
+        self.kv_dtype = kv_cache_dtype(config, self.dtype)
         self.block_size = config.block_size
         self.max_model_len = config.max_model_len
         self.model = build_model(model_config, self.kernels, self.tp, self.device, self.dtype,

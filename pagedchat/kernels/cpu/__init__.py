@@ -38,9 +38,6 @@ from pagedchat.kernels.cpu.quant import quantized_embedding, quantized_linear
 from pagedchat.kernels.cpu.sampling import max_logsumexp, screen_candidates
 from pagedchat.kernels.reference import copy_blocks, swap_blocks
 
-# int8 KV caches: stored and read by the compiled kernels (see kv_int8.py)
-KV_INT8 = True
-
 __all__ = ["BLOCKED_ROWS", "ISAS", "ISA_VARIABLE", "LINEAR_ROWS", "PREFILL_MIN_QUERY_LEN",
            "DecoderStack", "LayerTensors", "_onednn", "blocked_width", "chosen_isa",
            "copy_blocks", "decoder_stack", "embedding", "gelu_tanh_mul", "isa",
