@@ -1,4 +1,5 @@
-"""The package's module import graph, read from the source with ``ast`` (nothing imported).
+"""The import graph of the package and of its lab (``pagedchat_lab``), read from the source
+with ``ast`` (nothing imported).
 
 Every ``import`` and ``from ... import`` counts, at the top of a module or inside a
 function; an import under ``if TYPE_CHECKING:`` is marked type-only (it never runs).
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent / "pagedchat"
+LAB_ROOT = PACKAGE_ROOT.with_name("pagedchat_lab")
 
 
 @dataclass(frozen=True)
@@ -23,11 +25,11 @@ class Import:
     type_only: bool
 
 
-def module_files(root: Path = PACKAGE_ROOT) -> dict[str, Path]:
-    """Dotted module name -> file, for every Python module under ``root``."""
+def module_files() -> dict[str, Path]:
+    """Dotted module name -> file, for every Python module of the package and the lab."""
     modules = {}
-    for path in sorted(root.rglob("*.py")):
-        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    for path in sorted(path for root in (PACKAGE_ROOT, LAB_ROOT) for path in root.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE_ROOT.parent).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
         modules[".".join(parts)] = path
@@ -70,8 +72,8 @@ def imports_of(name: str, modules: dict[str, Path]) -> list[Import]:
 
 
 @functools.cache
-def import_graph(root: Path = PACKAGE_ROOT) -> dict[str, list[Import]]:
-    modules = module_files(root)
+def import_graph() -> dict[str, list[Import]]:
+    modules = module_files()
     return {name: imports_of(name, modules) for name in modules}
 
 

@@ -1,6 +1,6 @@
-"""No import cycle anywhere in the package: Python modules (imports at the top of a module
-and inside functions alike; type-only imports never run and are left out) and the C
-kernels' includes."""
+"""No import cycle anywhere in the package and its lab: Python modules (imports at the top of
+a module and inside functions alike; type-only imports never run and are left out) and the
+C kernels' includes. The lab stands on the package, never the other way round."""
 
 from __future__ import annotations
 
@@ -14,6 +14,21 @@ def test_no_python_import_cycle():
     edges = {name: {i.target for i in imports if not i.type_only}
              for name, imports in graph.items()}
     assert find_cycle(edges) is None, " -> ".join(find_cycle(edges))
+
+
+def test_no_import_cycle_outside_the_engine_counting_type_only_imports():
+    """The app's parts (slash commands, replies) see it through protocols, not its module."""
+    edges = {name: {i.target for i in imports} for name, imports in import_graph().items()
+             if not name.startswith("pagedchat.engine")}
+    assert find_cycle(edges) is None, " -> ".join(find_cycle(edges))
+
+
+def test_the_package_reaches_the_lab_only_through_the_bench_command():
+    into_lab = [f"{module}:{found.line} imports {found.target}"
+                for module, imports in import_graph().items()
+                if not module.startswith("pagedchat_lab") for found in imports
+                if found.target.startswith("pagedchat_lab")]
+    assert len(into_lab) == 1 and into_lab[0].startswith("pagedchat.cli:"), into_lab
 
 
 def test_no_c_include_cycle():

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 import xxhash
 
-from pagedchat.engine.block_manager import HOLE, NO_HASH, block_hash
+from pagedchat.engine.blocks import HOLE, NO_HASH, block_hash
 
 if TYPE_CHECKING:
     from pagedchat.engine.llm_engine import LLMEngine
