@@ -23,10 +23,17 @@ from pathlib import Path
 
 import torch
 
+from pagedchat.engine.loading.loader import ModelFiles, prepare_model
 from pagedchat_lab.metrics import RequestResult
 from pagedchat_lab.sharegpt import Request
 
 Advance = Callable[[int], None]
+
+
+def weights_folder(files: ModelFiles) -> Path:
+    """A folder with weights transformers loads (the peers'): for a GGUF read quantized,
+    its de-quantized conversion, made once and cached."""
+    return files.folder if files.gguf is None else prepare_model(files.gguf).folder
 
 
 def load_hf_model(folder: Path, dtype: str = "float32"):

@@ -19,7 +19,7 @@ import torch
 from pagedchat.engine.llm_engine import LLMEngine
 from pagedchat.engine.sampling_params import SamplingParams
 from pagedchat_lab import llamacpp
-from pagedchat_lab.hf import load_hf_model
+from pagedchat_lab.hf import load_hf_model, weights_folder
 from pagedchat_lab.suite import in_turn, median_ratio
 
 _LOAD_PROBE = (
@@ -81,7 +81,7 @@ SingleStream = Callable[[list[int], int], dict[str, float]]
 # loaded (llama.cpp: the same GGUF file, pagedchat's thread count)
 SINGLE_STREAM_PEERS: dict[str, Callable[[LLMEngine], SingleStream]] = {
     "hf-generate": lambda engine: partial(hf_single_stream, load_hf_model(
-        engine.model_files.weights_folder(), engine.config.dtype)),
+        weights_folder(engine.model_files), engine.config.dtype)),
     llamacpp.NAME: lambda engine: llamacpp.LlamaCpp(llamacpp.gguf_of(engine.model_files.source)),
 }
 

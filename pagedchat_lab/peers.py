@@ -12,7 +12,7 @@ from pagedchat.engine.config import DTYPE_NAMES
 from pagedchat.engine.llm_engine import LLMEngine
 from pagedchat_lab import llamacpp, vllm_cpu
 from pagedchat_lab.engines import PagedChat
-from pagedchat_lab.hf import HFContinuous, HFGenerate, load_hf_model
+from pagedchat_lab.hf import HFContinuous, HFGenerate, load_hf_model, weights_folder
 from pagedchat_lab.metrics import RequestResult
 from pagedchat_lab.sharegpt import Request
 
@@ -53,7 +53,7 @@ class PeerSettings:
     @functools.cached_property
     def hf_model(self):
         """The transformers model of the engine's weights, loaded once for every HF peer."""
-        return load_hf_model(self.engine.model_files.weights_folder(), self.engine.config.dtype)
+        return load_hf_model(weights_folder(self.engine.model_files), self.engine.config.dtype)
 
 
 def _hf_generate(s: PeerSettings) -> list[Peer]:
@@ -76,7 +76,7 @@ def _vllm_cpu(s: PeerSettings) -> list[Peer]:
         raise ValueError("the vllm-cpu peer runs in vLLM's own virtualenv: pass "
                          "--vllm-python PATH (or set PAGEDCHAT_VLLM_PYTHON)")
     cfg = s.engine.config
-    return [vllm_cpu.VllmCpu(s.vllm_python, s.engine.model_files.weights_folder(), cfg.dtype,
+    return [vllm_cpu.VllmCpu(s.vllm_python, weights_folder(s.engine.model_files), cfg.dtype,
                              cfg.num_kv_blocks * s.engine.runner.block_bytes, cfg.max_num_seqs)]
 
 

@@ -12,7 +12,7 @@ import torch
 from pagedchat.engine.llm_engine import LLMEngine
 from pagedchat.engine.outputs import RequestOutput
 from pagedchat.engine.sampling_params import SamplingParams
-from pagedchat_lab.hf import load_hf_model
+from pagedchat_lab.hf import load_hf_model, weights_folder
 
 
 def _run_alone(engine: LLMEngine, request_id: str, prompt: list[int],
@@ -45,7 +45,7 @@ def greedy_agreement(engine: LLMEngine, prompts: list[list[int]],
     transformers at the engine's dtype, and transformers at that dtype vs transformers in
     float32."""
     dtype = engine.config.dtype
-    folder = engine.model_files.weights_folder()
+    folder = weights_folder(engine.model_files)
     hf = load_hf_model(folder, dtype)
     hf32 = hf if dtype == "float32" else load_hf_model(folder, "float32")
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
@@ -98,7 +98,7 @@ def held_out_perplexity(engine: LLMEngine,
                         pairs: list[tuple[list[int], list[int]]]) -> dict[str, float]:
     """Perplexity of the replies given their prompts, under pagedchat (as it decodes) and
     under transformers in float32 on the same weights."""
-    hf = load_hf_model(engine.model_files.weights_folder(), "float32")
+    hf = load_hf_model(weights_folder(engine.model_files), "float32")
     tokens = sum(len(reply) for _, reply in pairs)
     ours = sum(reply_logprobs(engine, pairs))
     theirs = sum(_hf_reply_logprob(hf, prompt, reply) for prompt, reply in pairs)

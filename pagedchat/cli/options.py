@@ -14,7 +14,7 @@ from pagedchat.engine.errors import PagedChatError
 
 MODEL_HELP = ("HF folder, GGUF file or named model (see pagedchat models); default: "
               "SmolLM2-135M-Instruct.")
-Model = Annotated[str | None, typer.Option("--model", help=MODEL_HELP)]
+Model = Annotated[str | None, typer.Option("--model", "-m", help=MODEL_HELP)]
 JsonPath = Annotated[Path | None, typer.Option("--json", help="Write figures + metadata.")]
 BlockSize = Annotated[int, typer.Option("--block-size", help="Tokens per KV block.")]
 KvBlocks = Annotated[int | None, typer.Option("--kv-blocks", min=1,

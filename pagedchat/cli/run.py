@@ -9,12 +9,13 @@ from typing import Annotated
 import typer
 
 from pagedchat.cli.options import (
-    MODEL_HELP,
     KvBlocks,
     KvCacheDtype,
     KvMemory,
+    Model,
     NumSpeculativeTokens,
     Speculative,
+    TensorParallelSize,
     Weights,
 )
 from pagedchat.engine.presets import PRESETS, swap_space
@@ -25,7 +26,7 @@ RUN = PRESETS["run"]
 def run(
     prompt: Annotated[str | None, typer.Argument(
         help="The question; '-' or nothing reads it from standard input.")] = None,
-    model: Annotated[str | None, typer.Option("--model", "-m", help=MODEL_HELP)] = None,
+    model: Model = None,
     system: Annotated[str | None, typer.Option(help="A system prompt.")] = None,
     max_tokens: Annotated[int, typer.Option(min=1, help="Most tokens to generate.")]
     = RUN.max_tokens,
@@ -40,9 +41,7 @@ def run(
     kv_cache_dtype: KvCacheDtype = "auto",
     speculative: Speculative = None,
     num_speculative_tokens: NumSpeculativeTokens = 4,
-    tensor_parallel_size: Annotated[int, typer.Option(
-        "--tensor-parallel-size", "-tp", min=1,
-        help="Workers that split the model's heads (one process each).")] = 1,
+    tensor_parallel_size: TensorParallelSize = 1,
     verbose: Annotated[bool, typer.Option(
         "--verbose", "-v", help="Print load time, token counts and speeds to stderr.")] = False,
     logprobs: Annotated[int | None, typer.Option(
