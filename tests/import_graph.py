@@ -1,8 +1,8 @@
 """The import graph of the package and of its lab (``pagedchat_lab``), read from the source
 with ``ast`` (nothing imported).
 
-Every ``import`` and ``from ... import`` counts, at the top of a module or inside a
-function; an import under ``if TYPE_CHECKING:`` is marked type-only (it never runs).
+Every ``import`` and ``from ... import`` counts: at the top of a module, inside a function
+or under ``if TYPE_CHECKING:`` (a type-only import makes a cycle as much as any other).
 ``from package import name`` is an import of the submodule ``package.name`` when there is
 one, else of ``package``.
 """
@@ -22,7 +22,6 @@ LAB_ROOT = PACKAGE_ROOT.with_name("pagedchat_lab")
 class Import:
     target: str  # a module of the package
     line: int
-    type_only: bool
 
 
 def module_files() -> dict[str, Path]:
@@ -36,20 +35,11 @@ def module_files() -> dict[str, Path]:
     return modules
 
 
-def _type_only_nodes(tree: ast.AST) -> set[int]:
-    found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            found.update(id(inner) for statement in node.body for inner in ast.walk(statement))
-    return found
-
-
 def imports_of(name: str, modules: dict[str, Path]) -> list[Import]:
     """The package modules that module ``name`` imports (itself left out)."""
     path = modules[name]
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    type_only = _type_only_nodes(tree)
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -67,7 +57,7 @@ def imports_of(name: str, modules: dict[str, Path]) -> list[Import]:
             while target and target not in modules:
                 target = target.rpartition(".")[0]
             if target and target != name:
-                found.append(Import(target, node.lineno, id(node) in type_only))
+                found.append(Import(target, node.lineno))
     return found
 
 
