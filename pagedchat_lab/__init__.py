@@ -1,1 +1,3 @@
-"""The paper's evaluation: workloads (ShareGPT), peers, measurements and reports."""
+"""pagedchat's lab: the paper's evaluation (ShareGPT workloads, peers, measurements and
+reports) and the scripts only developers run, in a package of its own beside pagedchat.
+``pagedchat bench`` loads it when a bench runs; it imports pagedchat, never the reverse."""

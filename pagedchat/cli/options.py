@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from pagedchat import console
 from pagedchat.engine.errors import PagedChatError
@@ -63,6 +64,6 @@ def user_errors() -> Iterator[None]:
         yield
     except (PagedChatError, ValueError, OSError) as error:
         # OSError covers a missing file as well as a full disk while writing results.
-        console.note(f"[red]error:[/red] {error}")
+        console.note(f"[red]error:[/red] {escape(str(error))}")  # no markup in the text
         raise typer.Exit(1) from error
 
