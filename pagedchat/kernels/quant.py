@@ -307,19 +307,24 @@ def dequantize(weight: QuantizedWeight) -> torch.Tensor:
 ROWS_AT_ONCE = 4096
 
 
-def _dequantized_chunks(weight: QuantizedWeight) -> Iterator[torch.Tensor]:
-    """The weight's rows in order, de-quantized to float32 ``ROWS_AT_ONCE`` at a time."""
+# rows whose norms are taken at a time, in float64: computed once, at load, while the
+# weights' own copies are the largest part of the resident set
+NORM_ROWS_AT_ONCE = 512
+
+
+def _dequantized_chunks(weight: QuantizedWeight,
+                        rows: int = ROWS_AT_ONCE) -> Iterator[torch.Tensor]:
+    """The weight's rows in order, de-quantized to float32 ``rows`` at a time."""
     for segment in weight.segments:
-        for start in range(0, segment.rows, ROWS_AT_ONCE):
-            yield _dequantize_segment(
-                Segment(segment.format, segment.data[start:start + ROWS_AT_ONCE]))
+        for start in range(0, segment.rows, rows):
+            yield _dequantize_segment(Segment(segment.format, segment.data[start:start + rows]))
 
 
 def row_norms(weight: QuantizedWeight) -> torch.Tensor:
     """Each row's Euclidean norm, float32 rounded up (never below the norm of the row's
     exact weights)."""
     norms = []
-    for rows in _dequantized_chunks(weight):
+    for rows in _dequantized_chunks(weight, NORM_ROWS_AT_ONCE):
         exact = rows.double().norm(dim=1)
         rounded = exact.float()
         norms.append(torch.where(rounded.double() < exact,

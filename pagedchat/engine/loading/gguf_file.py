@@ -7,7 +7,8 @@ value, two per string, so a tokenizer's vocabulary and merges become hundreds of
 of Python objects, all alive while the weights load. The engine needs none of them (the
 tokenizer is read from the model's folder), so here an array is stepped over and only its
 length kept. Tensors are read with plain file reads rather than through a mapping, so the
-file's pages never count as the process's memory beside the copies made from them.
+file's pages never count as the process's memory beside the copies made from them; a
+table read a few rows at a time (an untied embedding) is mapped instead (``map``).
 """
 
 from __future__ import annotations
@@ -71,6 +72,17 @@ class GGUFFile:
         if done != tensor.n_bytes:
             raise ModelLoadError(f"{self.path}: truncated GGUF (tensor {tensor.name} ends "
                                  "past the end of the file)")
+        return data.reshape(tensor.byte_shape)
+
+    def map(self, tensor: TensorInfo) -> np.ndarray:
+        """``tensor``'s bytes as :meth:`read` gives them, mapped from the file (copy on
+        write) instead of read: only the pages the process touches become resident."""
+        try:
+            data = np.memmap(self.path, dtype=np.uint8, mode="c", offset=tensor.offset,
+                             shape=(tensor.n_bytes,))
+        except (OSError, ValueError) as error:
+            raise ModelLoadError(f"{self.path}: cannot map tensor {tensor.name} ({error})") \
+                from error
         return data.reshape(tensor.byte_shape)
 
 

@@ -136,12 +136,16 @@ def read_gguf_weights(path: Path, num_heads: int, num_kv_heads: int) -> dict[str
     ones as :class:`QuantizedWeight`, the others as float32 tensors."""
     header = read_gguf_header(path)
     architecture = header.fields.get("general.architecture")
+    # an embedding the head does not read is looked up a few rows per step: mapped, only
+    # the rows the prompts and replies use become resident
+    untied = any(tensor.name == "output.weight" for tensor in header.tensors)
     weights: dict[str, Weight] = {}
     for tensor in header.tensors:
         name = hf_name(tensor.name, architecture)
         if name is None:
             continue
-        weight = _read_tensor(header, tensor)
+        weight = _read_tensor(header, tensor,
+                              mapped=untied and tensor.name == "token_embd.weight")
         if architecture == "llama" and (".q_proj." in name or ".k_proj." in name):
             heads = num_heads if ".q_proj." in name else num_kv_heads
             order = unpermute_rows(weight.shape[0], heads)
@@ -160,7 +164,9 @@ def _unit_offset_removed(path: Path, name: str, weight: Weight) -> torch.Tensor:
     return weight - 1
 
 
-def _read_tensor(header: GGUFFile, tensor: TensorInfo) -> Weight:
+def _read_tensor(header: GGUFFile, tensor: TensorInfo, mapped: bool = False) -> Weight:
+    """``tensor`` as the engine keeps it; ``mapped``: a quantized one's blocks mapped from
+    the file rather than read."""
     kind = tensor.type_name
     width = int(tensor.shape[0])  # GGUF lists the innermost dimension first
     if kind in _PLAIN:
@@ -173,5 +179,5 @@ def _read_tensor(header: GGUFFile, tensor: TensorInfo) -> Weight:
         raise ModelLoadError(
             f"{header.path}: tensor {tensor.name} is {kind}, which --weights gguf does not "
             f"keep quantized (it reads {', '.join(FORMATS)}); use --weights float32")
-    blocks = torch.from_numpy(header.read(tensor))
+    blocks = torch.from_numpy(header.map(tensor) if mapped else header.read(tensor))
     return QuantizedWeight.from_blocks(kind, blocks.reshape(-1, blocks.shape[-1]), width)

@@ -21,7 +21,7 @@ def hand_back_freed_memory() -> None:
     try:
         libc = ctypes.CDLL("libc.so.6")
         libc.malloc_trim(0)
-        libc.mallopt(_M_MMAP_THRESHOLD, 1 << 20)
+        libc.mallopt(_M_MMAP_THRESHOLD, 64 << 10)
         libc.mallopt(_M_TRIM_THRESHOLD, 1 << 20)
     except (OSError, AttributeError):
         pass

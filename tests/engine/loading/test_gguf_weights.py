@@ -148,6 +148,42 @@ def test_metadata_parses_the_header_once(tiny_gguf, tmp_path, monkeypatch):
     assert modeling_gguf_pytorch_utils.load_gguf_checkpoint.__name__ == "load_gguf_checkpoint"
 
 
+def _in_a_mapping_of(path: Path, pointer: int) -> bool:
+    """Whether ``pointer`` lies in one of this process's mappings of ``path``."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        span, *rest = line.split()
+        start, end = (int(bound, 16) for bound in span.split("-"))
+        if start <= pointer < end and rest[-1] == str(path):
+            return True
+    return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").is_file(), reason="needs /proc")
+def test_an_untied_embedding_is_mapped_from_the_file(tmp_path):
+    path = tmp_path / "untied.gguf"
+    rng = np.random.default_rng(0)
+    tables = {name: rng.standard_normal((64, 32)).astype(np.float32)
+              for name in ("token_embd.weight", "output.weight")}
+    writer = gguf.GGUFWriter(path, "llama")
+    for name, table in tables.items():
+        writer.add_tensor(name, gguf.quants.quantize(table, gguf.GGMLQuantizationType.Q8_0),
+                          raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    weights = read_gguf_weights(path, num_heads=4, num_kv_heads=2)
+    embedding, head = weights["model.embed_tokens.weight"], weights["lm_head.weight"]
+    for weight, name in ((embedding, "token_embd.weight"), (head, "output.weight")):
+        expected = gguf.quants.dequantize(
+            gguf.quants.quantize(tables[name], gguf.GGMLQuantizationType.Q8_0),
+            gguf.GGMLQuantizationType.Q8_0)
+        assert torch.equal(dequantize(weight), torch.from_numpy(expected))
+    assert _in_a_mapping_of(path, embedding.segments[0].data.data_ptr())
+    assert not _in_a_mapping_of(path, head.segments[0].data.data_ptr())
+
+
 def test_plain_and_unsupported_tensors(tmp_path, small_vocab_model_dir):
     """F32 projections read as float32 tensors; a format without a kernel is named, with
     the way out."""
