@@ -312,8 +312,7 @@ ROWS_AT_ONCE = 4096
 NORM_ROWS_AT_ONCE = 512
 
 
-def _dequantized_chunks(weight: QuantizedWeight,
-                        rows: int = ROWS_AT_ONCE) -> Iterator[torch.Tensor]:
+def _dequantized_chunks(weight: QuantizedWeight, rows: int) -> Iterator[torch.Tensor]:
     """The weight's rows in order, de-quantized to float32 ``rows`` at a time."""
     for segment in weight.segments:
         for start in range(0, segment.rows, rows):
@@ -354,7 +353,7 @@ def quantized_linear(x: torch.Tensor, weight: QuantizedWeight,
     wide = round_activations(x.float()) if weight.int8_activations else x.float()
     result = torch.empty(*x.shape[:-1], weight.shape[0])
     first = 0
-    for rows in _dequantized_chunks(weight):
+    for rows in _dequantized_chunks(weight, ROWS_AT_ONCE):
         result[..., first:first + len(rows)] = F.linear(wide, rows)
         first += len(rows)
     if bias is not None:
