@@ -307,23 +307,19 @@ def dequantize(weight: QuantizedWeight) -> torch.Tensor:
 ROWS_AT_ONCE = 4096
 
 
-# rows whose norms are taken at a time, in float64: computed once, at load, while the
-# weights' own copies are the largest part of the resident set
-NORM_ROWS_AT_ONCE = 512
-
-
-def _dequantized_chunks(weight: QuantizedWeight, rows: int) -> Iterator[torch.Tensor]:
-    """The weight's rows in order, de-quantized to float32 ``rows`` at a time."""
+def _dequantized_chunks(weight: QuantizedWeight) -> Iterator[torch.Tensor]:
+    """The weight's rows in order, de-quantized to float32 ``ROWS_AT_ONCE`` at a time."""
     for segment in weight.segments:
-        for start in range(0, segment.rows, rows):
-            yield _dequantize_segment(Segment(segment.format, segment.data[start:start + rows]))
+        for start in range(0, segment.rows, ROWS_AT_ONCE):
+            yield _dequantize_segment(
+                Segment(segment.format, segment.data[start:start + ROWS_AT_ONCE]))
 
 
 def row_norms(weight: QuantizedWeight) -> torch.Tensor:
     """Each row's Euclidean norm, float32 rounded up (never below the norm of the row's
     exact weights)."""
     norms = []
-    for rows in _dequantized_chunks(weight, NORM_ROWS_AT_ONCE):
+    for rows in _dequantized_chunks(weight):
         exact = rows.double().norm(dim=1)
         rounded = exact.float()
         norms.append(torch.where(rounded.double() < exact,
@@ -353,7 +349,7 @@ def quantized_linear(x: torch.Tensor, weight: QuantizedWeight,
     wide = round_activations(x.float()) if weight.int8_activations else x.float()
     result = torch.empty(*x.shape[:-1], weight.shape[0])
     first = 0
-    for rows in _dequantized_chunks(weight, ROWS_AT_ONCE):
+    for rows in _dequantized_chunks(weight):
         result[..., first:first + len(rows)] = F.linear(wide, rows)
         first += len(rows)
     if bias is not None:

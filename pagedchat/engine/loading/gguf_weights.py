@@ -22,6 +22,7 @@ import torch
 
 from pagedchat.engine.errors import ModelLoadError
 from pagedchat.engine.loading.gguf_file import GGUFFile, TensorInfo, read_gguf_header
+from pagedchat.engine.loading.gguf_metadata import parse_metadata
 from pagedchat.kernels.quant import FORMATS, QuantizedWeight
 
 if TYPE_CHECKING:
@@ -75,9 +76,9 @@ def write_metadata(path: Path, folder: Path) -> None:
 
 @contextmanager
 def _header_parsed_once() -> Iterator[None]:
-    """transformers parses a GGUF's whole header (its vocabulary too, value by value) to
-    build the config, and again for the tokenizer's choice of class: the longest part of
-    a first start. Within this block the second parse is a copy of the first."""
+    """transformers parses a GGUF's whole header (its vocabulary too) to build the config,
+    and again for the tokenizer's choice of class. Within this block the header is read
+    by :func:`.parse_metadata` (in bulk), once: the second parse is a copy of the first."""
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
     parse = getattr(gguf_utils, "load_gguf_checkpoint", None)
@@ -87,7 +88,7 @@ def _header_parsed_once() -> Iterator[None]:
         if return_tensors or kwargs:
             return parse(file, return_tensors, **kwargs)
         if str(file) not in parsed:
-            parsed[str(file)] = parse(file, return_tensors=False)
+            parsed[str(file)] = parse_metadata(parse, file)
         # the callers read the config alone: the vocabulary is not copied
         return {**parsed[str(file)], "config": copy.deepcopy(parsed[str(file)]["config"])}
 
