@@ -87,11 +87,14 @@ def run(
                     params = replace(params, stop=[PLAIN_STOP])
             if RUN.pool_per_request and kv_blocks is None and kv_memory is None:
                 # the pool serves this one request: sized to what it can need, not to the
-                # engine's budget for many
+                # engine's budget for many; so are the positions (the rotary tables)
                 blocks = opened.config.request_kv_blocks(
                     len(prompt_ids), params.max_tokens, params.best_of,
                     kv_groups(opened.model_config).windows)
-                opened = replace(opened, config=replace(opened.config, num_kv_blocks=blocks))
+                positions = min(opened.config.max_model_len,
+                                len(prompt_ids) + params.max_tokens)
+                opened = replace(opened, config=replace(opened.config, num_kv_blocks=blocks,
+                                                        max_model_len=positions))
             engine = LLMEngine(opened)
             loaded = time.perf_counter()
             engine.add_request("run", prompt_ids, params)

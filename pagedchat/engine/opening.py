@@ -33,8 +33,10 @@ def open_model(config: EngineConfig) -> OpenedModel:
     caller can tokenize first and size the engine from what it found (``pagedchat run``
     fits the KV pool to its one request), then hand the result to :class:`LLMEngine`."""
     config = resolve_weights(config)
-    hand_back_freed_memory()  # the tokenizer's scratch too, before the runner loads weights
     files = prepare_model(config.model, config.weights)
+    # after a first start's conversion, whose many mid-sized buffers a low mapping
+    # threshold would map one by one
+    hand_back_freed_memory()  # the tokenizer's scratch too, before the runner loads weights
     try:
         model_config = replace(ModelConfig.from_folder(files.folder), gguf=files.gguf,
                                int8_activations=config.weights == "gguf-int8",

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from pagedchat.engine.errors import RequestError
 from pagedchat.engine.llm_engine import LLMEngine
-from pagedchat.engine.loading.tokenizer import load_tokenizer
+from pagedchat.engine.loading.tokenizer import load_hf_tokenizer, load_tokenizer
 from pagedchat.engine.sampling_params import SamplingParams
 from pagedchat.server.engine_loop import EngineLoop
 from pagedchat.server.errors import APIError
@@ -69,7 +69,10 @@ class ServerState:
         self._tokenizer_lock = threading.Lock()
         self.eos_token_ids = sorted(engine.eos_token_ids)
         self.metrics = ServerMetrics()
-        self.grammars = Grammars(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        model_config = engine.model_config
+        # xgrammar reads transformers' tokenizer class: loaded at the first grammar only
+        self.grammars = Grammars(lambda: load_hf_tokenizer(model_config), self.vocab_size,
+                                 self.eos_token_ids)
         self.texts = TokenTexts(self.tokenizer)
         self.draining = False
         self.created = int(time.time())
@@ -90,7 +93,7 @@ class ServerState:
         except Exception as error:  # the template rejects the conversation (jinja raises)
             raise APIError(400, f"messages: the chat template refused them ({error})",
                            "messages") from error
-        return list(encoded["input_ids"])
+        return list(encoded if isinstance(encoded, list) else encoded["input_ids"])
 
     async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return await self._tokenize(self.tokenizer.encode, text,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -19,10 +20,12 @@ if TYPE_CHECKING:
 
 
 class Grammars:
-    """Compiles grammars for one tokenizer; the tokenizer's table is built at first use."""
+    """Compiles grammars for one tokenizer; the tokenizer (``load_tokenizer()``, a
+    transformers tokenizer) and its table are made at first use."""
 
-    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: list[int]) -> None:
-        self._tokenizer = tokenizer
+    def __init__(self, load_tokenizer: Callable[[], Any], vocab_size: int,
+                 stop_token_ids: list[int]) -> None:
+        self._load_tokenizer = load_tokenizer
         self._vocab_size = vocab_size
         self._stop_token_ids = stop_token_ids
         self._compiler = None
@@ -36,7 +39,7 @@ class Grammars:
         with self._lock:
             if self._compiler is None:
                 info = xgrammar.TokenizerInfo.from_huggingface(
-                    self._tokenizer, vocab_size=self._vocab_size,
+                    self._load_tokenizer(), vocab_size=self._vocab_size,
                     stop_token_ids=self._stop_token_ids)
                 self._compiler = xgrammar.GrammarCompiler(info)
         # compact JSON: a model cannot pad it with whitespace until max_tokens

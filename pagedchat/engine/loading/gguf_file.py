@@ -7,7 +7,8 @@ value, two per string, so a tokenizer's vocabulary and merges become hundreds of
 of Python objects, all alive while the weights load. The engine needs none of them (the
 tokenizer is read from the model's folder), so here an array is stepped over and only its
 length kept. Tensors are read with plain file reads rather than through a mapping, so the
-file's pages never count as the process's memory beside the copies made from them.
+file's pages never count as the process's memory beside the copies made from them; a
+table read a few rows at a time (an untied embedding) is mapped instead (``map``).
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ class GGUFFile:
     fields: dict[str, Value]  # every metadata key but the arrays
     array_lengths: dict[str, int]  # the arrays, by key: their lengths only
     tensors: tuple[TensorInfo, ...]
+    # with ``read_gguf_header(path, with_arrays=True)``: each array's values, by key
+    array_values: dict[str, list] | None = None
 
     def read(self, tensor: TensorInfo) -> np.ndarray:
         """``tensor``'s bytes, uint8 shaped as :attr:`TensorInfo.byte_shape`."""
@@ -73,16 +76,29 @@ class GGUFFile:
                                  "past the end of the file)")
         return data.reshape(tensor.byte_shape)
 
+    def map(self, tensor: TensorInfo) -> np.ndarray:
+        """``tensor``'s bytes as :meth:`read` gives them, mapped from the file (copy on
+        write) instead of read: only the pages the process touches become resident."""
+        try:
+            data = np.memmap(self.path, dtype=np.uint8, mode="c", offset=tensor.offset,
+                             shape=(tensor.n_bytes,))
+        except (OSError, ValueError) as error:
+            raise ModelLoadError(f"{self.path}: cannot map tensor {tensor.name} ({error})") \
+                from error
+        return data.reshape(tensor.byte_shape)
 
-def read_gguf_header(path: Path) -> GGUFFile:
+
+def read_gguf_header(path: Path, with_arrays: bool = False) -> GGUFFile:
     """Parse ``path``'s header; a file that cannot be read, is not a GGUF of version 2 or
-    3, is cut short or names a type GGML does not have raises ModelLoadError naming it."""
+    3, is cut short or names a type GGML does not have raises ModelLoadError naming it.
+    ``with_arrays``: the arrays' values too (the vocabulary: what a conversion reads),
+    each read in bulk."""
     try:
         with path.open("rb") as handle:
             if path.stat().st_size < 24:
                 raise ModelLoadError(f"{path}: corrupt or truncated GGUF (no header)")
             with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as view:
-                return _parse(path, view)
+                return _parse(path, view, with_arrays)
     except OSError as error:
         raise ModelLoadError(f"{path}: cannot read ({error})") from error
     except (struct.error, UnicodeDecodeError) as error:
@@ -110,7 +126,7 @@ class _Cursor:
         return text
 
 
-def _parse(path: Path, data: mmap.mmap) -> GGUFFile:
+def _parse(path: Path, data: mmap.mmap, with_arrays: bool = False) -> GGUFFile:
     import gguf
 
     cursor = _Cursor(data)
@@ -124,10 +140,14 @@ def _parse(path: Path, data: mmap.mmap) -> GGUFFile:
     tensor_count, field_count = cursor.take("Q"), cursor.take("Q")
     fields: dict[str, Value] = {}
     arrays: dict[str, int] = {}
+    values: dict[str, list] | None = {} if with_arrays else None
     for _ in range(field_count):
         key = cursor.string()
         kind = cursor.take("I")
-        if kind == ARRAY:
+        if kind == ARRAY and values is not None:
+            values[key] = _array(cursor)
+            arrays[key] = len(values[key])
+        elif kind == ARRAY:
             arrays[key] = _skip_array(cursor)
         else:
             fields[key] = _value(cursor, kind)
@@ -156,7 +176,7 @@ def _parse(path: Path, data: mmap.mmap) -> GGUFFile:
             raise ModelLoadError(f"{path}: truncated GGUF (tensor {name} ends past the end "
                                  "of the file)")
         tensors.append(tensor)
-    return GGUFFile(path, fields, arrays, tuple(tensors))
+    return GGUFFile(path, fields, arrays, tuple(tensors), values)
 
 
 def _value(cursor: _Cursor, kind: int) -> Value:
@@ -164,6 +184,25 @@ def _value(cursor: _Cursor, kind: int) -> Value:
         return cursor.string()
     if kind in SCALARS:
         return cursor.take(SCALARS[kind])
+    raise struct.error(f"unknown metadata value type {kind}")
+
+
+def _array(cursor: _Cursor) -> list:
+    """An array's values (nested arrays as lists): numbers converted all at once, strings
+    sliced out one after the other."""
+    kind, length = cursor.take("I"), cursor.take("Q")
+    if kind in SCALARS:
+        dtype = np.dtype("<" + SCALARS[kind])
+        end = cursor.at + length * dtype.itemsize
+        if end > len(cursor.data):
+            raise struct.error("an array runs past the end of the file")
+        values = np.frombuffer(cursor.data, dtype, length, cursor.at).tolist()
+        cursor.at = end
+        return values
+    if kind == STRING:
+        return [cursor.string() for _ in range(length)]
+    if kind == ARRAY:
+        return [_array(cursor) for _ in range(length)]
     raise struct.error(f"unknown metadata value type {kind}")
 
 

@@ -22,6 +22,7 @@ import torch
 
 from pagedchat.engine.errors import ModelLoadError
 from pagedchat.engine.loading.gguf_file import GGUFFile, TensorInfo, read_gguf_header
+from pagedchat.engine.loading.gguf_metadata import parse_metadata
 from pagedchat.kernels.quant import FORMATS, QuantizedWeight
 
 if TYPE_CHECKING:
@@ -75,9 +76,9 @@ def write_metadata(path: Path, folder: Path) -> None:
 
 @contextmanager
 def _header_parsed_once() -> Iterator[None]:
-    """transformers parses a GGUF's whole header (its vocabulary too, value by value) to
-    build the config, and again for the tokenizer's choice of class: the longest part of
-    a first start. Within this block the second parse is a copy of the first."""
+    """transformers parses a GGUF's whole header (its vocabulary too) to build the config,
+    and again for the tokenizer's choice of class. Within this block the header is read
+    by :func:`.parse_metadata` (in bulk), once: the second parse is a copy of the first."""
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
     parse = getattr(gguf_utils, "load_gguf_checkpoint", None)
@@ -87,7 +88,7 @@ def _header_parsed_once() -> Iterator[None]:
         if return_tensors or kwargs:
             return parse(file, return_tensors, **kwargs)
         if str(file) not in parsed:
-            parsed[str(file)] = parse(file, return_tensors=False)
+            parsed[str(file)] = parse_metadata(parse, file)
         # the callers read the config alone: the vocabulary is not copied
         return {**parsed[str(file)], "config": copy.deepcopy(parsed[str(file)]["config"])}
 
@@ -136,12 +137,16 @@ def read_gguf_weights(path: Path, num_heads: int, num_kv_heads: int) -> dict[str
     ones as :class:`QuantizedWeight`, the others as float32 tensors."""
     header = read_gguf_header(path)
     architecture = header.fields.get("general.architecture")
+    # an embedding the head does not read is looked up a few rows per step: mapped, only
+    # the rows the prompts and replies use become resident
+    untied = any(tensor.name == "output.weight" for tensor in header.tensors)
     weights: dict[str, Weight] = {}
     for tensor in header.tensors:
         name = hf_name(tensor.name, architecture)
         if name is None:
             continue
-        weight = _read_tensor(header, tensor)
+        weight = _read_tensor(header, tensor,
+                              mapped=untied and tensor.name == "token_embd.weight")
         if architecture == "llama" and (".q_proj." in name or ".k_proj." in name):
             heads = num_heads if ".q_proj." in name else num_kv_heads
             order = unpermute_rows(weight.shape[0], heads)
@@ -160,7 +165,9 @@ def _unit_offset_removed(path: Path, name: str, weight: Weight) -> torch.Tensor:
     return weight - 1
 
 
-def _read_tensor(header: GGUFFile, tensor: TensorInfo) -> Weight:
+def _read_tensor(header: GGUFFile, tensor: TensorInfo, mapped: bool = False) -> Weight:
+    """``tensor`` as the engine keeps it; ``mapped``: a quantized one's blocks mapped from
+    the file rather than read."""
     kind = tensor.type_name
     width = int(tensor.shape[0])  # GGUF lists the innermost dimension first
     if kind in _PLAIN:
@@ -173,5 +180,5 @@ def _read_tensor(header: GGUFFile, tensor: TensorInfo) -> Weight:
         raise ModelLoadError(
             f"{header.path}: tensor {tensor.name} is {kind}, which --weights gguf does not "
             f"keep quantized (it reads {', '.join(FORMATS)}); use --weights float32")
-    blocks = torch.from_numpy(header.read(tensor))
+    blocks = torch.from_numpy(header.map(tensor) if mapped else header.read(tensor))
     return QuantizedWeight.from_blocks(kind, blocks.reshape(-1, blocks.shape[-1]), width)

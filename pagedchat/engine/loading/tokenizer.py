@@ -1,4 +1,5 @@
-"""Load the model's tokenizer as ``AutoTokenizer`` would, without its detour.
+"""Load the model's tokenizer: without transformers for a folder pagedchat wrote from a
+GGUF (:class:`.TextTokenizer`), else as ``AutoTokenizer`` would, without its detour.
 
 ``AutoTokenizer.from_pretrained`` first reads the model config through transformers' config
 classes (heavy imports, see ``model_config.py``) to decide among special cases.
@@ -13,13 +14,26 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pagedchat.engine.loading.loader import SOURCE_RECORD
+from pagedchat.engine.loading.text_tokenizer import TextTokenizer
 from pagedchat.engine.model_config import ModelConfig
 
 _GENERIC = {"TokenizersBackend", "PreTrainedTokenizerFast"}
 
 
 def load_tokenizer(model_config: ModelConfig):
-    """The transformers tokenizer of the model folder (raises what transformers raises)."""
+    """The model's tokenizer: a :class:`TextTokenizer` for a folder converted from a GGUF
+    (its tokenizer.json is what transformers' class saved), else transformers' (raises what
+    the loading raises)."""
+    folder = model_config.folder
+    if (folder / SOURCE_RECORD).is_file() and (folder / "tokenizer.json").is_file():
+        return TextTokenizer.from_folder(folder)
+    return load_hf_tokenizer(model_config)
+
+
+def load_hf_tokenizer(model_config: ModelConfig):
+    """The transformers tokenizer of the model folder (for what needs transformers' class:
+    xgrammar, the peers; raises what transformers raises)."""
     from transformers.models.auto import tokenization_auto as auto
 
     folder = model_config.folder

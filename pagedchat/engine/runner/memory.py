@@ -16,10 +16,12 @@ def hand_back_freed_memory() -> None:
     """While a model loads: a fixed mmap threshold, so each large buffer that loading frees
     (a tensor read, a fused copy's parts, the tokenizer's scratch) goes back to the system
     at once. glibc's adaptive threshold would keep them in the heap, and the peak would
-    hold the weights about twice. Process-wide; a no-op without glibc."""
+    hold the weights about twice. What was freed before (the small pieces of a tokenizer's
+    parse, spread over the heap) goes back now. Process-wide; a no-op without glibc."""
     try:
         libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(_M_MMAP_THRESHOLD, 1 << 20)
+        libc.malloc_trim(0)
+        libc.mallopt(_M_MMAP_THRESHOLD, 64 << 10)
         libc.mallopt(_M_TRIM_THRESHOLD, 1 << 20)
     except (OSError, AttributeError):
         pass

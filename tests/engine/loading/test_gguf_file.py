@@ -101,3 +101,16 @@ def test_weights_load_without_gguf_py_reader(tmp_path, monkeypatch):
                                "model.layers.0.mlp.down_proj.weight", "model.norm.weight"]
     assert weights["model.embed_tokens.weight"].shape == (4, 256)
     assert weights["model.norm.weight"].shape == (64,)
+
+
+def test_arrays_read_in_bulk_are_gguf_pys_values(tmp_path):
+    path = write_gguf(tmp_path / "sample.gguf")
+    header = read_gguf_header(path, with_arrays=True)
+    reader = gguf.GGUFReader(path)
+    for key, values in header.array_values.items():
+        field = reader.fields[key]
+        if values and isinstance(values[0], list):  # gguf-py lists a nested array's leaves
+            values = [leaf for inner in values for leaf in inner]
+        assert values == [field.contents(i) for i in range(len(field.data))], key
+    assert header.array_lengths == {key: len(v) for key, v in header.array_values.items()}
+    assert read_gguf_header(path).array_values is None

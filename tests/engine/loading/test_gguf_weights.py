@@ -17,7 +17,12 @@ from pagedchat.engine.loading.gguf_weights import (
     unpermute_rows,
     write_metadata,
 )
-from pagedchat.engine.loading.loader import named_model_path, prepare_model, read_weights
+from pagedchat.engine.loading.loader import (
+    default_model_path,
+    named_model_path,
+    prepare_model,
+    read_weights,
+)
 from pagedchat.kernels.quant import QuantizedWeight, dequantize
 from pagedchat_lab.synthetic_gguf import Shape, add_llama_config, llama_tensors
 from tests.engine.models.test_gemma3 import reference
@@ -132,20 +137,64 @@ def test_tiny_gguf_reads_as_transformers_loads_it(tiny_gguf):
 def test_metadata_parses_the_header_once(tiny_gguf, tmp_path, monkeypatch):
     import gguf
 
-    parses = []
+    from pagedchat.engine.loading import gguf_metadata
 
-    class CountingReader(gguf.GGUFReader):
+    parses, gguf_py_parses = [], []
+
+    class CountingReader(gguf_metadata._Reader):
         def __init__(self, *args, **kwargs):
             parses.append(args[0])
             super().__init__(*args, **kwargs)
 
-    monkeypatch.setattr(gguf, "GGUFReader", CountingReader)
+    class CountingGGUFReader(gguf.GGUFReader):
+        def __init__(self, *args, **kwargs):
+            gguf_py_parses.append(args[0])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(gguf_metadata, "_Reader", CountingReader)
+    monkeypatch.setattr(gguf, "GGUFReader", CountingGGUFReader)
     write_metadata(tiny_gguf, tmp_path)
-    assert len(parses) == 1
+    assert len(parses) == 1 and not gguf_py_parses
     assert (tmp_path / "config.json").is_file() and (tmp_path / "tokenizer.json").is_file()
     from transformers import modeling_gguf_pytorch_utils
 
     assert modeling_gguf_pytorch_utils.load_gguf_checkpoint.__name__ == "load_gguf_checkpoint"
+
+
+def _in_a_mapping_of(path: Path, pointer: int) -> bool:
+    """Whether ``pointer`` lies in one of this process's mappings of ``path``."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        span, *rest = line.split()
+        start, end = (int(bound, 16) for bound in span.split("-"))
+        if start <= pointer < end and rest[-1] == str(path):
+            return True
+    return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").is_file(), reason="needs /proc")
+def test_an_untied_embedding_is_mapped_from_the_file(tmp_path):
+    path = tmp_path / "untied.gguf"
+    rng = np.random.default_rng(0)
+    tables = {name: rng.standard_normal((64, 32)).astype(np.float32)
+              for name in ("token_embd.weight", "output.weight")}
+    writer = gguf.GGUFWriter(path, "llama")
+    for name, table in tables.items():
+        writer.add_tensor(name, gguf.quants.quantize(table, gguf.GGMLQuantizationType.Q8_0),
+                          raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    weights = read_gguf_weights(path, num_heads=4, num_kv_heads=2)
+    embedding, head = weights["model.embed_tokens.weight"], weights["lm_head.weight"]
+    for weight, name in ((embedding, "token_embd.weight"), (head, "output.weight")):
+        expected = gguf.quants.dequantize(
+            gguf.quants.quantize(tables[name], gguf.GGMLQuantizationType.Q8_0),
+            gguf.GGMLQuantizationType.Q8_0)
+        assert torch.equal(dequantize(weight), torch.from_numpy(expected))
+    assert _in_a_mapping_of(path, embedding.segments[0].data.data_ptr())
+    assert not _in_a_mapping_of(path, head.segments[0].data.data_ptr())
 
 
 def test_plain_and_unsupported_tensors(tmp_path, small_vocab_model_dir):
@@ -332,3 +381,31 @@ def test_q8_0_at_load_is_greedy_exact_on_its_values(tiny_model_dir, tmp_path):
     with pytest.raises(ModelLoadError, match="--weights q8_0 quantizes an HF folder"):
         LLM(model=str(write_tiny_gguf(tiny_model_dir, tmp_path / "t.gguf", {})),
             weights="q8_0", num_kv_blocks=16)
+
+
+def _same_metadata(path: Path) -> None:
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    from pagedchat.engine.loading.gguf_metadata import parse_metadata
+
+    ours = parse_metadata(gguf_utils.load_gguf_checkpoint, path)
+    theirs = gguf_utils.load_gguf_checkpoint(path, return_tensors=False)
+    assert ours == theirs
+    for part, values in theirs.items():
+        if isinstance(values, dict):
+            assert {key: type(value) for key, value in ours[part].items()} == \
+                {key: type(value) for key, value in values.items()}, part
+
+
+def test_metadata_read_in_bulk_is_gguf_pys(tiny_gguf):
+    _same_metadata(tiny_gguf)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", [None, "qwen2.5-coder-0.5b", "gemma-3-270m"])
+def test_real_metadata_read_in_bulk_is_gguf_pys(model):
+    from pagedchat.engine.loading.named_models import NAMED_MODELS, is_installed
+
+    if model is not None and not is_installed(NAMED_MODELS[model]):
+        pytest.skip(f"{model} is not installed")
+    _same_metadata(default_model_path() if model is None else named_model_path(model))
