@@ -10,12 +10,15 @@
  * its dot products exact in integers (byte products summed in pairs, times the run's integer
  * scale sc_j), X_j the run's float sum of x, and every scale a power of two, so that a unit
  * row of x still picks each weight bit for bit. tests/kernels/test_quant.py holds the
- * products to that bound. */
+ * products to that bound. On AVX-512 the run's scale is applied in float32 instead, to the
+ * three terms' integer sums combined, so that a term costs one VNNI instruction per 64
+ * weights rather than two. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "ggml_formats.h"
+#include "vector.h"
 
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -28,45 +31,87 @@
 
 typedef struct {
     const int8_t *term[SPLIT_TERMS];  /* k_dim each */
-    const float *scale;  /* per group: the last term's scale, s / 128^2 */
-    const float *sums;   /* per run of the format (32 in Q4_K, 16 in Q6_K): sum of x */
+    const float *scale;    /* per group: the last term's scale, s / 128^2 */
+    const float *offsets;  /* 16 per block of 256: what a block's offsets multiply (below) */
 } SplitX;
 
-/* x's split terms (see the top of the file) and its sums per run of `run` values. Where
- * `interleaved`, the second and third runs of 32 of every 128 values trade places (the order
- * of Q4_K's nibbles in 64 bytes). */
-static void split_x(const float *x, int k_dim, int run, int interleaved,
-                    int8_t *term[SPLIT_TERMS], float *scale, float *sums) {
+/* A group's terms: 16 lanes (8 on AVX2) of x at a time, rounded as nearbyintf rounds. */
+#if defined(__AVX512BW__)
+#define SPLIT_LANES 16
+static inline void split_lanes(const float *x, float s, float inverse,
+                               int8_t *term[SPLIT_TERMS], int at) {
+    __m512 rest = _mm512_loadu_ps(x);
+    float unit = s, per_unit = inverse;
+    for (int t = 0; t < SPLIT_TERMS; t++) {
+        const __m512 whole = _mm512_min_ps(_mm512_set1_ps(127.0f), _mm512_max_ps(
+            _mm512_set1_ps(-127.0f), _mm512_roundscale_ps(
+                _mm512_mul_ps(rest, _mm512_set1_ps(per_unit)),
+                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+        _mm_storeu_si128((__m128i *)(term[t] + at),
+                         _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(whole)));
+        rest = _mm512_fnmadd_ps(whole, _mm512_set1_ps(unit), rest);
+        unit *= 1.0f / SPLIT_RATIO;
+        per_unit *= SPLIT_RATIO;
+    }
+}
+#else
+#define SPLIT_LANES 8
+static inline void split_lanes(const float *x, float s, float inverse,
+                               int8_t *term[SPLIT_TERMS], int at) {
+    __m256 rest = _mm256_loadu_ps(x);
+    float unit = s, per_unit = inverse;
+    for (int t = 0; t < SPLIT_TERMS; t++) {
+        const __m256 whole = _mm256_min_ps(_mm256_set1_ps(127.0f), _mm256_max_ps(
+            _mm256_set1_ps(-127.0f), _mm256_round_ps(
+                _mm256_mul_ps(rest, _mm256_set1_ps(per_unit)),
+                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+        const __m256i ints = _mm256_cvtps_epi32(whole);
+        const __m128i words = _mm_packs_epi32(_mm256_castsi256_si128(ints),
+                                              _mm256_extracti128_si256(ints, 1));
+        _mm_storel_epi64((__m128i *)(term[t] + at), _mm_packs_epi16(words, words));
+        rest = _mm256_fnmadd_ps(whole, _mm256_set1_ps(unit), rest);
+        unit *= 1.0f / SPLIT_RATIO;
+        per_unit *= SPLIT_RATIO;
+    }
+}
+#endif
+
+/* x's split terms (see the top of the file) and, per block of 256, the 16 values its
+ * offsets multiply: Q4_K: 0 (8 lanes), then -X_j for its 8 runs of 32; Q6_K: -32 X_j for
+ * its 16 runs of 16 (X_j: the run's float sum of x). Where `interleaved`, the second and
+ * third runs of 32 of every 128 values trade places (the order of Q4_K's nibbles in 64
+ * bytes). */
+static void split_x(const float *x, int k_dim, int type, int interleaved,
+                    int8_t *term[SPLIT_TERMS], float *scale, float *offsets) {
     for (int g = 0; g < k_dim; g += SPLIT_GROUP) {
-        float amax = 0.0f;
-        for (int i = 0; i < SPLIT_GROUP; i++) amax = fmaxf(amax, fabsf(x[g + i]));
+        vf most = vf_zero();
+        for (int i = 0; i < SPLIT_GROUP; i += 16) {
+            const vf v = vf_load(x + g + i);
+            most = vf_max(most, vf_max(v, vf_sub(vf_zero(), v)));
+        }
+        const float amax = vf_reduce_max(most);
         /* s: a power of two with max|x| <= 127 s (at most twice the least), so that every
          * scale is exact */
         int e = 0;
         frexpf(amax * (1.0f / 127.0f), &e);
         const float s = amax > 0.0f ? ldexpf(1.0f, e) : 0.0f;
         const float inverse = amax > 0.0f ? ldexpf(1.0f, -e) : 0.0f;
-        for (int i = 0; i < SPLIT_GROUP; i++) {
+        for (int i = 0; i < SPLIT_GROUP; i += SPLIT_LANES) {
             const int of_128 = i / 32 % 4;
             const int at = g + i - 32 * of_128
                            + 32 * (interleaved && (of_128 == 1 || of_128 == 2) ? 3 - of_128 : of_128);
-            float rest = x[g + i], unit = s, per_unit = inverse;
-            for (int t = 0; t < SPLIT_TERMS; t++) {
-                const float whole = fmaxf(-127.0f, fminf(127.0f, nearbyintf(rest * per_unit)));
-                term[t][at] = (int8_t)whole;
-                rest -= whole * unit;
-                unit *= 1.0f / SPLIT_RATIO;
-                per_unit *= SPLIT_RATIO;
-            }
+            split_lanes(x + g + i, s, inverse, term, at);
         }
         float last = s;
         for (int t = 1; t < SPLIT_TERMS; t++) last *= 1.0f / SPLIT_RATIO;
         scale[g / SPLIT_GROUP] = last;
-    }
-    for (int r = 0; r < k_dim / run; r++) {
-        float sum = 0.0f;
-        for (int i = 0; i < run; i++) sum += x[run * r + i];
-        sums[r] = sum;
+        vf runs[16];
+        for (int i = 0; i < 16; i++) runs[i] = vf_load(x + g + 16 * i);
+        float sum16[16], *out = offsets + g / 16;
+        vf_store(sum16, vf_sums16(runs));
+        for (int j = 0; j < 16; j++)
+            out[j] = type == Q6_K ? -32.0f * sum16[j]
+                     : j < 8 ? 0.0f : -(sum16[2 * (j - 8)] + sum16[2 * (j - 8) + 1]);
     }
 }
 
@@ -82,31 +127,15 @@ static inline void k_fields(const uint8_t *b, uint64_t *sc, uint64_t *mn) {
     *mn = (uint64_t)(s1 & 0x3F3F3F3Fu) | (uint64_t)mn_hi << 32;
 }
 
-/* sum_j offset_j X_j of a block, for Q4_K (-dmin mn_j, runs of 32; mn: its minimums, as
- * k_fields gives them) or Q6_K (-32 d sc_j, runs of 16), as 8 lanes to add up. */
-static inline __m256 k_offsets(int type, const uint8_t *b, uint64_t mn, const float *sums) {
-    if (type == Q4_K) {
-        const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((int64_t)mn)));
-        return _mm256_mul_ps(_mm256_mul_ps(m, _mm256_set1_ps(-half_to_float(b + 2))),
-                             _mm256_loadu_ps(sums));
-    }
-    const __m256 factor = _mm256_set1_ps(-32.0f * half_to_float(b + 208));
-    const __m128i sc = _mm_loadu_si128((const __m128i *)(b + 192));
-    const __m256 lo = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)),
-                                    _mm256_loadu_ps(sums));
-    const __m256 hi = _mm256_mul_ps(
-        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(sc, sc))),
-        _mm256_loadu_ps(sums + 8));
-    return _mm256_mul_ps(_mm256_add_ps(lo, hi), factor);
-}
-
 /* The block's scale d (both formats keep it as float16). */
 static inline float k_scale(int type, const uint8_t *b) {
     return half_to_float(type == Q4_K ? b : b + 208);
 }
 
 #if defined(__AVX512BW__)
-#define SPLIT_COLS 4
+/* columns a tile takes: Q6_K's unpacking keeps more registers busy */
+#define SPLIT_COLS_MAX 4
+#define SPLIT_COLS(type) ((type) == Q6_K ? 2 : 4)
 
 /* A Q6_K half-block's 128 integers q, unsigned (values 128 h to 128 h + 127, their ql
  * and qh at ql and qh): out[0]: values 0-63 (low nibbles of ql, high pairs 0 and 1 of qh),
@@ -128,7 +157,18 @@ static inline void q6_half_bytes(const uint8_t *ql, const uint8_t *qh, __m512i o
                                        _mm512_and_si512(down, pair), 0xEA);
 }
 
-/* acc += (q . x) in pairs, times the words sc (VNNI's one instruction where the CPU has it). */
+/* acc + the sums of four byte products (unsigned q times signed x) per 32-bit lane, and acc +
+ * the byte products summed in pairs times the words sc: VNNI's one instruction each where
+ * the CPU has it. */
+static inline __m512i dot4(__m512i acc, __m512i q, __m512i x) {
+#if defined(__AVX512VNNI__)
+    return _mm512_dpbusd_epi32(acc, q, x);
+#else
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(q, x),
+                                                   _mm512_set1_epi16(1)));
+#endif
+}
+
 static inline __m512i dot_scaled(__m512i acc, __m512i q, __m512i x, __m512i sc) {
 #if defined(__AVX512VNNI__)
     return _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(q, x), sc);
@@ -145,75 +185,122 @@ static inline __m512i q4k_part(const uint8_t *b, int part) {
     return _mm512_and_si512(part % 2 ? _mm512_srli_epi16(v, 4) : v, _mm512_set1_epi8(0x0F));
 }
 
-/* For the 64 values of part `part` of a block, the index of each 16-bit lane's scale among
- * the block's (a lane holds a pair of byte products). */
-static inline __m512i k_scale_index(int type, int part) {
+/* For the 64 values of part `part` of a block: Q4_K, the index of each 16-bit lane's run
+ * (a lane holds a pair of byte products) among the block's 8; Q6_K, of each 32-bit lane's
+ * (four byte products) among its 16. */
+static inline __m512i k_run_index(int type, int part) {
     if (type == Q4_K) {
         const short r = (short)(4 * (part / 2) + part % 2);
         return _mm512_inserti64x4(_mm512_set1_epi16(r), _mm256_set1_epi16((short)(r + 2)), 1);
     }
-    const short r = (short)(4 * part);
-    return _mm512_inserti64x4(
-        _mm512_castsi256_si512(_mm256_setr_m128i(_mm_set1_epi16(r), _mm_set1_epi16(r + 1))),
-        _mm256_setr_m128i(_mm_set1_epi16(r + 2), _mm_set1_epi16(r + 3)), 1);
+    const int r = 4 * part;
+    return _mm512_setr_epi32(r, r, r, r, r + 1, r + 1, r + 1, r + 1, r + 2, r + 2, r + 2,
+                             r + 2, r + 3, r + 3, r + 3, r + 3);
 }
 
-/* The block's integer scales as 16-bit lanes (Q4_K's eight, sc as k_fields gives them;
- * Q6_K's sixteen). */
-static inline __m512i k_scale_words(int type, const uint8_t *b, uint64_t sc) {
-    if (type == Q4_K)
-        return _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((int64_t)sc)));
-    return _mm512_castsi256_si512(
-        _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192))));
+/* Q4_K: *offset, the factors of its offset values (see split_x: lanes 8-15 dmin mn_j), and
+ * *words, its integer scales as 16-bit lanes. Q6_K: *offset, d sc_j, and *dot, d sc_j s
+ * (s: the group's last-term scale). Every product exact (a float16 times a 6- or 8-bit
+ * integer, times a power of two). */
+static inline void k_block_scales(int type, const uint8_t *b, __m512 s, __m512 *offset,
+                                  __m512 *dot, __m512i *words) {
+    if (type == Q4_K) {
+        uint64_t sc, mn;
+        k_fields(b, &sc, &mn);
+        *words = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((int64_t)sc)));
+        *offset = _mm512_mul_ps(
+            _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_set_epi64x((long long)mn, 0))),
+            _mm512_set1_ps(half_to_float(b + 2)));
+        return;
+    }
+    *offset = _mm512_mul_ps(
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 192)))),
+        _mm512_set1_ps(half_to_float(b + 208)));
+    *dot = _mm512_mul_ps(*offset, s);
 }
 
+/* sums[c] = x . column c for the `cols` columns at col[c]; the offsets' terms come from the
+ * sums of x, 16 lanes per block. Q4_K: each term's byte products summed in pairs times
+ * the run's integer scale, the three terms' sums combined per block. Q6_K, whose 6-bit
+ * integers take more instructions to unpack: per part of 64 values and column, a lane's
+ * three terms' byte products, each four summed in integers, combined exactly as
+ * 128 (128 (q . a) + (q . b)) + (q . c) (below 2^30), then turned to float32 and multiplied
+ * by the lane's run's scale, so that a term costs one VNNI instruction per 64 weights. */
 static inline __attribute__((always_inline)) void
 tile_split(int type, int cols, const SplitX *x, int k_dim, const uint8_t *const col[],
            int64_t ahead, float sums[TILE_COLS_MAX]) {
-    const int bytes = block_bytes(type), run = type == Q4_K ? 32 : 16;
-    __m512 acc[SPLIT_COLS];
+    const int bytes = block_bytes(type);
+    __m512 acc[SPLIT_COLS_MAX];
     for (int c = 0; c < cols; c++) acc[c] = _mm512_setzero_ps();
     for (int k = 0, at = 0; k < k_dim; k += 256, at += bytes) {
         prefetch_lines_ahead(col, cols, at, bytes, ahead);
-        __m512i words[SPLIT_COLS], dot[SPLIT_TERMS][SPLIT_COLS], q6[SPLIT_COLS][2];
+        const __m512 s = _mm512_set1_ps(x->scale[k / 256]);
+        const __m512 offsets = _mm512_loadu_ps(x->offsets + k / 16);
+        __m512 dot_scale[SPLIT_COLS_MAX];
+        __m512i words[SPLIT_COLS_MAX], q6[SPLIT_COLS_MAX][2];
+        __m512i dot[SPLIT_TERMS][SPLIT_COLS_MAX];
         for (int c = 0; c < cols; c++) {
-            const uint8_t *b = col[c] + at;
-            uint64_t sc = 0, mn = 0;
-            if (type == Q4_K) k_fields(b, &sc, &mn);
-            words[c] = k_scale_words(type, b, sc);
+            __m512 offset;
+            k_block_scales(type, col[c] + at, s, &offset, &dot_scale[c], &words[c]);
+            acc[c] = _mm512_fmadd_ps(offset, offsets, acc[c]);
             for (int t = 0; t < SPLIT_TERMS; t++) dot[t][c] = _mm512_setzero_si512();
-            acc[c] = _mm512_add_ps(acc[c], _mm512_zextps256_ps512(
-                                               k_offsets(type, b, mn, x->sums + k / run)));
         }
         for (int part = 0; part < 4; part++) {
             __m512i xt[SPLIT_TERMS];
             for (int t = 0; t < SPLIT_TERMS; t++)
                 xt[t] = _mm512_loadu_si512(x->term[t] + k + 64 * part);
-            const __m512i index = k_scale_index(type, part);
+            const __m512i index = k_run_index(type, part);
             for (int c = 0; c < cols; c++) {
                 const uint8_t *b = col[c] + at;
-                if (type == Q6_K && part % 2 == 0)  /* the half's 128 integers */
+                if (type == Q4_K) {
+                    const __m512i q = q4k_part(b, part);
+                    const __m512i sc = _mm512_permutexvar_epi16(index, words[c]);
+                    for (int t = 0; t < SPLIT_TERMS; t++)
+                        dot[t][c] = dot_scaled(dot[t][c], q, xt[t], sc);
+                    continue;
+                }
+                if (part % 2 == 0)  /* the half's 128 integers */
                     q6_half_bytes(b + 32 * part, b + 128 + 16 * part, q6[c]);
-                const __m512i q = type == Q4_K ? q4k_part(b, part) : q6[c][part % 2];
-                const __m512i sc = _mm512_permutexvar_epi16(index, words[c]);
-                for (int t = 0; t < SPLIT_TERMS; t++)
-                    dot[t][c] = dot_scaled(dot[t][c], q, xt[t], sc);
+                __m512i combined = dot4(_mm512_setzero_si512(), q6[c][part % 2], xt[0]);
+                for (int t = 1; t < SPLIT_TERMS; t++)
+                    combined = dot4(_mm512_slli_epi32(combined, 7), q6[c][part % 2], xt[t]);
+                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(combined),
+                                         _mm512_permutexvar_ps(index, dot_scale[c]), acc[c]);
             }
         }
-        const float s = x->scale[k / 256];
+        if (type == Q6_K) continue;
         for (int c = 0; c < cols; c++) {
             __m512 dots = _mm512_cvtepi32_ps(dot[0][c]);
             for (int t = 1; t < SPLIT_TERMS; t++)
                 dots = _mm512_fmadd_ps(dots, _mm512_set1_ps(SPLIT_RATIO),
                                        _mm512_cvtepi32_ps(dot[t][c]));
-            acc[c] = _mm512_fmadd_ps(dots, _mm512_set1_ps(k_scale(type, col[c] + at) * s),
-                                     acc[c]);
+            acc[c] = _mm512_fmadd_ps(
+                dots, _mm512_set1_ps(k_scale(Q4_K, col[c] + at) * x->scale[k / 256]), acc[c]);
         }
     }
     for (int c = 0; c < cols; c++) sums[c] = _mm512_reduce_add_ps(acc[c]);
 }
 #else
-#define SPLIT_COLS 2
+#define SPLIT_COLS_MAX 2
+#define SPLIT_COLS(type) 2
+
+/* sum_j offset_j X_j of a block (see split_x for `offsets`: Q4_K: -dmin mn_j times -X_j in
+ * lanes 8-15; Q6_K: d sc_j times -32 X_j), mn its minimums as k_fields gives them, as 8
+ * lanes to add up. */
+static inline __m256 k_offsets(int type, const uint8_t *b, uint64_t mn, const float *offsets) {
+    if (type == Q4_K) {
+        const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((int64_t)mn)));
+        return _mm256_mul_ps(_mm256_mul_ps(m, _mm256_set1_ps(half_to_float(b + 2))),
+                             _mm256_loadu_ps(offsets + 8));
+    }
+    const __m256 d = _mm256_set1_ps(half_to_float(b + 208));
+    const __m128i sc = _mm_loadu_si128((const __m128i *)(b + 192));
+    const __m256 lo = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)), d),
+                                    _mm256_loadu_ps(offsets));
+    return _mm256_fmadd_ps(
+        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(sc, sc))), d),
+        _mm256_loadu_ps(offsets + 8), lo);
+}
 
 /* acc += (q . x) in pairs times the run's scale sc. */
 static inline __m256i dot_scaled(__m256i acc, __m256i q, __m256i x, __m256i sc) {
@@ -240,13 +327,13 @@ static inline __m256i k_piece(int type, const uint8_t *b, int piece) {
 static inline __attribute__((always_inline)) void
 tile_split(int type, int cols, const SplitX *x, int k_dim, const uint8_t *const col[],
            int64_t ahead, float sums[TILE_COLS_MAX]) {
-    const int bytes = block_bytes(type), run = type == Q4_K ? 32 : 16;
-    __m256 acc[SPLIT_COLS];
+    const int bytes = block_bytes(type);
+    __m256 acc[SPLIT_COLS_MAX];
     for (int c = 0; c < cols; c++) acc[c] = _mm256_setzero_ps();
     for (int k = 0, at = 0; k < k_dim; k += 256, at += bytes) {
         prefetch_lines_ahead(col, cols, at, bytes, ahead);
-        int16_t words[SPLIT_COLS][16];
-        __m256i dot[SPLIT_TERMS][SPLIT_COLS];
+        int16_t words[SPLIT_COLS_MAX][16];
+        __m256i dot[SPLIT_TERMS][SPLIT_COLS_MAX];
         for (int c = 0; c < cols; c++) {
             const uint8_t *b = col[c] + at;
             uint64_t sc = 0, mn = 0;
@@ -257,7 +344,7 @@ tile_split(int type, int cols, const SplitX *x, int k_dim, const uint8_t *const 
                 for (int j = 0; j < 16; j++) words[c][j] = (int8_t)b[192 + j];
             }
             for (int t = 0; t < SPLIT_TERMS; t++) dot[t][c] = _mm256_setzero_si256();
-            acc[c] = _mm256_add_ps(acc[c], k_offsets(type, b, mn, x->sums + k / run));
+            acc[c] = _mm256_add_ps(acc[c], k_offsets(type, b, mn, x->offsets + k / 16));
         }
         for (int piece = 0; piece < 8; piece++) {
             __m256i xt[SPLIT_TERMS];
@@ -295,13 +382,13 @@ tile_split(int type, int cols, const SplitX *x, int k_dim, const uint8_t *const 
 static inline __attribute__((always_inline)) void
 split_columns_of(int type, const SplitX *x, const uint8_t *w, int64_t row_bytes,
                  const float *bias, void *out, int out_bf16, int k_dim, int first, int end) {
-    const int64_t ahead = prefetch_distance(SPLIT_COLS * row_bytes);
-    for (int n = first; n < end; n += SPLIT_COLS) {
-        const int count = end - n < SPLIT_COLS ? end - n : SPLIT_COLS;
+    const int64_t ahead = prefetch_distance(SPLIT_COLS(type) * row_bytes);
+    for (int n = first; n < end; n += SPLIT_COLS(type)) {
+        const int count = end - n < SPLIT_COLS(type) ? end - n : SPLIT_COLS(type);
         const uint8_t *col[TILE_COLS_MAX];
-        tile_columns(w, row_bytes, n, count, SPLIT_COLS, col);
+        tile_columns(w, row_bytes, n, count, SPLIT_COLS(type), col);
         float sums[QUANT_ROWS_MAX][TILE_COLS_MAX];
-        tile_split(type, SPLIT_COLS, x, k_dim, col, ahead, sums[0]);
+        tile_split(type, SPLIT_COLS(type), x, k_dim, col, ahead, sums[0]);
         store_tile(1, count, sums, bias, n, out, out_bf16, 0);
     }
 }
@@ -310,18 +397,17 @@ void split_row_columns(int type, const float *x, const uint8_t *w, int64_t row_b
                        const float *bias, void *out, int out_bf16, int k_dim, int first,
                        int end) {
     if (first >= end) return;
-    const int run = type == Q4_K ? 32 : 16;
     int8_t bytes[SPLIT_TERMS][k_dim];
     int8_t *term[SPLIT_TERMS];
     for (int t = 0; t < SPLIT_TERMS; t++) term[t] = bytes[t];
-    float scale[k_dim / SPLIT_GROUP], sums[k_dim / run];
+    float scale[k_dim / SPLIT_GROUP], offsets[k_dim / 16];
 #if defined(__AVX512BW__)
     const int interleaved = type == Q4_K;
 #else
     const int interleaved = 0;
 #endif
-    split_x(x, k_dim, run, interleaved, term, scale, sums);
-    SplitX split = {.scale = scale, .sums = sums};
+    split_x(x, k_dim, type, interleaved, term, scale, offsets);
+    SplitX split = {.scale = scale, .offsets = offsets};
     for (int t = 0; t < SPLIT_TERMS; t++) split.term[t] = term[t];
     if (type == Q4_K)
         split_columns_of(Q4_K, &split, w, row_bytes, bias, out, out_bf16, k_dim, first, end);
