@@ -9,6 +9,9 @@ goes back to the pool and its entry becomes ``HOLE``, so the holes are always a 
 Every physical block is referenced, cached-evictable or free (see ``blocks.Block``).
 A lookup compares a full block's stored tokens and parent hash, not only its chained hash
 (``blocks.block_hash``), so a hash collision never makes a request read another's K/V.
+A prompt that ends inside a block another sequence filled (a regenerated reply: the
+conversation so far, then the reply that is replaced) finds that block among the children
+of its last full block and starts from a copy of it: only its last token is computed.
 """
 
 from __future__ import annotations
@@ -51,6 +54,11 @@ class BlockManager:
         self.high_water = 0
         self.evictable: OrderedDict[int, None] = OrderedDict()
         self.hash_to_block: dict[tuple[int, int], int] = {}  # (group, chain hash) -> block
+        self.children: dict[tuple[int, int], set[int]] = {}  # (group, parent hash) -> blocks
+        self.pinned: list[int] = []  # tail sources held until their copies are taken
+        # blocks hashed since the last copies were taken: their K/V may be written only by
+        # the coming step, after its copies, so none is a tail's source yet
+        self.unwritten: set[int] = set()
         self.host = HostPool(num_host_blocks)
         self.pending_copies: list[tuple[int, int]] = []
         self.prefix_queries = 0
@@ -124,13 +132,34 @@ class BlockManager:
         while count and not all(self._window_cached(group, found[group], count)
                                 for group in range(self.num_groups)):
             count -= 1
-        if not count:
+        tail = ()
+        if count == len(hashes):
+            tail = self._find_tail(seq, count, hashes[-1] if count else NO_HASH)
+        if not count and not tail:
             return NO_HIT
+        computed = seq.num_tokens - 1 if tail else count * bs
         tables = []
         for group, table in enumerate(found):
-            start = self.window_start(group, count * bs)
+            start = min(self.window_start(group, computed), count)
             tables.append((HOLE,) * start + tuple(table[start:count]))
-        return PrefixHit(tuple(tables), tuple(hashes[:count]))
+        return PrefixHit(tuple(tables), tuple(hashes[:count]), tail, computed)
+
+    def _find_tail(self, seq: Sequence, count: int, parent: int) -> tuple[int, ...]:
+        """Per group, a cached child of the ``count`` blocks found whose tokens begin with
+        the rest of ``seq`` but its last token; () where a group has none (or no rest)."""
+        start = count * self.block_size
+        rest = tuple(seq.token_ids[start : seq.num_tokens - 1])
+        if not rest or len(rest) >= self.block_size:
+            return ()
+        tail = []
+        for group in range(self.num_groups):
+            block_id = next((child for child in self.children.get((group, parent), ())
+                             if child not in self.unwritten
+                             and self.blocks[child].token_ids[:len(rest)] == rest), HOLE)
+            if block_id == HOLE:
+                return ()
+            tail.append(block_id)
+        return tuple(tail)
 
     def _window_cached(self, group: int, found: list[int], count: int) -> bool:
         """Whether ``found`` holds every block of ``group`` that the first ``count`` blocks'
@@ -169,10 +198,8 @@ class BlockManager:
                 block_id = table[index]
                 if block_id == HOLE:
                     continue
-                block = self.blocks[block_id]
-                if block.hash == NO_HASH and (group, h) not in self.hash_to_block:
-                    block.hash, block.parent_hash, block.token_ids = h, parent, tokens
-                    self.hash_to_block[(group, h)] = block_id
+                if self.blocks[block_id].hash == NO_HASH and (group, h) not in self.hash_to_block:
+                    self._register(block_id, group, h, parent, tokens)
 
     # ---- allocation -----------------------------------------------------------
     def blocks_needed(
@@ -185,7 +212,7 @@ class BlockManager:
         share blocks as if they were allocated one after another."""
         refs = refs if refs is not None else {}
         bs = self.block_size
-        computed = seq.num_computed_tokens + hit.num_blocks * bs
+        computed = seq.num_computed_tokens + hit.num_tokens
         count = self.blocks_for(computed + num_new_tokens)
         have = len(seq.block_tables[0]) if seq.block_tables else 0
         have += hit.num_blocks
@@ -220,15 +247,23 @@ class BlockManager:
             if self.enable_prefix_caching:
                 self.prefix_queries += seq.num_tokens
             seq.block_tables = [[] for _ in self.windows]
-        if hit.num_blocks:
-            self.prefix_hits += hit.num_blocks * self.block_size
+        if hit.num_tokens:
+            self.prefix_hits += hit.num_tokens
             for table, cached in zip(seq.block_tables, hit.tables, strict=True):
                 for block_id in cached:
                     if block_id != HOLE:
                         self._take(block_id)
                     table.append(block_id)
+            # A tail's source is held until the step's copies are taken, so no allocation
+            # of this schedule can hand it out before it is copied.
+            for group, (table, source) in enumerate(zip(seq.block_tables, hit.tail)):
+                self._take(source)
+                self.pinned.append(source)
+                fresh = self._pop_free(group)
+                self.pending_copies.append((source, fresh))
+                table.append(fresh)
             seq.block_hashes.extend(hit.hashes)
-            seq.num_computed_tokens = hit.num_blocks * self.block_size
+            seq.num_computed_tokens = hit.num_tokens
         computed = seq.num_computed_tokens
         count = self.blocks_for(computed + num_new_tokens)
         for group, table in enumerate(seq.block_tables):
@@ -302,10 +337,16 @@ class BlockManager:
         self.free_ids.extend(reversed(self.evictable))
         self.evictable.clear()
         self.hash_to_block.clear()
+        self.children.clear()
 
     def take_copies(self) -> list[tuple[int, int]]:
-        """The copy-on-write pairs queued since the last call, for one batched copy."""
+        """The copy-on-write pairs queued since the last call, for one batched copy (which
+        runs before anything else is written: the tail sources held for it go back)."""
         copies, self.pending_copies = self.pending_copies, []
+        for source in self.pinned:
+            self._release(source)
+        self.pinned = []
+        self.unwritten.clear()
         return copies
 
     # ---- swapping -------------------------------------------------------------
@@ -371,9 +412,7 @@ class BlockManager:
         if (group, h) in self.hash_to_block:
             return HOLE
         block_id = self._pop_free(group)
-        block = self.blocks[block_id]
-        block.hash, block.parent_hash, block.token_ids = h, parent, tokens
-        self.hash_to_block[(group, h)] = block_id
+        self._register(block_id, group, h, parent, tokens)
         self._release(block_id)
         return block_id
 
@@ -382,11 +421,18 @@ class BlockManager:
         block_id = self._pop_free(saved.group)
         key = (saved.group, saved.hash)
         if saved.hash != NO_HASH and key not in self.hash_to_block:
-            block = self.blocks[block_id]
-            block.hash, block.parent_hash, block.token_ids = (
-                saved.hash, saved.parent_hash, saved.token_ids)
-            self.hash_to_block[key] = block_id
+            self._register(block_id, saved.group, saved.hash, saved.parent_hash,
+                           saved.token_ids)
         return block_id
+
+    def _register(self, block_id: int, group: int, h: int, parent: int,
+                  tokens: tuple[int, ...]) -> None:
+        """Make a full block findable by its chain hash and as a child of its parent."""
+        block = self.blocks[block_id]
+        block.hash, block.parent_hash, block.token_ids = h, parent, tokens
+        self.hash_to_block[(group, h)] = block_id
+        self.children.setdefault((group, parent), set()).add(block_id)
+        self.unwritten.add(block_id)
 
     def _take(self, block_id: int) -> None:
         block = self.blocks[block_id]
@@ -413,6 +459,10 @@ class BlockManager:
             block_id, _ = self.evictable.popitem(last=False)
             block = self.blocks[block_id]
             del self.hash_to_block[(block.group, block.hash)]
+            siblings = self.children[(block.group, block.parent_hash)]
+            siblings.discard(block_id)
+            if not siblings:
+                del self.children[(block.group, block.parent_hash)]
             block.hash, block.parent_hash, block.token_ids = NO_HASH, NO_HASH, ()
         self.blocks[block_id].ref_count = 1
         self.blocks[block_id].group = group
