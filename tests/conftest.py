@@ -240,7 +240,7 @@ def small_copy_bandwidth(monkeypatch):
     how the figure is used, and ``copy_bandwidth`` itself is tested in tests/bench."""
     from functools import partial
 
-    from pagedchat.bench import bandwidth
+    from pagedchat_lab import bandwidth
 
     monkeypatch.setattr(bandwidth, "copy_bandwidth",
                         partial(bandwidth.copy_bandwidth, size=1 << 24, repeats=2))

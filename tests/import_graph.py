@@ -1,7 +1,8 @@
-"""The package's module import graph, read from the source with ``ast`` (nothing imported).
+"""The import graph of the package and of its lab (``pagedchat_lab``), read from the source
+with ``ast`` (nothing imported).
 
-Every ``import`` and ``from ... import`` counts, at the top of a module or inside a
-function; an import under ``if TYPE_CHECKING:`` is marked type-only (it never runs).
+Every ``import`` and ``from ... import`` counts: at the top of a module, inside a function
+or under ``if TYPE_CHECKING:`` (a type-only import makes a cycle as much as any other).
 ``from package import name`` is an import of the submodule ``package.name`` when there is
 one, else of ``package``.
 """
@@ -14,32 +15,24 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent / "pagedchat"
+LAB_ROOT = PACKAGE_ROOT.with_name("pagedchat_lab")
 
 
 @dataclass(frozen=True)
 class Import:
     target: str  # a module of the package
     line: int
-    type_only: bool
 
 
-def module_files(root: Path = PACKAGE_ROOT) -> dict[str, Path]:
-    """Dotted module name -> file, for every Python module under ``root``."""
+def module_files() -> dict[str, Path]:
+    """Dotted module name -> file, for every Python module of the package and the lab."""
     modules = {}
-    for path in sorted(root.rglob("*.py")):
-        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    for path in sorted(path for root in (PACKAGE_ROOT, LAB_ROOT) for path in root.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE_ROOT.parent).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
         modules[".".join(parts)] = path
     return modules
-
-
-def _type_only_nodes(tree: ast.AST) -> set[int]:
-    found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            found.update(id(inner) for statement in node.body for inner in ast.walk(statement))
-    return found
 
 
 def imports_of(name: str, modules: dict[str, Path]) -> list[Import]:
@@ -47,7 +40,6 @@ def imports_of(name: str, modules: dict[str, Path]) -> list[Import]:
     path = modules[name]
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    type_only = _type_only_nodes(tree)
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -65,13 +57,13 @@ def imports_of(name: str, modules: dict[str, Path]) -> list[Import]:
             while target and target not in modules:
                 target = target.rpartition(".")[0]
             if target and target != name:
-                found.append(Import(target, node.lineno, id(node) in type_only))
+                found.append(Import(target, node.lineno))
     return found
 
 
 @functools.cache
-def import_graph(root: Path = PACKAGE_ROOT) -> dict[str, list[Import]]:
-    modules = module_files(root)
+def import_graph() -> dict[str, list[Import]]:
+    modules = module_files()
     return {name: imports_of(name, modules) for name in modules}
 
 

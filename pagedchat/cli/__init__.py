@@ -8,11 +8,25 @@ from __future__ import annotations
 import gc
 
 import typer
+import typer.core
 
 from pagedchat import console, progress
-from pagedchat.cli import batch, bench, chat, inspect, models, run, serve
+from pagedchat.cli import batch, chat, inspect, models, run, serve
+
+
+class _Group(typer.core.TyperGroup):
+    """The root group, whose ``--help`` left out reads False rather than None: typer coerces
+    a None through pydantic, whose import would come with every command's ``--help``."""
+
+    def get_help_option(self, ctx: typer.Context) -> typer.core.TyperOption | None:
+        option = super().get_help_option(ctx)
+        if option is not None:
+            option.default = False
+        return option
+
 
 app = typer.Typer(
+    cls=_Group,
     help="A terminal chatbot on a from-scratch PagedAttention engine.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -34,7 +48,20 @@ app.command()(inspect.inspect)
 app.command()(models.models)
 app.command()(run.run)
 app.command()(serve.serve)
-app.add_typer(bench.app, name="bench")
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+             add_help_option=False)
+def bench(ctx: typer.Context) -> None:
+    """The paper's evaluation on this machine, peers side by side."""
+    # the lab (pagedchat_lab) is a package of its own, loaded only when a bench runs
+    import typer.main
+
+    from pagedchat_lab.cli import app as lab
+
+    group = typer.main.get_command(lab)
+    with group.make_context(ctx.info_name, list(ctx.args), parent=ctx.parent) as lab_ctx:
+        group.invoke(lab_ctx)
 
 
 def main() -> None:

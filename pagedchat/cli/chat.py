@@ -9,11 +9,12 @@ import typer
 
 from pagedchat.chat.prompt import DEFAULT_CONTEXT_WINDOW
 from pagedchat.cli.options import (
-    MODEL_HELP,
     KvCacheDtype,
     KvStoreCap,
+    Model,
     NumSpeculativeTokens,
     Speculative,
+    TensorParallelSize,
     Weights,
 )
 from pagedchat.engine.presets import PRESETS
@@ -22,7 +23,7 @@ CHAT = PRESETS["chat"]
 
 
 def chat(
-    model: Annotated[str | None, typer.Option("--model", "-m", help=MODEL_HELP)] = None,
+    model: Model = None,
     db: Annotated[Path | None, typer.Option(
         help="SQLite file of the sessions (default: chats.db in $PAGEDCHAT_DATA_DIR, "
              "else in $XDG_DATA_HOME/pagedchat).")] = None,
@@ -34,9 +35,7 @@ def chat(
                      f"(default: {DEFAULT_CONTEXT_WINDOW}).")] = None,
     kv_blocks: Annotated[int | None, typer.Option(
         min=1, help=f"Blocks in the KV cache pool (default: {CHAT.num_kv_blocks}).")] = None,
-    tensor_parallel_size: Annotated[int, typer.Option(
-        "--tensor-parallel-size", "-tp", min=1,
-        help="Workers that split the model's heads (one process each).")] = 1,
+    tensor_parallel_size: TensorParallelSize = 1,
     weights: Weights = None,
     kv_cache_dtype: KvCacheDtype = "auto",
     speculative: Speculative = None,

@@ -114,7 +114,6 @@ def block_tables(stats: EngineStats) -> Table:
     return table
 
 
-
 def figures(stats: EngineStats) -> dict[str, object]:
     """The numbers under the picture, by stable names."""
     return {

@@ -8,13 +8,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from pagedchat import console
 from pagedchat.engine.errors import PagedChatError
 
 MODEL_HELP = ("HF folder, GGUF file or named model (see pagedchat models); default: "
               "SmolLM2-135M-Instruct.")
-Model = Annotated[str | None, typer.Option("--model", help=MODEL_HELP)]
+Model = Annotated[str | None, typer.Option("--model", "-m", help=MODEL_HELP)]
 JsonPath = Annotated[Path | None, typer.Option("--json", help="Write figures + metadata.")]
 BlockSize = Annotated[int, typer.Option("--block-size", help="Tokens per KV block.")]
 KvBlocks = Annotated[int | None, typer.Option("--kv-blocks", min=1,
@@ -63,6 +64,6 @@ def user_errors() -> Iterator[None]:
         yield
     except (PagedChatError, ValueError, OSError) as error:
         # OSError covers a missing file as well as a full disk while writing results.
-        console.note(f"[red]error:[/red] {error}")
+        console.note(f"[red]error:[/red] {escape(str(error))}")  # no markup in the text
         raise typer.Exit(1) from error
 

@@ -9,13 +9,15 @@ from typing import Annotated
 import typer
 
 from pagedchat.cli.options import (
-    MODEL_HELP,
     KvBlocks,
     KvCacheDtype,
     KvMemory,
+    Model,
     NumSpeculativeTokens,
     Speculative,
+    TensorParallelSize,
     Weights,
+    user_errors,
 )
 from pagedchat.engine.presets import PRESETS, swap_space
 
@@ -25,7 +27,7 @@ RUN = PRESETS["run"]
 def run(
     prompt: Annotated[str | None, typer.Argument(
         help="The question; '-' or nothing reads it from standard input.")] = None,
-    model: Annotated[str | None, typer.Option("--model", "-m", help=MODEL_HELP)] = None,
+    model: Model = None,
     system: Annotated[str | None, typer.Option(help="A system prompt.")] = None,
     max_tokens: Annotated[int, typer.Option(min=1, help="Most tokens to generate.")]
     = RUN.max_tokens,
@@ -40,9 +42,7 @@ def run(
     kv_cache_dtype: KvCacheDtype = "auto",
     speculative: Speculative = None,
     num_speculative_tokens: NumSpeculativeTokens = 4,
-    tensor_parallel_size: Annotated[int, typer.Option(
-        "--tensor-parallel-size", "-tp", min=1,
-        help="Workers that split the model's heads (one process each).")] = 1,
+    tensor_parallel_size: TensorParallelSize = 1,
     verbose: Annotated[bool, typer.Option(
         "--verbose", "-v", help="Print load time, token counts and speeds to stderr.")] = False,
     logprobs: Annotated[int | None, typer.Option(
@@ -54,7 +54,6 @@ def run(
 
     from pagedchat.chat.prompt import PLAIN_STOP, has_chat_template, render
     from pagedchat.engine.config import EngineConfig
-    from pagedchat.engine.errors import PagedChatError
     from pagedchat.engine.kv_groups import kv_groups
     from pagedchat.engine.llm_engine import LLMEngine
     from pagedchat.engine.opening import open_model
@@ -65,46 +64,44 @@ def run(
             raise typer.BadParameter("give a prompt, or pipe one in", param_hint="PROMPT")
         prompt = sys.stdin.read()
     try:
-        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                                seed=seed, logprobs=logprobs)
-        start = time.perf_counter()
-        opened = open_model(EngineConfig(model=model, dtype=dtype, weights=weights,
-                                         num_kv_blocks=kv_blocks, kv_cache_memory=kv_memory,
-                                         kv_cache_dtype=kv_cache_dtype,
-                                         swap_space=swap_space("recompute"),
-                                         max_num_seqs=RUN.max_num_seqs,
-                                         speculative=speculative,
-                                         num_speculative_tokens=num_speculative_tokens,
-                                         tensor_parallel_size=tensor_parallel_size))
-        if raw:
-            prompt_ids = list(opened.tokenizer.encode(prompt))
-        else:
-            messages = ([{"role": "system", "content": system}] if system else [])
-            messages.append({"role": "user", "content": prompt})
-            # a base model (no chat template) gets plain "User: / Assistant:" lines
-            prompt_ids = render(opened.tokenizer, messages)
-            if not has_chat_template(opened.tokenizer):
-                params = replace(params, stop=[PLAIN_STOP])
-        if RUN.pool_per_request and kv_blocks is None and kv_memory is None:
-            # the pool serves this one request: sized to what it can need, not to the
-            # engine's budget for many
-            blocks = opened.config.request_kv_blocks(
-                len(prompt_ids), params.max_tokens, params.best_of,
-                kv_groups(opened.model_config).windows)
-            opened = replace(opened, config=replace(opened.config, num_kv_blocks=blocks))
-        engine = LLMEngine(opened)
-        loaded = time.perf_counter()
-        engine.add_request("run", prompt_ids, params)
-        final = None
-        while engine.has_unfinished_requests():
-            for output in engine.step():
-                sys.stdout.write(output.outputs[0].delta)
-                sys.stdout.flush()
-                final = output
-        sys.stdout.write("\n")
-    except PagedChatError as error:
-        typer.secho(f"error: {error}", err=True, fg="red")
-        raise typer.Exit(1) from error
+        with user_errors():
+            params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                                    seed=seed, logprobs=logprobs)
+            start = time.perf_counter()
+            opened = open_model(EngineConfig(model=model, dtype=dtype, weights=weights,
+                                             num_kv_blocks=kv_blocks, kv_cache_memory=kv_memory,
+                                             kv_cache_dtype=kv_cache_dtype,
+                                             swap_space=swap_space("recompute"),
+                                             max_num_seqs=RUN.max_num_seqs,
+                                             speculative=speculative,
+                                             num_speculative_tokens=num_speculative_tokens,
+                                             tensor_parallel_size=tensor_parallel_size))
+            if raw:
+                prompt_ids = list(opened.tokenizer.encode(prompt))
+            else:
+                messages = ([{"role": "system", "content": system}] if system else [])
+                messages.append({"role": "user", "content": prompt})
+                # a base model (no chat template) gets plain "User: / Assistant:" lines
+                prompt_ids = render(opened.tokenizer, messages)
+                if not has_chat_template(opened.tokenizer):
+                    params = replace(params, stop=[PLAIN_STOP])
+            if RUN.pool_per_request and kv_blocks is None and kv_memory is None:
+                # the pool serves this one request: sized to what it can need, not to the
+                # engine's budget for many
+                blocks = opened.config.request_kv_blocks(
+                    len(prompt_ids), params.max_tokens, params.best_of,
+                    kv_groups(opened.model_config).windows)
+                opened = replace(opened, config=replace(opened.config, num_kv_blocks=blocks))
+            engine = LLMEngine(opened)
+            loaded = time.perf_counter()
+            engine.add_request("run", prompt_ids, params)
+            final = None
+            while engine.has_unfinished_requests():
+                for output in engine.step():
+                    sys.stdout.write(output.outputs[0].delta)
+                    sys.stdout.flush()
+                    final = output
+            sys.stdout.write("\n")
     except KeyboardInterrupt:
         typer.secho("\ninterrupted", err=True)
         raise typer.Exit(130) from None

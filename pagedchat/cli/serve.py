@@ -11,9 +11,12 @@ import typer
 from pagedchat.cli.options import (
     KvCacheDtype,
     KvStoreCap,
+    Model,
     NumSpeculativeTokens,
     Speculative,
+    TensorParallelSize,
     Weights,
+    user_errors,
 )
 from pagedchat.engine.presets import PRESETS, swap_space
 
@@ -23,10 +26,7 @@ SERVE = PRESETS["serve"]
 def serve(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on.")] = 8000,
-    model: Annotated[str | None, typer.Option(
-        "--model", "-m",
-        help="HF folder, GGUF file or named model (see pagedchat models); default: "
-             "SmolLM2-135M-Instruct.")] = None,
+    model: Model = None,
     served_model_name: Annotated[list[str] | None, typer.Option(
         help="The model's name in the API (default: the model file's or folder's name); "
              "repeat it for aliases, the first is the name answers carry. Each name is "
@@ -52,9 +52,7 @@ def serve(
              "that start with them, after a restart too (a shared system prompt stays "
              "warm); default: none kept.")] = None,
     kv_store_cap: KvStoreCap = "2GiB",
-    tensor_parallel_size: Annotated[int, typer.Option(
-        "--tensor-parallel-size", "-tp", min=1,
-        help="Workers that split the model's heads (one process each).")] = 1,
+    tensor_parallel_size: TensorParallelSize = 1,
     drain_timeout: Annotated[float, typer.Option(
         min=0, help="Seconds running requests get to finish after SIGTERM.")] = 30.0,
     log_prompts: Annotated[bool, typer.Option(
@@ -70,12 +68,11 @@ def serve(
 ) -> None:
     """An OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, ...)."""
     from pagedchat.engine.config import EngineConfig, parse_bytes
-    from pagedchat.engine.errors import PagedChatError
     from pagedchat.server.serve import build_engine, run_server
     from pagedchat.server.state import ServerSettings
 
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s: %(message)s")
-    try:
+    with user_errors():
         body_limit = parse_bytes(max_request_bytes)
         engine = build_engine(EngineConfig(
             model=model, block_size=block_size, kv_cache_memory=kv_memory,
@@ -85,9 +82,6 @@ def serve(
             tensor_parallel_size=tensor_parallel_size,
             speculative=speculative, num_speculative_tokens=num_speculative_tokens,
             kv_store=None if kv_store is None else str(kv_store), kv_store_cap=kv_store_cap))
-    except PagedChatError as error:
-        typer.secho(f"error: {error}", err=True, fg="red")
-        raise typer.Exit(1) from error
     names = served_model_name or [Path(engine.model_files.source).name.removesuffix(".gguf")]
     if not served_model_name and model and Path(model).name == model and not Path(model).exists():
         names.append(model)  # a named model (gemma-3-270m) answers to that name too
@@ -96,9 +90,7 @@ def serve(
         log_prompts=log_prompts, drain_timeout=drain_timeout, max_request_bytes=body_limit,
         read_timeout=read_timeout, max_concurrent_requests=max_concurrent_requests)
     try:
-        run_server(engine, settings, host, port, log_level.lower())
-    except PagedChatError as error:
-        typer.secho(f"error: {error}", err=True, fg="red")
-        raise typer.Exit(1) from error
+        with user_errors():
+            run_server(engine, settings, host, port, log_level.lower())
     finally:
         engine.shutdown()

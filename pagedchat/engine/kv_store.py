@@ -23,16 +23,28 @@ import os
 import struct
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 import xxhash
 
-from pagedchat.engine.block_manager import HOLE, NO_HASH, block_hash
+from pagedchat.engine.blocks import HOLE, NO_HASH, block_hash
 
 if TYPE_CHECKING:
-    from pagedchat.engine.llm_engine import LLMEngine
+    from pagedchat.engine.config import EngineConfig
+    from pagedchat.engine.loading.loader import ModelFiles
+    from pagedchat.engine.runner.model_runner import ModelRunner
+    from pagedchat.engine.scheduler import Scheduler
     from pagedchat.engine.sequence import SequenceGroup
+
+
+class Engine(Protocol):
+    """What the store reads of its engine (an ``LLMEngine``, whose module imports this one)."""
+
+    config: EngineConfig
+    model_files: ModelFiles
+    scheduler: Scheduler
+    runner: ModelRunner
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +53,7 @@ SUFFIX = ".kv"
 _HEADER = struct.Struct("<I")  # the JSON header's length
 
 
-def fingerprint(engine: LLMEngine) -> str:
+def fingerprint(engine: Engine) -> str:
     """What K/V computed by ``engine`` depend on, as a short hex digest: another model
     file, weights mode, dtype, K/V dtype, block size or kernel level is another store."""
     files, config, runner = engine.model_files, engine.config, engine.runner
@@ -63,7 +75,7 @@ def fingerprint(engine: LLMEngine) -> str:
 class KVStore:
     """The blocks of one engine's pool on disk (see the module's docstring)."""
 
-    def __init__(self, engine: LLMEngine, folder: str | os.PathLike, cap_bytes: int) -> None:
+    def __init__(self, engine: Engine, folder: str | os.PathLike, cap_bytes: int) -> None:
         self.block_manager = engine.scheduler.block_manager
         self.runner = engine.runner
         self.root = Path(folder)

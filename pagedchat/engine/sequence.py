@@ -62,11 +62,6 @@ class Sequence:
         return self.block_tables[0] if self.block_tables else []
 
     @property
-    def cpu_block_table(self) -> list[int]:
-        """The first group's table in the host pool while the sequence is swapped out."""
-        return self.cpu_block_tables[0] if self.cpu_block_tables else []
-
-    @property
     def output_token_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt_tokens :]
 

@@ -13,20 +13,37 @@ a fully accepted draft, is sampled plainly.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from pagedchat.engine.sampling.rejection import accept_draft
 from pagedchat.engine.sampling.sampler import SampleRow, filter_logits, processed_logits, sample
-from pagedchat.engine.scheduler import ScheduledSeq
-from pagedchat.engine.sequence import SequenceGroup
+from pagedchat.engine.scheduler import ScheduledSeq, Scheduler
+from pagedchat.engine.sequence import Sequence, SequenceGroup
 
 if TYPE_CHECKING:
-    from pagedchat.engine.llm_engine import LLMEngine
+    from pagedchat.engine.runner.protocol import Runner
+    from pagedchat.engine.sampling_params import SamplingParams
 
 
-def verify_drafts(engine: LLMEngine, items: list[ScheduledSeq], argmax: list[bool],
+class Engine(Protocol):
+    """What verifying drafts asks of the engine (an ``LLMEngine``, whose module imports
+    this one): the steps a plain decode's token goes through."""
+
+    scheduler: Scheduler
+    runner: Runner
+
+    def _after_token(self, group: SequenceGroup, seq: Sequence) -> None: ...
+    def _fail(self, group: SequenceGroup, error: Exception) -> None: ...
+    def _banned(self, params: SamplingParams, seq: Sequence) -> tuple[int, ...]: ...
+    @staticmethod
+    def _record_logprobs(logits: torch.Tensor, rows: list[SampleRow],
+                         seqs: list[tuple[SequenceGroup, Sequence]], tokens: list[int],
+                         ) -> None: ...
+
+
+def verify_drafts(engine: Engine, items: list[ScheduledSeq], argmax: list[bool],
                   tokens: list[int], logits: torch.Tensor) -> list[SequenceGroup]:
     """Append each drafted sequence's accepted tokens and one more. ``argmax[i]``: item i's
     rows' greedy tokens are the next ``1 + len(draft)`` of ``tokens``; else its rows are
@@ -65,7 +82,7 @@ def verify_drafts(engine: LLMEngine, items: list[ScheduledSeq], argmax: list[boo
     return advanced
 
 
-def _choose(engine: LLMEngine, group: SequenceGroup, item: ScheduledSeq, logits: torch.Tensor,
+def _choose(engine: Engine, group: SequenceGroup, item: ScheduledSeq, logits: torch.Tensor,
             proposed: int | None) -> tuple[int, float]:
     """The token of one row (``logits``: [1, vocab]) and its log-probability, as the
     sampler gives them; a drafted row of a sampled request through the acceptance test."""

@@ -24,13 +24,8 @@ __all__ = ["copy_blocks", "embedding", "gather_kv", "gelu_tanh_mul", "linear", "
            "silu_mul", "split_rotary", "store_kv", "swap_blocks", "write_slots"]
 
 
-def store_kv(
-    key: torch.Tensor,
-    value: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-) -> None:
+def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
     """Write ``key``/``value`` rows ``[num_tokens, num_kv_heads, head_dim]`` into their slots.
 
     A slot of -1 means "skip this row" (padding)."""
@@ -50,9 +45,7 @@ def write_slots(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
     v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, value.to(v_cache.dtype))
 
 
-def gather_kv(
-    cache: torch.Tensor, block_table: torch.Tensor, context_len: int
-) -> torch.Tensor:
+def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, context_len: int) -> torch.Tensor:
     """The first ``context_len`` cached rows of one sequence, ``[context_len, kv_heads, dim]``
     (de-quantized to float32 from an int8 cache)."""
     block_size = cache.shape[1]
@@ -62,18 +55,11 @@ def gather_kv(
     return dequantize(rows) if cache.dtype == torch.int8 else rows
 
 
-def paged_attention(
-    query: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    scale: float,
-    *,
-    max_query_len: int | None = None,
-    max_context_len: int | None = None,
-) -> torch.Tensor:
+def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    block_tables: torch.Tensor, context_lens: torch.Tensor,
+                    query_start_loc: torch.Tensor, scale: float, *,
+                    max_query_len: int | None = None,
+                    max_context_len: int | None = None) -> torch.Tensor:
     """Causal attention of a chunk of new queries per sequence over its paged cache.
 
     ``query`` is ``[num_tokens, num_heads, head_dim]``; sequence ``i`` owns rows
@@ -112,11 +98,8 @@ def paged_attention(
     return out
 
 
-def copy_blocks(
-    k_caches: list[torch.Tensor],
-    v_caches: list[torch.Tensor],
-    block_mapping: torch.Tensor,
-) -> None:
+def copy_blocks(k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
+                block_mapping: torch.Tensor) -> None:
     """Copy-on-write: for every ``(src, dst)`` row of ``block_mapping`` ``[n, 2]``,
     copy block ``src`` into block ``dst`` in every layer, one batched call per layer."""
     if block_mapping.numel() == 0:

@@ -101,20 +101,9 @@ def _decode_kernel(
 
 
 @triton.jit
-def _reduce_kernel(
-    out_ptr,
-    part_acc_ptr,
-    part_m_ptr,
-    part_l_ptr,
-    query_start_loc_ptr,
-    num_splits,
-    stride_ot,
-    stride_oh,
-    stride_od,
-    HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PAD: tl.constexpr,
-    SPLITS_PAD: tl.constexpr,
-):
+def _reduce_kernel(out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, query_start_loc_ptr, num_splits,
+                   stride_ot, stride_oh, stride_od, HEAD_DIM: tl.constexpr,
+                   HEAD_DIM_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr):
     seq = tl.program_id(0)
     head = tl.program_id(1)
     q_row = tl.load(query_start_loc_ptr + seq).to(tl.int64)
@@ -150,8 +139,7 @@ def _num_cores(device: torch.device) -> int:
     return 1  # the interpreter runs programs one after another: splitting only costs time
 
 
-def choose_num_splits(
-    num_seqs: int, num_kv_heads: int, max_context_len: int, num_cores: int
+def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context_len: int, num_cores: int
 ) -> int:
     """How many programs share one (sequence, kv head) in decode: a power of two.
 
@@ -167,20 +155,11 @@ def choose_num_splits(
     return 1 << (splits.bit_length() - 1)
 
 
-def paged_attention_decode(
-    query: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    scale: float,
-    *,
-    max_context_len: int,
-    out: torch.Tensor | None = None,
-    num_splits: int | None = None,
-    tile_n: int | None = None,
-) -> torch.Tensor:
+def paged_attention_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, context_lens: torch.Tensor,
+                           query_start_loc: torch.Tensor, scale: float, *, max_context_len: int,
+                           out: torch.Tensor | None = None, num_splits: int | None = None,
+                           tile_n: int | None = None) -> torch.Tensor:
     """Decode attention: every sequence has at most one query row (``q_len`` 0 or 1).
 
     ``num_splits`` (default: ``choose_num_splits``) and ``tile_n`` (tokens per inner step)
@@ -203,14 +182,10 @@ def paged_attention_decode(
     num_splits = max(1, triton.cdiv(max_context_len, tokens_per_split))
     split = num_splits > 1
     if split:
-        part_acc = torch.empty(
-            (num_seqs, num_heads, num_splits, head_dim_pad),
-            dtype=torch.float32,
-            device=query.device,
-        )
-        part_m = torch.empty(
-            (num_seqs, num_heads, num_splits), dtype=torch.float32, device=query.device
-        )
+        part_acc = torch.empty((num_seqs, num_heads, num_splits, head_dim_pad),
+                               dtype=torch.float32, device=query.device)
+        part_m = torch.empty((num_seqs, num_heads, num_splits), dtype=torch.float32,
+                             device=query.device)
         part_l = torch.empty_like(part_m)
     else:
         part_acc = part_m = part_l = out  # unused
@@ -221,33 +196,17 @@ def paged_attention_decode(
     )
     if split:
         _reduce_kernel[(num_seqs, num_heads)](
-            out,
-            part_acc,
-            part_m,
-            part_l,
-            call.query_start_loc,
-            num_splits,
-            *out.stride(),
-            HEAD_DIM=call.constexprs["HEAD_DIM"],
-            HEAD_DIM_PAD=head_dim_pad,
-            SPLITS_PAD=triton.next_power_of_2(num_splits),
-        )
+            out, part_acc, part_m, part_l, call.query_start_loc, num_splits, *out.stride(),
+            HEAD_DIM=call.constexprs["HEAD_DIM"], HEAD_DIM_PAD=head_dim_pad,
+            SPLITS_PAD=triton.next_power_of_2(num_splits))
     return out
 
 
-def paged_attention(
-    query: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    scale: float,
-    *,
-    max_query_len: int | None = None,
-    max_context_len: int | None = None,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
+def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    block_tables: torch.Tensor, context_lens: torch.Tensor,
+                    query_start_loc: torch.Tensor, scale: float, *,
+                    max_query_len: int | None = None, max_context_len: int | None = None,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of a chunk of new queries per sequence over its paged cache.
 
     Same contract as the reference. The decode kernel runs when no sequence has more than

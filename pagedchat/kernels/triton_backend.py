@@ -39,28 +39,11 @@ from pagedchat.kernels.triton_cache import copy_blocks, store_kv
 from pagedchat.kernels.triton_prefill import paged_attention_prefill
 from pagedchat.kernels.triton_utils import INTERPRETED
 
-__all__ = [
-    "INTERPRETED",
-    "choose_num_splits",
-    "copy_blocks",
-    "embedding",
-    "gelu_tanh_mul",
-    "linear",
-    "max_logsumexp",
-    "pack_embedding",
-    "pack_linear",
-    "paged_attention",
-    "paged_attention_decode",
-    "paged_attention_prefill",
-    "quantized_embedding",
-    "quantized_linear",
-    "rms_norm",
-    "rotary_store",
-    "screen_candidates",
-    "silu_mul",
-    "store_kv",
-    "swap_blocks",
-]
+__all__ = ["INTERPRETED", "choose_num_splits", "copy_blocks", "embedding", "gelu_tanh_mul",
+           "linear", "max_logsumexp", "pack_embedding", "pack_linear", "paged_attention",
+           "paged_attention_decode", "paged_attention_prefill", "quantized_embedding",
+           "quantized_linear", "rms_norm", "rotary_store", "screen_candidates", "silu_mul",
+           "store_kv", "swap_blocks"]
 
 
 def rotary_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int,

@@ -13,30 +13,15 @@ import triton
 import triton.language as tl
 
 from pagedchat.kernels.kv_int8 import SCALE_BYTES
-from pagedchat.kernels.triton_utils import check_device
+from pagedchat.kernels.triton_utils import check_caches
 
 
 @triton.jit
 def _store_kv_kernel(
-    key_ptr,
-    value_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    slot_mapping_ptr,
-    stride_kt,
-    stride_kh,
-    stride_kd,
-    stride_vt,
-    stride_vh,
-    stride_vd,
-    stride_cb,
-    stride_ct,
-    stride_ch,
-    stride_cd,
-    HEAD_DIM: tl.constexpr,
-    ROW: tl.constexpr,
-    ROW_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
+    key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
+    stride_kt, stride_kh, stride_kd, stride_vt, stride_vh, stride_vd,
+    stride_cb, stride_ct, stride_ch, stride_cd,
+    HEAD_DIM: tl.constexpr, ROW: tl.constexpr, ROW_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
 ):
     # One program per token: its whole row of kv_heads * head_dim elements for K and V.
     # ROW need not be a power of two (3 heads * 64 = 192), hence ROW_PAD and the mask.
@@ -48,12 +33,8 @@ def _store_kv_kernel(
     mask = j < ROW
     head = j // HEAD_DIM
     dim = j % HEAD_DIM
-    dst = (
-        (slot // BLOCK_SIZE) * stride_cb
-        + (slot % BLOCK_SIZE) * stride_ct
-        + head * stride_ch
-        + dim * stride_cd
-    )
+    dst = ((slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_ct
+           + head * stride_ch + dim * stride_cd)
     k = tl.load(key_ptr + token * stride_kt + head * stride_kh + dim * stride_kd, mask=mask)
     v = tl.load(value_ptr + token * stride_vt + head * stride_vh + dim * stride_vd, mask=mask)
     tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
@@ -113,20 +94,15 @@ def _store_kv8_kernel(
                    v_cache_ptr, rows, d, mask, stride_cd, HEAD_DIM)
 
 
-def store_kv(
-    key: torch.Tensor,
-    value: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-) -> None:
+def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
+             v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Write ``key``/``value`` rows ``[num_tokens, num_kv_heads, head_dim]`` into their slots,
     K and V in one launch, quantized where the caches hold int8 rows. A slot of -1 skips
     the row (padding)."""
     num_tokens, num_kv_heads, head_dim = key.shape
     if num_tokens == 0:
         return
-    _check_caches(k_cache, v_cache)
+    check_caches(k_cache, v_cache, "store_kv")
     int8 = k_cache.dtype == torch.int8
     cache_head_dim = head_dim + (SCALE_BYTES if int8 else 0)
     if value.shape != key.shape or tuple(k_cache.shape[2:]) != (num_kv_heads, cache_head_dim):
@@ -147,30 +123,14 @@ def store_kv(
         key, value = key.to(k_cache.dtype), value.to(k_cache.dtype)
     row = num_kv_heads * head_dim
     _store_kv_kernel[(num_tokens,)](
-        key,
-        value,
-        k_cache,
-        v_cache,
-        slot_mapping.to(key.device),
-        *key.stride(),
-        *value.stride(),
-        *k_cache.stride(),
-        HEAD_DIM=head_dim,
-        ROW=row,
-        ROW_PAD=triton.next_power_of_2(row),
-        BLOCK_SIZE=k_cache.shape[1],
-    )
+        key, value, k_cache, v_cache, slot_mapping.to(key.device), *key.stride(),
+        *value.stride(), *k_cache.stride(), HEAD_DIM=head_dim, ROW=row,
+        ROW_PAD=triton.next_power_of_2(row), BLOCK_SIZE=k_cache.shape[1])
 
 
 @triton.jit
-def _copy_blocks_kernel(
-    k_ptrs,
-    v_ptrs,
-    dtype_carrier_ptr,
-    block_mapping_ptr,
-    block_numel,
-    CHUNK: tl.constexpr,
-):
+def _copy_blocks_kernel(k_ptrs, v_ptrs, dtype_carrier_ptr, block_mapping_ptr, block_numel,
+                        CHUNK: tl.constexpr):
     # Grid: (layer, pair, chunk of a block). The layers' caches are separate tensors, so
     # their base addresses come from pointer tables; that keeps one launch for the whole step.
     layer = tl.program_id(0)
@@ -190,11 +150,8 @@ def _copy_blocks_kernel(
 _COPY_CHUNK = 1024
 
 
-def copy_blocks(
-    k_caches: list[torch.Tensor],
-    v_caches: list[torch.Tensor],
-    block_mapping: torch.Tensor,
-) -> None:
+def copy_blocks(k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
+                block_mapping: torch.Tensor) -> None:
     """Copy-on-write: for every ``(src, dst)`` row of ``block_mapping`` ``[n, 2]``, copy block
     ``src`` into block ``dst`` in every layer's K and V cache, all in one launch.
 
@@ -204,7 +161,7 @@ def copy_blocks(
         return
     first = k_caches[0]
     for k_cache, v_cache in zip(k_caches, v_caches, strict=True):
-        _check_caches(k_cache, v_cache)
+        check_caches(k_cache, v_cache, "copy_blocks")
         if k_cache.shape != first.shape or k_cache.dtype != first.dtype:
             raise ValueError("copy_blocks: every layer's cache must share shape and dtype")
         if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
@@ -217,13 +174,3 @@ def copy_blocks(
     grid = (len(k_caches), mapping.shape[0], triton.cdiv(block_numel, _COPY_CHUNK))
     _copy_blocks_kernel[grid](k_ptrs, v_ptrs, first, mapping, block_numel, CHUNK=_COPY_CHUNK)
 
-
-def _check_caches(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
-    check_device(k_cache, "paged KV cache")
-    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
-        raise ValueError(
-            "caches must be [num_blocks, block_size, num_kv_heads, head_dim] and equal: "
-            f"got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
-        )
-    if k_cache.stride() != v_cache.stride() or k_cache.dtype != v_cache.dtype:
-        raise ValueError("k_cache and v_cache must share strides and dtype")

@@ -68,20 +68,11 @@ def _prefill_kernel(
         l_i, acc)
 
 
-def paged_attention_prefill(
-    query: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    scale: float,
-    *,
-    max_query_len: int,
-    out: torch.Tensor | None = None,
-    block_m: int | None = None,
-    block_n: int | None = None,
-) -> torch.Tensor:
+def paged_attention_prefill(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            block_tables: torch.Tensor, context_lens: torch.Tensor,
+                            query_start_loc: torch.Tensor, scale: float, *, max_query_len: int,
+                            out: torch.Tensor | None = None, block_m: int | None = None,
+                            block_n: int | None = None) -> torch.Tensor:
     """Prefill attention: a chunk of queries per sequence, causal over prefix and chunk."""
     call = attention_call(query, k_cache, v_cache, block_tables, context_lens, query_start_loc,
                           scale, out)

@@ -46,18 +46,26 @@ def dot_settings(dtype: torch.dtype) -> tuple[bool, str]:
     return upcast, ("ieee" if upcast else "tf32")
 
 
+def check_caches(k_cache: torch.Tensor, v_cache: torch.Tensor, what: str) -> None:
+    """K and V caches ``[blocks, block_size, kv_heads, dim]`` of one shape, strides and
+    dtype, where the kernels can run."""
+    check_device(k_cache, what)
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(f"{what}: caches must be [num_blocks, block_size, num_kv_heads, "
+                         f"head_dim] and equal: got {tuple(k_cache.shape)} and "
+                         f"{tuple(v_cache.shape)}")
+    if k_cache.stride() != v_cache.stride() or k_cache.dtype != v_cache.dtype:
+        raise ValueError(f"{what}: k_cache and v_cache must share strides and dtype")
+
+
 def check_attention_inputs(query: torch.Tensor, k_cache: torch.Tensor,
                            v_cache: torch.Tensor) -> int:
     """The query heads per KV head, after checking shapes, strides, types and device."""
     check_device(query, "paged_attention")
-    if query.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
-        raise ValueError(
-            f"paged_attention: query {tuple(query.shape)} must be [tokens, heads, dim] and "
-            f"caches {tuple(k_cache.shape)}, {tuple(v_cache.shape)} equal "
-            "[blocks, block_size, kv_heads, dim]"
-        )
-    if k_cache.stride() != v_cache.stride() or k_cache.dtype != v_cache.dtype:
-        raise ValueError("paged_attention: k_cache and v_cache must share strides and dtype")
+    check_caches(k_cache, v_cache, "paged_attention")
+    if query.dim() != 3:
+        raise ValueError(f"paged_attention: query {tuple(query.shape)} must be [tokens, heads, "
+                         "dim]")
     int8 = k_cache.dtype == torch.int8
     num_heads, num_kv_heads = query.shape[1], k_cache.shape[2]
     cache_head_dim = k_cache.shape[3] - (SCALE_BYTES if int8 else 0)

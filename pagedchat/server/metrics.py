@@ -46,10 +46,6 @@ class _Snapshot:
                                        100.0 * s.free_blocks / max(s.total_blocks, 1)),
             "kv_blocks_shared": ("KV blocks held by more than one sequence.", s.shared_blocks),
         }
-        for name, (text, value) in gauges.items():
-            family = GaugeMetricFamily(f"pagedchat_{name}", text)
-            family.add_metric([], value)
-            yield family
         counters = {
             "prefix_cache_queries": ("Prompt tokens looked up in the prefix cache.",
                                      s.prefix_queries),
@@ -60,20 +56,19 @@ class _Snapshot:
             "spec_decode_accepted_tokens": ("Proposed tokens that verification accepted.",
                                             s.accepted_tokens),
         }
-        for name, (text, value) in counters.items():
-            family = CounterMetricFamily(f"pagedchat_{name}", text)
-            family.add_metric([], value)
-            yield family
-        info = GaugeMetricFamily("pagedchat_kv_cache_dtype_info",
-                                 "The KV cache's element type in force (1 on its label).",
-                                 labels=["dtype"])
-        info.add_metric([s.kv_cache_dtype], 1)
-        yield info
-        method = GaugeMetricFamily("pagedchat_speculative_decoding",
-                                   "The speculative decoding in force (method=off: none).",
-                                   labels=["method"])
-        method.add_metric([s.speculative or "off"], 1)
-        yield method
+        for kind, figures in ((GaugeMetricFamily, gauges), (CounterMetricFamily, counters)):
+            for name, (text, value) in figures.items():
+                family = kind(f"pagedchat_{name}", text)
+                family.add_metric([], value)
+                yield family
+        for name, text, label, value in (
+                ("kv_cache_dtype_info", "The KV cache's element type in force (1 on its label).",
+                 "dtype", s.kv_cache_dtype),
+                ("speculative_decoding", "The speculative decoding in force (method=off: none).",
+                 "method", s.speculative or "off")):
+            info = GaugeMetricFamily(f"pagedchat_{name}", text, labels=[label])
+            info.add_metric([value], 1)
+            yield info
 
 
 class ServerMetrics:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from textual.message import Message as TextualMessage
 
@@ -28,15 +29,19 @@ from pagedchat.chat.driver import (
     Submit,
 )
 from pagedchat.chat.prompt import PLAIN_FORMAT_NOTE
-from pagedchat.chat.store import StoreError
+from pagedchat.chat.store import Store, StoreError
 from pagedchat.engine.sampling_params import SamplingParams
 from pagedchat.tui.widgets.inspector import Inspector
 from pagedchat.tui.widgets.status_line import StatusLine
 
 if TYPE_CHECKING:
+    from textual.widget import Widget
+
     from pagedchat.chat.driver import EngineDriver
-    from pagedchat.tui.app import ChatApp
+    from pagedchat.tui.widgets.chat_view import ChatView
     from pagedchat.tui.widgets.message_box import MessageBox
+
+    W = TypeVar("W", bound=Widget)
 
 SAVE_EVERY = 1.0  # seconds between saves of a streaming reply
 
@@ -61,10 +66,26 @@ class Turn:
     tokens_before: int = 0
 
 
+class ReplyHost(Protocol):
+    """What the replies ask of the chat app (so that they do not import the app)."""
+
+    store: Store
+    model_name: str
+    sub_title: str
+
+    def notify(self, message: str, *, title: str = ..., severity: str = ...,
+               timeout: float | None = ...) -> None: ...
+    def query_one(self, selector: type[W]) -> W: ...
+    def view(self, session_id: int) -> ChatView | None: ...
+    def save(self, write: Callable[[], object]) -> None: ...
+    def show_sessions(self) -> None: ...
+    def show_inspector_focus(self) -> None: ...
+
+
 class Replies:
     """The replies being generated, by request id, and what the engine said of them."""
 
-    def __init__(self, app: ChatApp, driver: EngineDriver, context_window: int,
+    def __init__(self, app: ReplyHost, driver: EngineDriver, context_window: int,
                  raw: bool = False) -> None:
         self.app = app
         self.driver = driver

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pagedchat.bench.synthetic_gguf import SHAPES, write_gguf
+from pagedchat_lab.synthetic_gguf import SHAPES, write_gguf
 
 
 @pytest.fixture(scope="session")

@@ -8,14 +8,14 @@ import gguf
 import pytest
 
 from pagedchat import LLM
-from pagedchat.bench.bandwidth import (
+from pagedchat_lab.bandwidth import (
     bandwidth_share,
     copy_bandwidth,
     decode_shares,
     gguf_bytes_per_token,
     pagedchat_bytes_per_token,
 )
-from pagedchat.bench.synthetic_gguf import SHAPES
+from pagedchat_lab.synthetic_gguf import SHAPES
 
 TINY = SHAPES["tiny"]
 

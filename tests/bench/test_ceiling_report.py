@@ -8,8 +8,8 @@ import json
 from rich.console import Console
 
 from pagedchat import console
-from pagedchat.bench import report
-from pagedchat.bench.ceiling import flops_per_token, matmul_shapes, measure_ceiling, work_flops
+from pagedchat_lab import report
+from pagedchat_lab.ceiling import flops_per_token, matmul_shapes, measure_ceiling, work_flops
 
 SMOLLM2 = {"hidden_size": 576, "num_attention_heads": 9, "num_key_value_heads": 3,
            "num_hidden_layers": 30, "intermediate_size": 1536, "vocab_size": 49152}

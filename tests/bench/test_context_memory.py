@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pagedchat import LLM
-from pagedchat.bench.context_memory import measure
+from pagedchat_lab.context_memory import measure
 from tests.engine.models.test_gemma3 import WINDOW, save_tiny_gemma3
 
 BLOCK_SIZE = 4

@@ -3,8 +3,8 @@ token, and sequences before the first preemption in one pool."""
 
 from __future__ import annotations
 
-from pagedchat.bench.kv_cache import agreement, bytes_per_token, running_before_preemption
-from pagedchat.bench.suite import EngineOptions
+from pagedchat_lab.kv_cache import agreement, bytes_per_token, running_before_preemption
+from pagedchat_lab.suite import EngineOptions
 
 
 def test_kv_measures(tiny_model_dir):

@@ -11,14 +11,14 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from pagedchat.bench.sharegpt import Request
 from pagedchat.cli import app
+from pagedchat_lab.sharegpt import Request
 
 runner = CliRunner()
 
 
 def test_missing_bindings_say_how_to_install(monkeypatch):
-    from pagedchat.bench.llamacpp import bindings
+    from pagedchat_lab.llamacpp import bindings
 
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import fails
     with pytest.raises(ValueError, match=r"pagedchat\[peers\]"):
@@ -26,7 +26,7 @@ def test_missing_bindings_say_how_to_install(monkeypatch):
 
 
 def test_an_hf_folder_is_refused_with_a_clear_line(tiny_model_dir):
-    from pagedchat.bench.llamacpp import gguf_of
+    from pagedchat_lab.llamacpp import gguf_of
 
     with pytest.raises(ValueError, match="llama.cpp runs on a GGUF file"):
         gguf_of(str(tiny_model_dir))
@@ -45,7 +45,7 @@ llama_cpp = pytest.importorskip(
 
 @pytest.fixture(scope="module")
 def llama(tiny_gguf):
-    from pagedchat.bench.llamacpp import LlamaCpp
+    from pagedchat_lab.llamacpp import LlamaCpp
 
     return LlamaCpp(tiny_gguf, threads=1)
 
@@ -75,7 +75,7 @@ def _greedy_with_margins(llama, ids: list[int], tokens: int) -> tuple[list[int],
     """One sequence alone, with each step's gap between its best two logits."""
     import numpy as np
 
-    from pagedchat.bench.llamacpp import _Batch
+    from pagedchat_lab.llamacpp import _Batch
 
     llama.context(1, 2048)
     batch, found, margins = _Batch(llama.lib, len(ids)), [], []
@@ -113,7 +113,7 @@ def test_batched_run_gives_each_request_its_own_greedy_tokens(llama, prompts, n_
     arithmetic depends on the batch it runs in, so a step whose best two logits are within
     a tenth of a logit of each other alone may go either way: tokens are compared up to the
     first such step."""
-    from pagedchat.bench.llamacpp import LlamaCppBatched
+    from pagedchat_lab.llamacpp import LlamaCppBatched
 
     requests = [Request(str(i), ids, 3 + i % 4) for i, ids in enumerate(prompts)]
     peer = LlamaCppBatched(llama, n_seq=n_seq, kv_tokens=256)
@@ -126,7 +126,7 @@ def test_batched_run_gives_each_request_its_own_greedy_tokens(llama, prompts, n_
 
 
 def test_a_pool_smaller_than_the_batch_only_delays_requests(llama, prompts):
-    from pagedchat.bench.llamacpp import LlamaCppBatched
+    from pagedchat_lab.llamacpp import LlamaCppBatched
 
     requests = [Request(str(i), ids, 4) for i, ids in enumerate(prompts[:4])]
     small = LlamaCppBatched(llama, n_seq=4, kv_tokens=24)  # one or two requests at a time
@@ -136,7 +136,7 @@ def test_a_pool_smaller_than_the_batch_only_delays_requests(llama, prompts):
 
 
 def test_a_request_longer_than_the_cells_is_refused(llama, prompts):
-    from pagedchat.bench.llamacpp import LlamaCppBatched
+    from pagedchat_lab.llamacpp import LlamaCppBatched
 
     peer = LlamaCppBatched(llama, n_seq=2, kv_tokens=16)
     with pytest.raises(ValueError, match="does not fit llama.cpp's 16 KV cells"):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pagedchat.bench.memory import PARTS, Tally, reservation, simulate_contiguous
-from pagedchat.bench.sharegpt import Request
 from pagedchat.engine.outputs import EngineStats
+from pagedchat_lab.memory import PARTS, Tally, reservation, simulate_contiguous
+from pagedchat_lab.sharegpt import Request
 
 
 def req(prompt: int, output: int, name: str = "r") -> Request:

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from pagedchat.bench.metrics import (
+from pagedchat_lab.metrics import (
     RequestResult,
     latency_figures,
     summary_ms,

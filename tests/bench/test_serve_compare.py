@@ -10,15 +10,15 @@ import math
 import pytest
 from typer.testing import CliRunner
 
-from pagedchat.bench.serve_llama import (
+from pagedchat.cli import app
+from pagedchat_lab.serve_llama import (
     LLAMA,
     PAGEDCHAT,
     ratio_text,
     sustained_summary,
     sustains,
 )
-from pagedchat.bench.serve_offline import comparison, cost_rows, median_figures
-from pagedchat.cli import app
+from pagedchat_lab.serve_offline import comparison, cost_rows, median_figures
 
 runner = CliRunner()
 

@@ -9,13 +9,13 @@ import sys
 import httpx
 import pytest
 
-from pagedchat.bench.servers import (
+from pagedchat_lab.servers import (
     ServerProcess,
     free_port,
     llama_server_command,
     pagedchat_command,
 )
-from pagedchat.bench.suite import EngineOptions
+from pagedchat_lab.suite import EngineOptions
 
 # a stand-in server: answers /v1/models on the port it is given, optionally deaf to SIGTERM
 FAKE = """

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pagedchat.bench import sharegpt
+from pagedchat_lab import sharegpt
 
 
 class WordTokenizer:

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from pagedchat.bench.synthetic_gguf import SHAPES, quant_types, synthetic_model, write_gguf
 from pagedchat.engine.loading.loader import default_model_path, prepare_model
 from pagedchat.engine.sampling_params import SamplingParams
+from pagedchat_lab.synthetic_gguf import SHAPES, quant_types, synthetic_model, write_gguf
 
 TINY = SHAPES["tiny"]
 

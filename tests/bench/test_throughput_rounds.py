@@ -2,9 +2,9 @@
 
 import pytest
 
-from pagedchat.bench.metrics import RequestResult
-from pagedchat.bench.sharegpt import Request
-from pagedchat.bench.throughput import run_rounds, summarize
+from pagedchat_lab.metrics import RequestResult
+from pagedchat_lab.sharegpt import Request
+from pagedchat_lab.throughput import run_rounds, summarize
 
 
 class StepPeer:
@@ -63,7 +63,7 @@ def test_hf_continuous_gets_the_pool_bytes_in_tokens_of_every_layer(tmp_path, ti
     """A page holds one layer group's K/V, so the pool's pages are fewer whole-model tokens
     than pages x block size on a model with several groups."""
     from pagedchat import LLM
-    from pagedchat.bench.peers import PeerSettings, make_peers
+    from pagedchat_lab.peers import PeerSettings, make_peers
     from tests.engine.models.test_gemma3 import save_tiny_gemma3
 
     folder = save_tiny_gemma3(tmp_path, tiny_tokenizer)

@@ -9,9 +9,9 @@ import textwrap
 
 import pytest
 
-from pagedchat.bench import vllm_cpu
-from pagedchat.bench.peers import parse_peers
-from pagedchat.bench.sharegpt import Request
+from pagedchat_lab import vllm_cpu
+from pagedchat_lab.peers import parse_peers
+from pagedchat_lab.sharegpt import Request
 
 STAND_IN = textwrap.dedent('''
     import time

@@ -1,5 +1,6 @@
 """The command answers at once: importing it, every command's `--help` and a usage error load
-neither torch nor the bench's code (each command loads what it needs when it runs)."""
+no torch, and none but `bench` loads the lab (each command loads what it needs when it
+runs)."""
 
 from __future__ import annotations
 
@@ -12,15 +13,17 @@ HEAVY = ("torch", "transformers", "numpy")
 _HELP_ALL = """
 import json, sys, typer.main
 from pagedchat.cli import app
-group = typer.main.get_command(app)
-paths = [[name] for name in group.commands]
-paths += [["bench", name] for name in group.commands["bench"].commands]
+paths = [[name] for name in typer.main.get_command(app).commands if name != "bench"]
+if %r:  # the bench's --help and each bench's, which load the lab
+    from pagedchat_lab.cli import app as lab
+    paths = [["bench"], *(["bench", name] for name in typer.main.get_command(lab).commands)]
 for args in [["--help"], *([*path, "--help"] for path in paths), ["run", "--no-such-option"]]:
     try:
         app(args)
     except SystemExit:
         pass
-print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in (*%r, "pagedchat"))))
+print(json.dumps(sorted(m for m in sys.modules
+                        if m.split(".")[0] in (*%r, "pagedchat", "pagedchat_lab"))))
 """
 
 
@@ -32,16 +35,25 @@ def _loaded(code: str) -> list[str]:
 
 def _check(loaded: list[str]) -> None:
     assert not [m for m in loaded if m.split(".")[0] in HEAVY]
-    assert not [m for m in loaded if m == "pagedchat.bench" or m.startswith("pagedchat.bench.")]
     assert "pagedchat.engine.llm_engine" not in loaded and "pagedchat.kernels" not in loaded
 
 
-def test_importing_the_cli_loads_no_torch_and_no_bench_code():
-    _check(_loaded("import json, sys, pagedchat.cli; print(json.dumps(sorted(m for m in "
-                   f"sys.modules if m.split('.')[0] in (*{HEAVY!r}, 'pagedchat'))))"))
+def test_importing_the_cli_loads_no_torch_and_no_lab():
+    loaded = _loaded("import json, sys, pagedchat.cli; print(json.dumps(sorted(m for m in "
+                     f"sys.modules if m.split('.')[0] in (*{HEAVY!r}, 'pagedchat', "
+                     "'pagedchat_lab'))))")
+    _check(loaded)
+    assert "pagedchat.cli" in loaded and not [m for m in loaded if m.startswith("pagedchat_lab")]
 
 
-def test_every_commands_help_loads_no_torch_and_no_bench_code():
-    loaded = _loaded(_HELP_ALL % (HEAVY,))
-    assert "pagedchat.cli.bench.throughput" in loaded  # the bench's own --help did run
+def test_every_commands_help_loads_no_torch_and_no_lab():
+    loaded = _loaded(_HELP_ALL % (False, HEAVY))
+    assert "pagedchat.cli.run" in loaded  # the commands' own --help did run
+    _check(loaded)
+    assert not [m for m in loaded if m.startswith("pagedchat_lab")]
+
+
+def test_every_bench_help_loads_no_torch():
+    loaded = _loaded(_HELP_ALL % (True, HEAVY))
+    assert "pagedchat_lab.cli.throughput" in loaded  # the bench's own --help did run
     _check(loaded)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from pagedchat import LLM, SamplingParams
-from pagedchat.bench.sharegpt import sample_requests
+from pagedchat_lab.sharegpt import sample_requests
 from tests.engine.test_argmax_rows import force_screen
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("shared_model_loads")]

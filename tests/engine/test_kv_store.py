@@ -147,7 +147,8 @@ def test_a_model_with_sliding_window_layers_wakes_up_warm(tmp_path, tiny_tokeniz
 
 
 def test_block_manager_hooks_adopt_once_and_keep_found_blocks_last_to_go():
-    from pagedchat.engine.block_manager import HOLE, NO_HASH, BlockManager, block_hash
+    from pagedchat.engine.block_manager import BlockManager
+    from pagedchat.engine.blocks import HOLE, NO_HASH, block_hash
 
     bm = BlockManager(num_blocks=4, block_size=2)
     tokens = [(1, 2), (3, 4)]

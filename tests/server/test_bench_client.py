@@ -8,10 +8,10 @@ import statistics
 import pytest
 from typer.testing import CliRunner
 
-from pagedchat.bench import sharegpt
-from pagedchat.bench.load import arrival_offsets, run_load
-from pagedchat.bench.metrics import RequestResult
-from pagedchat.bench.serve_stats import parse_slo, serve_figures
+from pagedchat_lab import sharegpt
+from pagedchat_lab.load import arrival_offsets, run_load
+from pagedchat_lab.metrics import RequestResult
+from pagedchat_lab.serve_stats import parse_slo, serve_figures
 
 
 def gaps(offsets: list[float]) -> list[float]:

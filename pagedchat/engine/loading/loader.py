@@ -66,11 +66,6 @@ class ModelFiles:
     seconds: float
     gguf: Path | None = None
 
-    def weights_folder(self) -> Path:
-        """A folder with weights transformers loads (the peers'): for a GGUF read quantized,
-        its de-quantized conversion, made once and cached."""
-        return self.folder if self.gguf is None else prepare_model(self.gguf).folder
-
 
 def reads_quantized(spec: str | os.PathLike | None) -> bool:
     """Whether ``spec`` names a GGUF file whose tensors the quantized path reads as they

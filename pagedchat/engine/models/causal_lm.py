@@ -5,13 +5,19 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from itertools import accumulate
+from types import ModuleType
 
 import torch
 from torch import nn
 
+from pagedchat.engine.layers.attention import AttentionMetadata
+from pagedchat.engine.layers.embedding import Embedding
 from pagedchat.engine.layers.greedy_head import GreedyHead
 from pagedchat.engine.layers.linear import Linear, fuse_rows
+from pagedchat.engine.layers.rotary import Rope
 from pagedchat.engine.loading.gguf_weights import Weight
+from pagedchat.engine.model_config import ModelConfig
+from pagedchat.engine.parallel.tensor_parallel import TensorParallel
 
 
 class CausalLM(nn.Module):
@@ -25,6 +31,36 @@ class CausalLM(nn.Module):
     # the backend's call through every layer, and the caches it was built on (decoder_stack)
     _stack: Callable | None = None
     _stack_caches: torch.Tensor | None = None
+
+    def __init__(self, config: ModelConfig, kernels: ModuleType, tp: TensorParallel | None,
+                 layers: Callable[[TensorParallel], list[nn.Module]], norm: nn.Module) -> None:
+        """The parts every family has; ``layers`` builds the decoder layers for ``tp``."""
+        super().__init__()
+        self.config, self.kernels = config, kernels
+        self.tp = tp = tp or TensorParallel()
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, kernels, tp)
+        self.layers = nn.ModuleList(layers(tp))
+        self.norm = norm
+        self.tied = config.tie_word_embeddings
+        self.lm_head = (None if self.tied else
+                        Linear(config.hidden_size, self.vocab_rows, False, kernels))
+
+    def run_layers(self, x: torch.Tensor, ropes: list[Rope], metas: list[AttentionMetadata],
+                   per_layer: list[tuple[Rope, AttentionMetadata]]) -> torch.Tensor:
+        """``x`` through every layer, the last residual added: in one call of the backend's
+        stack where there is one (``ropes``: its tables, ``metas``: one per layer group),
+        else layer by layer, each with its rope and metadata of ``per_layer``."""
+        stack = self.decoder_stack()
+        stacked = None if stack is None else stack(
+            x, ropes, [(m.slot_mapping, m.block_tables, m.context_lens, m.query_start_loc)
+                       for m in metas])
+        if stacked is not None:
+            x, residual = stacked
+        else:
+            residual = None
+            for layer, (rope, meta) in zip(self.layers, per_layer, strict=True):
+                x, residual = layer(x, residual, rope, meta)
+        return x + residual
 
     def decoder_stack(self) -> Callable[..., tuple[torch.Tensor, torch.Tensor] | None] | None:
         """The backend's call through every layer at once (the CPU's, for small decode

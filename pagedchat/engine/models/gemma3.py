@@ -18,12 +18,10 @@ from torch import nn
 
 from pagedchat.engine.kv_groups import kv_groups
 from pagedchat.engine.layers.attention import AttentionMetadata
-from pagedchat.engine.layers.embedding import Embedding
-from pagedchat.engine.layers.geglu import GeGLU
-from pagedchat.engine.layers.linear import Linear
+from pagedchat.engine.layers.mlp import MLP
 from pagedchat.engine.layers.offset_norm import OffsetRMSNorm
 from pagedchat.engine.layers.qk_norm import QKNormAttention
-from pagedchat.engine.layers.rotary import Rope, RotaryEmbedding
+from pagedchat.engine.layers.rotary import Rope, RotaryEmbedding, rope_parameters
 from pagedchat.engine.layers.sliding_window import (
     single_token_blocks,
     window_metadata,
@@ -66,7 +64,7 @@ class Gemma3DecoderLayer(nn.Module):
         self.self_attn = Gemma3Attention(config, kernels, tp, local)
         self.post_attention_layernorm = OffsetRMSNorm(size, eps, kernels)
         self.pre_feedforward_layernorm = OffsetRMSNorm(size, eps, kernels)
-        self.mlp = GeGLU(config, kernels, tp)
+        self.mlp = MLP(config, kernels, tp, "gelu_tanh_mul")
         self.post_feedforward_layernorm = OffsetRMSNorm(size, eps, kernels)
 
     def forward(
@@ -98,35 +96,27 @@ class Gemma3ForCausalLM(CausalLM):
     def __init__(
         self, config: ModelConfig, kernels: ModuleType, tp: TensorParallel | None = None
     ) -> None:
-        super().__init__()
         if config.attn_logit_softcapping is not None:
             raise ValueError("Gemma 3 configs with attn_logit_softcapping are not supported")
         if not config.sliding_window:
             raise ValueError("a Gemma 3 config needs its sliding_window")
-        self.config = config
-        self.tp = tp = tp or TensorParallel()
-        if config.num_key_value_heads % tp.size:
+        if tp is not None and config.num_key_value_heads % tp.size:
             raise ValueError(f"{config.num_key_value_heads} KV heads cannot be split "
                              f"over {tp.size} workers")
-        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, kernels, tp)
-        self.layers = nn.ModuleList(
+        super().__init__(config, kernels, tp, lambda tp: [
             Gemma3DecoderLayer(config, kernels, tp, kind == LOCAL)
-            for kind in config.layer_types)
-        self.norm = OffsetRMSNorm(config.hidden_size, config.rms_norm_eps, kernels)
-        self.tied = config.tie_word_embeddings
-        self.lm_head = (None if self.tied
-                        else Linear(config.hidden_size, self.vocab_rows, False, kernels))
-        self.kernels = kernels
+            for kind in config.layer_types],
+            OffsetRMSNorm(config.hidden_size, config.rms_norm_eps, kernels))
         self.rotary: Gemma3Rotary | None = None  # see build_rotary
         self.kv_groups = kv_groups(config)
 
     def build_rotary(self, max_positions: int) -> None:
         """The two cos/sin tables, on the current device (the model is built on meta)."""
         self.rotary = Gemma3Rotary(
-            RotaryEmbedding(*_rope(self.config, self.config.rope_parameters, "full_attention"),
+            RotaryEmbedding(*rope_parameters(self.config, layer_type="full_attention"),
                             max_positions),
-            RotaryEmbedding(*_rope(self.config, self.config.local_rope_parameters, LOCAL),
-                            max_positions))
+            RotaryEmbedding(*rope_parameters(self.config, self.config.local_rope_parameters,
+                                             LOCAL), max_positions))
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
@@ -146,19 +136,10 @@ class Gemma3ForCausalLM(CausalLM):
             rows = window_rows(meta, positions, self.config.sliding_window)
             metas = [m if w is None else window_metadata(rows, m, block_size)
                      for m, w in zip(metas, windows, strict=True)]
-        stack = self.decoder_stack()
-        stacked = None if stack is None else stack(
-            x, [full_rope, local_rope],
-            [(m.slot_mapping, m.block_tables, m.context_lens, m.query_start_loc)
-             for m in metas])
-        if stacked is not None:
-            x, residual = stacked
-        else:
-            residual = None
-            for layer, group in zip(self.layers, self.kv_groups.layer_group, strict=True):
-                rope = local_rope if layer.local else full_rope
-                x, residual = layer(x, residual, rope, metas[group])
-        return x + residual
+        return self.run_layers(
+            x, [full_rope, local_rope], metas,
+            [(local_rope if layer.local else full_rope, metas[group])
+             for layer, group in zip(self.layers, self.kv_groups.layer_group, strict=True)])
 
     def _build_stack(self, build: Callable) -> Callable:
         """Rope tables full then local, one metadata per layer group."""
@@ -202,20 +183,3 @@ class Gemma3ForCausalLM(CausalLM):
         self.norm.load(tensors.pop("model.norm.weight"))
         self.load_head(tensors)
 
-
-def _rope(config: ModelConfig, params: dict, layer_type: str) -> tuple[torch.Tensor, float]:
-    """inv_freq and cos/sin scaling of one layer type's rope, as transformers computes
-    them; a scaled type (e.g. the global layers' linear scaling) takes transformers' own
-    formula and config."""
-    if params["rope_type"] == "default":
-        dim = config.head_dim
-        base = float(params["rope_theta"])
-        return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)), 1.0
-    from transformers import AutoConfig
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-    if params["rope_type"] not in ROPE_INIT_FUNCTIONS:
-        raise ValueError(f"unsupported rope type {params['rope_type']!r}")
-    inv_freq, scaling = ROPE_INIT_FUNCTIONS[params["rope_type"]](
-        AutoConfig.from_pretrained(config.folder), layer_type=layer_type)
-    return inv_freq, float(scaling)

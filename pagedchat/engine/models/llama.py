@@ -21,7 +21,6 @@ import torch
 from torch import nn
 
 from pagedchat.engine.layers.attention import Attention, AttentionMetadata
-from pagedchat.engine.layers.embedding import Embedding
 from pagedchat.engine.layers.linear import Linear
 from pagedchat.engine.layers.mlp import MLP
 from pagedchat.engine.layers.norm import RMSNorm
@@ -61,18 +60,10 @@ class LlamaForCausalLM(CausalLM):
     def __init__(
         self, config: ModelConfig, kernels: ModuleType, tp: TensorParallel | None = None
     ) -> None:
-        super().__init__()
-        self.config = config
-        self.tp = tp = tp or TensorParallel()
-        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, kernels, tp)
-        self.layers = nn.ModuleList(
+        super().__init__(config, kernels, tp, lambda tp: [
             DecoderLayer(config, kernels, tp, self.attention)
-            for _ in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, kernels)
-        self.tied = config.tie_word_embeddings
-        self.lm_head = (None if self.tied else
-                        Linear(config.hidden_size, self.vocab_rows, False, kernels))
-        self.kernels = kernels
+            for _ in range(config.num_hidden_layers)],
+            RMSNorm(config.hidden_size, config.rms_norm_eps, kernels))
         self.rotary: RotaryEmbedding | None = None  # see build_rotary
         self.quantized = False  # whether a product's weight is loaded quantized
 
@@ -87,17 +78,7 @@ class LlamaForCausalLM(CausalLM):
     ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         rope = self.rotary.lookup(positions, x.dtype)
-        stack = self.decoder_stack()
-        stacked = None if stack is None else stack(
-            x, [rope], [(meta.slot_mapping, meta.block_tables, meta.context_lens,
-                         meta.query_start_loc)])
-        if stacked is not None:
-            x, residual = stacked
-        else:
-            residual = None
-            for layer in self.layers:
-                x, residual = layer(x, residual, rope, meta)
-        return x + residual
+        return self.run_layers(x, [rope], [meta], [(rope, meta)] * len(self.layers))
 
     def _build_stack(self, build: Callable) -> Callable:
         return build([

@@ -29,18 +29,11 @@ declare({
 })
 
 
-def paged_attention(
-    query: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    scale: float,
-    *,
-    max_query_len: int | None = None,
-    max_context_len: int | None = None,
-) -> torch.Tensor:
+def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    block_tables: torch.Tensor, context_lens: torch.Tensor,
+                    query_start_loc: torch.Tensor, scale: float, *,
+                    max_query_len: int | None = None,
+                    max_context_len: int | None = None) -> torch.Tensor:
     """Same contract as :func:`pagedchat.kernels.reference.paged_attention`."""
     int8 = k_cache.dtype == torch.int8
     if int8:  # the queries' type names the kernel; the caches must be int8 on the CPU

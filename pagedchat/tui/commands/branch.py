@@ -4,22 +4,17 @@ the last reply goes on where it stopped."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from pagedchat.tui.commands.registry import command
-
-if TYPE_CHECKING:
-    from pagedchat.tui.app import ChatApp
+from pagedchat.tui.commands.registry import CommandHost, command
 
 
 @command("/regen", "write another reply to the last message (Ctrl+R; the old one is kept)")
-async def regen(app: ChatApp, argument: str) -> bool:
+async def regen(app: CommandHost, argument: str) -> bool:
     return await app.replies.regenerate(app.session)
 
 
 @command("/edit", "edit your last message and send it again as a new branch (e on any "
                   "message of yours)")
-async def edit(app: ChatApp, argument: str) -> bool:
+async def edit(app: CommandHost, argument: str) -> bool:
     mine = [m for m in app.session.messages if m.role == "user"]
     if not mine:
         app.notify("There is no message of yours to edit", severity="warning")
@@ -30,5 +25,5 @@ async def edit(app: ChatApp, argument: str) -> bool:
 
 @command("/continue", "go on with the last reply where it stopped (cut short, cancelled, "
                       "interrupted)")
-async def continue_(app: ChatApp, argument: str) -> bool:
+async def continue_(app: CommandHost, argument: str) -> bool:
     return await app.replies.continue_reply(app.session)

@@ -6,16 +6,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pagedchat.chat.store import StoreError
-from pagedchat.tui.commands.registry import command
+from pagedchat.tui.commands.registry import CommandHost, command
 from pagedchat.tui.screens.confirm import ConfirmScreen
 
 if TYPE_CHECKING:
     from pagedchat.chat.conversation import Session
-    from pagedchat.tui.app import ChatApp
 
 
 @command("/clear", "forget this session's messages (asks first)")
-async def clear(app: ChatApp, argument: str) -> bool:
+async def clear(app: CommandHost, argument: str) -> bool:
     session = app.session
     count = len(session.messages)
     question = f"Forget the {count} messages of “{session.title}”?"
@@ -29,7 +28,7 @@ async def clear(app: ChatApp, argument: str) -> bool:
     return True
 
 
-async def _clear(app: ChatApp, session: Session) -> None:
+async def _clear(app: CommandHost, session: Session) -> None:
     app.replies.drop(session)
     try:
         app.store.clear_messages(session.id)

@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pagedchat.chat import export as formats
 from pagedchat.chat.conversation import Session
-from pagedchat.tui.commands.registry import command
-
-if TYPE_CHECKING:
-    from pagedchat.tui.app import ChatApp
+from pagedchat.tui.commands.registry import CommandHost, command
 
 
 def export_session(session: Session, markdown_path: Path) -> Path:
@@ -24,7 +20,7 @@ def export_session(session: Session, markdown_path: Path) -> Path:
 
 
 @command("/export [PATH.md]", "write this session as Markdown and JSON")
-async def export(app: ChatApp, argument: str) -> bool:
+async def export(app: CommandHost, argument: str) -> bool:
     session = app.session
     default = app.store.path.parent / "exports" / f"session-{session.id}.md"
     markdown_path = Path(argument).expanduser() if argument else default

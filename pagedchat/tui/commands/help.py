@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from pagedchat.tui.commands.registry import command
-
-if TYPE_CHECKING:
-    from pagedchat.tui.app import ChatApp
+from pagedchat.tui.commands.registry import CommandHost, command
 
 
 @command("/help", "show keys and commands")
-async def show_help(app: ChatApp, argument: str) -> bool:
+async def show_help(app: CommandHost, argument: str) -> bool:
     app.action_help()
     return True

@@ -4,14 +4,10 @@ sessions stay as they are (the next reply is the new model's)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pagedchat.engine.loading.loader import DEFAULT_MODEL_NAME
 from pagedchat.engine.loading.named_models import NAMED_MODELS, is_installed, part_path
-from pagedchat.tui.commands.registry import command
-
-if TYPE_CHECKING:
-    from pagedchat.tui.app import ChatApp
+from pagedchat.tui.commands.registry import CommandHost, command
 
 DEFAULT = "default"  # the name /model takes for the default model
 
@@ -29,7 +25,7 @@ def model_list(current: str) -> str:
 
 @command("/model [NAME|PATH]", "switch the model (alone: list the models)",
          needs_session=False)
-async def model(app: ChatApp, argument: str) -> bool:
+async def model(app: CommandHost, argument: str) -> bool:
     if not argument:
         app.notify(model_list(app.model_name), title=f"Model: {app.model_name}", timeout=15)
         return True

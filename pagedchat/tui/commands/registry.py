@@ -1,16 +1,43 @@
 """Slash commands typed in the input box: each is declared beside its handler, and /help
-lists them from the one table this fills."""
+lists them from the one table this fills. A handler sees the app as a ``CommandHost``."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
+
+from pagedchat.tui.replies import ReplyHost
 
 if TYPE_CHECKING:
-    from pagedchat.tui.app import ChatApp
+    from textual.screen import Screen
 
-Handler = Callable[["ChatApp", str], Awaitable[bool]]
+    from pagedchat.chat.conversation import Message, Session
+    from pagedchat.engine.llm_engine import LLMEngine
+    from pagedchat.tui.replies import Replies
+
+
+class CommandHost(ReplyHost, Protocol):
+    """What a slash command asks of the chat app (so that no command imports the app)."""
+
+    replies: Replies
+    load_model: Callable[[str | None], LLMEngine] | None
+
+    @property
+    def session(self) -> Session | None: ...
+    def push_screen(self, screen: Screen, callback: Callable[[Any], Any] | None = None,
+                    ) -> Any: ...
+    def focus_input(self) -> None: ...
+    def remember_inputs(self) -> None: ...
+    def switch_model(self, spec: str | None, name: str) -> None: ...
+    def edit(self, message: Message) -> None: ...
+    def rename(self, title: str | None) -> None: ...
+    def action_help(self) -> None: ...
+    async def action_new_session(self, title: str = ...) -> None: ...
+    def action_rename_session(self) -> None: ...
+
+
+Handler = Callable[[CommandHost, str], Awaitable[bool]]
 
 
 @dataclass(frozen=True)
@@ -42,7 +69,7 @@ def parse(text: str) -> tuple[str, str] | None:
     return name.lower(), argument.strip()
 
 
-async def run_slash(app: ChatApp, name: str, argument: str) -> bool:
+async def run_slash(app: CommandHost, name: str, argument: str) -> bool:
     """Run ``/name argument``; False (the text stays in the input) when it did not run."""
     found = COMMANDS.get(name)
     if found is None:

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from pagedchat.tui.commands.registry import command
-
-if TYPE_CHECKING:
-    from pagedchat.tui.app import ChatApp
+from pagedchat.tui.commands.registry import CommandHost, command
 
 
 @command("/rename [TITLE]", "rename this session")
-async def rename(app: ChatApp, argument: str) -> bool:
+async def rename(app: CommandHost, argument: str) -> bool:
     if argument:
         app.rename(argument)
     else:

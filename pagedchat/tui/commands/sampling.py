@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from pagedchat.tui.commands.registry import command
-
-if TYPE_CHECKING:
-    from pagedchat.tui.app import ChatApp
+from pagedchat.tui.commands.registry import CommandHost, command
 
 
 @command("/set NAME VALUE", "set temperature, top_p, top_k, repetition_penalty, max_tokens "
          "or seed (alone: show them)")
-async def set_value(app: ChatApp, argument: str) -> bool:
+async def set_value(app: CommandHost, argument: str) -> bool:
     session = app.session
     name, _, value = argument.partition(" ")
     if not name:

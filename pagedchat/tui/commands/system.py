@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from pagedchat.tui.commands.registry import command
-
-if TYPE_CHECKING:
-    from pagedchat.tui.app import ChatApp
+from pagedchat.tui.commands.registry import CommandHost, command
 
 
 @command("/system [TEXT]", "set the system prompt (alone: show it)")
-async def system(app: ChatApp, argument: str) -> bool:
+async def system(app: CommandHost, argument: str) -> bool:
     session = app.session
     if not argument:
         app.notify(session.system_prompt or "(none)", title="System prompt")

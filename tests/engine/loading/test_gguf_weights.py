@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 
-from pagedchat.bench.synthetic_gguf import Shape, add_llama_config, llama_tensors
 from pagedchat.engine.errors import ModelLoadError
 from pagedchat.engine.loading.gguf_weights import (
     hf_name,
@@ -20,6 +19,7 @@ from pagedchat.engine.loading.gguf_weights import (
 )
 from pagedchat.engine.loading.loader import named_model_path, prepare_model, read_weights
 from pagedchat.kernels.quant import QuantizedWeight, dequantize
+from pagedchat_lab.synthetic_gguf import Shape, add_llama_config, llama_tensors
 from tests.engine.models.test_gemma3 import reference
 from tests.gguf_tokenizer import add_tokenizer
 
@@ -250,7 +250,7 @@ def test_held_out_perplexity_is_transformers_and_int8_stays_near(tiny_gguf):
     """The scored replies: exact weights give transformers' perplexity; 8-bit activations
     move it, a little."""
     from pagedchat import LLM
-    from pagedchat.bench.quality import held_out_perplexity
+    from pagedchat_lab.quality import held_out_perplexity
 
     g = torch.Generator().manual_seed(11)
     pairs = [(torch.randint(5, 2000, (n,), generator=g).tolist(),

@@ -139,11 +139,11 @@ def _run_checking_groups(llm: LLM, requests) -> tuple[list, int]:
                 finished[out.request_id] = out
         sched = engine.scheduler
         for group in sched.running:
-            assert all(seq.block_table and not seq.cpu_block_table for seq in group.seqs)
+            assert all(seq.block_table and not seq.cpu_block_tables for seq in group.seqs)
         for group in sched.swapped:
-            assert all(seq.cpu_block_table and not seq.block_table for seq in group.seqs)
+            assert all(seq.cpu_block_tables and not seq.block_table for seq in group.seqs)
         for group in sched.waiting:
-            assert all(not seq.block_table and not seq.cpu_block_table for seq in group.seqs)
+            assert all(not seq.block_table and not seq.cpu_block_tables for seq in group.seqs)
         preempted_forked += sum(len(g.seqs) > 1 for g in [*sched.waiting, *sched.swapped])
     assert engine.stats().used_blocks == 0
     return [finished[str(i)] for i in range(len(requests))], preempted_forked

@@ -1,1 +1,0 @@
-"""The paper's evaluation: workloads (ShareGPT), peers, measurements and reports."""
