@@ -7,8 +7,8 @@ tokens all lie before the window of the next token to compute is never read agai
 goes back to the pool and its entry becomes ``HOLE``, so the holes are always a prefix.
 
 Every physical block is referenced, cached-evictable or free (see ``blocks.Block``); the
-prefix cache (finding and publishing full blocks by their chained hash) is
-``prefix_cache.py``'s half of the class.
+prefix cache (finding and publishing full blocks by their chained hash, and the tail a
+prompt copies) is ``prefix_cache.py``'s half of the class.
 """
 
 from __future__ import annotations
@@ -43,6 +43,9 @@ class BlockManager(PrefixCache):
         self.high_water = 0
         self.evictable: OrderedDict[int, None] = OrderedDict()
         self.hash_to_block: dict[tuple[int, int], int] = {}
+        self.children: dict[tuple[int, int], set[int]] = {}
+        self.unwritten: set[int] = set()
+        self.pinned: list[int] = []  # tails' sources, held until their copies are taken
         self.host = HostPool(num_host_blocks)
         self.pending_copies: list[tuple[int, int]] = []
         self.prefix_queries = 0
@@ -98,7 +101,7 @@ class BlockManager(PrefixCache):
         share blocks as if they were allocated one after another."""
         refs = refs if refs is not None else {}
         bs = self.block_size
-        computed = seq.num_computed_tokens + hit.num_blocks * bs
+        computed = seq.num_computed_tokens + hit.num_tokens
         count = self.blocks_for(computed + num_new_tokens)
         have = len(seq.block_tables[0]) if seq.block_tables else 0
         have += hit.num_blocks
@@ -133,15 +136,23 @@ class BlockManager(PrefixCache):
             if self.enable_prefix_caching:
                 self.prefix_queries += seq.num_tokens
             seq.block_tables = [[] for _ in self.windows]
-        if hit.num_blocks:
-            self.prefix_hits += hit.num_blocks * self.block_size
+        if hit.num_tokens:
+            self.prefix_hits += hit.num_tokens
             for table, cached in zip(seq.block_tables, hit.tables, strict=True):
                 for block_id in cached:
                     if block_id != HOLE:
                         self._take(block_id)
                     table.append(block_id)
             seq.block_hashes.extend(hit.hashes)
-            seq.num_computed_tokens = hit.num_blocks * self.block_size
+            # A tail's source is held until the step's copies are taken, so no allocation
+            # of this schedule can hand it out before it is copied.
+            for group, (table, source) in enumerate(zip(seq.block_tables, hit.tail)):
+                self._take(source)
+                self.pinned.append(source)
+                fresh = self._pop_free(group)
+                self.pending_copies.append((source, fresh))
+                table.append(fresh)
+            seq.num_computed_tokens = hit.num_tokens
         computed = seq.num_computed_tokens
         count = self.blocks_for(computed + num_new_tokens)
         for group, table in enumerate(seq.block_tables):
@@ -208,8 +219,13 @@ class BlockManager(PrefixCache):
         seq.cpu_block_tables = []
 
     def take_copies(self) -> list[tuple[int, int]]:
-        """The copy-on-write pairs queued since the last call, for one batched copy."""
+        """The copy-on-write pairs queued since the last call, for one batched copy (which
+        runs before the step writes anything: the tails' sources held for it go back)."""
         copies, self.pending_copies = self.pending_copies, []
+        for source in self.pinned:
+            self._release(source)
+        self.pinned = []
+        self.unwritten.clear()
         return copies
 
     # ---- swapping -------------------------------------------------------------
@@ -265,10 +281,8 @@ class BlockManager(PrefixCache):
         block_id = self._pop_free(saved.group)
         key = (saved.group, saved.hash)
         if saved.hash != NO_HASH and key not in self.hash_to_block:
-            block = self.blocks[block_id]
-            block.hash, block.parent_hash, block.token_ids = (
-                saved.hash, saved.parent_hash, saved.token_ids)
-            self.hash_to_block[key] = block_id
+            self._publish(block_id, saved.group, saved.hash, saved.parent_hash,
+                          saved.token_ids)
         return block_id
 
     def _take(self, block_id: int) -> None:
@@ -294,9 +308,7 @@ class BlockManager(PrefixCache):
             block_id = self.free_ids.pop()
         else:
             block_id, _ = self.evictable.popitem(last=False)
-            block = self.blocks[block_id]
-            del self.hash_to_block[(block.group, block.hash)]
-            block.hash, block.parent_hash, block.token_ids = NO_HASH, NO_HASH, ()
+            self._unpublish(self.blocks[block_id])
         self.blocks[block_id].ref_count = 1
         self.blocks[block_id].group = group
         self.high_water = max(self.high_water, block_id + 1)

@@ -39,17 +39,24 @@ class Block:
 class PrefixHit:
     """Cached blocks holding the start of a sequence: per group, a table as long as the
     hit, with ``HOLE`` where a windowed group's block lies wholly before the window of the
-    first token left to compute; and the blocks' chain hashes."""
+    first token left to compute; and the blocks' chain hashes. ``tail``: per group, a
+    cached full block that begins with the sequence's tokens after those blocks (all but
+    its last token), copied into a block of its own; ``num_tokens``: the tokens the hit
+    computes, the tail's included."""
 
     tables: tuple[tuple[int, ...], ...] = ()
     hashes: tuple[int, ...] = ()
+    tail: tuple[int, ...] = ()
+    num_tokens: int = 0
 
     @property
     def num_blocks(self) -> int:
         return len(self.hashes)
 
     def block_ids(self) -> set[int]:
-        return {block_id for table in self.tables for block_id in table if block_id != HOLE}
+        """Every cached block the hit takes (a tail's source only until it is copied)."""
+        return {block_id for table in (*self.tables, self.tail) for block_id in table
+                if block_id != HOLE}
 
 
 NO_HIT = PrefixHit()

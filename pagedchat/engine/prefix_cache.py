@@ -2,7 +2,10 @@
 their chained hash (``blocks.block_hash``); the pool it draws on is the other half's.
 
 A lookup compares a full block's stored tokens and parent hash, not only its chained hash,
-so a hash collision never makes a request read another's K/V.
+so a hash collision never makes a request read another's K/V. A prompt that ends inside a
+block another sequence filled (a regenerated reply: the conversation so far, then the
+reply it replaces) finds that block among the children of its last full block and starts
+from a copy of it (``PrefixHit.tail``): only its last token is computed.
 """
 
 from __future__ import annotations
@@ -25,14 +28,18 @@ class PrefixCache:
     free_ids: list[int]
     evictable: OrderedDict[int, None]
     hash_to_block: dict[tuple[int, int], int]  # (group, chain hash) -> block
+    children: dict[tuple[int, int], set[int]]  # (group, parent hash) -> blocks
+    # blocks published since the last copies were taken: their K/V may be written only by
+    # the coming step, after its copies, so none is a tail's source yet
+    unwritten: set[int]
 
     def find_cached_prefix(self, seq: Sequence) -> PrefixHit:
         """Cached blocks holding the start of ``seq`` (read only, nothing taken).
 
         The hit is the longest run of full blocks that every global group has cached and
         whose blocks inside the window of the first token left to compute every windowed
-        group has cached too. The last token is always left to compute, so its logits
-        exist."""
+        group has cached too, then the tail (see the module). The last token is always
+        left to compute, so its logits exist."""
         if not self.enable_prefix_caching or seq.block_tables:
             return NO_HIT
         bs = self.block_size
@@ -54,13 +61,34 @@ class PrefixCache:
         while count and not all(self._window_cached(group, found[group], count)
                                 for group in range(self.num_groups)):
             count -= 1
-        if not count:
+        tail = ()
+        if count == len(hashes):
+            tail = self._find_tail(seq, count, hashes[-1] if count else NO_HASH)
+        if not count and not tail:
             return NO_HIT
+        computed = seq.num_tokens - 1 if tail else count * bs
         tables = []
         for group, table in enumerate(found):
-            start = self.window_start(group, count * bs)
+            start = min(self.window_start(group, computed), count)
             tables.append((HOLE,) * start + tuple(table[start:count]))
-        return PrefixHit(tuple(tables), tuple(hashes[:count]))
+        return PrefixHit(tuple(tables), tuple(hashes[:count]), tail, computed)
+
+    def _find_tail(self, seq: Sequence, count: int, parent: int) -> tuple[int, ...]:
+        """Per group, a written cached child of the ``count`` blocks found whose tokens
+        begin with the rest of ``seq`` but its last token; () where a group has none."""
+        start = count * self.block_size
+        rest = tuple(seq.token_ids[start : seq.num_tokens - 1])
+        if not rest or len(rest) >= self.block_size:
+            return ()
+        tail = []
+        for group in range(self.num_groups):
+            block_id = next((child for child in self.children.get((group, parent), ())
+                             if child not in self.unwritten
+                             and self.blocks[child].token_ids[:len(rest)] == rest), HOLE)
+            if block_id == HOLE:
+                return ()
+            tail.append(block_id)
+        return tuple(tail)
 
     def _window_cached(self, group: int, found: list[int], count: int) -> bool:
         """Whether ``found`` holds every block of ``group`` that the first ``count`` blocks'
@@ -99,10 +127,26 @@ class PrefixCache:
                 block_id = table[index]
                 if block_id == HOLE:
                     continue
-                block = self.blocks[block_id]
-                if block.hash == NO_HASH and (group, h) not in self.hash_to_block:
-                    block.hash, block.parent_hash, block.token_ids = h, parent, tokens
-                    self.hash_to_block[(group, h)] = block_id
+                if self.blocks[block_id].hash == NO_HASH and (group, h) not in self.hash_to_block:
+                    self._publish(block_id, group, h, parent, tokens)
+
+    def _publish(self, block_id: int, group: int, h: int, parent: int,
+                 tokens: tuple[int, ...]) -> None:
+        """Make a full block findable by its chain hash and as a child of its parent."""
+        block = self.blocks[block_id]
+        block.hash, block.parent_hash, block.token_ids = h, parent, tokens
+        self.hash_to_block[(group, h)] = block_id
+        self.children.setdefault((group, parent), set()).add(block_id)
+        self.unwritten.add(block_id)
+
+    def _unpublish(self, block: Block) -> None:
+        """An evicted block is found no more."""
+        del self.hash_to_block[(block.group, block.hash)]
+        siblings = self.children[(block.group, block.parent_hash)]
+        siblings.discard(block.block_id)
+        if not siblings:
+            del self.children[(block.group, block.parent_hash)]
+        block.hash, block.parent_hash, block.token_ids = NO_HASH, NO_HASH, ()
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached prefix: unreferenced cached blocks become free, and blocks
@@ -112,6 +156,7 @@ class PrefixCache:
         self.free_ids.extend(reversed(self.evictable))
         self.evictable.clear()
         self.hash_to_block.clear()
+        self.children.clear()
 
     # ---- the KV store's hooks (kv_store.py) ----------------------------------
     def cached_block(self, group: int, h: int, parent: int, tokens: tuple[int, ...]) -> int:
@@ -128,8 +173,6 @@ class PrefixCache:
         if (group, h) in self.hash_to_block:
             return HOLE
         block_id = self._pop_free(group)
-        block = self.blocks[block_id]
-        block.hash, block.parent_hash, block.token_ids = h, parent, tokens
-        self.hash_to_block[(group, h)] = block_id
+        self._publish(block_id, group, h, parent, tokens)
         self._release(block_id)
         return block_id

@@ -201,8 +201,7 @@ class Scheduler:
         A group samples only when all its sequences are caught up in the same step;
         a lone sequence may take a chunk of its prompt instead."""
         seqs = group.unfinished_seqs
-        hit = {seq_id: prefix.num_blocks * self.block_manager.block_size
-               for seq_id, prefix in (cached or {}).items()}
+        hit = {seq_id: prefix.num_tokens for seq_id, prefix in (cached or {}).items()}
         remaining = [s.num_tokens - s.num_computed_tokens - hit.get(s.seq_id, 0) for s in seqs]
         if sum(remaining) <= budget:
             return [ScheduledSeq(group, s, r, True) for s, r in zip(seqs, remaining, strict=True)]
@@ -290,7 +289,7 @@ class Scheduler:
             group.status = SequenceStatus.RUNNING
             for seq in group.unfinished_seqs:
                 seq.status = SequenceStatus.RUNNING
-            hits = max(prefix.num_blocks for prefix in cached.values()) * bm.block_size
+            hits = max(prefix.num_tokens for prefix in cached.values())
             group.num_cached_tokens = max(group.num_cached_tokens, hits)
             self.running.append(group)
             out.scheduled.extend(plan)

@@ -21,6 +21,7 @@ from pagedchat_lab.cli import (
     preemption,
     prefix,
     quality,
+    regenerate,
     serve,
     sharing,
     speculative,
@@ -46,4 +47,5 @@ app.command()(parallel.parallel)
 app.command()(isolation.isolation)
 app.command()(speculative.speculative)
 app.command("synth-model")(synth_model.synth_model)
+app.command()(regenerate.regenerate)
 app.command("warm-start")(warm_start.warm_start)

@@ -1,5 +1,6 @@
 """Block manager invariants under random allocate / append / speculate / fork / free / swap /
-evict runs."""
+evict runs. The machine also models what each block holds (copies, swaps and writes done as
+the model runner does them): every table must hold its sequence's computed tokens."""
 
 from __future__ import annotations
 
@@ -29,14 +30,17 @@ class BlockManagerMachine(RuleBasedStateMachine):
                                windows=self.WINDOWS)
         self.running: list[Sequence] = []
         self.swapped: list[list[Sequence]] = []
+        # the token each slot of a device (host) block holds: the K/V written there
+        self.content: dict[int, list[int | None]] = {}
+        self.host_content: dict[int, list[int | None]] = {}
 
     # Prompts come from a tiny vocabulary so that prefixes repeat and hit the cache.
     @rule(prompt=st.lists(st.integers(0, 2), min_size=1, max_size=14))
     def add_sequence(self, prompt):
         seq = Sequence(prompt, len(prompt))
         cached = self.bm.find_cached_prefix(seq)
-        if self.bm.allocate_slots(seq, len(prompt) - cached.num_blocks * BLOCK_SIZE, cached):
-            self._written_blocks_are_private(seq, cached.num_blocks * BLOCK_SIZE)
+        if self.bm.allocate_slots(seq, len(prompt) - cached.num_tokens, cached):
+            self._written_blocks_are_private(seq, cached.num_tokens)
             self._compute(seq)
             self.running.append(seq)
 
@@ -67,8 +71,10 @@ class BlockManagerMachine(RuleBasedStateMachine):
         for table in seq.block_tables:
             for block_id in table[before // BLOCK_SIZE : (before + len(draft)) // BLOCK_SIZE + 1]:
                 assert block_id != HOLE and self.bm.blocks[block_id].ref_count == 1
+        self._copy(self.bm.take_copies())
         kept = min(accepted, len(draft))
         seq.token_ids.extend(draft[:kept])
+        self._write(seq, before, before + 1 + kept)
         seq.num_computed_tokens = before + 1 + kept
         free, cached = len(self.bm.free_ids), set(self.bm.evictable)
         returned = self.bm.truncate(seq)
@@ -103,7 +109,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         if not self.bm.can_swap_out(group):
             return
         computed = [seq.num_computed_tokens for seq in group]
-        mapping = self.bm.swap_out(group)
+        mapping = self._swap_out(group)
         assert len(mapping) == len(_held(group, "cpu_block_tables"))
         assert [seq.num_computed_tokens for seq in group] == computed
         for seq in group:
@@ -118,15 +124,37 @@ class BlockManagerMachine(RuleBasedStateMachine):
         if not self.bm.can_swap_in(group):
             return
         shared_before = _sharing_shape(group, "cpu_block_tables")
-        self.bm.swap_in(group)
+        for host_id, block_id in self.bm.swap_in(group):
+            self.content[block_id] = list(self.host_content[host_id])
         assert _sharing_shape(group, "block_tables") == shared_before
         self.swapped.pop(0)
         self.running.extend(group)
 
     def _compute(self, seq: Sequence) -> None:
+        """The step: copies first, then the uncomputed tokens' K/V written."""
+        self._copy(self.bm.take_copies())
+        self._write(seq, seq.num_computed_tokens, seq.num_tokens)
         seq.num_computed_tokens = seq.num_tokens
         self.bm.cache_full_blocks(seq)
-        self.bm.take_copies()
+
+    def _swap_out(self, group: list[Sequence]) -> list[tuple[int, int]]:
+        mapping = self.bm.swap_out(group)
+        for block_id, host_id in mapping:
+            self.host_content[host_id] = list(self.content.get(block_id, []))
+        return mapping
+
+    def _copy(self, pairs: list[tuple[int, int]]) -> None:
+        contents = [list(self.content.get(src, [])) for src, _ in pairs]  # one batched copy
+        for (_, dst), content in zip(pairs, contents, strict=True):
+            self.content[dst] = content
+
+    def _write(self, seq: Sequence, start: int, end: int) -> None:
+        for position in range(start, end):
+            for table in seq.block_tables:
+                block_id = table[position // BLOCK_SIZE]
+                if block_id != HOLE:
+                    slots = self.content.setdefault(block_id, [None] * BLOCK_SIZE)
+                    slots[position % BLOCK_SIZE] = seq.token_ids[position]
 
     def _written_blocks_are_private(self, seq: Sequence, start: int) -> None:
         """Copy-on-write: no block that receives new tokens is read by another table."""
@@ -157,6 +185,17 @@ class BlockManagerMachine(RuleBasedStateMachine):
                             for b in t if b != HOLE)
         for block_id, count in enumerate(self.bm.host.ref_counts):
             assert count == host_refs.get(block_id, 0)
+
+    @invariant()
+    def tables_hold_their_tokens(self):
+        for seq in self.running:
+            for table in seq.block_tables:
+                for position in range(seq.num_computed_tokens):
+                    block_id = table[position // BLOCK_SIZE]
+                    if block_id != HOLE:
+                        held = self.content.get(block_id, [None] * BLOCK_SIZE)
+                        assert held[position % BLOCK_SIZE] == seq.token_ids[position], \
+                            f"block {block_id} slot {position % BLOCK_SIZE}"
 
     @invariant()
     def hashes_match_contents(self):
@@ -220,6 +259,30 @@ def test_prefix_hit_never_covers_the_last_token():
     bm.cache_full_blocks(seq)
     again = Sequence(list(range(8)), 8)
     assert bm.find_cached_prefix(again).tables == ((0,),)
+
+
+def test_a_prompt_ending_inside_a_cached_block_starts_from_a_copy_of_it():
+    bm = BlockManager(10, 4)
+    first = Sequence(list(range(10)), 10)  # prompt 0..6, then a reply 7, 8, 9
+    assert bm.allocate_slots(first, 10)
+    first.num_computed_tokens = 10
+    bm.cache_full_blocks(first)
+    bm.take_copies()
+    bm.free(first)
+    again = Sequence(list(range(7)), 7)
+    hit = bm.find_cached_prefix(again)
+    assert hit.tables == ((0,),) and hit.tail == (1,) and hit.num_tokens == 6
+    assert bm.allocate_slots(again, 1, hit)
+    fresh = again.block_table[1]
+    assert again.num_computed_tokens == 6 and fresh not in (0, 1)
+    assert bm.ref_count(1) == 1  # held for the copy
+    assert bm.take_copies() == [(1, fresh)]
+    assert bm.block_state(1) == "cached"
+    # a block hashed in this schedule is written only by the coming step: no source yet
+    third = Sequence(list(range(20, 30)), 10)
+    assert bm.allocate_slots(third, 10)
+    bm.cache_full_blocks(third, 10)
+    assert bm.find_cached_prefix(Sequence(list(range(20, 27)), 7)).tail == ()
 
 
 def test_eviction_is_lru_and_tail_first():

@@ -74,6 +74,24 @@ def test_prefix_cache_shares_blocks_of_a_common_prompt(tiny_llm):
     assert not engine.has_unfinished_requests()
 
 
+def test_a_regenerated_reply_computes_only_the_prompts_last_token(tiny_llm):
+    """A prompt ending inside a block its earlier reply filled (a regenerate) starts from a
+    copy of that block: every prompt token but the last is cached, the reply the same. A
+    reply too short to fill that block leaves it unhashed: only full blocks are found."""
+    prompt = list(range(4000, 4045))  # two blocks of 16, then 13 tokens into the third
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    first = tiny_llm.generate([prompt], params)[0]
+    again = tiny_llm.generate([prompt], params)[0]
+    assert again.num_cached_tokens == len(prompt) - 1
+    assert again.outputs[0].token_ids == first.outputs[0].token_ids
+    assert tiny_llm.engine.stats().used_blocks == 0
+
+    short = list(range(5000, 5045))
+    brief = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+    tiny_llm.generate([short], brief)
+    assert tiny_llm.generate([short], brief)[0].num_cached_tokens == 32
+
+
 def test_abort_frees_blocks_at_once(tiny_llm):
     engine = tiny_llm.engine
     engine.add_request("long", list(range(100, 400)), SamplingParams(max_tokens=200))

@@ -54,10 +54,9 @@ class GroupMachine(BlockManagerMachine):
     def start_group(self, prompt, n):
         parent = Sequence(prompt, len(prompt))
         cached = self.bm.find_cached_prefix(parent)
-        if not self.bm.allocate_slots(parent, len(prompt) - cached.num_blocks * BLOCK_SIZE,
-                                      cached):
+        if not self.bm.allocate_slots(parent, len(prompt) - cached.num_tokens, cached):
             return
-        self._written_blocks_are_private(parent, cached.num_blocks * BLOCK_SIZE)
+        self._written_blocks_are_private(parent, cached.num_tokens)
         self._compute(parent)
         before = [self.bm.blocks[b].ref_count for b in _held([parent], "block_tables")]
         group = [parent]
@@ -111,7 +110,7 @@ class GroupMachine(BlockManagerMachine):
         if not self.bm.can_swap_out(group):
             return
         shape = _sharing_shape(group, "block_tables")
-        self.bm.swap_out(group)
+        self._swap_out(group)
         assert _sharing_shape(group, "cpu_block_tables") == shape
         for seq in group:
             self.running.remove(seq)

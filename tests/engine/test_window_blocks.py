@@ -58,9 +58,10 @@ class WindowMachine(GroupMachine):
                 return
             self._written_blocks_are_private_range(seq, start, start + take)
             self._window_is_present(seq, start, start + take)
+            self._copy(self.bm.take_copies())
+            self._write(seq, start, start + take)
             seq.num_computed_tokens += take
             self.bm.cache_full_blocks(seq)
-            self.bm.take_copies()
 
     @precondition(lambda self: self.running)
     @rule(data=st.data())
