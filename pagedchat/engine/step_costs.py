@@ -6,7 +6,8 @@ of a weight; past the few-row products' limit a step costs much more), so drafts
 sized by timed steps rather than by one constant. Only steps of a lone decoding sequence
 are timed (their rows are its own); a row count not yet timed is estimated from the
 nearest timed count below it (else the fewest timed) by the prior, one row costing
-``row_cost`` of a one-row step more.
+``row_cost`` of a one-row step more. A count not timed for ``EXPIRY`` steps goes back to
+that estimate, so that one timed dear in a passing burst of load is tried again.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections import deque
 ROW_COST = 0.3
 SAMPLES = 16  # the most recent steps kept per row count
 MIN_SAMPLES = 3  # steps of a row count timed before their median replaces the prior
+EXPIRY = 64  # timed steps of any count after which a count's own last one is forgotten
 
 
 class StepCosts:
@@ -25,11 +27,18 @@ class StepCosts:
         self.row_cost = row_cost
         self._seconds: dict[int, deque[float]] = {}
         self._table: dict[int, float] = {}  # rows -> median seconds, of the timed counts
+        self._steps = 0  # steps timed so far
+        self._last: dict[int, int] = {}  # rows -> the number of its last timed step
 
     def record(self, rows: int, seconds: float) -> None:
         """One step of a lone decoding sequence with ``rows`` query rows took ``seconds``."""
+        self._steps += 1
+        for stale in [r for r, last in self._last.items() if self._steps - last > EXPIRY]:
+            del self._seconds[stale], self._last[stale]
+            self._table.pop(stale, None)
         times = self._seconds.setdefault(rows, deque(maxlen=SAMPLES))
         times.append(seconds)
+        self._last[rows] = self._steps
         if len(times) >= MIN_SAMPLES:
             self._table[rows] = statistics.median(times)
 

@@ -18,7 +18,7 @@ from pagedchat.engine.errors import RequestError
 from pagedchat.engine.ngram_proposer import NgramProposer
 from pagedchat.engine.sampling.rejection import accept_draft
 from pagedchat.engine.sequence import Sequence
-from pagedchat.engine.step_costs import MIN_SAMPLES, StepCosts
+from pagedchat.engine.step_costs import EXPIRY, MIN_SAMPLES, StepCosts
 
 MAX_TOKENS = 24
 
@@ -271,6 +271,12 @@ def test_step_costs_take_timed_steps_over_the_prior():
     assert costs.relative(3) == pytest.approx(0.010 * 2.0 / 1.5 / 0.008)
     costs.record(3, 0.05)
     assert costs.relative(3) == pytest.approx(0.05 / 0.008)
+    for _ in range(EXPIRY):
+        costs.record(1, 0.008)
+    assert costs.relative(3) == pytest.approx(0.05 / 0.008)
+    costs.record(1, 0.008)  # 2 and 3 rows not timed for EXPIRY steps: the prior again
+    assert costs.relative(3) == pytest.approx(2.0)
+    assert costs.relative(2) == pytest.approx(1.5)
 
 
 def test_drafts_stop_short_of_a_row_count_timed_dear():
