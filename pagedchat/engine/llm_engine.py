@@ -153,10 +153,12 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one iteration; return the requests that advanced."""
         timer = self.runner.timer
+        started = time.perf_counter()
         with timer.phase("schedule"):
             out = self.scheduler.schedule()
         if out.is_empty:
             return []
+        timed_rows = self._timed_rows(out)
         timer.steps += 1
         now = time.time()
         for item in out.scheduled:
@@ -183,7 +185,20 @@ class LLMEngine:
             advanced.update((group.request_id, group) for group in verify_drafts(
                 self, drafting, draft_argmax, result.tokens[plain_argmax:],
                 result.logits[plain_logits:]))
-            return self._outputs(advanced)
+            outputs = self._outputs(advanced)
+        if timed_rows:
+            self.scheduler.proposer.timed(timed_rows, time.perf_counter() - started)
+        return outputs
+
+    def _timed_rows(self, out: SchedulerOutput) -> int:
+        """The query rows of this step where it is what the proposer's step costs time (a
+        lone sequence decoding, with or without a draft), else 0."""
+        if self.scheduler.proposer is None or len(out.scheduled) != 1:
+            return 0
+        item = out.scheduled[0]
+        decoding = (item.samples and item.seq.num_output_tokens > 0
+                    and item.num_new_tokens == 1 + len(item.draft))
+        return item.num_new_tokens if decoding else 0
 
     def _argmax_only(self, item: ScheduledSeq) -> bool:
         """Whether this row's next token is the argmax of the raw logits, nothing else

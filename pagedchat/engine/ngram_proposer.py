@@ -10,8 +10,9 @@ A drafted token costs a query row in the step that verifies it, whether it is ac
 not, so each sequence proposes only as many tokens as pay for their rows: it keeps a
 recent estimate of how likely a drafted token is accepted (once the ones before it were),
 and takes the draft length that maximises the expected tokens per step over the step's
-cost, ``ROW_COST`` more per row. Without a draft for a while, the estimate drifts back to
-its prior, so a sequence that starts to repeat its context is drafted for again.
+cost, as the engine's own steps of that many rows took (``StepCosts``). Without a draft
+for a while, the estimate drifts back to its prior, so a sequence that starts to repeat
+its context is drafted for again.
 """
 
 from __future__ import annotations
@@ -19,9 +20,8 @@ from __future__ import annotations
 from weakref import WeakKeyDictionary
 
 from pagedchat.engine.sequence import Sequence
+from pagedchat.engine.step_costs import ROW_COST, StepCosts
 
-# the cost of one more query row in a step, as a share of a one-row decode step's
-ROW_COST = 0.3
 # how much of its weight an observation of acceptance keeps per step of the sequence
 DECAY = 0.8
 
@@ -36,7 +36,7 @@ class _Index:
         self.accepted = 0.0  # decayed counts of drafted tokens accepted, and of rejections
         self.rejected = 0.0
 
-    def draft_length(self, limit: int, row_cost: float) -> int:
+    def draft_length(self, limit: int, costs: StepCosts) -> int:
         """The draft length (up to ``limit``) with the most expected tokens per unit of
         step cost, each drafted token accepted with the estimated probability (a
         Laplace prior: one half without observations)."""
@@ -44,7 +44,7 @@ class _Index:
         best, best_rate, expected = 0, 1.0, 1.0
         for k in range(1, limit + 1):
             expected += p**k
-            rate = expected / (1.0 + row_cost * k)
+            rate = expected / costs.relative(1 + k)
             if rate > best_rate:
                 best, best_rate = k, rate
         return best
@@ -54,7 +54,8 @@ class NgramProposer:
     def __init__(self, ngram_min: int, ngram_max: int, row_cost: float = ROW_COST) -> None:
         self.ngram_min = ngram_min
         self.ngram_max = ngram_max
-        self.row_cost = row_cost  # 0: always the whole limit
+        # what steps of each row count cost (row_cost 0, until timed: always the whole limit)
+        self.costs = StepCosts(row_cost)
         self._indexes: WeakKeyDictionary[Sequence, _Index] = WeakKeyDictionary()
 
     def propose(self, seq: Sequence, limit: int) -> list[int]:
@@ -66,7 +67,7 @@ class NgramProposer:
             index = self._indexes[seq] = _Index()
         index.accepted *= DECAY
         index.rejected *= DECAY
-        limit = index.draft_length(limit, self.row_cost)
+        limit = index.draft_length(limit, self.costs)
         if limit < 1:
             return []
         self._extend(index, tokens)
@@ -82,6 +83,10 @@ class NgramProposer:
         if index is not None:
             index.accepted += accepted
             index.rejected += accepted < drafted
+
+    def timed(self, rows: int, seconds: float) -> None:
+        """A lone sequence's decode step of ``rows`` query rows took ``seconds``."""
+        self.costs.record(rows, seconds)
 
     def _extend(self, index: _Index, tokens: list[int]) -> None:
         """Index the n-grams that end before each token not yet indexed, except the last

@@ -18,6 +18,7 @@ from pagedchat.engine.errors import RequestError
 from pagedchat.engine.ngram_proposer import NgramProposer
 from pagedchat.engine.sampling.rejection import accept_draft
 from pagedchat.engine.sequence import Sequence
+from pagedchat.engine.step_costs import EXPIRY, MIN_SAMPLES, StepCosts
 
 MAX_TOKENS = 24
 
@@ -43,6 +44,9 @@ class Oracle:
         self.calls = 0
 
     def record(self, seq: Sequence, drafted: int, accepted: int) -> None:
+        pass
+
+    def timed(self, rows: int, seconds: float) -> None:
         pass
 
     def propose(self, seq: Sequence, limit: int) -> list[int]:
@@ -249,6 +253,61 @@ def test_draft_length_follows_how_drafts_fare():
         idle += 1
     assert idle < 20
 
+
+
+def test_step_costs_take_timed_steps_over_the_prior():
+    costs = StepCosts(row_cost=0.5)
+    assert costs.relative(3) == pytest.approx(2.0)  # nothing timed: the prior
+    for seconds in (0.010, 0.011, 0.009):  # 2 rows timed: 1 row and 3 from the prior
+        costs.record(2, seconds)
+    assert costs.relative(2) == pytest.approx(1.5)
+    assert costs.relative(4) == pytest.approx(2.5 / 1.5 * 1.5)
+    for seconds in (0.008, 0.008, 0.008):
+        costs.record(1, seconds)
+    assert costs.relative(2) == pytest.approx(0.010 / 0.008)
+    assert costs.relative(3) == pytest.approx(0.010 * 2.0 / 1.5 / 0.008)
+    for seconds in (0.05, 0.05):  # fewer than MIN_SAMPLES: not yet taken
+        costs.record(3, seconds)
+    assert costs.relative(3) == pytest.approx(0.010 * 2.0 / 1.5 / 0.008)
+    costs.record(3, 0.05)
+    assert costs.relative(3) == pytest.approx(0.05 / 0.008)
+    for _ in range(EXPIRY):
+        costs.record(1, 0.008)
+    assert costs.relative(3) == pytest.approx(0.05 / 0.008)
+    costs.record(1, 0.008)  # 2 and 3 rows not timed for EXPIRY steps: the prior again
+    assert costs.relative(3) == pytest.approx(2.0)
+    assert costs.relative(2) == pytest.approx(1.5)
+
+
+def test_drafts_stop_short_of_a_row_count_timed_dear():
+    """A draft length whose step was timed far dearer than the prior said (a kernel's
+    few-row limit passed) is no longer proposed, though every draft is accepted."""
+    proposer = NgramProposer(1, 1, row_cost=0.1)
+    seq = Sequence([5] * 40, 40)
+    for _ in range(8):
+        draft = proposer.propose(seq, 4)
+        proposer.record(seq, len(draft), len(draft))
+    assert len(proposer.propose(seq, 4)) == 4
+    for rows, seconds in ((1, 0.01), (2, 0.011), (3, 0.012), (4, 0.013), (5, 0.04)):
+        for _ in range(MIN_SAMPLES):
+            proposer.costs.record(rows, seconds)
+    assert len(proposer.propose(seq, 4)) == 3
+
+
+def test_the_engine_times_its_lone_decode_steps(tiny_model_dir):
+    """Each step of one decoding sequence is timed under its row count; the prompt's and
+    those of a batch are not."""
+    llm = LLM(model=str(tiny_model_dir), speculative="ngram", num_speculative_tokens=3)
+    timed = []
+    llm.engine.scheduler.proposer.timed = lambda rows, seconds: timed.append(rows)
+    prompt = [7, 8, 9] * 10
+    llm.generate([prompt], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+    assert len(timed) == 19 - llm.engine.stats().accepted_tokens  # the first token's is not
+    assert set(timed) <= {1, 2, 3, 4}
+    timed.clear()
+    llm.generate([prompt, prompt[:-1]], SamplingParams(temperature=0, max_tokens=20,
+                                                       ignore_eos=True))
+    assert len(timed) < 19
 
 # ---- the acceptance test ---------------------------------------------------------------
 def test_accept_draft_keeps_the_target_distribution():

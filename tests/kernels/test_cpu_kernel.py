@@ -83,6 +83,19 @@ def test_mixed_batch_of_decodes_short_and_long_chunks(dtype):
 
 @on_each_level
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("group", "head_dim", "block_size"),
+                         [(3, 64, 16), (1, 64, 1), (8, 128, 5), (2, 80, 16)])
+def test_runs_of_rows_of_one_sequence_match_reference(block_size, group, head_dim, dtype):
+    """A speculative step's shape: sequences with 2 to 7 query rows (one work item each,
+    their earlier rows seeing fewer tokens than their last) beside decode rows, a run
+    ending at a tile's edge (ctx 32) and one as long as its whole context."""
+    ctx = [100, 1, 32, 17, 5, 300, 7]
+    q_lens = [5, 1, 7, 2, 5, 1, 7]
+    compare_case(ctx, q_lens, block_size, 2 * group, 2, head_dim, dtype, seed=group + head_dim)
+
+
+@on_each_level
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("group", "head_dim"),
                          [(1, 64), (3, 64), (8, 128), (4, 64), (4, 256), (1, 192)])
 @pytest.mark.parametrize("block_size", [1, 16, 32])

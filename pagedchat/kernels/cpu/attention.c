@@ -1,10 +1,12 @@
 /* Paged attention for the CPU: reads K/V straight through the block table.
  *
- * A work item is one query row and a range of KV heads: all of them when there are
- * enough rows to keep every thread busy (so each token's K/V row is read once,
- * contiguously), one when there are few rows (a lone long decode). Scores for the
- * row's whole context go to a scratch buffer, then softmax, then the weighted sum
- * of V: K and V are each read once. Both passes go 16 tokens at a time through row
+ * A work item is a run of consecutive query rows of one sequence (a decode's one row, a
+ * short chunk's or a speculative step's few) and a range of KV heads: all of them when
+ * there are enough runs to keep every thread busy (so each token's K/V row is read once,
+ * contiguously), one when there are few (a lone long decode). The run's rows take each
+ * K and V tile together, as a KV head's query heads do, so a run of rows reads its
+ * context once, not once a row. Scores for the whole context go to a scratch buffer,
+ * then softmax, then the weighted sum of V: K and V are each read once. Both passes go 16 tokens at a time through row
  * pointers looked up in the block table, so a tile may span blocks and the block size
  * (1, 8, 16...) does not change the arithmetic's shape or speed.
  *

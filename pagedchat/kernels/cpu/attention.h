@@ -136,15 +136,38 @@ static inline void softmax_row(float *s, int n) {
 /* Shapes and step metadata shared by every work item of one call. */
 typedef struct {
     const int32_t *block_tables, *context_lens, *query_start, *rows, *row_seqs;
+    const int *run_starts;
     int max_blocks, num_heads, num_kv_heads, block_size, split;
     int64_t num_items;
     float scale;
 } Batch;
 
-/* What work item `item` reads: its sequence's block table, returned, the tokens it attends
- * to (*n) and its first KV head (*kv_first). */
-static inline const int32_t *item_walk(const Batch *b, int64_t item, int *n, int *kv_first) {
-    const int row = b->rows[item / b->split], seq = b->row_seqs[item / b->split];
+/* The most query rows of one sequence a work item takes together (a short chunk's, or a
+ * speculative step's drafted rows): each K and V row is read once for all of them. */
+#define RUN_MAX 8
+
+/* Cuts the rows into runs of consecutive query rows of one sequence, RUN_MAX at most:
+ * run r is rows[starts[r]] to rows[starts[r + 1] - 1]. Returns the count. */
+static inline int row_runs(const int32_t *rows, const int32_t *row_seqs, int num_rows,
+                           int *starts) {
+    int runs = 0;
+    for (int i = 0; i < num_rows; i++)
+        if (i == 0 || row_seqs[i] != row_seqs[i - 1] || rows[i] != rows[i - 1] + 1
+            || i - starts[runs - 1] == RUN_MAX)
+            starts[runs++] = i;
+    starts[runs] = num_rows;
+    return runs;
+}
+
+/* What work item `item` reads: its sequence's block table, returned, its run of query rows
+ * (*m of them from rows[*first]), the tokens its run's last row attends to (*n; row i of
+ * the run attends to the first *n - (*m - 1 - i)) and its first KV head (*kv_first). */
+static inline const int32_t *item_walk(const Batch *b, int64_t item, int *first, int *m,
+                                       int *n, int *kv_first) {
+    const int run = (int)(item / b->split);
+    *first = b->run_starts[run];
+    *m = b->run_starts[run + 1] - *first;
+    const int row = b->rows[*first + *m - 1], seq = b->row_seqs[*first];
     const int q_len = b->query_start[seq + 1] - b->query_start[seq];
     *n = b->context_lens[seq] - q_len + (row - b->query_start[seq]) + 1;
     *kv_first = (int)(item % b->split) * (b->num_kv_heads / b->split);
@@ -182,25 +205,37 @@ static inline __attribute__((always_inline)) int NAME##_item(                   
     const int group = num_heads / num_kv_heads;                                             \
     const int heads_per_item = num_kv_heads / split;                                        \
     const int64_t head_bytes = HEAD_BYTES(head_dim);                                        \
-    const int vector_path = head_dim % 16 == 0;                                                              \
-    const int row = b->rows[item / split];                                                  \
-    int n, kv_first;                                                                        \
-    const int32_t *table = item_walk(b, item, &n, &kv_first);                               \
+    const int vector_path = head_dim % 16 == 0;                                            \
+    int first, m, n, kv_first;                                                              \
+    const int32_t *table = item_walk(b, item, &first, &m, &n, &kv_first);                   \
     /* the thread's next item (items go round-robin): its rows are prefetched, a slice per  \
      * tile of this walk, so that memory keeps streaming while this item computes */        \
-    int next_n = 0, next_kv = 0;                                                            \
+    int next_first, next_m, next_n = 0, next_kv = 0;                                        \
     const int32_t *next_table = item + stride < b->num_items                                \
-        ? item_walk(b, item + stride, &next_n, &next_kv) : NULL;                            \
-    const int heads = heads_per_item * group;                                               \
+        ? item_walk(b, item + stride, &next_first, &next_m, &next_n, &next_kv) : NULL;      \
     const int head0 = kv_first * group;                                                     \
-    float *q = malloc(sizeof(float) * (size_t)heads * (size_t)(2 * head_dim + n));          \
+    /* one "head" per query head and row of the run: (KV head j, row i, query head g of     \
+     * j's group) at (j * m + i) * group + g, so that a KV head's are consecutive and take \
+     * its tiles together, as a group's query heads do */                                   \
+    const int members = m * group;                                                          \
+    const int heads = heads_per_item * members;                                             \
+    const int64_t width = (int64_t)heads * head_dim;                                        \
+    float *q = malloc(sizeof(float) * (size_t)(2 * width + (int64_t)heads * n)              \
+                      + sizeof(T) * (size_t)width);                                         \
     if (q == NULL) return 1;                                                                \
-    float *acc = q + (int64_t)heads * head_dim;                                             \
-    float *scores = acc + (int64_t)heads * head_dim;                                        \
-    const T *q_row = query + ((int64_t)row * num_heads + head0) * head_dim;                 \
-    for (int64_t i = 0; i < (int64_t)heads * head_dim; i++) {                               \
-        q[i] = LOAD(q_row, i) * scale;                                                      \
-        acc[i] = 0.0f;                                                                      \
+    float *acc = q + width;                                                                 \
+    float *scores = acc + width;                                                            \
+    T *raw = (T *)(scores + (int64_t)heads * n); /* the query as given, for the bf16 dot */ \
+    const int row0 = b->rows[first];                                                        \
+    for (int h = 0; h < heads; h++) {                                                       \
+        const int j = h / members, i = h % members / group, g = h % group;                  \
+        const T *q_row = query + ((int64_t)(row0 + i) * num_heads + head0 + j * group + g)  \
+                                 * head_dim;                                                \
+        for (int d = 0; d < head_dim; d++) {                                                \
+            raw[(int64_t)h * head_dim + d] = q_row[d];                                      \
+            q[(int64_t)h * head_dim + d] = LOAD(q_row, d) * scale;                          \
+            acc[(int64_t)h * head_dim + d] = 0.0f;                                          \
+        }                                                                                   \
     }                                                                                       \
     const int64_t token_bytes = num_kv_heads * head_bytes;                                  \
     const int row_bytes = heads_per_item * (int)head_bytes;                                 \
@@ -230,19 +265,25 @@ static inline __attribute__((always_inline)) int NAME##_item(                   
         const int count = counts[j % RING];                                                 \
         const int start = (j % tiles) * TILE;                                               \
         if (j == tiles)                                                                     \
-            for (int h = 0; h < heads; h++) softmax_row(scores + (int64_t)h * n, n);        \
+            for (int h = 0; h < heads; h++) {                                               \
+                /* a run's earlier rows see fewer tokens: weight 0 past their last */       \
+                const int seen = n - (m - 1 - h % members / group);                         \
+                float *sh = scores + (int64_t)h * n;                                        \
+                softmax_row(sh, seen);                                                      \
+                for (int t = seen; t < n; t++) sh[t] = 0.0f;                                \
+            }                                                                               \
         if (vector_path) {                                                                  \
             /* each KV head's group, SHARED_HEADS query heads at a time */                  \
             int shared = SHARED_HEADS;                                                      \
             for (int h = 0; h < heads; h += shared) {                                       \
-                const int64_t head = (h / group) * head_bytes;                         \
-                const int left = group - h % group;                                         \
+                const int64_t head = (h / members) * head_bytes;                            \
+                const int left = members - h % members;                                     \
                 shared = left < SHARED_HEADS ? left : SHARED_HEADS;                         \
                 float *sh = scores + (int64_t)h * n + start;                                \
                 if (j < tiles) {                                                            \
                     const float *qh = q + (int64_t)h * head_dim;                            \
-                    const T *raw = q_row + (int64_t)h * head_dim;                           \
-                    SHARED_CALL(SCORE_TILE(qh, raw, scale, rows, head, count, head_dim, sh, \
+                    const T *rh = raw + (int64_t)h * head_dim;                              \
+                    SHARED_CALL(SCORE_TILE(qh, rh, scale, rows, head, count, head_dim, sh,  \
                                            n, S));                                          \
                 } else {                                                                    \
                     float *ah = acc + (int64_t)h * head_dim;                                \
@@ -252,7 +293,7 @@ static inline __attribute__((always_inline)) int NAME##_item(                   
             continue;                                                                       \
         }                                                                                   \
         for (int h = 0; h < heads; h++) {                                                   \
-            const int64_t head = (h / group) * head_bytes;                             \
+            const int64_t head = (h / members) * head_bytes;                                \
             float *sh = scores + (int64_t)h * n + start;                                    \
             if (j < tiles) {                                                                \
                 const float *qh = q + (int64_t)h * head_dim;                                \
@@ -274,8 +315,13 @@ static inline __attribute__((always_inline)) int NAME##_item(                   
             }                                                                               \
         }                                                                                   \
     }                                                                                       \
-    T *out_row = out + ((int64_t)row * num_heads + head0) * head_dim;                       \
-    for (int64_t i = 0; i < (int64_t)heads * head_dim; i++) out_row[i] = STORE(acc[i]);     \
+    for (int h = 0; h < heads; h++) {                                                       \
+        const int j = h / members, i = h % members / group, g = h % group;                  \
+        T *out_row = out + ((int64_t)(row0 + i) * num_heads + head0 + j * group + g)        \
+                           * head_dim;                                                      \
+        for (int d = 0; d < head_dim; d++)                                                  \
+            out_row[d] = STORE(acc[(int64_t)h * head_dim + d]);                             \
+    }                                                                                       \
     free(q);                                                                                \
     return 0;                                                                               \
 }                                                                                           \
@@ -286,11 +332,14 @@ int NAME##_part(const T *query, const C *k_cache, const C *v_cache, T *out,     
                 const int32_t *query_start, const int32_t *rows, const int32_t *row_seqs,   \
                 int num_rows, int max_blocks, int num_heads, int num_kv_heads, int head_dim, \
                 int block_size, float scale, int t, int count) {                            \
+    /* each sequence's consecutive rows as one item */                                      \
+    int run_starts[num_rows + 1];                                                           \
+    const int runs = row_runs(rows, row_seqs, num_rows, run_starts);                        \
     /* a lone long decode is split by KV head so that every thread has work */              \
-    const int split = num_rows < 2 * count ? num_kv_heads : 1;                              \
-    const Batch b = {block_tables, context_lens, query_start, rows, row_seqs, max_blocks,   \
-                     num_heads, num_kv_heads, block_size, split, (int64_t)num_rows * split, \
-                     scale};                                                                \
+    const int split = runs < 2 * count ? num_kv_heads : 1;                                  \
+    const Batch b = {block_tables, context_lens, query_start, rows, row_seqs, run_starts,   \
+                     max_blocks, num_heads, num_kv_heads, block_size, split,                \
+                     (int64_t)runs * split, scale};                                         \
     int failed = 0;                                                                         \
     for (int64_t item = t; item < b.num_items; item += count) {                             \
         int bad;                                                                            \
