@@ -18,6 +18,20 @@ os.environ.setdefault("MKL_DISABLE_FAST_MM", "1")
 # count changes from step to step, and those entries, spread through the heap, keep freed
 # activations from being reused. oneDNN's own cache of compiled kernels stays.
 os.environ.setdefault("LRU_CACHE_CAPACITY", "1")
+# On a machine already busy when pagedchat starts, OpenMP threads wait for work asleep: a
+# spinning thread burns the time slices its partner needs, and every parallel step waits for
+# the slowest thread. On idle cores spinning answers sooner. The runtime reads this once,
+# when it loads (with torch).
+def _machine_is_busy() -> bool:
+    """Whether the last minute's load average reaches the cores this process may use."""
+    if not hasattr(os, "getloadavg"):
+        return False
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return os.getloadavg()[0] >= (cores or 1)
+
+
+if _machine_is_busy():
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 if TYPE_CHECKING:
     from pagedchat.engine.llm import LLM
