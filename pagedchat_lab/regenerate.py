@@ -5,26 +5,10 @@ computed from an empty cache."""
 from __future__ import annotations
 
 import statistics
-import time
 
 from pagedchat.engine.llm_engine import LLMEngine
 from pagedchat.engine.sampling_params import SamplingParams
-
-
-def reply(engine: LLMEngine, prompt: list[int], rid: str,
-          params: SamplingParams) -> tuple[float, int, list[float]]:
-    """Seconds from add_request to the first token, the prompt tokens taken from the
-    cache, and the times of every token of the finished reply."""
-    start = time.perf_counter()
-    engine.add_request(rid, prompt, params)
-    spent = None
-    while engine.has_unfinished_requests():
-        for output in engine.step():
-            if spent is None and output.outputs[0].token_ids:
-                spent = time.perf_counter() - start
-            if output.finished:
-                return spent, output.num_cached_tokens, output.metrics.token_times
-    raise RuntimeError(f"request {rid} never finished")
+from pagedchat_lab.warm_start import first_token
 
 
 def regenerate(engine: LLMEngine, conversation: list[int], reply_tokens: int,
@@ -36,13 +20,14 @@ def regenerate(engine: LLMEngine, conversation: list[int], reply_tokens: int,
         engine.reset_prefix_cache()
         first = SamplingParams(temperature=0.8, seed=2 * n, max_tokens=reply_tokens,
                                ignore_eos=True)
-        spent, _, times = reply(engine, conversation, f"reply-{n}", first)
+        spent, output = first_token(engine, conversation, f"reply-{n}", first)
         cold.append(spent)
+        times = output.metrics.token_times
         steps.append(statistics.median(b - a for a, b in zip(times, times[1:])))
         again = SamplingParams(temperature=0.8, seed=2 * n + 1, max_tokens=2, ignore_eos=True)
-        spent, cached, _ = reply(engine, conversation, f"again-{n}", again)
+        spent, output = first_token(engine, conversation, f"again-{n}", again)
         warm.append(spent)
-        recomputed.append(len(conversation) - cached)
+        recomputed.append(len(conversation) - output.num_cached_tokens)
     return {"prompt_tokens": len(conversation), "recomputed_tokens": max(recomputed),
             "regenerate_ttft_s": statistics.median(warm),
             "decode_step_s": statistics.median(steps),

@@ -8,15 +8,16 @@ import statistics
 import time
 
 from pagedchat.engine.llm_engine import LLMEngine
+from pagedchat.engine.outputs import RequestOutput
 from pagedchat.engine.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
 
 
 def first_token(engine: LLMEngine, prompt: list[int], rid: str,
-                params: SamplingParams = GREEDY) -> tuple[float, int, list[int]]:
-    """Seconds from add_request (reading the store included) to the first token, the
-    prompt tokens taken from the cache, and the tokens of the finished reply."""
+                params: SamplingParams = GREEDY) -> tuple[float, RequestOutput]:
+    """Seconds from add_request (reading the store included) to the first token, and the
+    finished request."""
     start = time.perf_counter()
     engine.add_request(rid, prompt, params)
     spent = None
@@ -25,7 +26,7 @@ def first_token(engine: LLMEngine, prompt: list[int], rid: str,
             if spent is None and output.outputs[0].token_ids:
                 spent = time.perf_counter() - start
             if output.finished:
-                return spent, output.num_cached_tokens, output.outputs[0].token_ids
+                return spent, output
     raise RuntimeError(f"request {rid} never finished")
 
 
@@ -42,7 +43,8 @@ def warm_against_cold(engine: LLMEngine, session: list[int], question: list[int]
         for name, times in (("warm", warm), ("cold", cold)):
             engine.reset_prefix_cache()
             engine.kv_store = store if name == "warm" else None
-            spent, hits, _ = first_token(engine, prompt, f"{name}-{n}")
+            spent, output = first_token(engine, prompt, f"{name}-{n}")
+            hits = output.num_cached_tokens
             times.append(spent)
             cached = hits if name == "warm" else cached
     check = SamplingParams(temperature=0.0, max_tokens=check_tokens, ignore_eos=True)
@@ -50,7 +52,8 @@ def warm_against_cold(engine: LLMEngine, session: list[int], question: list[int]
     for name in ("warm", "cold"):
         engine.reset_prefix_cache()
         engine.kv_store = store if name == "warm" else None
-        replies.append(first_token(engine, prompt, f"{name}-check", check)[2])
+        replies.append(first_token(engine, prompt, f"{name}-check", check)[1]
+                       .outputs[0].token_ids)
     engine.kv_store = store
     return {"prompt_tokens": len(prompt), "warm_cached_tokens": cached,
             "warm_ttft_s": statistics.median(warm), "cold_ttft_s": statistics.median(cold),
