@@ -139,19 +139,25 @@ def hf_throughput(model, prompts: list[list[int]], max_new: int, batch: int,
     return tokens / (time.perf_counter() - start)
 
 
+def engine_throughput(llm, prompts: list[list[int]], params, device: str) -> tuple[float, float]:
+    """Output tokens/s of ``llm`` on ``prompts`` (after a warm-up that compiles the
+    kernels), and the seconds they took."""
+    llm.generate(prompts[:8], params, use_progress=False)
+    synchronize(device)
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params, use_progress=False)
+    synchronize(device)
+    seconds = time.perf_counter() - start
+    return sum(len(o.outputs[0].token_ids) for o in outs) / seconds, seconds
+
+
 def compare_throughput(folder: Path, args: argparse.Namespace) -> dict:
     from pagedchat import LLM, SamplingParams
 
     prompts = random_prompts(args.requests, 16, 512, seed=2)
     params = SamplingParams(temperature=0.0, max_tokens=args.output_tokens, ignore_eos=True)
     llm = LLM(model=str(folder), device=args.device, dtype=args.dtype)
-    llm.generate(prompts[:8], params, use_progress=False)  # compile the kernels
-    synchronize(args.device)
-    start = time.perf_counter()
-    outs = llm.generate(prompts, params, use_progress=False)
-    synchronize(args.device)
-    seconds = time.perf_counter() - start
-    ours = sum(len(o.outputs[0].token_ids) for o in outs) / seconds
+    ours, seconds = engine_throughput(llm, prompts, params, args.device)
     print(f"pagedchat {args.dtype}: {ours:.0f} output tok/s ({seconds:.1f} s)")
     del llm
     model = hf_model(folder, getattr(torch, args.dtype), args.device)
@@ -235,15 +241,9 @@ def compare_kv_dtypes(tiny: Path, folder: Path, args: argparse.Namespace) -> dic
     for kv_dtype in ("auto", "int8"):
         llm = LLM(model=str(folder), device=args.device, dtype=args.dtype,
                   kv_cache_dtype=kv_dtype, kv_cache_memory=args.kv_pool)
-        llm.generate(load[:8], params, use_progress=False)  # compile the kernels
-        synchronize(args.device)
-        start = time.perf_counter()
-        outs = llm.generate(load, params, use_progress=False)
-        synchronize(args.device)
-        seconds = time.perf_counter() - start
         config = llm.engine.config
         run = {"pool_tokens": config.num_kv_blocks * config.block_size,
-               "tok_s": sum(len(o.outputs[0].token_ids) for o in outs) / seconds,
+               "tok_s": engine_throughput(llm, load, params, args.device)[0],
                "preemptions": llm.engine.stats().preemptions}
         result.update({f"{kv_dtype}_{name}": value for name, value in run.items()})
         print(f"K/V {kv_dtype}, pool {args.kv_pool}: {run['pool_tokens']} tokens, "
