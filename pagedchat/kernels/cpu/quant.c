@@ -366,14 +366,8 @@ static void panel_product(const float *x, const float *tile, const float *bias, 
     }
 }
 
-/* The most rows the exact products send to quant_rows.c. On AVX2 its tiles hold every
- * row's x in registers and run out of them past one row, where the many-row tiles, which
- * decode each weight once for all rows, are the faster ones. */
-#if defined(VF_AVX2)
-#define FEW_ROWS 1
-#else
+/* The most rows the exact products send to quant_rows.c. */
 #define FEW_ROWS QUANT_ROWS_MAX
-#endif
 
 /* Thread t of a team of `threads`: its share of out[m][n] (row stride out_stride; float32, or
  * bfloat16 where out_bf16) = x[m] . W[n] (+ bias[n]) for W's n_dim rows of `type` blocks;

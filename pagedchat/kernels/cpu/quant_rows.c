@@ -10,9 +10,9 @@
  * -0, which no sum begun at +0 can tell. The sums of the products are in another order
  * than quant.c's.
  *
- * On AVX2, one row of x times Q4_0, Q8_0, or Q4_1 with exact offsets (EXACT_OFFSETS) is
- * factored instead (tile_factored): a block's sum is d * (x . q) + m * sum(x), with m = -8 d
- * for Q4_0 and 0 for Q8_0. Each weight d * q + m is then exact as a real number, so the
+ * On AVX2, one row of x times Q4_0, Q5_0, Q8_0, or Q4_1 with exact offsets (EXACT_OFFSETS)
+ * is factored instead (tile_factored): a block's sum is d * (x . q) + m * sum(x), with
+ * m = -8 d for Q4_0, -16 d for Q5_0 and 0 for Q8_0. Each weight d * q + m is then exact as a real number, so the
  * weights are still the reference's; only the rounding of the sums differs, as any order
  * of adding them does. It spares a multiply-add per weight, on the pipes that AVX2's
  * decoding of the weights keeps busy.
@@ -152,14 +152,21 @@ static inline __attribute__((always_inline)) void run_of(int type, const uint8_t
     }
 }
 
-/* Tiles of output columns whose sums (one vector per row and column) stay in registers. */
+/* Tiles of output columns whose sums (one vector per row and column) stay in registers.
+ * On AVX2, more than one row goes to tile8, whose sums are 8 lanes each. */
 #if defined(VF_AVX512)
 #define ACCUMULATORS 16
 #else
 #define ACCUMULATORS 4
 #endif
+#if defined(VF_AVX2)
+#define ACCUMULATORS8 8
+#define COLS_FOR(rows) ((rows) == 1 ? ACCUMULATORS : ACCUMULATORS8 / (rows) < 1 ? 1 \
+                        : ACCUMULATORS8 / (rows))
+#else
 #define COLS_FOR(rows) (ACCUMULATORS / (rows) < 1 ? 1 \
                         : ACCUMULATORS / (rows) > TILE_COLS_MAX ? TILE_COLS_MAX : ACCUMULATORS / (rows))
+#endif
 
 /* The scales and offsets of the blocks at col[c] + at for `cols` columns, in the formats
  * of one scale per block (Q4_0 to Q8_0): column c's scale at scales[2 c], offsets[c]
@@ -234,6 +241,103 @@ tile(int type, int rows, int cols, const float *x, int k_dim, const uint8_t *con
         for (int c = 0; c < cols; c++) sums[r][c] = vf_reduce_add(acc[r][c]);
 }
 
+#if defined(VF_AVX2)
+/* Weights 8 p to 8 p + 7 (p < 4) of run s of block b, as run_of gives them (the same
+ * operations on 8 lanes), where the run's scale and offset are d and m; Q5_K and Q6_K go
+ * through run_bytes instead. */
+static inline __attribute__((always_inline)) __m256 piece_of(int type, const uint8_t *b,
+                                                              __m256 d, __m256 m, int s,
+                                                              int p) {
+    switch (type) {
+        case Q4_0: case Q4_1:
+            return _mm256_fmadd_ps(d, field8(b + (type == Q4_0 ? 2 : 4) + 8 * (p % 2),
+                                             4 * (p / 2), 15), m);
+        case Q5_0: case Q5_1: {
+            const uint8_t *qh = b + (type == Q5_0 ? 2 : 4);
+            uint32_t high;
+            memcpy(&high, qh, 4);
+            const __m256 fifth = _mm256_and_ps(
+                _mm256_castsi256_ps(avx2_lanes(high >> 8 * p & 0xFF)), _mm256_set1_ps(16.0f));
+            return _mm256_fmadd_ps(
+                d, _mm256_add_ps(field8(qh + 4 + 8 * (p % 2), 4 * (p / 2), 15), fifth), m);
+        }
+        case Q8_0:
+            return _mm256_mul_ps(d, signed8(b + 2 + 8 * p));
+        case Q4_K:
+            return _mm256_fmadd_ps(d, field8(b + 16 + 32 * (s / 2) + 8 * p, 4 * (s % 2), 15), m);
+        default:  /* Q5_K and Q6_K: their bytes joined first (run_bytes) */
+            return _mm256_setzero_ps();
+    }
+}
+
+/* Q5_K's and Q6_K's 32 integers q of run s of block b as unsigned bytes, the low nibble and
+ * the high bits joined 32 at a time (piece_of would join them 8 at a time, in floats). */
+static inline __m256i run_bytes(int type, const uint8_t *b, int s) {
+    const __m256i nibble = _mm256_set1_epi8(0x0F);
+    if (type == Q5_K) {
+        const __m256i qs = _mm256_loadu_si256((const __m256i *)(b + 48 + 32 * (s / 2)));
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16));
+        const __m256i low = _mm256_and_si256(s % 2 ? _mm256_srli_epi16(qs, 4) : qs, nibble);
+        const __m256i bit = _mm256_and_si256(_mm256_srli_epi16(qh, s), _mm256_set1_epi8(1));
+        return _mm256_or_si256(low, _mm256_slli_epi16(bit, 4));
+    }
+    const __m256i ql = _mm256_loadu_si256((const __m256i *)(b + 64 * (s / 4) + 32 * (s % 2)));
+    const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * (s / 4)));
+    const __m256i low = _mm256_and_si256(s % 4 / 2 ? _mm256_srli_epi16(ql, 4) : ql, nibble);
+    const __m256i pair = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * (s % 4)),
+                                          _mm256_set1_epi8(3));
+    return _mm256_or_si256(low, _mm256_slli_epi16(pair, 4));
+}
+
+/* Bytes 8 p to 8 p + 7 of q as float32. */
+static inline __m256 piece_floats(__m256i q, int p) {
+    const __m128i half = p < 2 ? _mm256_castsi256_si128(q) : _mm256_extracti128_si256(q, 1);
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(p % 2 ? _mm_srli_si128(half, 8) : half));
+}
+
+/* tile for 2 to QUANT_ROWS_MAX rows on AVX2: each 8 weights decoded once into one register
+ * and multiplied into every row's sum, x read from memory by the multiply-adds, so that the
+ * sums (8 lanes per row and column) and the weights fit AVX2's 16 registers. */
+static inline __attribute__((always_inline)) void
+tile8(int type, int rows, int cols, const float *x, int k_dim, const uint8_t *const col[],
+      int64_t ahead, float sums[QUANT_ROWS_MAX][TILE_COLS_MAX]) {
+    __m256 acc[QUANT_ROWS_MAX][TILE_COLS_MAX];
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) acc[r][c] = _mm256_setzero_ps();
+    const int values = block_values(type), bytes = block_bytes(type);
+    for (int k = 0, at = 0; k < k_dim; k += values, at += bytes) {
+        if (type >= Q4_K) prefetch_lines_ahead(col, cols, at, bytes, ahead);
+        else prefetch_tile_ahead(col, cols, at, ahead);
+        Head head[TILE_COLS_MAX];
+        for (int c = 0; c < cols; c++) head_of(type, col[c] + at, &head[c]);
+        for (int s = 0; s < values / 32; s++)
+            for (int c = 0; c < cols; c++) {
+                const __m256i q = type >= Q5_K ? run_bytes(type, col[c] + at, s)
+                                               : _mm256_setzero_si256();
+                for (int p = 0; p < 4; p++) {
+                    const int h = type == Q6_K ? 2 * s + p / 2 : type >= Q4_K ? s : 0;
+                    const __m256 d = _mm256_set1_ps(head[c].scale[h]);
+                    const __m256 m = _mm256_set1_ps(head[c].offset[h]);
+                    const __m256 w = type >= Q5_K
+                        ? _mm256_fmadd_ps(d, piece_floats(q, p), m)
+                        : piece_of(type, col[c] + at, d, m, s, p);
+                    for (int r = 0; r < rows; r++)
+                        acc[r][c] = _mm256_fmadd_ps(
+                            _mm256_loadu_ps(x + (int64_t)r * k_dim + k + 32 * s + 8 * p), w,
+                            acc[r][c]);
+                }
+            }
+    }
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) {
+            const __m128 four = _mm_add_ps(_mm256_castps256_ps128(acc[r][c]),
+                                           _mm256_extractf128_ps(acc[r][c], 1));
+            const __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
+            sums[r][c] = _mm_cvtss_f32(_mm_add_ss(two, _mm_movehdup_ps(two)));
+        }
+}
+#endif
+
 #if defined(VF_AVX512)
 /* Whether tile_one takes this format (AVX-512, one row of x; one row of Q4_K and Q6_K goes
  * to quant_split.c). */
@@ -279,7 +383,8 @@ tile_one(int type, int cols, const float *x, int k_dim, const uint8_t *const col
 #error "tile_factored takes the four columns of a one-row tile"
 #endif
 /* Whether tile_factored takes this format (at one row). */
-#define FACTORED(type, rows) ((rows) == 1 && ((type) == Q4_0 || (type) == Q4_1 || (type) == Q8_0))
+#define FACTORED(type, rows) ((rows) == 1 && ((type) == Q4_0 || (type) == Q4_1 \
+                                              || (type) == Q5_0 || (type) == Q8_0))
 
 /* 8 weights' integers q as float32, from the low or high nibbles of 8 widened bytes. */
 static inline __m256 low_nibbles(__m256i bytes) {
@@ -289,18 +394,27 @@ static inline __m256 high_nibbles(__m256i bytes) {
     return _mm256_cvtepi32_ps(_mm256_srli_epi32(bytes, 4));
 }
 
+/* 16 in lane j where bit first + j of `from` is set, else 0. */
+static inline __m256i fifth_bits(__m256i from, int first) {
+    const __m256i shifts = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                            _mm256_set1_epi32(first));
+    return _mm256_and_si256(_mm256_srlv_epi32(from, shifts), _mm256_set1_epi32(16));
+}
+
 /* sums[0][c] = x . column c for the 4 columns at col[c], one row of x; xsum[b]: the sum of
  * x's 32 values under block b. Per block and column: p = x . q (8 lanes), then
  * acc += d * p; the offsets' terms m * xsum[b] of all 4 columns go into one register
- * (the heads' lanes 2 c + 1: m of column c) and are added at the end. */
+ * (the heads' lanes 2 c + 1: m of column c) and are added at the end. Q5_0's fifth bits
+ * are shifted from its 32-bit qh to bit 4 of each lane (for weights 0-7 from qh << 4). */
 static inline __attribute__((always_inline)) void
 tile_factored(int type, const float *x, const float *xsum, int k_dim,
               const uint8_t *const col[], int64_t ahead,
               float sums[QUANT_ROWS_MAX][TILE_COLS_MAX]) {
     __m256 acc[4], offsets = _mm256_setzero_ps();
     for (int c = 0; c < 4; c++) acc[c] = _mm256_setzero_ps();
-    const int bytes = block_bytes(type), skip = type == Q4_1 ? 4 : 2;
-    /* Q4_0's heads hold weights where Q4_1's hold m: masked out, and -8 d taken instead */
+    const int bytes = block_bytes(type), skip = type == Q4_1 ? 4 : type == Q5_0 ? 6 : 2;
+    /* Q4_0's and Q5_0's heads hold weights where Q4_1's hold m: masked out, and -8 d or
+     * -16 d taken instead */
     const __m256 kept = type == Q4_1 ? _mm256_castsi256_ps(_mm256_set1_epi32(-1))
                                      : _mm256_castsi256_ps(_mm256_setr_epi32(
                                            -1, 0, -1, 0, -1, 0, -1, 0));
@@ -328,6 +442,23 @@ tile_factored(int type, const float *x, const float *xsum, int k_dim,
                 p = _mm256_fmadd_ps(x1, signed8(q + 8), p);
                 p = _mm256_fmadd_ps(x2, signed8(q + 16), p);
                 p = _mm256_fmadd_ps(x3, signed8(q + 24), p);
+            } else if (type == Q5_0) {
+                uint32_t high;
+                memcpy(&high, col[c] + at + 2, 4);
+                const __m256i bits = _mm256_set1_epi32((int)high);
+                const __m256i early = _mm256_set1_epi32((int)(high << 4));
+                const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q));
+                const __m256i b1 =
+                    _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8)));
+                const __m256i nibble = _mm256_set1_epi32(15);
+                p = _mm256_mul_ps(x0, _mm256_cvtepi32_ps(_mm256_or_si256(
+                    _mm256_and_si256(b0, nibble), fifth_bits(early, 0))));
+                p = _mm256_fmadd_ps(x1, _mm256_cvtepi32_ps(_mm256_or_si256(
+                    _mm256_and_si256(b1, nibble), fifth_bits(bits, 4))), p);
+                p = _mm256_fmadd_ps(x2, _mm256_cvtepi32_ps(_mm256_or_si256(
+                    _mm256_srli_epi32(b0, 4), fifth_bits(bits, 12))), p);
+                p = _mm256_fmadd_ps(x3, _mm256_cvtepi32_ps(_mm256_or_si256(
+                    _mm256_srli_epi32(b1, 4), fifth_bits(bits, 20))), p);
             } else {  /* byte j: weight j in its low nibble, weight j + 16 in its high */
                 const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q));
                 const __m256i b1 =
@@ -348,6 +479,7 @@ tile_factored(int type, const float *x, const float *xsum, int k_dim,
         s = _mm_add_ss(s, _mm_movehdup_ps(s));
         sums[0][c] = _mm_cvtss_f32(s) + (type == Q4_1   ? offset[2 * c + 1]
                                          : type == Q4_0 ? -8.0f * offset[2 * c]
+                                         : type == Q5_0 ? -16.0f * offset[2 * c]
                                                         : 0.0f);
     }
 }
@@ -371,6 +503,8 @@ columns(int type, int rows, const float *x, const uint8_t *w, int64_t row_bytes,
 #if defined(VF_AVX2)
         if (FACTORED(type, rows) && xsum != NULL)
             tile_factored(type, x, xsum, k_dim, col, ahead, sums);
+        else if (rows > 1)
+            tile8(type, rows, cols, x, k_dim, col, ahead, sums);
         else
 #endif
 #if defined(VF_AVX512)
