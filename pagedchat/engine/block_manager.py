@@ -16,9 +16,19 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from pagedchat.engine import kv_groups
-from pagedchat.engine.blocks import HOLE, NO_HASH, NO_HIT, Block, HostPool, PrefixHit, held_blocks
+from pagedchat.engine.blocks import (
+    HOLE,
+    NO_HASH,
+    NO_HIT,
+    Block,
+    HostPool,
+    KeptRows,
+    PrefixHit,
+    held_blocks,
+)
 from pagedchat.engine.prefix_cache import PrefixCache
 from pagedchat.engine.sequence import Sequence
+from pagedchat.engine.step_input import KEPT_ROWS
 
 
 class BlockManager(PrefixCache):
@@ -45,7 +55,8 @@ class BlockManager(PrefixCache):
         self.hash_to_block: dict[tuple[int, int], int] = {}
         self.children: dict[tuple[int, int], set[int]] = {}
         self.unwritten: set[int] = set()
-        self.pinned: list[int] = []  # tails' sources, held until their copies are taken
+        self.pinned: list[int] = []  # blocks held until the step's copies are taken
+        self.kept_rows = KeptRows(KEPT_ROWS)
         self.host = HostPool(num_host_blocks)
         self.pending_copies: list[tuple[int, int]] = []
         self.prefix_queries = 0
@@ -136,6 +147,8 @@ class BlockManager(PrefixCache):
             if self.enable_prefix_caching:
                 self.prefix_queries += seq.num_tokens
             seq.block_tables = [[] for _ in self.windows]
+        if hit.kept_slot is not None:
+            self.kept_rows.use(hit.kept_slot)
         if hit.num_tokens:
             self.prefix_hits += hit.num_tokens
             for table, cached in zip(seq.block_tables, hit.tables, strict=True):
@@ -145,10 +158,12 @@ class BlockManager(PrefixCache):
                     table.append(block_id)
             seq.block_hashes.extend(hit.hashes)
             # A tail's source is held until the step's copies are taken, so no allocation
-            # of this schedule can hand it out before it is copied.
-            for group, (table, source) in enumerate(zip(seq.block_tables, hit.tail)):
+            # of this schedule can hand it out before it is copied; every group's is held
+            # before any copy's block is popped (a pop may evict a cached block).
+            for source in hit.tail:
                 self._take(source)
                 self.pinned.append(source)
+            for group, (table, source) in enumerate(zip(seq.block_tables, hit.tail)):
                 fresh = self._pop_free(group)
                 self.pending_copies.append((source, fresh))
                 table.append(fresh)
@@ -217,6 +232,13 @@ class BlockManager(PrefixCache):
                 if block_id != HOLE:
                     self.host.release(block_id)
         seq.cpu_block_tables = []
+
+    def hold(self, block_ids: set[int]) -> None:
+        """Keep these blocks from being evicted until the step's copies are taken (the
+        cached blocks that sequences of one plan will take)."""
+        for block_id in block_ids:
+            self._take(block_id)
+            self.pinned.append(block_id)
 
     def take_copies(self) -> list[tuple[int, int]]:
         """The copy-on-write pairs queued since the last call, for one batched copy (which

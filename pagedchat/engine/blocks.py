@@ -1,8 +1,10 @@
-"""The block pool's records: a block, a prefix-cache hit, the host swap pool, and the
-chained hash that names a full block by everything before it."""
+"""The block pool's records: a block, a prefix-cache hit, the host swap pool, the prompts
+whose last rows the runner keeps, and the chained hash that names a full block by
+everything before it."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import xxhash
@@ -41,13 +43,16 @@ class PrefixHit:
     hit, with ``HOLE`` where a windowed group's block lies wholly before the window of the
     first token left to compute; and the blocks' chain hashes. ``tail``: per group, a
     cached full block that begins with the sequence's tokens after those blocks (all but
-    its last token), copied into a block of its own; ``num_tokens``: the tokens the hit
-    computes, the tail's included."""
+    its last token, or all with ``kept_slot``), copied into a block of its own;
+    ``num_tokens``: the tokens the hit computes, the tail's included. ``kept_slot``: where
+    the hit covers every token, the runner's slot keeping the last token's hidden state
+    (the sequence computes nothing; its next token is sampled from that state)."""
 
     tables: tuple[tuple[int, ...], ...] = ()
     hashes: tuple[int, ...] = ()
     tail: tuple[int, ...] = ()
     num_tokens: int = 0
+    kept_slot: int | None = None
 
     @property
     def num_blocks(self) -> int:
@@ -91,6 +96,48 @@ class HostPool:
         if self.ref_counts[block_id] == 0:
             del self.saved[block_id]
             self.free_ids.append(block_id)
+
+
+class KeptRows:
+    """The prompts whose last row's final hidden state the runner keeps: the whole token
+    tuple (only that exact prompt is a hit) -> the runner's slot, least recently used
+    given up first."""
+
+    def __init__(self, num_slots: int) -> None:
+        self.num_slots = num_slots
+        self.slots: OrderedDict[tuple[int, ...], int] = OrderedDict()
+
+    def find(self, token_ids: list[int]) -> int | None:
+        """The slot keeping the row of exactly these tokens, or None."""
+        return self.slots.get(tuple(token_ids))
+
+    def use(self, slot: int) -> None:
+        """A step reads ``slot``: it becomes the most recently used."""
+        key = next(key for key, held in self.slots.items() if held == slot)
+        self.slots.move_to_end(key)
+
+    def keep(self, prompts: list[tuple[int, ...]]) -> list[int | None]:
+        """Slots for the prompts whose last rows the coming step computes, no slot given
+        twice (the step writes them all): None for a prompt kept already, and once every
+        slot is given."""
+        given: list[int | None] = []
+        for key in prompts:
+            slot = None
+            if key in self.slots:
+                self.slots.move_to_end(key)
+            elif len(self.slots) < self.num_slots:  # slots are only dropped all at once
+                slot = len(self.slots)
+            else:
+                victim = next((old for old, held in self.slots.items() if held not in given),
+                              None)
+                slot = None if victim is None else self.slots.pop(victim)
+            if slot is not None:
+                self.slots[key] = slot
+            given.append(slot)
+        return given
+
+    def clear(self) -> None:
+        self.slots.clear()
 
 
 def held_blocks(tables_per_seq) -> set[int]:

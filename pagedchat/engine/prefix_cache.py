@@ -5,14 +5,25 @@ A lookup compares a full block's stored tokens and parent hash, not only its cha
 so a hash collision never makes a request read another's K/V. A prompt that ends inside a
 block another sequence filled (a regenerated reply: the conversation so far, then the
 reply it replaces) finds that block among the children of its last full block and starts
-from a copy of it (``PrefixHit.tail``): only its last token is computed.
+from a copy of it (``PrefixHit.tail``): only its last token is computed, and not even
+that one when the runner kept that prompt's last row (``kept_rows``) and the block holds
+the last token too: the first new token is sampled from the kept row.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import replace
 
-from pagedchat.engine.blocks import HOLE, NO_HASH, NO_HIT, Block, PrefixHit, block_hash
+from pagedchat.engine.blocks import (
+    HOLE,
+    NO_HASH,
+    NO_HIT,
+    Block,
+    KeptRows,
+    PrefixHit,
+    block_hash,
+)
 from pagedchat.engine.sequence import Sequence
 
 
@@ -32,21 +43,39 @@ class PrefixCache:
     # blocks published since the last copies were taken: their K/V may be written only by
     # the coming step, after its copies, so none is a tail's source yet
     unwritten: set[int]
+    kept_rows: KeptRows  # prompts whose last row's hidden state the runner keeps
 
     def find_cached_prefix(self, seq: Sequence) -> PrefixHit:
         """Cached blocks holding the start of ``seq`` (read only, nothing taken).
 
         The hit is the longest run of full blocks that every global group has cached and
         whose blocks inside the window of the first token left to compute every windowed
-        group has cached too, then the tail (see the module). The last token is always
-        left to compute, so its logits exist."""
+        group has cached too, then the tail (see the module). The last token is left to
+        compute, so its logits exist, unless the runner keeps its hidden state
+        (``kept_rows``) and the blocks hold every token: then nothing is computed."""
         if not self.enable_prefix_caching or seq.block_tables:
             return NO_HIT
+        slot = self.kept_rows.find(seq.token_ids)
+        end = seq.num_tokens if slot is not None else seq.num_tokens - 1
+        hashes, found = self._full_blocks(seq, end)
+        if slot is not None:
+            whole = self._hit(seq, hashes, found, end)
+            if whole.num_tokens == seq.num_tokens:
+                return replace(whole, kept_slot=slot)
+            end -= 1
+            count = end // self.block_size
+            hashes, found = hashes[:count], [table[:count] for table in found]
+        return self._hit(seq, hashes, found, end)
+
+    def _full_blocks(self, seq: Sequence, end: int) -> tuple[list[int], list[list[int]]]:
+        """The chain hashes of the full blocks within ``seq``'s first ``end`` tokens that
+        every global group has cached, from the first on, and per group their blocks
+        (``HOLE`` where a windowed group has none)."""
         bs = self.block_size
         hashes: list[int] = []
         found: list[list[int]] = [[] for _ in self.windows]
         parent = NO_HASH
-        for start in range(0, seq.num_tokens - 1 - bs + 1, bs):
+        for start in range(0, end - bs + 1, bs):
             tokens = tuple(seq.token_ids[start : start + bs])
             h = block_hash(parent, tokens)
             row = [self._lookup(group, h, parent, tokens) for group in range(self.num_groups)]
@@ -57,27 +86,34 @@ class PrefixCache:
             for table, block_id in zip(found, row, strict=True):
                 table.append(block_id)
             parent = h
+        return hashes, found
+
+    def _hit(self, seq: Sequence, hashes: list[int], found: list[list[int]],
+             end: int) -> PrefixHit:
+        """The hit within ``seq``'s first ``end`` tokens from the full blocks found there:
+        as many as every windowed group holds the window of, then the tail."""
+        bs = self.block_size
         count = len(hashes)
         while count and not all(self._window_cached(group, found[group], count)
                                 for group in range(self.num_groups)):
             count -= 1
         tail = ()
         if count == len(hashes):
-            tail = self._find_tail(seq, count, hashes[-1] if count else NO_HASH)
+            tail = self._find_tail(seq, count, hashes[-1] if count else NO_HASH, end)
         if not count and not tail:
             return NO_HIT
-        computed = seq.num_tokens - 1 if tail else count * bs
+        computed = end if tail else count * bs
         tables = []
         for group, table in enumerate(found):
             start = min(self.window_start(group, computed), count)
             tables.append((HOLE,) * start + tuple(table[start:count]))
         return PrefixHit(tuple(tables), tuple(hashes[:count]), tail, computed)
 
-    def _find_tail(self, seq: Sequence, count: int, parent: int) -> tuple[int, ...]:
+    def _find_tail(self, seq: Sequence, count: int, parent: int, end: int) -> tuple[int, ...]:
         """Per group, a written cached child of the ``count`` blocks found whose tokens
-        begin with the rest of ``seq`` but its last token; () where a group has none."""
+        begin with the rest of ``seq``'s first ``end`` tokens; () where a group has none."""
         start = count * self.block_size
-        rest = tuple(seq.token_ids[start : seq.num_tokens - 1])
+        rest = tuple(seq.token_ids[start:end])
         if not rest or len(rest) >= self.block_size:
             return ()
         tail = []
@@ -149,8 +185,9 @@ class PrefixCache:
         block.hash, block.parent_hash, block.token_ids = NO_HASH, NO_HASH, ()
 
     def reset_prefix_cache(self) -> None:
-        """Forget every cached prefix: unreferenced cached blocks become free, and blocks
-        in use can no longer be found by later requests."""
+        """Forget every cached prefix: unreferenced cached blocks become free, blocks in
+        use can no longer be found by later requests, and no kept row is read again."""
+        self.kept_rows.clear()
         for block in self.blocks:
             block.hash, block.parent_hash, block.token_ids = NO_HASH, NO_HASH, ()
         self.free_ids.extend(reversed(self.evictable))

@@ -32,6 +32,9 @@ class ScheduledSeq:
     num_new_tokens: int
     samples: bool
     draft: list[int] = field(default_factory=list)  # proposed tokens, after the real ones
+    # computing nothing, its whole prompt cached: the runner's slot keeping its last row
+    kept_slot: int | None = None
+    keep_slot: int | None = None  # the slot where the runner keeps its last row's state
 
 
 @dataclass
@@ -53,16 +56,22 @@ class SchedulerOutput:
     def step_input(self, block_size: int) -> StepInput:
         """The step as the runner takes it: the scheduled sequences flattened, prefill
         chunks and decodes side by side, with slots and tables per layer group. The sampled
-        rows are each plain sequence's last, then every row of each sequence with a draft
-        (its last real token's and its draft's)."""
-        token_chunks, position_chunks = [], []
+        rows are each plain sequence's last (a kept row for one computing nothing), then
+        every row of each sequence with a draft (its last real token's and its draft's)."""
+        token_chunks, position_chunks = [], [np.empty(0, np.int64)]
         context_lens, query_start, sample_rows, draft_rows = [], [0], [], []
+        keep, from_kept = [], []
+        computing = [item for item in self.scheduled if item.num_new_tokens]
         num_groups = len(self.scheduled[0].seq.block_tables)
-        slot_chunks: list[list[np.ndarray]] = [[] for _ in range(num_groups)]
-        max_blocks = max(len(item.seq.block_tables[0]) for item in self.scheduled)
-        tables = np.full((num_groups, len(self.scheduled), max_blocks), -1, dtype=np.int32)
-        for i, item in enumerate(self.scheduled):
-            seq = item.seq
+        slot_chunks = [[np.empty(0, np.int64)] for _ in range(num_groups)]
+        max_blocks = max((len(item.seq.block_tables[0]) for item in computing), default=0)
+        tables = np.full((num_groups, len(computing), max_blocks), -1, dtype=np.int32)
+        for item in self.scheduled:
+            if not item.num_new_tokens:
+                from_kept.append((len(sample_rows), item.kept_slot))
+                sample_rows.append(-1)
+                continue
+            seq, i = item.seq, len(context_lens)
             start = seq.num_computed_tokens
             end = start + item.num_new_tokens
             positions = np.arange(start, end)
@@ -78,6 +87,8 @@ class SchedulerOutput:
             if item.draft:
                 draft_rows.extend(range(query_start[-1] - 1 - len(item.draft), query_start[-1]))
             elif item.samples:
+                if item.keep_slot is not None:
+                    keep.append((len(sample_rows), item.keep_slot))
                 sample_rows.append(query_start[-1] - 1)
         return StepInput(
             input_ids=np.fromiter((t for chunk in token_chunks for t in chunk), dtype=np.int64),
@@ -88,6 +99,7 @@ class SchedulerOutput:
             query_start_loc=np.asarray(query_start, dtype=np.int32),
             sample_rows=sample_rows + draft_rows,
             copies=self.copies, swap_out=self.swap_out, swap_in=self.swap_in,
+            keep=keep, from_kept=from_kept,
         )
 
 
@@ -147,8 +159,22 @@ class Scheduler:
                 self._admit_waiting(out, budget)
             if self.proposer is not None:
                 self._add_drafts(out)
+        self._keep_prompt_rows(out)
         out.copies = self.block_manager.take_copies()
         return out
+
+    def _keep_prompt_rows(self, out: SchedulerOutput) -> None:
+        """Give each prompt whose last row this step samples a slot where the runner keeps
+        that row's hidden state, so that the same prompt again (a regenerated reply) can
+        compute nothing; the slots' prompts are forgotten with the prefix cache."""
+        bm = self.block_manager
+        if not bm.enable_prefix_caching:
+            return
+        items = [item for item in out.scheduled if item.samples and item.num_new_tokens
+                 and not item.draft and not item.seq.num_output_tokens]
+        slots = bm.kept_rows.keep([tuple(item.seq.token_ids) for item in items])
+        for item, slot in zip(items, slots, strict=True):
+            item.keep_slot = slot
 
     def _add_drafts(self, out: SchedulerOutput) -> None:
         """Give each decoding sequence the tokens the proposer expects after it, with the
@@ -197,14 +223,18 @@ class Scheduler:
     ) -> list[ScheduledSeq]:
         """How many tokens each sequence of ``group`` computes this step.
 
-        ``cached`` maps a fresh sequence to the prefix-cache blocks it will take.
-        A group samples only when all its sequences are caught up in the same step;
-        a lone sequence may take a chunk of its prompt instead."""
+        ``cached`` maps a fresh sequence to the prefix-cache blocks it will take (one
+        covering every token with a kept row computes nothing). A group samples only when
+        all its sequences are caught up in the same step; a lone sequence may take a chunk
+        of its prompt instead."""
         seqs = group.unfinished_seqs
-        hit = {seq_id: prefix.num_tokens for seq_id, prefix in (cached or {}).items()}
-        remaining = [s.num_tokens - s.num_computed_tokens - hit.get(s.seq_id, 0) for s in seqs]
+        cached = cached or {}
+        hits = [cached.get(s.seq_id, NO_HIT) for s in seqs]
+        remaining = [s.num_tokens - s.num_computed_tokens - hit.num_tokens
+                     for s, hit in zip(seqs, hits, strict=True)]
         if sum(remaining) <= budget:
-            return [ScheduledSeq(group, s, r, True) for s, r in zip(seqs, remaining, strict=True)]
+            return [ScheduledSeq(group, s, r, True, kept_slot=hit.kept_slot)
+                    for s, r, hit in zip(seqs, remaining, hits, strict=True)]
         if len(seqs) == 1:
             return [ScheduledSeq(group, seqs[0], budget, False)] if budget > 0 else []
         plan = []
@@ -229,6 +259,9 @@ class Scheduler:
             need += bm.blocks_needed(item.seq, item.num_new_tokens, prefix, refs)
         if need > bm.num_free_blocks:
             return False
+        # the hits of every sequence first: a block one of them takes is never evicted to
+        # make room for another's
+        bm.hold(hits)
         for item in plan:
             prefix = cached.get(item.seq.seq_id, NO_HIT)
             if not bm.allocate_slots(item.seq, item.num_new_tokens, prefix):

@@ -6,7 +6,9 @@ parallelism it is the one message rank 0 sends every worker each step. For each
 scheduled token: its id, its position and, in each layer group, its cache slot
 (``block_table[pos // block_size] * block_size + pos % block_size``); for each sequence:
 its context length and, in each layer group, its padded block table (one group unless
-the model has sliding-window layers, see ``engine/kv_groups.py``).
+the model has sliding-window layers, see ``engine/kv_groups.py``). A sequence whose whole
+prompt is cached and whose prompt's last row was kept computes no token: its sampled row
+is a kept one (``from_kept``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+
+# The runner keeps the final hidden state of this many prompts' last rows, one per slot;
+# the block manager decides which prompt each slot holds (``blocks.KeptRows``).
+KEPT_ROWS = 8
 
 
 @dataclass
@@ -25,13 +31,18 @@ class StepInput:
     block_tables: np.ndarray  # [num_groups, num_seqs, max_blocks] int32, -1: padding or a hole
     context_lens: np.ndarray  # [num_seqs] int32
     query_start_loc: np.ndarray  # [num_seqs + 1] int32
-    sample_rows: list[int]  # rows of the flat batch whose logits are sampled
+    sample_rows: list[int]  # rows of the flat batch whose logits are sampled (-1: kept)
     copies: list[tuple[int, int]]  # copy-on-write (src, dst) block pairs
     swap_out: list[tuple[int, int]]  # (device block, host block)
     swap_in: list[tuple[int, int]]  # (host block, device block)
     # positions in sample_rows whose requests want only the greedy token (no logprobs,
     # penalties or constraints): the runner may find it without the whole exact logits
     argmax_rows: list[int] = field(default_factory=list)
+    # (position in sample_rows, slot): that row's final hidden state is kept in the slot
+    keep: list[tuple[int, int]] = field(default_factory=list)
+    # (position in sample_rows, slot): that row is the slot's kept state, kept by an
+    # earlier step (read before this step's ``keep`` writes)
+    from_kept: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """Block manager invariants under random allocate / append / speculate / fork / free / swap /
 evict runs. The machine also models what each block holds (copies, swaps and writes done as
-the model runner does them): every table must hold its sequence's computed tokens."""
+the model runner does them): every table must hold its sequence's computed tokens, those
+of a prompt found whole (its last row kept) included."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from pagedchat.engine.block_manager import BlockManager
-from pagedchat.engine.blocks import HOLE, NO_HASH, NO_HIT, block_hash
+from pagedchat.engine.blocks import HOLE, NO_HASH, NO_HIT, KeptRows, block_hash
 from pagedchat.engine.sequence import Sequence
 
 BLOCK_SIZE = 4
@@ -37,11 +38,15 @@ class BlockManagerMachine(RuleBasedStateMachine):
     # Prompts come from a tiny vocabulary so that prefixes repeat and hit the cache.
     @rule(prompt=st.lists(st.integers(0, 2), min_size=1, max_size=14))
     def add_sequence(self, prompt):
+        """A prompt computed and its last row kept, as the scheduler does: one found whole
+        with a kept row computes nothing."""
         seq = Sequence(prompt, len(prompt))
         cached = self.bm.find_cached_prefix(seq)
+        assert (cached.kept_slot is not None) == (cached.num_tokens == len(prompt))
         if self.bm.allocate_slots(seq, len(prompt) - cached.num_tokens, cached):
             self._written_blocks_are_private(seq, cached.num_tokens)
             self._compute(seq)
+            self.bm.kept_rows.keep([tuple(prompt)])
             self.running.append(seq)
 
     @precondition(lambda self: self.running)
@@ -259,6 +264,60 @@ def test_prefix_hit_never_covers_the_last_token():
     bm.cache_full_blocks(seq)
     again = Sequence(list(range(8)), 8)
     assert bm.find_cached_prefix(again).tables == ((0,),)
+
+
+def test_a_kept_prompt_found_whole_computes_nothing():
+    """With its last row kept, a prompt whose every token is in cached blocks (the tail's
+    copy holding its last token) is a hit of the whole prompt; without, the last token is
+    left to compute."""
+    bm = BlockManager(10, 4)
+    first = Sequence(list(range(10)), 7)  # prompt 0..6, then a reply 7, 8, 9
+    assert bm.allocate_slots(first, 10)
+    first.num_computed_tokens = 10
+    bm.cache_full_blocks(first)
+    bm.take_copies()
+    bm.free(first)
+    again = Sequence(list(range(7)), 7)
+    assert bm.find_cached_prefix(again).num_tokens == 6
+    [slot] = bm.kept_rows.keep([tuple(range(7))])
+    hit = bm.find_cached_prefix(again)
+    assert (hit.tables, hit.tail, hit.num_tokens, hit.kept_slot) == (((0,),), (1,), 7, slot)
+    assert bm.allocate_slots(again, 0, hit)
+    fresh = again.block_table[1]
+    assert again.num_computed_tokens == 7 and bm.take_copies() == [(1, fresh)]
+    # a prompt of whole blocks needs no tail; one differing in its last token is no hit
+    bm.kept_rows.keep([tuple(range(8))])
+    whole = bm.find_cached_prefix(Sequence(list(range(8)), 8))
+    assert (whole.tables, whole.tail, whole.num_tokens) == (((0, 1),), (), 8)
+    other = bm.find_cached_prefix(Sequence([*range(7), 9], 8))
+    assert other.kept_slot is None and other.num_tokens == 7
+    # the kept rows go with the prefix cache
+    bm.free(again)
+    bm.reset_prefix_cache()
+    assert not bm.kept_rows.slots
+    assert bm.find_cached_prefix(Sequence(list(range(7)), 7)) == NO_HIT
+
+
+def test_kept_rows_are_bounded_least_recently_used_first_and_exact():
+    rows = KeptRows(3)
+    a, b, c, d = (1, 2), (1, 3), (2, 2), (4,)
+    assert rows.keep([a, b, c]) == [0, 1, 2]
+    assert rows.keep([a]) == [None]  # kept already: now the most recently used
+    assert rows.keep([d]) == [1] and rows.find(list(b)) is None
+    rows.use(rows.find(list(c)))
+    assert rows.keep([(5,)]) == [0]  # a went before c, read since
+    assert rows.find([1]) is None and rows.find([2, 2, 0]) is None
+    # one step never gets a slot twice, even for more prompts than slots
+    given = rows.keep([(6,), (7,), (8,), (9,), (6,)])
+    assert given == [1, 2, 0, None, None]
+    assert len(rows.slots) == 3
+    rows.clear()
+    assert rows.keep([a]) == [0]
+    # a prompt kept already and made the most recently used does not free a slot given
+    rows = KeptRows(2)
+    rows.keep([a, b])
+    assert rows.keep([c, b, d]) == [0, None, 1]
+    assert dict(rows.slots) == {c: 0, d: 1}
 
 
 def test_a_prompt_ending_inside_a_cached_block_starts_from_a_copy_of_it():

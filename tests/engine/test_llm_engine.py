@@ -74,15 +74,17 @@ def test_prefix_cache_shares_blocks_of_a_common_prompt(tiny_llm):
     assert not engine.has_unfinished_requests()
 
 
-def test_a_regenerated_reply_computes_only_the_prompts_last_token(tiny_llm):
+def test_a_regenerated_reply_computes_no_prompt_token(tiny_llm):
     """A prompt ending inside a block its earlier reply filled (a regenerate) starts from a
-    copy of that block: every prompt token but the last is cached, the reply the same. A
-    reply too short to fill that block leaves it unhashed: only full blocks are found."""
+    copy of that block, its last token included, and samples from the hidden state kept
+    when that prompt was first computed: every prompt token is cached, the reply the same.
+    A reply too short to fill that block leaves it unhashed: only full blocks are found,
+    and the last token is computed."""
     prompt = list(range(4000, 4045))  # two blocks of 16, then 13 tokens into the third
     params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
     first = tiny_llm.generate([prompt], params)[0]
     again = tiny_llm.generate([prompt], params)[0]
-    assert again.num_cached_tokens == len(prompt) - 1
+    assert again.num_cached_tokens == len(prompt)
     assert again.outputs[0].token_ids == first.outputs[0].token_ids
     assert tiny_llm.engine.stats().used_blocks == 0
 

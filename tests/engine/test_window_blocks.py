@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis.stateful import invariant, precondition, rule
 
 from pagedchat.engine.block_manager import BlockManager
-from pagedchat.engine.blocks import HOLE, NO_HIT
+from pagedchat.engine.blocks import HOLE, NO_HIT, KeptRows
 from pagedchat.engine.config import EngineConfig
 from pagedchat.engine.errors import RequestError
 from pagedchat.engine.sampling_params import SamplingParams
@@ -177,12 +177,14 @@ def test_max_blocks_counts_the_window_and_one_chunk():
 
 class SimulatedCache:
     """What each physical slot holds: ``(group, prefix)`` of the token written there,
-    where ``prefix`` is the whole history up to it (its K/V depends on nothing else)."""
+    where ``prefix`` is the whole history up to it (its K/V depends on nothing else); and
+    the history whose last row each kept slot holds."""
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
         self.device: dict[int, list] = {}
         self.host: dict[int, list] = {}
+        self.kept: dict[int, tuple[int, ...]] = {}
 
     def run(self, out, windows) -> None:
         bs = self.block_size
@@ -193,6 +195,12 @@ class SimulatedCache:
         for src, dst in out.copies:
             self.device[dst] = list(self.device.get(src, [None] * bs))
         step = out.step_input(bs)
+        sampled = [item for item in out.scheduled if item.samples and not item.draft]
+        for i, slot in step.from_kept:  # read before this step's keeps are written
+            assert self.kept[slot] == tuple(sampled[i].seq.token_ids), "another row's state"
+        for i, slot in step.keep:
+            self.kept[slot] = tuple(sampled[i].seq.token_ids)
+        computing = [item for item in out.scheduled if item.num_new_tokens]
         for g in range(len(windows)):
             row = 0
             for item in out.scheduled:
@@ -204,7 +212,7 @@ class SimulatedCache:
                         g, tuple(seq.token_ids[: p + 1]))
                     row += 1
         for g, window in enumerate(windows):
-            for i, item in enumerate(out.scheduled):
+            for i, item in enumerate(computing):
                 seq = item.seq
                 for q in range(seq.num_computed_tokens,
                                seq.num_computed_tokens + item.num_new_tokens):
@@ -220,11 +228,15 @@ class SimulatedCache:
 @settings(max_examples=40, deadline=None)
 @given(data=st.data(), mode=st.sampled_from(["recompute", "swap"]),
        caching=st.booleans(), num_blocks=st.integers(30, 60),
-       budget=st.integers(3, 24))
-def test_scheduler_runs_read_only_what_they_wrote(data, mode, caching, num_blocks, budget):
+       budget=st.integers(3, 24), kept_rows=st.integers(1, 3))
+def test_scheduler_runs_read_only_what_they_wrote(data, mode, caching, num_blocks, budget,
+                                                  kept_rows):
+    """Each request that finishes may come back once with the same prompt (a regenerate),
+    which may then compute nothing, sampling from a kept row."""
     windows = (None, WINDOW, WINDOW)
     bm = BlockManager(num_blocks, BLOCK_SIZE, num_host_blocks=200,
                       enable_prefix_caching=caching, windows=windows)
+    bm.kept_rows = KeptRows(kept_rows)
     config = EngineConfig(block_size=BLOCK_SIZE, num_kv_blocks=num_blocks, max_num_seqs=6,
                           max_num_batched_tokens=budget, preemption_mode=mode,
                           max_model_len=200)
@@ -262,6 +274,9 @@ def test_scheduler_runs_read_only_what_they_wrote(data, mode, caching, num_block
                     scheduler.finish_seq(seq, "length")
             if not group.unfinished_seqs:
                 scheduler.finish(group)
+                if not group.request_id.startswith("again") and data.draw(st.booleans()):
+                    scheduler.add(SequenceGroup(f"again-{group.request_id}", None,
+                                                group.prompt_token_ids, group.params))
     assert not scheduler.has_unfinished()
     assert all(block.ref_count == 0 for block in bm.blocks)
     assert bm.num_free_blocks == num_blocks

@@ -24,7 +24,7 @@ from pagedchat.engine.runner.memory import (
     to_host,
 )
 from pagedchat.engine.runner.profiling import StepTimer
-from pagedchat.engine.step_input import StepInput, StepOutput
+from pagedchat.engine.step_input import KEPT_ROWS, StepInput, StepOutput
 from pagedchat.kernels import select_backend
 from pagedchat.kernels.kv_int8 import SCALE_BYTES
 from pagedchat.kernels.quant import QuantizedWeight
@@ -109,6 +109,9 @@ class ModelRunner:
             layer.self_attn.v_cache = self.v_caches[slot]
         self.tokens_forwarded = self.steps_run = 0
         self._logits: torch.Tensor | None = None  # see _logits_buffer
+        # final hidden states of prompts' last rows, one per slot (StepInput.keep)
+        self.kept = torch.zeros(KEPT_ROWS, model_config.hidden_size, dtype=self.dtype,
+                                device=self.device)
         if self.device.type == "cpu":
             keep_freed_memory()
 
@@ -166,39 +169,69 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, step: StepInput) -> StepOutput | None:
         """Run one step; rank 0 gets the sampled rows' logits and greedy tokens (see
-        StepOutput), other workers None."""
+        StepOutput), other workers None. A step without query rows (only kept rows are
+        sampled) runs no layer."""
         self.tokens_forwarded += len(step.input_ids)
         self.steps_run += 1
         with self.timer.phase("prepare"):
             self._move_blocks(step)
-            input_ids, positions, metas = self._to_tensors(step)
-        with self.timer.phase("forward"):
-            hidden = (self.model(input_ids, positions, metas[0]) if len(metas) == 1
-                      else self.model(input_ids, positions, metas[0], metas))
+            tensors = self._to_tensors(step) if len(step.input_ids) else None
+        if tensors is None:
+            hidden = self.kept[:0]
+        else:
+            input_ids, positions, metas = tensors
+            with self.timer.phase("forward"):
+                hidden = (self.model(input_ids, positions, metas[0]) if len(metas) == 1
+                          else self.model(input_ids, positions, metas[0], metas))
         with self.timer.phase("logits"):
             return self._sample_outputs(hidden, step)
 
     def _sample_outputs(self, hidden: torch.Tensor, step: StepInput) -> StepOutput | None:
         """The argmax rows' tokens, then the other sampled rows' logits: both use the
         logits buffer, and the logits returned must outlive the step. Every worker runs
-        both (their logits are gathered)."""
+        both (their logits are gathered) and keeps the rows the step says to keep."""
+        source, rows = self._sampled_hidden(hidden, step)
+        if step.keep:
+            slots = torch.tensor([slot for _, slot in step.keep], dtype=torch.int64,
+                                 device=self.device)
+            picked = [step.sample_rows[i] for i, _ in step.keep]
+            self.kept.index_copy_(0, slots, self._rows(hidden, picked))
         argmax = set(step.argmax_rows)
-        greedy = [step.sample_rows[i] for i in step.argmax_rows]
-        wanted = [row for i, row in enumerate(step.sample_rows) if i not in argmax]
+        greedy = [rows[i] for i in step.argmax_rows]
+        wanted = [row for i, row in enumerate(rows) if i not in argmax]
         tokens = torch.empty(0, dtype=torch.int64)
         if greedy:
-            tokens = self.model.greedy_tokens(self._rows(hidden, greedy),
+            tokens = self.model.greedy_tokens(self._rows(source, greedy),
                                               self._logits_buffer(len(greedy)))
         logits = torch.empty(0, self.model.config.vocab_size)
         if wanted:
-            logits = self.model.compute_logits(self._rows(hidden, wanted),
+            logits = self.model.compute_logits(self._rows(source, wanted),
                                                self._logits_buffer(len(wanted)))
         if self.tp.rank != 0:
             return None
         return StepOutput(to_host(logits), tokens.tolist())
 
+    def _sampled_hidden(self, hidden: torch.Tensor,
+                        step: StepInput) -> tuple[torch.Tensor, list[int]]:
+        """What the sampled rows are read from, and their rows in it: the step's hidden
+        states, or where some are kept rows, the computed sampled rows followed by every
+        kept slot (a copy, so that this step's keeps may then overwrite slots)."""
+        if not step.from_kept:
+            return hidden, step.sample_rows
+        computed = [row for row in step.sample_rows if row >= 0]
+        source = torch.cat([self._rows(hidden, computed), self.kept])
+        kept = dict(step.from_kept)
+        rows, index = [], 0
+        for i, row in enumerate(step.sample_rows):
+            if row < 0:
+                rows.append(len(computed) + kept[i])
+            else:
+                rows.append(index)
+                index += 1
+        return source, rows
+
     def _rows(self, hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
-        return hidden.index_select(0, torch.tensor(rows, device=self.device))
+        return hidden.index_select(0, torch.tensor(rows, dtype=torch.int64, device=self.device))
 
     def _logits_buffer(self, rows: int) -> torch.Tensor:
         """Where this step's logits go: the first ``rows`` rows of a buffer kept from step

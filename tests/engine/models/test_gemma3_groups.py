@@ -1,6 +1,7 @@
 """Gemma 3 on random weights with its local layers' blocks freed as the window slides:
 greedy tokens still equal transformers ``generate`` with forks (n > 1, beams), prefix
-hits past the window, and preemption; and the local groups hold only their window.
+hits past the window (a regenerate's of the whole prompt too), and preemption; and the
+local groups hold only their window.
 
 The tiny config's 3 local and 1 global layers make four groups of one layer each (see
 ``engine/kv_groups.py``), with a window of 16 tokens and blocks of 4."""
@@ -117,6 +118,25 @@ def test_prefix_hit_past_the_window_matches_transformers(gemma_dir):
         got_second = llm.generate(second, params)[0]
     assert got_second.num_cached_tokens == 60
     assert [got_first.outputs[0].token_ids, got_second.outputs[0].token_ids] == expected
+
+
+@pytest.mark.parametrize("length", [61, 64], ids=["inside-a-block", "whole-blocks"])
+def test_a_regenerate_past_the_window_computes_no_prompt_token(gemma_dir, length):
+    """The same prompt again takes the global blocks, each local group's window and a copy
+    of the block the first reply filled, computes nothing and decodes transformers'
+    tokens from the kept row."""
+    prompt = torch.randint(10, 500, (length,),
+                           generator=torch.Generator().manual_seed(length)).tolist()
+    expected = reference(gemma_dir, [prompt], 12)[0]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    with LLM(model=str(gemma_dir), block_size=BLOCK_SIZE, num_kv_blocks=256) as llm:
+        first = llm.generate(prompt, params)[0]
+        again = llm.generate(prompt, params)[0]
+        forwarded = llm.engine.runner.tokens_forwarded
+        assert llm.engine.stats().used_blocks == 0
+    assert again.num_cached_tokens == length
+    assert forwarded == length + 11 + 11  # the prompt once, then each reply's decodes
+    assert first.outputs[0].token_ids == again.outputs[0].token_ids == expected
 
 
 def test_a_pool_sized_for_one_request_counts_every_group(gemma_dir):

@@ -77,6 +77,18 @@ def test_tiny_llama_sharded_greedy_is_token_identical(
     assert all(w.exitcode == 0 for w in workers)
 
 
+def test_a_sharded_regenerate_computes_no_prompt_token(tiny_tp_model_dir, tiny_prompts,
+                                                      tiny_reference):
+    """Every worker keeps the prompt's last row in the slot the step names, so the same
+    prompt again samples from it on every rank (each its share of the vocabulary)."""
+    with LLM(model=str(tiny_tp_model_dir), tensor_parallel_size=2, block_size=16,
+             num_kv_blocks=64, swap_space="16MiB") as llm:
+        first = llm.generate(tiny_prompts[:1], GREEDY)[0]
+        again = llm.generate(tiny_prompts[:1], GREEDY)[0]
+    assert again.num_cached_tokens == len(tiny_prompts[0])
+    assert first.outputs[0].token_ids == again.outputs[0].token_ids == tiny_reference[0]
+
+
 def test_size_that_does_not_divide_the_heads_is_refused(tiny_tp_model_dir):
     with pytest.raises(RequestError, match=r"tensor_parallel_size=3 .*sizes that work: 1, 2, 4"):
         LLM(model=str(tiny_tp_model_dir), tensor_parallel_size=3)
