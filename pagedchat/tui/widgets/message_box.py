@@ -124,9 +124,7 @@ class MessageBox(Vertical, can_focus=True):
         return " · ".join(parts)
 
     def action_copy_text(self) -> None:
-        self.app.copy_to_clipboard(self.message.content)
-        self.notify("Message copied")
-        self.post_message(self.Copied())
+        self._copy(self.message.content, "Message copied")
 
     def action_edit(self) -> None:
         if self.message.role == "user":
@@ -140,8 +138,11 @@ class MessageBox(Vertical, can_focus=True):
         if not blocks:
             self.notify("No code block in this message", severity="warning")
             return
-        self.app.copy_to_clipboard(blocks[-1])
-        self.notify("Code block copied")
+        self._copy(blocks[-1], "Code block copied")
+
+    def _copy(self, text: str, done: str) -> None:
+        self.app.copy_to_clipboard(text)
+        self.notify(done)
         self.post_message(self.Copied())
 
 
