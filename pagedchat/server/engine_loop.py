@@ -227,8 +227,7 @@ class EngineLoop(EngineThread):
             return
         events = []
         for output in outputs:
-            sink = self._live.get(output.request_id)
-            if sink is None:
+            if (sink := self._live.get(output.request_id)) is None:
                 continue
             events.append((sink, output))
             if output.finished:
@@ -236,9 +235,7 @@ class EngineLoop(EngineThread):
         self._send(events)
 
     def _send(self, events: list[tuple[asyncio.Queue, Event]]) -> None:
-        if events:
-            self._call(lambda: [sink.put_nowait(event) for sink, event in events])
-
-    def _call(self, callback) -> None:
         with contextlib.suppress(RuntimeError):  # the event loop is already closed
-            self._loop.call_soon_threadsafe(callback)
+            if events:
+                self._loop.call_soon_threadsafe(
+                    lambda: [sink.put_nowait(event) for sink, event in events])

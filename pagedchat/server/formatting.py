@@ -9,13 +9,8 @@ def _byte_level_table() -> dict[str, int]:
     """GPT-2's byte-level alphabet, reversed: the character that stands for each byte."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
                  *range(ord("®"), ord("ÿ") + 1)]
-    table = {chr(b): b for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in printable:
-            table[chr(256 + extra)] = b
-            extra += 1
-    return table
+    others = [b for b in range(256) if b not in printable]  # shifted past 255, in order
+    return {**{chr(b): b for b in printable}, **{chr(256 + i): b for i, b in enumerate(others)}}
 
 
 _BYTE_LEVEL = _byte_level_table()
