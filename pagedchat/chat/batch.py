@@ -102,8 +102,7 @@ def parse_line(text: str, line: int, tokenizer, system: str | None,
     request_id = data.get("id", line)
     if request_id is None or isinstance(request_id, (dict, list)):
         raise LineError(line, "id must be a string or a number")
-    unknown = sorted(set(data) - PROMPT_FIELDS - SAMPLING_FIELDS)
-    if unknown:
+    if unknown := sorted(set(data) - PROMPT_FIELDS - SAMPLING_FIELDS):
         raise LineError(request_id, f"unknown field {unknown[0]!r}", unknown[0])
     if ("prompt" in data) == ("messages" in data):
         raise LineError(request_id, "give exactly one of 'prompt' or 'messages'", "prompt")

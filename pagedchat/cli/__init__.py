@@ -19,8 +19,7 @@ class _Group(typer.core.TyperGroup):
     a None through pydantic, whose import would come with every command's ``--help``."""
 
     def get_help_option(self, ctx: typer.Context) -> typer.core.TyperOption | None:
-        option = super().get_help_option(ctx)
-        if option is not None:
+        if (option := super().get_help_option(ctx)) is not None:
             option.default = False
         return option
 

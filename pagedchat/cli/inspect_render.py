@@ -25,11 +25,8 @@ STYLES = {FREE: "grey35", CACHED: "dim green", SHARED: "bold white on dark_magen
 
 def owner_letters(stats: EngineStats) -> dict[str, str]:
     """A letter per request holding blocks, in order of first appearance (a, b, ...)."""
-    letters: dict[str, str] = {}
-    for table in stats.block_tables:
-        if table.request_id not in letters:
-            letters[table.request_id] = chr(ord("a") + len(letters) % 26)
-    return letters
+    request_ids = dict.fromkeys(table.request_id for table in stats.block_tables)
+    return {rid: chr(ord("a") + i % 26) for i, rid in enumerate(request_ids)}
 
 
 def _style(letter: str) -> str:

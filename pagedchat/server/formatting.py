@@ -24,17 +24,14 @@ class TokenTexts:
         self._cache: dict[int, tuple[str, list[int]]] = {}
 
     def __call__(self, token_id: int) -> tuple[str, list[int]]:
-        found = self._cache.get(token_id)
-        if found is None:
+        if token_id not in self._cache:
             piece = self._tokenizer.convert_ids_to_tokens(token_id) or ""
             if piece and all(ch in _BYTE_LEVEL for ch in piece):  # a byte-level BPE piece
                 raw = bytes(_BYTE_LEVEL[ch] for ch in piece)
-                found = (raw.decode("utf-8", errors="replace"), list(raw))
             else:
-                text = self._tokenizer.decode([token_id])
-                found = (text, list(text.encode("utf-8")))
-            self._cache[token_id] = found
-        return found
+                raw = self._tokenizer.decode([token_id]).encode("utf-8")
+            self._cache[token_id] = (raw.decode("utf-8", errors="replace"), list(raw))
+        return self._cache[token_id]
 
 
 def chat_logprobs(token_ids: list[int], entries: list[dict[int, Logprob]], top: int,

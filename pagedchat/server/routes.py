@@ -154,8 +154,7 @@ class Reply:
         try:
             async with contextlib.aclosing(job.events()) as events:
                 async for batch in events:
-                    choices = self._chunk_choices(batch, sent, offsets)
-                    if choices:
+                    if choices := self._chunk_choices(batch, sent, offsets):
                         chunk = {**head, "choices": choices}
                         if include_usage:
                             chunk["usage"] = None

@@ -34,18 +34,13 @@ class ServerSettings:
     max_request_bytes: int = 1 << 20  # a longer body is refused with 413 unread
     read_timeout: float = 30.0  # seconds a client may take to send its headers, or its body
     max_concurrent_requests: int = 1024  # completions at once; 429 past it
-    warm_up: bool = True  # run one short request before /health says ok
 
     @property
     def model_names(self) -> list[str]:
         """Every name this server answers to: each name as given and without a
         quantization suffix (``SmolLM2-135M-Instruct.Q4_1`` -> ``SmolLM2-135M-Instruct``)."""
-        names: list[str] = []
-        for name in (self.model_name, *self.aliases):
-            for form in (name, _QUANT_SUFFIX.sub("", name)):
-                if form and form not in names:
-                    names.append(form)
-        return names
+        return list(dict.fromkeys(form for name in (self.model_name, *self.aliases)
+                                  for form in (name, _QUANT_SUFFIX.sub("", name)) if form))
 
 
 # llama.cpp's file-name suffixes: .Q4_1, -Q4_K_M, -q8_0, -IQ4_XS, -f16, -bf16
@@ -54,7 +49,7 @@ _QUANT_SUFFIX = re.compile(r"[.\-_](?:i?q\d\w*|f16|f32|bf16)$", re.IGNORECASE)
 
 class ServerState:
     def __init__(self, engine: LLMEngine, settings: ServerSettings) -> None:
-        self.engine_loop = EngineLoop(engine, settings.warm_up)
+        self.engine_loop = EngineLoop(engine)
         self.settings = settings
         self.config = engine.config
         self.vocab_size = engine.vocab_size

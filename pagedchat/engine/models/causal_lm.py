@@ -197,8 +197,7 @@ def _parts(tensors: dict[str, Weight], prefix: str, fused: str, names: tuple[str
            rows: tuple[int, ...]) -> list[Weight]:
     """The weights ``names`` under ``prefix`` (popped), or, where the checkpoint holds them
     as one ``fused`` weight, its consecutive blocks of ``rows`` rows."""
-    weight = tensors.pop(f"{prefix}{fused}.weight", None)
-    if weight is None:
+    if (weight := tensors.pop(f"{prefix}{fused}.weight", None)) is None:
         return [tensors.pop(f"{prefix}{name}.weight") for name in names]
     if weight.shape[0] != sum(rows):
         raise KeyError(f"{prefix}{fused}.weight has {weight.shape[0]} rows, not {sum(rows)}")

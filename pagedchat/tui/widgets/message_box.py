@@ -134,8 +134,7 @@ class MessageBox(Vertical, can_focus=True):
                         severity="warning")
 
     def action_copy_code(self) -> None:
-        blocks = code_blocks(self.message.content)
-        if not blocks:
+        if not (blocks := code_blocks(self.message.content)):
             self.notify("No code block in this message", severity="warning")
             return
         self._copy(blocks[-1], "Code block copied")
