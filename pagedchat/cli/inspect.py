@@ -72,10 +72,7 @@ def inspect(
         def show(snapshot) -> bool:
             title = f"step {snapshot.step}" + "".join(f" | {e}" for e in snapshot.events)
             console.stdout.print(inspect_render.snapshot(title, snapshot.stats))
-            if not step:
-                return True
-            answer = sys.stdin.readline()
-            return answer.strip().lower() != "q"
+            return not step or sys.stdin.readline().strip().lower() != "q"
 
         snapshots = run_scenario(engine, arrivals, show, max_steps)
         if json_path:

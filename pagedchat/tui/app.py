@@ -284,8 +284,7 @@ class ChatApp(App):
         self.focus_input()
         session = self.session
         if title and session is not None:
-            session.title = title
-            self.sub_title = title
+            session.title = self.sub_title = title
             self.save(lambda: self.store.save_session(session))
             self.show_sessions()
             self.show_inspector_focus()
