@@ -90,10 +90,9 @@ class GGUFFile:
 
 
 def read_gguf_header(path: Path, with_arrays: bool = False) -> GGUFFile:
-    """Parse ``path``'s header; a file that cannot be read, is not a GGUF of version 2 or
-    3, is cut short or names a type GGML does not have raises ModelLoadError naming it.
-    ``with_arrays``: the arrays' values too (the vocabulary: what a conversion reads),
-    each read in bulk."""
+    """Parse ``path``'s header; a file that cannot be read, is not a GGUF of version 2 or 3, is cut
+    short or names a type GGML does not have raises ModelLoadError naming it. ``with_arrays``: the
+    arrays' values too (the vocabulary: what a conversion reads), each read in bulk."""
     try:
         with path.open("rb") as handle:
             if path.stat().st_size < 24:

@@ -176,10 +176,9 @@ def check_gguf(path: Path) -> None:
 
 
 def load_weights(config: ModelConfig) -> dict[str, gguf_weights.Weight]:
-    """The model's weights under transformers' names: read quantized from its GGUF where
-    it was prepared with ``weights="gguf"`` (flagged for 8-bit activations where the config
-    asks for them), else from its folder (its matrices quantized to Q8_0 where the config
-    asks for it)."""
+    """The model's weights under transformers' names: read quantized from its GGUF where it was
+    prepared with ``weights="gguf"`` (flagged for 8-bit activations where the config asks for them),
+    else from its folder (its matrices quantized to Q8_0 where the config asks for it)."""
     if config.gguf is not None:
         weights = gguf_weights.read_gguf_weights(config.gguf, config.num_attention_heads,
                                                  config.num_key_value_heads)

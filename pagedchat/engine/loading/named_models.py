@@ -40,8 +40,7 @@ class Part:
 
 @dataclass(frozen=True)
 class NamedModel:
-    """A GGUF of ``size`` bytes and digest ``sha256``, split over ``parts`` (all at
-    ``version``)."""
+    """A GGUF of ``size`` bytes and digest ``sha256``, split over ``parts`` (all at ``version``)."""
 
     name: str
     title: str
@@ -106,10 +105,9 @@ def is_installed(model: NamedModel) -> bool:
 
 
 def named_model_path(name: str) -> Path:
-    """The GGUF of the named model ``name``, in the cache folder: assembled and checked on
-    first use and after any part changed, trusted as it is otherwise. A missing part or a
-    whole that does not match the pinned SHA-256 raises ModelLoadError with the pip
-    command that fixes it."""
+    """The GGUF of the named model ``name``, in the cache folder: assembled and checked on first use
+    and after any part changed, trusted as it is otherwise. A missing part or a whole that does not
+    match the pinned SHA-256 raises ModelLoadError with the pip command that fixes it."""
     model = NAMED_MODELS[name]
     found = {part: part_path(part) for part in model.parts}
     missing = tuple(part for part, path in found.items() if path is None)

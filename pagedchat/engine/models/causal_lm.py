@@ -21,11 +21,10 @@ from pagedchat.engine.parallel.tensor_parallel import TensorParallel
 
 
 class CausalLM(nn.Module):
-    """A decoder with ``embed_tokens`` (an :class:`Embedding`), ``tied`` when the head reads
-    the embedding's table, else its own ``lm_head``, layers with a ``self_attn`` (fused
-    ``qkv_proj``, ``o_proj``) and an ``mlp`` (fused ``gate_up_proj``, ``down_proj``), and
-    :class:`Linear` products anywhere in its modules, a final ``norm``, ``kernels`` and
-    ``tp``."""
+    """A decoder with ``embed_tokens`` (an :class:`Embedding`), ``tied`` when the head reads the
+    embedding's table, else its own ``lm_head``, layers with a ``self_attn`` (fused ``qkv_proj``,
+    ``o_proj``) and an ``mlp`` (fused ``gate_up_proj``, ``down_proj``), and :class:`Linear` products
+    anywhere in its modules, a final ``norm``, ``kernels`` and ``tp``."""
 
     greedy_head: GreedyHead | None = None  # see pack
     # each layer's norms, by their names in the layer (and in the checkpoint)
@@ -66,10 +65,9 @@ class CausalLM(nn.Module):
         return x + residual
 
     def decoder_stack(self) -> Callable[..., tuple[torch.Tensor, torch.Tensor] | None] | None:
-        """The backend's call through every layer at once (the CPU's, for small decode
-        batches), where it has one and the model is whole on this worker; else None.
-        Built by ``_build_stack`` on first use, after the caches are in place, and again if
-        they change."""
+        """The backend's call through every layer at once (the CPU's, for small decode batches),
+        where it has one and the model is whole on this worker; else None. Built by ``_build_stack``
+        on first use, after the caches are in place, and again if they change."""
         build = getattr(self.kernels, "decoder_stack", None)
         if build is None or self.tp.size > 1:
             return None
@@ -105,11 +103,10 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor,
                        out: torch.Tensor | None = None) -> torch.Tensor | None:
-        """Logits, in the model's dtype, for the rows that are sampled (and only those),
-        soft-capped where the config says so; under tensor parallelism the vocabulary
-        blocks are gathered on rank 0 (None elsewhere). Not widened here: the sampler's
-        reduction reads bfloat16 as it is. ``out``: where to write this worker's
-        ``[rows, vocab rows]`` (see ``vocab_rows``)."""
+        """Logits, in the model's dtype, for the rows that are sampled (and only those), soft-capped
+        where the config says so; under tensor parallelism the vocabulary blocks are gathered on
+        rank 0 (None elsewhere). Not widened here: the sampler's reduction reads bfloat16 as it is.
+        ``out``: where to write this worker's ``[rows, vocab rows]`` (see ``vocab_rows``)."""
         hidden, _ = self.norm(hidden)
         head = self.embed_tokens.logits if self.tied else self.lm_head
         logits = head(hidden, out=out)
@@ -155,12 +152,11 @@ class CausalLM(nn.Module):
                              for m in self.modules())
 
     def load_products(self, layer: nn.Module, prefix: str, tensors: dict[str, Weight]) -> None:
-        """Take one layer's projections from a transformers-named state dict (popped): q/k/v
-        and gate/up fused, this worker's shard of each (output rows of the column-parallel
-        ones, input columns of o and down). A checkpoint that fuses them itself (Phi-3's
-        ``qkv_proj`` and ``gate_up_proj``) is cut into its parts first. The q/k/v biases
-        where the layer has them: zeros where the checkpoint has none (Qwen2's config
-        implies them)."""
+        """Take one layer's projections from a transformers-named state dict (popped): q/k/v and
+        gate/up fused, this worker's shard of each (output rows of the column-parallel ones, input
+        columns of o and down). A checkpoint that fuses them itself (Phi-3's ``qkv_proj`` and
+        ``gate_up_proj``) is cut into its parts first. The q/k/v biases where the layer has them:
+        zeros where the checkpoint has none (Qwen2's config implies them)."""
         shard, config = self.tp.shard, self.config
         attn, mlp = layer.self_attn, layer.mlp
         q_rows = config.num_attention_heads * config.head_dim

@@ -141,8 +141,7 @@ class Gemma3ForCausalLM(CausalLM):
             self.layers[0].self_attn.scale, "gelu_tanh")
 
     def _layer_tensors(self, layer: Gemma3DecoderLayer, group: int):
-        """One layer as the stack takes it: its caches as it reads them, and its own rope
-        table."""
+        """One layer as the stack takes it: its caches as it reads them, and its own rope table."""
         attn, mlp = layer.self_attn, layer.mlp
         return self.kernels.LayerTensors(
             layer.input_layernorm.weight, attn.qkv_proj.stored, attn.qkv_proj.bias,

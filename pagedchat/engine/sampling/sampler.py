@@ -114,11 +114,10 @@ SLICE_LOGITS = 1 << 23
 def sample(logits: torch.Tensor, rows: list[SampleRow],
            max_logsumexp: RowReduction = reference.max_logsumexp,
            ) -> tuple[list[int], list[float]]:
-    """Next token and its log-probability (under the model's own distribution) per row.
-    ``logits`` are float32 or the model's own lower precision: ``max_logsumexp`` (the
-    kernel backend's, a compiled single pass on the CPU) reads them as they are, and only
-    what needs float32 arithmetic (penalties, filtering the random rows) widens a copy,
-    a slice of rows at a time."""
+    """Next token and its log-probability (under the model's own distribution) per row. ``logits``
+    are float32 or the model's own lower precision: ``max_logsumexp`` (the kernel backend's, a
+    compiled single pass on the CPU) reads them as they are, and only what needs float32 arithmetic
+    (penalties, filtering the random rows) widens a copy, a slice of rows at a time."""
     step = max(SLICE_LOGITS // max(logits.shape[1], 1), 1)
     tokens: list[int] = []
     logprobs: list[float] = []

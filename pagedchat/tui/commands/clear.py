@@ -1,5 +1,4 @@
-"""/clear: forget the session's messages, once the user says yes (a reply being
-generated stops)."""
+"""/clear: forget the session's messages, once the user says yes (a reply being generated stops)."""
 
 from __future__ import annotations
 
