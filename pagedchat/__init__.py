@@ -6,6 +6,7 @@ app, the CLI) does not pay for torch and transformers before anything is on scre
 
 from __future__ import annotations
 
+import importlib
 import os
 from typing import TYPE_CHECKING
 
@@ -42,12 +43,7 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
-    if name == "LLM":
-        from pagedchat.engine.llm import LLM
-
-        return LLM
-    if name == "SamplingParams":
-        from pagedchat.engine.sampling_params import SamplingParams
-
-        return SamplingParams
-    raise AttributeError(f"module 'pagedchat' has no attribute {name!r}")
+    modules = {"LLM": "pagedchat.engine.llm", "SamplingParams": "pagedchat.engine.sampling_params"}
+    if name not in modules:
+        raise AttributeError(f"module 'pagedchat' has no attribute {name!r}")
+    return getattr(importlib.import_module(modules[name]), name)

@@ -7,7 +7,7 @@ import os
 import platform
 import subprocess
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from rich.console import Console
@@ -25,18 +25,13 @@ def note(message: str) -> None:
 def progress(description: str, total: int | None) -> Iterator[Callable[[int], None]]:
     """A progress bar on stderr (a spinner where ``total`` is None); yields ``advance(k)``.
     Silent when stderr is not a terminal."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        SpinnerColumn,
-        TextColumn,
-        TimeElapsedColumn,
-    )
+    from rich import progress as bars
 
-    columns = ((BarColumn(), MofNCompleteColumn()) if total is not None else (SpinnerColumn(),))
-    bar = Progress(TextColumn("{task.description}"), *columns, TimeElapsedColumn(),
-                   console=stderr, transient=True, disable=not stderr.is_terminal)
+    columns = ((bars.BarColumn(), bars.MofNCompleteColumn()) if total is not None
+               else (bars.SpinnerColumn(),))
+    bar = bars.Progress(bars.TextColumn("{task.description}"), *columns,
+                        bars.TimeElapsedColumn(), console=stderr, transient=True,
+                        disable=not stderr.is_terminal)
     with bar:
         task = bar.add_task(description, total=total)
         yield lambda k=1: bar.advance(task, k)
@@ -57,24 +52,19 @@ def _git_commit() -> str | None:
                               capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
         return None
-    if done.returncode != 0:
-        return None
-    return done.stdout.strip() or None
+    return (done.stdout.strip() or None) if done.returncode == 0 else None
 
 
 def cpu_description() -> dict[str, object]:
     """The CPU a figure came from: its name, family and model (as Linux reports them), and
     whether it has AVX2 and AVX-512; elsewhere what ``platform`` knows."""
     fields: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo") as handle:
-            for line in handle:
-                if not line.strip():
-                    break  # the first processor's block is enough
-                key, _, value = line.partition(":")
-                fields[key.strip()] = value.strip()
-    except OSError:
-        pass
+    with suppress(OSError), open("/proc/cpuinfo") as handle:
+        for line in handle:
+            if not line.strip():
+                break  # the first processor's block is enough
+            key, _, value = line.partition(":")
+            fields[key.strip()] = value.strip()
     flags = set(fields.get("flags", "").split())
     return {"name": fields.get("model name") or platform.processor() or platform.machine(),
             "family": fields.get("cpu family"), "model": fields.get("model"),

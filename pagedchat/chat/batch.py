@@ -86,11 +86,6 @@ class Summary:
         return 1 if self.failed or self.engine_error else 0
 
 
-def line_digest(text: str) -> str:
-    """What ties an answer to the text of its line: the first 16 hex digits of its SHA-256."""
-    return hashlib.sha256(text.strip().encode()).hexdigest()[:16]
-
-
 def parse_line(text: str, line: int, tokenizer, system: str | None,
                defaults: dict[str, object]) -> BatchJob:
     """One input line -> a BatchJob, or LineError naming what is wrong with it."""
@@ -107,8 +102,7 @@ def parse_line(text: str, line: int, tokenizer, system: str | None,
     request_id = data.get("id", line)
     if request_id is None or isinstance(request_id, (dict, list)):
         raise LineError(line, "id must be a string or a number")
-    unknown = sorted(set(data) - PROMPT_FIELDS - SAMPLING_FIELDS)
-    if unknown:
+    if unknown := sorted(set(data) - PROMPT_FIELDS - SAMPLING_FIELDS):
         raise LineError(request_id, f"unknown field {unknown[0]!r}", unknown[0])
     if ("prompt" in data) == ("messages" in data):
         raise LineError(request_id, "give exactly one of 'prompt' or 'messages'", "prompt")
@@ -128,7 +122,9 @@ def parse_line(text: str, line: int, tokenizer, system: str | None,
         params = SamplingParams(**fields)
     except RequestError as error:
         raise LineError(request_id, str(error), error.param) from None
-    return BatchJob(request_id, line, line_digest(text), prompt, params)
+    # what ties an answer to the text of its line: the first 16 hex digits of its SHA-256
+    digest = hashlib.sha256(text.strip().encode()).hexdigest()[:16]
+    return BatchJob(request_id, line, digest, prompt, params)
 
 
 def _messages(request_id: object, messages: object, system: str | None) -> list[dict]:
@@ -234,7 +230,7 @@ def run_batch(engine: LLMEngine, lines: Iterable[str], sink: IO[str],
               done: Collection[dict[str, object]], system: str | None = None,
               defaults: dict[str, object] | None = None,
               warn: Callable[[str], None] = print,
-              progress: Callable[[int], None] | None = None) -> Summary:
+              progress: Callable[[int], None] = lambda steps: None) -> Summary:
     """Run every line not answered in ``done`` (from ``load_done``); one record per line
     goes to ``sink``: an answer, or an error record for a rejected line.
 
@@ -246,10 +242,6 @@ def run_batch(engine: LLMEngine, lines: Iterable[str], sink: IO[str],
     answered = answered_lines(entries, done)
     queued: dict[str, BatchJob] = {}
 
-    def advance() -> None:
-        if progress is not None:
-            progress(1)
-
     def fail(entry: BatchJob | Rejected, reason: str, param: str | None = None) -> None:
         summary.failed += 1
         warn(f"line {entry.line}: {reason}")
@@ -257,7 +249,7 @@ def run_batch(engine: LLMEngine, lines: Iterable[str], sink: IO[str],
         if param is not None:
             record["param"] = param
         write_record(sink, record)
-        advance()
+        progress(1)
 
     def step() -> None:
         for out in engine.step():
@@ -273,7 +265,7 @@ def run_batch(engine: LLMEngine, lines: Iterable[str], sink: IO[str],
             summary.cached_tokens += out.num_cached_tokens
             summary.completion_tokens += record["usage"]["completion_tokens"]
             write_record(sink, record)
-            advance()
+            progress(1)
 
     def stop_all() -> None:
         for request_id, job in queued.items():
@@ -288,7 +280,7 @@ def run_batch(engine: LLMEngine, lines: Iterable[str], sink: IO[str],
                 fail(entry, entry.reason, entry.param)
             elif entry.line in answered:
                 summary.skipped += 1
-                advance()
+                progress(1)
             else:
                 try:
                     engine.add_request(f"batch-{entry.line}", entry.prompt, entry.params)
@@ -324,10 +316,9 @@ def describe(summary: Summary) -> str:
     text = (f"{summary.requests} lines: {', '.join(parts)}; {summary.prompt_tokens} prompt "
             f"tokens ({summary.cached_tokens} from the prefix cache), "
             f"{summary.completion_tokens} completion tokens in {summary.seconds:.1f} s")
-    if summary.interrupted:
-        text += (f"\ninterrupted: {len(summary.unfinished)} unfinished; rerun the same command "
-                 "to finish them")
-    if summary.engine_error:
-        text += (f"\nthe engine failed ({summary.engine_error}): {len(summary.unfinished)} "
-                 "unfinished; rerun the same command to finish them")
+    for stopped, why in ((summary.interrupted, "interrupted"),
+                         (summary.engine_error, f"the engine failed ({summary.engine_error})")):
+        if stopped:
+            text += (f"\n{why}: {len(summary.unfinished)} unfinished; rerun the same command "
+                     "to finish them")
     return text

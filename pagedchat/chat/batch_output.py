@@ -51,8 +51,7 @@ def load_done(path: Path) -> list[dict[str, object]]:
                 continue
             raise BatchError(f"{path}: line {number} is not JSON; is this the output file of "
                              "pagedchat batch?") from None
-        kind = _kind(record)
-        if kind is None:
+        if (kind := _kind(record)) is None:
             raise BatchError(f"{path}: line {number} is neither an answer nor an error record "
                              "of pagedchat batch; is this its output file?")
         seen_key = (record.get("line"), key(record["id"]))

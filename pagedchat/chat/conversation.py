@@ -53,12 +53,8 @@ class SamplingSettings:
         try:
             if name == "seed" and text.strip().lower() in ("none", "off", ""):
                 value = None
-            elif kinds[name] == "bool":
-                value = _switch(text)
-            elif kinds[name] == "float":
-                value = float(text)
-            else:
-                value = int(text)
+            else:  # by the field's type: bool, float, or int (seed: int | None)
+                value = {"bool": _switch, "float": float}.get(kinds[name], int)(text)
         except ValueError:
             wanted = "on or off" if kinds[name] == "bool" else "a number"
             raise ValueError(f"{name} wants {wanted}, got {text!r}") from None

@@ -269,8 +269,7 @@ class EngineDriver(EngineThread):
                 rid, completion.text, finished, reason,
                 len(output.prompt_token_ids), output.num_cached_tokens, count,
                 *((output.metrics.draft_tokens, output.metrics.accepted_tokens)
-                  if output.metrics is not None else ()),
-            )
+                  if output.metrics is not None else ()))
             if finished:
                 self._forget(rid)
         self._stats_dirty = True

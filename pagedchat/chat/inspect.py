@@ -65,6 +65,13 @@ def prompt_scenario(prompts: list[str], max_tokens: int) -> list[Arrival]:
     return [Arrival(0, f"prompt-{i}", text, params) for i, text in enumerate(prompts, 1)]
 
 
+# what a snapshot reports when it grew since the last one
+_CHANGES = (("preemptions", "preempted: {} (pool full)"),
+            ("swapped_out", "{} blocks swapped out to CPU"),
+            ("swapped_in", "{} blocks swapped back in"),
+            ("window_freed_blocks", "{} local blocks slid out of the window, back to the pool"))
+
+
 def run_scenario(engine: LLMEngine, arrivals: list[Arrival],
                  show: Callable[[Snapshot], bool], max_steps: int = 500) -> list[Snapshot]:
     """Step the engine, adding each arrival at its step; after every step build a snapshot
@@ -87,24 +94,11 @@ def run_scenario(engine: LLMEngine, arrivals: list[Arrival],
                 events.append(f"{out.request_id} finished ({reasons}, "
                               f"{out.num_cached_tokens} prompt tokens from the cache)")
         stats = engine.stats()
-        events += _changes(before, stats)
+        grown = [(getattr(stats, name) - getattr(before, name), text) for name, text in _CHANGES]
+        events += [text.format(count) for count, text in grown if count > 0]
         before = stats
         snapshot = Snapshot(step, events, stats)
         snapshots.append(snapshot)
         if not show(snapshot) or not (pending or engine.has_unfinished_requests()):
             break
     return snapshots
-
-
-def _changes(before: EngineStats, after: EngineStats) -> list[str]:
-    events = []
-    if after.preemptions > before.preemptions:
-        events.append(f"preempted: {after.preemptions - before.preemptions} (pool full)")
-    if after.swapped_out > before.swapped_out:
-        events.append(f"{after.swapped_out - before.swapped_out} blocks swapped out to CPU")
-    if after.swapped_in > before.swapped_in:
-        events.append(f"{after.swapped_in - before.swapped_in} blocks swapped back in")
-    if after.window_freed_blocks > before.window_freed_blocks:
-        events.append(f"{after.window_freed_blocks - before.window_freed_blocks} local blocks "
-                      "slid out of the window, back to the pool")
-    return events

@@ -81,10 +81,8 @@ def render(tokenizer: Tokenizer, conversation: list[dict[str, str]],
     if raw:
         return list(tokenizer.encode("".join(m["content"] for m in conversation)))
     if has_chat_template(tokenizer):
-        ids = tokenizer.apply_chat_template(
-            conversation, add_generation_prompt=not continue_last,
-            continue_final_message=continue_last, tokenize=True
-        )
+        ids = tokenizer.apply_chat_template(conversation, add_generation_prompt=not continue_last,
+                                            continue_final_message=continue_last, tokenize=True)
         return list(ids["input_ids"] if not isinstance(ids, list) else ids)
     *earlier, last = conversation
     lines = earlier if continue_last else conversation
@@ -108,8 +106,6 @@ def _cut_newest(
         if len(ids) <= window:
             return ids
         budget -= len(ids) - window
-    raise PromptTooLong(
-        f"the system prompt and chat template take {overhead} tokens, "
-        f"more than the context window of {window}: shorten the system prompt "
-        f"or raise --context-window"
-    )
+    raise PromptTooLong(f"the system prompt and chat template take {overhead} tokens, more "
+                        f"than the context window of {window}: shorten the system prompt or "
+                        "raise --context-window")

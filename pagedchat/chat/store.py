@@ -63,16 +63,13 @@ class StoreError(Exception):
     """The database could not be opened, read or written; the message says why."""
 
 
-def data_dir() -> Path:
-    """``$PAGEDCHAT_DATA_DIR``, or ``pagedchat`` in ``$XDG_DATA_HOME`` (``~/.local/share``)."""
-    if os.environ.get("PAGEDCHAT_DATA_DIR"):
-        return Path(os.environ["PAGEDCHAT_DATA_DIR"]).expanduser()
-    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
-    return Path(base) / "pagedchat"
-
-
 def default_db_path() -> Path:
-    return data_dir() / "chats.db"
+    """``chats.db`` in ``$PAGEDCHAT_DATA_DIR``, else in ``pagedchat`` in ``$XDG_DATA_HOME``
+    (``~/.local/share``)."""
+    if os.environ.get("PAGEDCHAT_DATA_DIR"):
+        return Path(os.environ["PAGEDCHAT_DATA_DIR"]).expanduser() / "chats.db"
+    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(base) / "pagedchat" / "chats.db"
 
 
 class Store:
@@ -97,16 +94,12 @@ class Store:
     def _migrate(self) -> None:
         version = self.schema_version
         if version > len(MIGRATIONS):
-            raise StoreError(
-                f"{self.path}: schema version {version} is newer than this pagedchat "
-                f"knows ({len(MIGRATIONS)}); upgrade pagedchat"
-            )
+            raise StoreError(f"{self.path}: schema version {version} is newer than this "
+                             f"pagedchat knows ({len(MIGRATIONS)}); upgrade pagedchat")
         for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
             # Each step applies whole or not at all.
             try:
-                self._db.executescript(
-                    f"BEGIN; {script}; PRAGMA user_version = {number}; COMMIT;"
-                )
+                self._db.executescript(f"BEGIN; {script}; PRAGMA user_version = {number}; COMMIT;")
             except sqlite3.Error:
                 if self._db.in_transaction:
                     self._db.execute("ROLLBACK")
@@ -125,24 +118,21 @@ class Store:
 
     def create_session(self, session: Session) -> Session:
         session.created_at = session.updated_at = time.time()
-        cursor = self._run(
-            "INSERT INTO sessions (title, system_prompt, settings, created_at, updated_at) "
-            "VALUES (?, ?, ?, ?, ?)",
-            (session.title, session.system_prompt, json.dumps(asdict(session.settings)),
-             session.created_at, session.updated_at),
-        )
+        cursor = self._run("INSERT INTO sessions (title, system_prompt, settings, created_at, "
+                           "updated_at) VALUES (?, ?, ?, ?, ?)",
+                           (session.title, session.system_prompt,
+                            json.dumps(asdict(session.settings)), session.created_at,
+                            session.updated_at))
         session.id = cursor.lastrowid
         return session
 
     def save_session(self, session: Session) -> None:
         """Write title, system prompt and settings."""
         session.updated_at = time.time()
-        self._run(
-            "UPDATE sessions SET title = ?, system_prompt = ?, settings = ?, updated_at = ? "
-            "WHERE id = ?",
-            (session.title, session.system_prompt, json.dumps(asdict(session.settings)),
-             session.updated_at, session.id),
-        )
+        self._run("UPDATE sessions SET title = ?, system_prompt = ?, settings = ?, "
+                  "updated_at = ? WHERE id = ?",
+                  (session.title, session.system_prompt, json.dumps(asdict(session.settings)),
+                   session.updated_at, session.id))
 
     def delete_session(self, session_id: int) -> None:
         self._run("DELETE FROM sessions WHERE id = ?", (session_id,))
@@ -203,9 +193,7 @@ class Store:
     def add_message(self, session: Session, message: Message) -> Message:
         """Insert ``message`` after the session's last one (it gets its id) and mark the
         session as just used."""
-        message.parent_id = self._head(session)
-        self._insert(session, message)
-        self._touch(session)
+        self._insert(session, message, self._head(session))
         return message
 
     def add_turn(self, session: Session, user: Message, reply: Message,
@@ -218,12 +206,9 @@ class Store:
         status, says why not; when this raises, neither has an id and nothing is stored."""
         try:
             self._run("BEGIN")
-            user.parent_id = (instead_of.parent_id if instead_of is not None
-                              else self._head(session))
-            self._insert(session, user)
-            reply.parent_id = user.id
-            self._insert(session, reply)
-            self._touch(session)
+            self._insert(session, user, instead_of.parent_id if instead_of is not None
+                         else self._head(session))
+            self._insert(session, reply, user.id)
             self._run("COMMIT")
         except StoreError:
             if self._db.in_transaction:
@@ -233,28 +218,24 @@ class Store:
 
     def add_reply(self, session: Session, user: Message, reply: Message) -> None:
         """Save another reply to ``user`` (a regenerated one), now the session's last."""
-        reply.parent_id = user.id
-        self._insert(session, reply)
-        self._touch(session)
+        self._insert(session, reply, user.id)
 
     def _head(self, session: Session) -> int | None:
         row = self._run("SELECT head_id FROM sessions WHERE id = ?", (session.id,)).fetchone()
         return row["head_id"] if row is not None else None
 
-    def _insert(self, session: Session, message: Message) -> None:
+    def _insert(self, session: Session, message: Message, parent_id: int | None) -> None:
+        """Store ``message`` after message ``parent_id`` (it gets its id) as the session's
+        last, and mark the session as just used."""
+        message.parent_id = parent_id
         values = tuple(getattr(message, name) for name in _MESSAGE_FIELDS)
-        cursor = self._run(
-            f"INSERT INTO messages (session_id, {', '.join(_MESSAGE_FIELDS)}) "
-            f"VALUES (?, {', '.join('?' * len(_MESSAGE_FIELDS))})",
-            (session.id, *values),
-        )
+        cursor = self._run(f"INSERT INTO messages (session_id, {', '.join(_MESSAGE_FIELDS)}) "
+                           f"VALUES (?, {', '.join('?' * len(_MESSAGE_FIELDS))})",
+                           (session.id, *values))
         message.id = cursor.lastrowid
-        self._run("UPDATE sessions SET head_id = ? WHERE id = ?", (message.id, session.id))
-
-    def _touch(self, session: Session) -> None:
         session.updated_at = time.time()
-        self._run("UPDATE sessions SET updated_at = ? WHERE id = ?",
-                  (session.updated_at, session.id))
+        self._run("UPDATE sessions SET head_id = ?, updated_at = ? WHERE id = ?",
+                  (message.id, session.updated_at, session.id))
 
     def update_message(self, message: Message) -> None:
         """Write the message's content, status and figures; StoreError when it is not stored
@@ -265,8 +246,7 @@ class Store:
         names = _MESSAGE_FIELDS[1:]
         cursor = self._run(
             f"UPDATE messages SET {', '.join(f'{name} = ?' for name in names)} WHERE id = ?",
-            (*(getattr(message, name) for name in names), message.id),
-        )
+            (*(getattr(message, name) for name in names), message.id))
         if cursor.rowcount == 0:
             raise StoreError(f"{self.path}: message {message.id} is no longer stored")
 

@@ -19,8 +19,7 @@ class _Group(typer.core.TyperGroup):
     a None through pydantic, whose import would come with every command's ``--help``."""
 
     def get_help_option(self, ctx: typer.Context) -> typer.core.TyperOption | None:
-        option = super().get_help_option(ctx)
-        if option is not None:
+        if (option := super().get_help_option(ctx)) is not None:
             option.default = False
         return option
 
@@ -65,12 +64,11 @@ def bench(ctx: typer.Context) -> None:
 
 
 def main() -> None:
-    """The installed command: ``app`` with what importing it made (torch, typer, rich and
-    pagedchat, all alive for the whole process) set outside the garbage collector's reach
-    first, so that a full collection walks only the objects made since and a streaming
-    answer shows no collector pause. Here and not in the library: frozen objects that later
-    became cyclic garbage would never be collected, so a long-lived caller (a test session)
-    keeps its collector."""
+    """The installed command: ``app`` with what importing it made (torch, typer, rich and pagedchat,
+    all alive for the whole process) set outside the garbage collector's reach first, so that a full
+    collection walks only the objects made since and a streaming answer shows no collector pause.
+    Here and not in the library: frozen objects that later became cyclic garbage would never be
+    collected, so a long-lived caller (a test session) keeps its collector."""
     gc.freeze()
     app()
 

@@ -9,15 +9,7 @@ from typing import Annotated
 import typer
 
 from pagedchat import console
-from pagedchat.cli.options import (
-    KvBlocks,
-    KvCacheDtype,
-    KvMemory,
-    Model,
-    TensorParallelSize,
-    Weights,
-    user_errors,
-)
+from pagedchat.cli import options as opt
 from pagedchat.engine.presets import PRESETS, swap_space
 
 BATCH = PRESETS["batch"]
@@ -27,7 +19,7 @@ def batch(
     input_path: Annotated[str, typer.Argument(metavar="IN", help="JSONL requests; - = stdin.")],
     output: Annotated[str, typer.Option("-o", "--output", metavar="OUT",
                                         help="JSONL results, appended; - = stdout.")] = "-",
-    model: Model = None,
+    model: opt.Model = None,
     system: Annotated[str | None, typer.Option(
         "--system", help="A system prompt shared by every line (its KV blocks are shared).")]
     = None,
@@ -36,18 +28,18 @@ def batch(
     = BATCH.max_tokens,
     temperature: Annotated[float | None, typer.Option(
         "--temperature", min=0.0, help="Default temperature of a line (0 = greedy).")] = None,
-    kv_blocks: KvBlocks = None,
-    kv_memory: KvMemory = None,
-    tp: TensorParallelSize = 1,
-    weights: Weights = None,
-    kv_cache_dtype: KvCacheDtype = "auto",
+    kv_blocks: opt.KvBlocks = None,
+    kv_memory: opt.KvMemory = None,
+    tp: opt.TensorParallelSize = 1,
+    weights: opt.Weights = None,
+    kv_cache_dtype: opt.KvCacheDtype = "auto",
 ) -> None:
     """Run a JSONL file of prompts through the engine; resumable (a rerun skips answered lines)."""
     from pagedchat.chat.batch import describe, load_done, run_batch
     from pagedchat.engine.config import EngineConfig
     from pagedchat.engine.llm_engine import LLMEngine
 
-    with user_errors():
+    with opt.user_errors():
         if input_path != "-" and not Path(input_path).is_file():
             raise FileNotFoundError(f"{input_path}: no such file")
         done = load_done(Path(output)) if output != "-" else {}

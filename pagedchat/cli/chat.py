@@ -8,22 +8,14 @@ from typing import Annotated
 import typer
 
 from pagedchat.chat.prompt import DEFAULT_CONTEXT_WINDOW
-from pagedchat.cli.options import (
-    KvCacheDtype,
-    KvStoreCap,
-    Model,
-    NumSpeculativeTokens,
-    Speculative,
-    TensorParallelSize,
-    Weights,
-)
+from pagedchat.cli import options as opt
 from pagedchat.engine.presets import PRESETS
 
 CHAT = PRESETS["chat"]
 
 
 def chat(
-    model: Model = None,
+    model: opt.Model = None,
     db: Annotated[Path | None, typer.Option(
         help="SQLite file of the sessions (default: chats.db in $PAGEDCHAT_DATA_DIR, "
              "else in $XDG_DATA_HOME/pagedchat).")] = None,
@@ -35,18 +27,18 @@ def chat(
                      f"(default: {DEFAULT_CONTEXT_WINDOW}).")] = None,
     kv_blocks: Annotated[int | None, typer.Option(
         min=1, help=f"Blocks in the KV cache pool (default: {CHAT.num_kv_blocks}).")] = None,
-    tensor_parallel_size: TensorParallelSize = 1,
-    weights: Weights = None,
-    kv_cache_dtype: KvCacheDtype = "auto",
-    speculative: Speculative = None,
-    num_speculative_tokens: NumSpeculativeTokens = 4,
+    tensor_parallel_size: opt.TensorParallelSize = 1,
+    weights: opt.Weights = None,
+    kv_cache_dtype: opt.KvCacheDtype = "auto",
+    speculative: opt.Speculative = None,
+    num_speculative_tokens: opt.NumSpeculativeTokens = 4,
     kv_store: Annotated[Path | None, typer.Option(
         help="Folder where the sessions' KV blocks are kept, so that a session reopened "
              "after a restart starts warm (default: kv in $PAGEDCHAT_CACHE_DIR, else in "
              "$XDG_CACHE_HOME/pagedchat).")] = None,
     no_kv_store: Annotated[bool, typer.Option(
         "--no-kv-store", help="Keep no KV blocks on disk.")] = False,
-    kv_store_cap: KvStoreCap = "2GiB",
+    kv_store_cap: opt.KvStoreCap = "2GiB",
     raw: Annotated[bool, typer.Option(
         "--raw", help="Plain continuation: the model continues your text, no chat format."
     )] = False,
@@ -91,13 +83,12 @@ def chat(
     if kv_store is not None and tensor_parallel_size > 1:
         raise typer.BadParameter("--kv-store does not combine with --tensor-parallel-size "
                                  f"{tensor_parallel_size}", param_hint="--kv-store")
+    store_options = {}
     if not no_kv_store and tensor_parallel_size == 1:
         from pagedchat.paths import cache_root
 
-        store = str(kv_store or cache_root() / "kv")
-        store_options = {"kv_store": store, "kv_store_cap": kv_store_cap}
-    else:
-        store_options = {}
+        store_options = {"kv_store": str(kv_store or cache_root() / "kv"),
+                         "kv_store_cap": kv_store_cap}
     run_chat(chosen(model, "model", None), db, continue_last, session,
              chosen(context_window, "context_window", DEFAULT_CONTEXT_WINDOW),
              chosen(kv_blocks, "kv_blocks", CHAT.num_kv_blocks), tensor_parallel_size, weights,

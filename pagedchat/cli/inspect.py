@@ -12,16 +12,7 @@ import typer
 
 from pagedchat import console
 from pagedchat.cli import inspect_render
-from pagedchat.cli.options import (
-    BlockSize,
-    JsonPath,
-    KvCacheDtype,
-    Model,
-    NumSpeculativeTokens,
-    Speculative,
-    Weights,
-    user_errors,
-)
+from pagedchat.cli import options as opt
 from pagedchat.engine.presets import PRESETS, swap_space
 
 INSPECT = PRESETS["inspect"]
@@ -40,11 +31,11 @@ def inspect(
         "--file", help="Prompts to run, one a line.")] = None,
     step: Annotated[bool, typer.Option("--step", help="Wait for Enter between steps "
                                                       "(q + Enter quits).")] = False,
-    json_path: JsonPath = None,
+    json_path: opt.JsonPath = None,
     kv_blocks: Annotated[int, typer.Option("--kv-blocks", min=1,
                                            help="KV pool size in blocks.")]
     = INSPECT.num_kv_blocks,
-    block_size: BlockSize = 16,
+    block_size: opt.BlockSize = 16,
     preemption_mode: Annotated[Preemption, typer.Option(
         "--preemption", help="What a full pool does to the newest request.")]
     = Preemption.recompute,
@@ -52,18 +43,18 @@ def inspect(
                                             help="Tokens to generate per request.")]
     = INSPECT.max_tokens,
     max_steps: Annotated[int, typer.Option("--max-steps", min=1)] = 500,
-    model: Model = None,
-    weights: Weights = None,
-    kv_cache_dtype: KvCacheDtype = "auto",
-    speculative: Speculative = None,
-    num_speculative_tokens: NumSpeculativeTokens = 4,
+    model: opt.Model = None,
+    weights: opt.Weights = None,
+    kv_cache_dtype: opt.KvCacheDtype = "auto",
+    speculative: opt.Speculative = None,
+    num_speculative_tokens: opt.NumSpeculativeTokens = 4,
 ) -> None:
     """Watch the KV block pool, block tables and sharing, one engine step at a time."""
     from pagedchat.chat.inspect import default_scenario, prompt_scenario, run_scenario
     from pagedchat.engine.config import EngineConfig
     from pagedchat.engine.llm_engine import LLMEngine
 
-    with user_errors():
+    with opt.user_errors():
         prompts = list(prompt or [])
         if file is not None:
             if not file.is_file():
@@ -81,10 +72,7 @@ def inspect(
         def show(snapshot) -> bool:
             title = f"step {snapshot.step}" + "".join(f" | {e}" for e in snapshot.events)
             console.stdout.print(inspect_render.snapshot(title, snapshot.stats))
-            if not step:
-                return True
-            answer = sys.stdin.readline()
-            return answer.strip().lower() != "q"
+            return not step or sys.stdin.readline().strip().lower() != "q"
 
         snapshots = run_scenario(engine, arrivals, show, max_steps)
         if json_path:

@@ -1,13 +1,12 @@
 """An engine stats snapshot as pictures: the block pool, the block tables, the figures.
 
-``cells`` and ``owner_letters`` are plain data any front end can draw; the rest builds rich
-renderables for ``pagedchat inspect``. Every state has
-its own character too, so the picture still reads without colours (piped output).
+``owner_letters`` is plain data any front end can draw; the rest builds rich renderables for
+``pagedchat inspect``. Every state has its own character too, so the picture still reads
+without colours (piped output).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rich.console import Group
@@ -24,27 +23,10 @@ FREE, CACHED, SHARED = ".", "c", "+"
 STYLES = {FREE: "grey35", CACHED: "dim green", SHARED: "bold white on dark_magenta"}
 
 
-@dataclass(frozen=True)
-class Cell:
-    """One physical block: its state (free | cached | used | shared) and first owner."""
-
-    block: int
-    state: str
-    owner: str | None
-
-
 def owner_letters(stats: EngineStats) -> dict[str, str]:
     """A letter per request holding blocks, in order of first appearance (a, b, ...)."""
-    letters: dict[str, str] = {}
-    for table in stats.block_tables:
-        if table.request_id not in letters:
-            letters[table.request_id] = chr(ord("a") + len(letters) % 26)
-    return letters
-
-
-def cells(stats: EngineStats) -> list[Cell]:
-    return [Cell(block, state, (stats.owners.get(block) or [None])[0])
-            for block, state in enumerate(stats.pool)]
+    request_ids = dict.fromkeys(table.request_id for table in stats.block_tables)
+    return {rid: chr(ord("a") + i % 26) for i, rid in enumerate(request_ids)}
 
 
 def _style(letter: str) -> str:
@@ -55,18 +37,15 @@ def pool_grid(stats: EngineStats, width: int = 64) -> Text:
     """The pool, ``width`` blocks a row: owner letter (used), + shared, c cached, . free."""
     letters = owner_letters(stats)
     text = Text()
-    for cell in cells(stats):
-        if cell.block and cell.block % width == 0:
+    for block, state in enumerate(stats.pool):
+        if block and block % width == 0:
             text.append("\n")
-        if cell.state == "shared":
-            text.append(SHARED, STYLES[SHARED])
-        elif cell.state == "used" and cell.owner in letters:
-            letter = letters[cell.owner]
-            text.append(letter, f"bold {_style(letter)}")
-        elif cell.state == "cached":
-            text.append(CACHED, STYLES[CACHED])
+        owner = (stats.owners.get(block) or [None])[0]
+        if state == "used" and owner in letters:
+            text.append(letters[owner], f"bold {_style(letters[owner])}")
         else:
-            text.append(FREE, STYLES[FREE])
+            mark = {"shared": SHARED, "cached": CACHED}.get(state, FREE)
+            text.append(mark, STYLES[mark])
     return text
 
 
@@ -75,12 +54,10 @@ def legend(stats: EngineStats) -> Text:
     for request_id, letter in owner_letters(stats).items():
         text.append(f"{letter}", f"bold {_style(letter)}")
         text.append(f"={request_id}  ")
-    text.append(SHARED, STYLES[SHARED])
-    text.append(" shared  ")
-    text.append(CACHED, STYLES[CACHED])
-    text.append(" cached (evictable)  ")
-    text.append(FREE, STYLES[FREE])
-    text.append(" free")
+    for mark, meaning in ((SHARED, " shared  "), (CACHED, " cached (evictable)  "),
+                          (FREE, " free")):
+        text.append(mark, STYLES[mark])
+        text.append(meaning)
     return text
 
 

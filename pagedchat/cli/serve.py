@@ -8,16 +8,7 @@ from typing import Annotated
 
 import typer
 
-from pagedchat.cli.options import (
-    KvCacheDtype,
-    KvStoreCap,
-    Model,
-    NumSpeculativeTokens,
-    Speculative,
-    TensorParallelSize,
-    Weights,
-    user_errors,
-)
+from pagedchat.cli import options as opt
 from pagedchat.engine.presets import PRESETS, swap_space
 
 SERVE = PRESETS["serve"]
@@ -26,7 +17,7 @@ SERVE = PRESETS["serve"]
 def serve(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on.")] = 8000,
-    model: Model = None,
+    model: opt.Model = None,
     served_model_name: Annotated[list[str] | None, typer.Option(
         help="The model's name in the API (default: the model file's or folder's name); "
              "repeat it for aliases, the first is the name answers carry. Each name is "
@@ -43,16 +34,16 @@ def serve(
     max_num_batched_tokens: Annotated[int, typer.Option(
         min=1, help="Most tokens per step.")] = 1024,
     dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16.")] = "float32",
-    weights: Weights = None,
-    kv_cache_dtype: KvCacheDtype = "auto",
-    speculative: Speculative = None,
-    num_speculative_tokens: NumSpeculativeTokens = 4,
+    weights: opt.Weights = None,
+    kv_cache_dtype: opt.KvCacheDtype = "auto",
+    speculative: opt.Speculative = None,
+    num_speculative_tokens: opt.NumSpeculativeTokens = 4,
     kv_store: Annotated[Path | None, typer.Option(
         help="Folder where finished requests' KV blocks are kept, read back by later prompts "
              "that start with them, after a restart too (a shared system prompt stays "
              "warm); default: none kept.")] = None,
-    kv_store_cap: KvStoreCap = "2GiB",
-    tensor_parallel_size: TensorParallelSize = 1,
+    kv_store_cap: opt.KvStoreCap = "2GiB",
+    tensor_parallel_size: opt.TensorParallelSize = 1,
     drain_timeout: Annotated[float, typer.Option(
         min=0, help="Seconds running requests get to finish after SIGTERM.")] = 30.0,
     log_prompts: Annotated[bool, typer.Option(
@@ -72,7 +63,7 @@ def serve(
     from pagedchat.server.state import ServerSettings
 
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s: %(message)s")
-    with user_errors():
+    with opt.user_errors():
         body_limit = parse_bytes(max_request_bytes)
         engine = build_engine(EngineConfig(
             model=model, block_size=block_size, kv_cache_memory=kv_memory,
@@ -90,7 +81,7 @@ def serve(
         log_prompts=log_prompts, drain_timeout=drain_timeout, max_request_bytes=body_limit,
         read_timeout=read_timeout, max_concurrent_requests=max_concurrent_requests)
     try:
-        with user_errors():
+        with opt.user_errors():
             run_server(engine, settings, host, port, log_level.lower())
     finally:
         engine.shutdown()

@@ -81,34 +81,21 @@ class EngineConfig:
         bs = self.block_size
         if bs < 1 or bs > 256 or bs & (bs - 1):
             raise RequestError(f"block_size must be a power of two from 1 to 256, got {bs}")
-        if self.preemption_mode not in ("recompute", "swap"):
-            raise RequestError(
-                f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}"
-            )
-        if self.dtype not in DTYPE_NAMES:
-            raise RequestError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise RequestError(f"kv_cache_dtype must be auto or int8, got {self.kv_cache_dtype!r}")
-        if self.weights not in (None, *CPU_WEIGHTS, *DTYPE_NAMES):
-            raise RequestError(f"weights must be gguf, gguf-int8, q8_0, float32 or bfloat16, "
-                               f"got {self.weights!r}")
-        if self.attention_backend not in ("auto", "torch", "cpu", "triton"):
-            raise RequestError(
-                "attention_backend must be auto, torch, cpu or triton, "
-                f"got {self.attention_backend!r}")
-        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
-            raise RequestError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")
-        if self.tensor_parallel_size < 1:
-            raise RequestError(
-                f"tensor_parallel_size must be positive, got {self.tensor_parallel_size}")
-        if self.max_num_seqs < 1:
-            raise RequestError(f"max_num_seqs must be positive, got {self.max_num_seqs}")
-        if self.max_num_batched_tokens < 1:
-            raise RequestError(
-                f"max_num_batched_tokens must be positive, got {self.max_num_batched_tokens}"
-            )
-        if self.speculative not in (None, "ngram"):
-            raise RequestError(f"speculative must be 'ngram' or None, got {self.speculative!r}")
+        for name, allowed, words in (
+                ("preemption_mode", ("recompute", "swap"), "'recompute' or 'swap'"),
+                ("dtype", DTYPE_NAMES, "float32, bfloat16 or float16"),
+                ("kv_cache_dtype", KV_CACHE_DTYPES, "auto or int8"),
+                ("weights", (None, *CPU_WEIGHTS, *DTYPE_NAMES),
+                 "gguf, gguf-int8, q8_0, float32 or bfloat16"),
+                ("attention_backend", ("auto", "torch", "cpu", "triton"),
+                 "auto, torch, cpu or triton"),
+                ("speculative", (None, "ngram"), "'ngram' or None")):
+            if getattr(self, name) not in allowed:
+                raise RequestError(f"{name} must be {words}, got {getattr(self, name)!r}")
+        for name in ("num_kv_blocks", "tensor_parallel_size", "max_num_seqs",
+                     "max_num_batched_tokens"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise RequestError(f"{name} must be positive, got {getattr(self, name)}")
         if not 1 <= self.num_speculative_tokens <= 16:
             raise RequestError("num_speculative_tokens must be from 1 to 16, "
                                f"got {self.num_speculative_tokens}")
@@ -128,13 +115,12 @@ class EngineConfig:
 
     def request_kv_blocks(self, num_prompt_tokens: int, max_tokens: int,
                           sequences: int = 1, windows: tuple[int | None, ...] = (None,)) -> int:
-        """Blocks for a pool that serves one request and nothing else: each of its
-        ``sequences`` (n or best_of, the beam width) up to prompt + ``max_tokens`` tokens,
-        or the context (``max_model_len``) where that is less, counted unshared as the
-        scheduler counts a request that must fit the pool; at least
-        ``MIN_REQUEST_POOL_TOKENS`` tokens' worth. ``windows``: the model's layer groups
-        (:func:`pagedchat.engine.kv_groups.kv_groups`), each holding its own blocks; the
-        arithmetic is the scheduler's (:class:`pagedchat.engine.fits.RequestFit`)."""
+        """Blocks for a pool that serves one request and nothing else: each of its ``sequences`` (n
+        or best_of, the beam width) up to prompt + ``max_tokens`` tokens, or the context
+        (``max_model_len``) where that is less, counted unshared as the scheduler counts a request
+        that must fit the pool; at least ``MIN_REQUEST_POOL_TOKENS`` tokens' worth. ``windows``: the
+        model's layer groups (:func:`pagedchat.engine.kv_groups.kv_groups`), each holding its own
+        blocks; the arithmetic is the scheduler's (:class:`pagedchat.engine.fits.RequestFit`)."""
         fit = RequestFit(self.block_size, windows, self.max_model_len,
                          self.max_num_batched_tokens, self.max_num_seqs)
         return max(fit.blocks(num_prompt_tokens, max_tokens, sequences),

@@ -1,7 +1,6 @@
 """Whether a request fits the engine: the one rule ``add_request`` refuses requests by
-(``LLMEngine.request_fit``, the scheduler's), the server answers 413 by and sizes a
-default ``max_tokens`` with, and a pool for one request is sized by
-(``EngineConfig.request_kv_blocks``)."""
+(``LLMEngine.request_fit``, the scheduler's), the server answers 413 by and sizes a default
+``max_tokens`` with, and a pool for one request is sized by (``EngineConfig.request_kv_blocks``)."""
 
 from __future__ import annotations
 

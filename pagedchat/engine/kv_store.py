@@ -21,7 +21,6 @@ import json
 import logging
 import os
 import struct
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -29,6 +28,7 @@ import torch
 import xxhash
 
 from pagedchat.engine.blocks import HOLE, NO_HASH, block_hash
+from pagedchat.paths import staged_file
 
 if TYPE_CHECKING:
     from pagedchat.engine.config import EngineConfig
@@ -126,14 +126,8 @@ class KVStore:
             "tokens": list(tokens), "dtype": str(data.dtype), "shape": list(data.shape),
             "checksum": xxhash.xxh3_64_hexdigest(payload)}).encode()
         # a staging file left by a killed process still ends in SUFFIX: eviction finds it
-        handle, staging = tempfile.mkstemp(dir=self.folder, prefix=".", suffix=SUFFIX)
-        try:
-            with os.fdopen(handle, "wb") as out:
-                out.write(MAGIC + _HEADER.pack(len(header)) + header + payload)
-            os.replace(staging, path)
-        finally:
-            if os.path.exists(staging):
-                os.unlink(staging)
+        with staged_file(path, "wb", suffix=SUFFIX) as out:
+            out.write(MAGIC + _HEADER.pack(len(header)) + header + payload)
         if self._size is not None:
             self._size += path.stat().st_size
 

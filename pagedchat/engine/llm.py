@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from pagedchat.engine.config import EngineConfig
@@ -16,7 +18,7 @@ class LLM:
     def __init__(self, model: str | None = None, **options) -> None:
         self.engine = LLMEngine(EngineConfig(model=model, **options))
         self.tokenizer = self.engine.tokenizer
-        self._next_id = 0
+        self._request_ids = itertools.count()
 
     def __enter__(self) -> LLM:
         return self
@@ -41,12 +43,9 @@ class LLM:
         params_list = params if isinstance(params, list) else [params] * len(prompts)
         if len(params_list) != len(prompts):
             raise ValueError("give one SamplingParams, or one per prompt")
-        ids = []
-        for prompt, p in zip(prompts, params_list):
-            request_id = str(self._next_id)
-            self._next_id += 1
+        ids = [str(next(self._request_ids)) for _ in prompts]
+        for request_id, prompt, p in zip(ids, prompts, params_list):
             self.engine.add_request(request_id, prompt, p)
-            ids.append(request_id)
         finished: dict[str, RequestOutput] = {}
         with Progress(TextColumn("generating"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), disable=not use_progress, transient=True) as bar:

@@ -57,10 +57,9 @@ class ModelConfig:
             raw = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError) as error:
             raise ValueError(f"{path}: {error}") from error
-        missing = [key for key in ("model_type", "vocab_size", "hidden_size",
-                                   "intermediate_size", "num_hidden_layers",
-                                   "num_attention_heads") if key not in raw]
-        if missing:
+        required = ("model_type", "vocab_size", "hidden_size", "intermediate_size",
+                    "num_hidden_layers", "num_attention_heads")
+        if missing := [key for key in required if key not in raw]:
             raise ValueError(f"{path}: missing {', '.join(missing)}")
         heads = raw["num_attention_heads"]
         optional = {name: raw[name] for name in ("rms_norm_eps", "max_position_embeddings",
@@ -71,18 +70,15 @@ class ModelConfig:
                     if raw.get(name) is not None}
         if raw.get("rope_freqs") is not None:
             optional["rope_freqs"] = tuple(raw["rope_freqs"])
-        rope = _rope_parameters(raw)
+        # transformers 5 writes rope_parameters; older files rope_theta and rope_scaling
+        rope = _rope(raw.get("rope_parameters") or raw.get("rope_scaling"),
+                     raw.get("rope_theta", 10000.0))
         if raw["model_type"] == "gemma3_text":
             rope, optional["local_rope_parameters"] = _gemma3_rope_parameters(raw)
             optional["layer_types"] = tuple(raw.get("layer_types") or _gemma3_layer_types(raw))
         return cls(
             folder=Path(folder),
-            model_type=raw["model_type"],
-            vocab_size=raw["vocab_size"],
-            hidden_size=raw["hidden_size"],
-            intermediate_size=raw["intermediate_size"],
-            num_hidden_layers=raw["num_hidden_layers"],
-            num_attention_heads=heads,
+            **{key: raw[key] for key in required},
             num_key_value_heads=raw.get("num_key_value_heads") or heads,
             head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
             rope_parameters=rope,
@@ -100,14 +96,14 @@ class ModelConfig:
         return float(self.rope_parameters["rope_theta"])
 
 
-def _rope_parameters(raw: dict[str, Any]) -> dict[str, Any]:
-    """transformers 5 writes ``rope_parameters``; older files have ``rope_theta`` and
-    ``rope_scaling`` (whose type may be under ``type``)."""
-    params = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
-    if "rope_type" not in params:
-        params["rope_type"] = params.pop("type", "default")
-    params.setdefault("rope_theta", raw.get("rope_theta", 10000.0))
-    return params
+def _rope(params: dict[str, Any] | None, theta: float) -> dict[str, Any]:
+    """A rope's parameters with its type (older files have it under ``type``) and its theta
+    (``theta`` where the parameters leave it out)."""
+    rope = dict(params or {})
+    if "rope_type" not in rope:
+        rope["rope_type"] = rope.pop("type", "default")
+    rope.setdefault("rope_theta", theta)
+    return rope
 
 
 def _gemma3_rope_parameters(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -116,16 +112,9 @@ def _gemma3_rope_parameters(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[s
     ``rope_local_base_freq`` and ``rope_scaling`` (which scales the global layers only)."""
     params = raw.get("rope_parameters") or {}
     if "full_attention" not in params and "sliding_attention" not in params:
-        params = {"full_attention": dict(raw.get("rope_scaling") or {}),
-                  "sliding_attention": {}}
-    full = dict(params.get("full_attention") or {})
-    local = dict(params.get("sliding_attention") or {})
-    for rope, theta in ((full, raw.get("rope_theta", 1_000_000.0)),
-                        (local, raw.get("rope_local_base_freq", 10_000.0))):
-        if "rope_type" not in rope:
-            rope["rope_type"] = rope.pop("type", "default")
-        rope.setdefault("rope_theta", theta)
-    return full, local
+        params = {"full_attention": raw.get("rope_scaling")}
+    return (_rope(params.get("full_attention"), raw.get("rope_theta", 1_000_000.0)),
+            _rope(params.get("sliding_attention"), raw.get("rope_local_base_freq", 10_000.0)))
 
 
 def _gemma3_layer_types(raw: dict[str, Any]) -> list[str]:

@@ -62,9 +62,7 @@ class NgramProposer:
         """Up to ``limit`` tokens that may follow ``seq``'s tokens, as many as are likely to
         pay for their rows; empty without a match."""
         tokens = seq.token_ids
-        index = self._indexes.get(seq)
-        if index is None:
-            index = self._indexes[seq] = _Index()
+        index = self._indexes.setdefault(seq, _Index())
         index.accepted *= DECAY
         index.rejected *= DECAY
         limit = index.draft_length(limit, self.costs)
@@ -72,15 +70,13 @@ class NgramProposer:
             return []
         self._extend(index, tokens)
         for n in range(min(self.ngram_max, len(tokens) - 1), self.ngram_min - 1, -1):
-            end = index.ends.get(tuple(tokens[-n:]))
-            if end is not None:
+            if (end := index.ends.get(tuple(tokens[-n:]))) is not None:
                 return _continuation(tokens, end, limit)
         return []
 
     def record(self, seq: Sequence, drafted: int, accepted: int) -> None:
         """How the draft of ``drafted`` tokens last proposed for ``seq`` fared."""
-        index = self._indexes.get(seq)
-        if index is not None:
+        if (index := self._indexes.get(seq)) is not None:
             index.accepted += accepted
             index.rejected += accepted < drafted
 

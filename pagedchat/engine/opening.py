@@ -75,11 +75,7 @@ def eos_token_ids(model_config: ModelConfig, tokenizer) -> set[int]:
             (model_config.folder / "generation_config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         generation = {}
-    candidates = [generation.get("eos_token_id"), model_config.eos_token_id,
-                  tokenizer.eos_token_id]
-    for value in candidates:
-        if isinstance(value, int):
-            ids.add(value)
-        elif value:
-            ids.update(value)
+    for value in (generation.get("eos_token_id"), model_config.eos_token_id,
+                  tokenizer.eos_token_id):
+        ids.update([value] if isinstance(value, int) else value or [])  # an id, or a list
     return ids

@@ -116,14 +116,12 @@ class SamplingParams:
             raise _bad("top_p", f"must be in (0, 1], got {self.top_p}")
         if self.top_k < -1:
             raise _bad("top_k", f"must be -1, 0 (off) or positive, got {self.top_k}")
-        if not 0 <= self.min_p <= 1:
-            raise _bad("min_p", f"must be in [0, 1], got {self.min_p}")
+        for name, low, high in (("min_p", 0, 1), ("presence_penalty", -2, 2),
+                                ("frequency_penalty", -2, 2)):
+            if not low <= getattr(self, name) <= high:
+                raise _bad(name, f"must be in [{low}, {high}], got {getattr(self, name)}")
         if self.repetition_penalty <= 0:
             raise _bad("repetition_penalty", f"must be > 0, got {self.repetition_penalty}")
-        if not -2 <= self.presence_penalty <= 2:
-            raise _bad("presence_penalty", f"must be in [-2, 2], got {self.presence_penalty}")
-        if not -2 <= self.frequency_penalty <= 2:
-            raise _bad("frequency_penalty", f"must be in [-2, 2], got {self.frequency_penalty}")
         if self.max_tokens < 1:
             raise _bad("max_tokens", f"must be at least 1, got {self.max_tokens}")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
@@ -163,10 +161,6 @@ class SamplingParams:
                 and self.logprobs is None and not self.logit_bias
                 and not self.logits_processors and self.repetition_penalty == 1.0
                 and not self.presence_penalty and not self.frequency_penalty)
-
-    @property
-    def beam_width(self) -> int:
-        return self.best_of
 
 
 def _bad(param: str, reason: str) -> RequestError:

@@ -86,12 +86,11 @@ WARM_UP_PROMPT = "Hello!"
 
 
 class EngineLoop(EngineThread):
-    def __init__(self, engine: LLMEngine, warm_up: bool = True) -> None:
+    def __init__(self, engine: LLMEngine) -> None:
         super().__init__("engine-loop")
         self.engine = engine
         self._live: dict[str, asyncio.Queue] = {}  # engine thread only
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._warm_up_first = warm_up
         self.ready = threading.Event()  # set once the warm-up has run
         self.warm_up_seconds: float | None = None
         self.failed: str | None = None  # why the engine stopped, if it did
@@ -138,7 +137,7 @@ class EngineLoop(EngineThread):
 
     # ---- engine thread -----------------------------------------------------------------
     def _run(self) -> None:
-        if not self._warm_up_first or self._warm_up():
+        if self._warm_up():
             self.ready.set()
             self.on_ready()
         self._serve(self.engine)
@@ -227,8 +226,7 @@ class EngineLoop(EngineThread):
             return
         events = []
         for output in outputs:
-            sink = self._live.get(output.request_id)
-            if sink is None:
+            if (sink := self._live.get(output.request_id)) is None:
                 continue
             events.append((sink, output))
             if output.finished:
@@ -236,9 +234,7 @@ class EngineLoop(EngineThread):
         self._send(events)
 
     def _send(self, events: list[tuple[asyncio.Queue, Event]]) -> None:
-        if events:
-            self._call(lambda: [sink.put_nowait(event) for sink, event in events])
-
-    def _call(self, callback) -> None:
         with contextlib.suppress(RuntimeError):  # the event loop is already closed
-            self._loop.call_soon_threadsafe(callback)
+            if events:
+                self._loop.call_soon_threadsafe(
+                    lambda: [sink.put_nowait(event) for sink, event in events])

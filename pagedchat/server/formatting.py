@@ -9,13 +9,8 @@ def _byte_level_table() -> dict[str, int]:
     """GPT-2's byte-level alphabet, reversed: the character that stands for each byte."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
                  *range(ord("®"), ord("ÿ") + 1)]
-    table = {chr(b): b for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in printable:
-            table[chr(256 + extra)] = b
-            extra += 1
-    return table
+    others = [b for b in range(256) if b not in printable]  # shifted past 255, in order
+    return {**{chr(b): b for b in printable}, **{chr(256 + i): b for i, b in enumerate(others)}}
 
 
 _BYTE_LEVEL = _byte_level_table()
@@ -29,17 +24,14 @@ class TokenTexts:
         self._cache: dict[int, tuple[str, list[int]]] = {}
 
     def __call__(self, token_id: int) -> tuple[str, list[int]]:
-        found = self._cache.get(token_id)
-        if found is None:
+        if token_id not in self._cache:
             piece = self._tokenizer.convert_ids_to_tokens(token_id) or ""
             if piece and all(ch in _BYTE_LEVEL for ch in piece):  # a byte-level BPE piece
                 raw = bytes(_BYTE_LEVEL[ch] for ch in piece)
-                found = (raw.decode("utf-8", errors="replace"), list(raw))
             else:
-                text = self._tokenizer.decode([token_id])
-                found = (text, list(text.encode("utf-8")))
-            self._cache[token_id] = found
-        return found
+                raw = self._tokenizer.decode([token_id]).encode("utf-8")
+            self._cache[token_id] = (raw.decode("utf-8", errors="replace"), list(raw))
+        return self._cache[token_id]
 
 
 def chat_logprobs(token_ids: list[int], entries: list[dict[int, Logprob]], top: int,

@@ -43,8 +43,7 @@ class RequestLimits:
             await _refuse(send, *self._too_large(declared),
                           close=declared > DRAINED_BODIES * self.max_bytes)
             return
-        body = await self._read_body(receive, send)
-        if body is None:
+        if (body := await self._read_body(receive, send)) is None:
             return
         completion = scope["path"] in COMPLETION_PATHS
         if completion and self.running >= self.max_concurrent:
@@ -98,14 +97,10 @@ def _content_length(scope: Scope) -> int | None:
 def _replay(body: bytes, receive: Receive) -> Receive:
     """A receive that hands the app the body read already, then the client's own messages
     (its disconnect ends a stream)."""
-    sent = False
+    first: list[Message] = [{"type": "http.request", "body": body, "more_body": False}]
 
     async def replayed() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
+        return first.pop() if first else await receive()
 
     return replayed
 

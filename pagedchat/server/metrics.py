@@ -25,8 +25,7 @@ class _Snapshot:
         self.stats: EngineStats | None = None
 
     def collect(self):
-        s = self.stats
-        if s is None:
+        if (s := self.stats) is None:
             return
         gauges = {
             "requests_running": ("Requests whose sequences are in the running batch.",

@@ -135,14 +135,10 @@ class Reply:
                           "finish_reason": out.finish_reason}
                 if self.chat:
                     choice["message"] = {"role": "assistant", "content": out.text}
-                    if self.wants_logprobs:
-                        choice["logprobs"] = chat_logprobs(out.token_ids, out.logprobs,
-                                                           self.top, self.state.texts)
                 else:
                     choice["text"] = out.text
-                    if self.wants_logprobs:
-                        choice["logprobs"] = completion_logprobs(
-                            out.token_ids, out.logprobs, self.top, self.state.texts, 0)[0]
+                if self.wants_logprobs:
+                    choice["logprobs"] = self._logprobs(out.token_ids, out.logprobs, 0)[0]
                 choices.append(choice)
         choices.sort(key=lambda c: c["index"])
         return JSONResponse({**self._head(), "choices": choices,
@@ -158,8 +154,7 @@ class Reply:
         try:
             async with contextlib.aclosing(job.events()) as events:
                 async for batch in events:
-                    choices = self._chunk_choices(batch, sent, offsets)
-                    if choices:
+                    if choices := self._chunk_choices(batch, sent, offsets):
                         chunk = {**head, "choices": choices}
                         if include_usage:
                             chunk["usage"] = None
@@ -209,18 +204,20 @@ class Reply:
         start = sent.get(choice, 0)
         ids, entries = out.token_ids[start:], out.logprobs[start:]
         sent[choice] = len(out.token_ids)
-        if self.chat:
-            new = chat_logprobs(ids, entries, self.top, self.state.texts)["content"]
-            entry["logprobs"] = {"content": (entry["logprobs"] or {"content": []})["content"]
-                                 + new}
-            return
-        new, offsets[choice] = completion_logprobs(ids, entries, self.top, self.state.texts,
-                                                   offsets.get(choice, 0))
+        new, offsets[choice] = self._logprobs(ids, entries, offsets.get(choice, 0))
         if entry["logprobs"] is None:
             entry["logprobs"] = new
         else:
             for key, values in new.items():
                 entry["logprobs"][key] += values
+
+
+    def _logprobs(self, ids: list[int], entries: list, offset: int) -> tuple[dict, int]:
+        """Tokens' logprobs in the shape of this response, and (completions) the text
+        offset after them."""
+        if self.chat:
+            return chat_logprobs(ids, entries, self.top, self.state.texts), offset
+        return completion_logprobs(ids, entries, self.top, self.state.texts, offset)
 
 
 def _sse(payload: dict) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import uvicorn
 
@@ -52,20 +52,8 @@ def build_engine(config: EngineConfig) -> LLMEngine:
     threads than cores, would stop spinning at the engine's barriers and put its threads
     to sleep at every one. Load errors are raised here, as if the engine were built here.
     """
-    built: dict[str, LLMEngine | BaseException] = {}
-
-    def build() -> None:
-        try:
-            built["engine"] = LLMEngine(config)
-        except BaseException as error:  # handed to the caller's thread below
-            built["error"] = error
-
-    loader = threading.Thread(target=build, name="engine-load", daemon=True)
-    loader.start()
-    loader.join()
-    if "error" in built:
-        raise built["error"]
-    return built["engine"]
+    with ThreadPoolExecutor(1, thread_name_prefix="engine-load") as loader:
+        return loader.submit(LLMEngine, config).result()
 
 
 def uvicorn_config(app, settings: ServerSettings, host: str, port: int,

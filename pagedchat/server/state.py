@@ -14,16 +14,11 @@ from pagedchat.engine.errors import RequestError
 from pagedchat.engine.llm_engine import LLMEngine
 from pagedchat.engine.loading.tokenizer import load_hf_tokenizer, load_tokenizer
 from pagedchat.engine.sampling_params import SamplingParams
+from pagedchat.server import protocol
 from pagedchat.server.engine_loop import EngineLoop
 from pagedchat.server.errors import APIError
 from pagedchat.server.formatting import TokenTexts
 from pagedchat.server.metrics import ServerMetrics
-from pagedchat.server.protocol import (
-    ChatCompletionRequest,
-    ChatMessage,
-    CompletionRequest,
-    SamplingFields,
-)
 from pagedchat.server.structured import GrammarProcessor, Grammars
 
 log = logging.getLogger("pagedchat.server")
@@ -39,18 +34,13 @@ class ServerSettings:
     max_request_bytes: int = 1 << 20  # a longer body is refused with 413 unread
     read_timeout: float = 30.0  # seconds a client may take to send its headers, or its body
     max_concurrent_requests: int = 1024  # completions at once; 429 past it
-    warm_up: bool = True  # run one short request before /health says ok
 
     @property
     def model_names(self) -> list[str]:
         """Every name this server answers to: each name as given and without a
         quantization suffix (``SmolLM2-135M-Instruct.Q4_1`` -> ``SmolLM2-135M-Instruct``)."""
-        names: list[str] = []
-        for name in (self.model_name, *self.aliases):
-            for form in (name, _QUANT_SUFFIX.sub("", name)):
-                if form and form not in names:
-                    names.append(form)
-        return names
+        return list(dict.fromkeys(form for name in (self.model_name, *self.aliases)
+                                  for form in (name, _QUANT_SUFFIX.sub("", name)) if form))
 
 
 # llama.cpp's file-name suffixes: .Q4_1, -Q4_K_M, -q8_0, -IQ4_XS, -f16, -bf16
@@ -59,7 +49,7 @@ _QUANT_SUFFIX = re.compile(r"[.\-_](?:i?q\d\w*|f16|f32|bf16)$", re.IGNORECASE)
 
 class ServerState:
     def __init__(self, engine: LLMEngine, settings: ServerSettings) -> None:
-        self.engine_loop = EngineLoop(engine, settings.warm_up)
+        self.engine_loop = EngineLoop(engine)
         self.settings = settings
         self.config = engine.config
         self.vocab_size = engine.vocab_size
@@ -84,7 +74,7 @@ class ServerState:
                            + " or ".join(map(repr, names)), "model", "model_not_found")
 
     # ---- prompts (the tokenizer runs on a worker thread: the event loop stays free) -------
-    async def chat_prompt(self, messages: list[ChatMessage]) -> list[int]:
+    async def chat_prompt(self, messages: list[protocol.ChatMessage]) -> list[int]:
         conversation = [{"role": _ROLES.get(m.role, m.role), "content": _text(m, i)}
                         for i, m in enumerate(messages)]
         try:
@@ -140,10 +130,10 @@ class ServerState:
                 log.info("%s prompt: %r", request_id, self.tokenizer.decode(prompt))
 
     # ---- sampling parameters ----------------------------------------------------------
-    async def sampling_params(self, body: SamplingFields, prompts: list[list[int]],
+    async def sampling_params(self, body: protocol.SamplingFields, prompts: list[list[int]],
                               ) -> SamplingParams:
-        is_chat = isinstance(body, ChatCompletionRequest)
-        best_of = (body.best_of if isinstance(body, CompletionRequest) else None) or body.n
+        is_chat = isinstance(body, protocol.ChatCompletionRequest)
+        best_of = (body.best_of if isinstance(body, protocol.CompletionRequest) else None) or body.n
         if best_of < body.n:
             raise APIError(400, f"best_of ({best_of}) must be >= n ({body.n})", "best_of")
         if body.stream and best_of > body.n:
@@ -161,8 +151,8 @@ class ServerState:
                            f"tokens, but {longest + requested} were asked for ({longest} in "
                            f"the prompt, {requested} in the completion); lower {field}",
                            field, "context_length_exceeded")
-        if body.ignore_eos and body.response_format is not None and (
-                body.response_format.type != "text"):
+        structured = body.response_format is not None and body.response_format.type != "text"
+        if body.ignore_eos and structured:
             raise APIError(400, "ignore_eos cannot be combined with response_format (the "
                            "grammar ends the reply)", "ignore_eos")
         if is_chat:
@@ -171,9 +161,7 @@ class ServerState:
                 raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
         else:
             logprobs = body.logprobs
-        processors = []
-        if body.response_format is not None and body.response_format.type != "text":
-            processors.append(await self._grammar(body))
+        processors = [await self._grammar(body)] if structured else []
         try:
             return SamplingParams(
                 n=body.n, best_of=best_of,
@@ -190,7 +178,7 @@ class ServerState:
         except RequestError as error:
             raise APIError(400, str(error), error.param) from error
 
-    async def _grammar(self, body: SamplingFields) -> GrammarProcessor:
+    async def _grammar(self, body: protocol.SamplingFields) -> GrammarProcessor:
         fmt = body.response_format
         if body.min_tokens:
             raise APIError(400, "min_tokens cannot be combined with response_format "
@@ -212,7 +200,7 @@ class ServerState:
 _ROLES = {"developer": "system"}
 
 
-def _text(message: ChatMessage, index: int) -> str:
+def _text(message: protocol.ChatMessage, index: int) -> str:
     """A message's text; content parts other than text are refused."""
     if message.content is None or isinstance(message.content, str):
         return message.content or ""

@@ -81,12 +81,10 @@ async def start_job(loop: EngineLoop, base_id: str, prompts: list[list[int]],
             else:
                 job.early.append(event)
     except BaseException:  # cancelled: the client left while the engine was taking them
-        for rid in ids:
-            loop.abort(rid)
+        job.close()
         raise
     if refusal is not None:
-        for rid in ids:
-            loop.abort(rid)
+        job.close()
         raise APIError(refusal.status, refusal.message, refusal.param)
     return job
 

@@ -142,10 +142,7 @@ class ChatApp(App):
     def _create_session(self, title: str = DEFAULT_TITLE) -> int | None:
         session = Session(title=title, system_prompt=self.new_system_prompt,
                           settings=replace(self.new_settings))
-        try:
-            self.store.create_session(session)
-        except StoreError as error:
-            self.notify(str(error), title="Could not create a session", severity="error")
+        if not self.save(lambda: self.store.create_session(session), "Could not create a session"):
             return None
         self.sessions[session.id] = session
         return session.id
@@ -287,15 +284,13 @@ class ChatApp(App):
         self.focus_input()
         session = self.session
         if title and session is not None:
-            session.title = title
-            self.sub_title = title
+            session.title = self.sub_title = title
             self.save(lambda: self.store.save_session(session))
             self.show_sessions()
             self.show_inspector_focus()
 
     def action_delete_session(self) -> None:
-        session = self.session
-        if session is None:
+        if (session := self.session) is None:
             return
         count = len(self._messages(session))
         question = f"Delete the session “{session.title}” and its {count} messages?"
@@ -303,15 +298,11 @@ class ChatApp(App):
                          lambda yes: self._delete(session) if yes else self.focus_input())
 
     async def _delete(self, session: Session) -> None:
-        try:
-            self.store.delete_session(session.id)
-        except StoreError as error:
-            self.notify(str(error), title="Could not delete", severity="error")
+        if not self.save(lambda: self.store.delete_session(session.id), "Could not delete"):
             return
         self.replies.drop(session)
         del self.sessions[session.id]
-        view = self.view(session.id)
-        if view is not None:
+        if (view := self.view(session.id)) is not None:
             await view.remove()
         ordered = self._ordered()
         await self.open_session(ordered[0].id if ordered else self._create_session())
@@ -320,26 +311,20 @@ class ChatApp(App):
     # sending and cancelling
 
     async def on_prompt_input_submitted(self, event: PromptInput.Submitted) -> None:
-        command = parse(event.text)
-        if command is not None:
+        """A slash command, or a message (an edit's new branch while editing) for the focused
+        session; the input is cleared only once it went through."""
+        if (command := parse(event.text)) is not None:
             done = await run_slash(self, *command)
-        elif self.editing is not None and self.session is not None:
-            done = await self.replies.send(self.session, event.text, instead_of=self.editing)
-            if done:
-                self.stop_editing()
+        elif self.session is None:
+            self.notify("No session is open", severity="error")
+            done = False
         else:
-            done = await self.send(event.text)
+            done = await self.replies.send(self.session, event.text, instead_of=self.editing)
+            if done and self.editing is not None:
+                self.stop_editing()
         if done:
             event.prompt_input.clear()
             self.remember_inputs()
-
-    async def send(self, text: str) -> bool:
-        """Send ``text`` in the focused session; False (the text stays in the input) when it
-        could not be sent."""
-        if self.session is None:
-            self.notify("No session is open", severity="error")
-            return False
-        return await self.replies.send(self.session, text)
 
     def action_cancel_reply(self) -> None:
         """Leave an edit, else stop the focused session's reply (its blocks are freed, its
@@ -359,12 +344,15 @@ class ChatApp(App):
         self.query_one(Inspector).show_focus(self.replies.session_of, titles, self.current,
                                              self.replies.paths)
 
-    def save(self, write: Callable[[], object]) -> None:
-        """Run a store write; a failure is shown, and the data stays in memory."""
+    def save(self, write: Callable[[], object], failed: str = "Could not save") -> bool:
+        """Run a store write; a failure is shown (titled ``failed``) and False returned, and
+        the data stays in memory."""
         try:
             write()
         except StoreError as error:
-            self.notify(str(error), title="Could not save", severity="error", timeout=8)
+            self.notify(str(error), title=failed, severity="error", timeout=8)
+            return False
+        return True
 
     # panels and screens
 
@@ -378,17 +366,15 @@ class ChatApp(App):
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
-        yield SystemCommand("New chat", "Start a new session", self.action_new_session)
-        yield SystemCommand("Rename chat", "Rename the focused session",
-                            self.action_rename_session)
-        yield SystemCommand("Delete chat", "Delete the focused session (asks first)",
-                            self.action_delete_session)
-        yield SystemCommand("Clear chat", "Forget the focused session's messages",
-                            lambda: run_slash(self, "clear", ""))
-        yield SystemCommand("Export chat", "Write the focused session as Markdown and JSON",
-                            lambda: run_slash(self, "export", ""))
-        yield SystemCommand("Toggle inspector", "Show or hide the KV cache inspector",
-                            self.action_toggle_inspector)
-        yield SystemCommand("Cancel reply", "Stop the focused session's reply",
-                            self.action_cancel_reply)
-        yield SystemCommand("Help", "Keys and slash commands", self.action_help)
+        yield from (SystemCommand(*command) for command in (
+            ("New chat", "Start a new session", self.action_new_session),
+            ("Rename chat", "Rename the focused session", self.action_rename_session),
+            ("Delete chat", "Delete the focused session (asks first)", self.action_delete_session),
+            ("Clear chat", "Forget the focused session's messages",
+             lambda: run_slash(self, "clear", "")),
+            ("Export chat", "Write the focused session as Markdown and JSON",
+             lambda: run_slash(self, "export", "")),
+            ("Toggle inspector", "Show or hide the KV cache inspector",
+             self.action_toggle_inspector),
+            ("Cancel reply", "Stop the focused session's reply", self.action_cancel_reply),
+            ("Help", "Keys and slash commands", self.action_help)))

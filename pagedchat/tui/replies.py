@@ -29,7 +29,7 @@ from pagedchat.chat.driver import (
     Submit,
 )
 from pagedchat.chat.prompt import PLAIN_FORMAT_NOTE
-from pagedchat.chat.store import Store, StoreError
+from pagedchat.chat.store import Store
 from pagedchat.engine.sampling_params import SamplingParams
 from pagedchat.tui.widgets.inspector import Inspector
 from pagedchat.tui.widgets.status_line import StatusLine
@@ -77,7 +77,7 @@ class ReplyHost(Protocol):
                timeout: float | None = ...) -> None: ...
     def query_one(self, selector: type[W]) -> W: ...
     def view(self, session_id: int) -> ChatView | None: ...
-    def save(self, write: Callable[[], object]) -> None: ...
+    def save(self, write: Callable[[], object], failed: str = ...) -> bool: ...
     def show_sessions(self) -> None: ...
     def show_inspector_focus(self) -> None: ...
 
@@ -113,16 +113,12 @@ class Replies:
 
         Returns False (the text stays in the input) when it could not be sent."""
         app = self.app
-        params = self._params(session)
-        if params is None:
+        if (params := self._params(session)) is None:
             return False
         user = Message("user", text)
         reply = Message("assistant", "", status="generating")
-        try:
-            app.store.add_turn(session, user, reply, instead_of)
-        except StoreError as error:
-            app.notify(f"The message was not sent: {error}", title="Could not save",
-                       severity="error")
+        if not app.save(lambda: app.store.add_turn(session, user, reply, instead_of),
+                        "The message was not sent"):
             return False
         if instead_of is not None:
             session.messages = session.messages[: session.messages.index(instead_of)]
@@ -144,19 +140,14 @@ class Replies:
         if last is None or last.role != "assistant" or len(session.messages) < 2:
             app.notify("There is no reply to regenerate", severity="warning")
             return False
-        params = self._params(session)
-        if params is None:
+        if (params := self._params(session)) is None:
             return False
         reply = Message("assistant", "", status="generating")
-        try:
-            app.store.add_reply(session, session.messages[-2], reply)
-        except StoreError as error:
-            app.notify(str(error), title="Could not save", severity="error")
+        if not app.save(lambda: app.store.add_reply(session, session.messages[-2], reply)):
             return False
         reply.branch = _last_of(app.store.alternatives(reply))
         session.messages.pop()
-        view = app.view(session.id)
-        if (box := view.box_for(last)) is not None:
+        if (box := app.view(session.id).box_for(last)) is not None:
             await box.remove()
         await self._answer(session, reply, params)
         return True
@@ -169,17 +160,10 @@ class Replies:
         if reply is None or reply.role != "assistant" or not reply.content:
             app.notify("There is no reply to continue", severity="warning")
             return False
-        params = self._params(session)
-        if params is None:
+        if (params := self._params(session)) is None:
             return False
-        rid = f"s{session.id}-r{next(self._request_numbers)}"
-        self.turns[rid] = Turn(session, reply, time.monotonic(), reply.content,
-                               reply.output_tokens)
-        self.session_of[rid] = session.id
-        self.paths[rid] = list(session.messages)
-        self.driver.submit(Submit(rid, session.system_prompt, session.history(), params,
-                                  self.context_window, self.raw,
-                                  session.settings.loop_guard, continue_reply=True))
+        self._submit(Turn(session, reply, time.monotonic(), reply.content, reply.output_tokens),
+                     params)
         reply.status = "generating"
         if (box := app.view(session.id).box_for(reply)) is not None:
             box.resume()
@@ -201,23 +185,27 @@ class Replies:
 
     async def _answer(self, session: Session, reply: Message, params: SamplingParams) -> None:
         """Ask the engine for ``reply`` to the session's messages, and show it."""
-        app = self.app
-        rid = f"s{session.id}-r{next(self._request_numbers)}"
-        self.turns[rid] = Turn(session, reply, time.monotonic())
-        self.session_of[rid] = session.id
-        self.driver.submit(Submit(rid, session.system_prompt, session.history(), params,
-                                  self.context_window, self.raw,
-                                  session.settings.loop_guard))
         session.messages.append(reply)
-        self.paths[rid] = list(session.messages)
-        box = await app.view(session.id).add(reply)
+        self._submit(Turn(session, reply, time.monotonic()), params)
+        box = await self.app.view(session.id).add(reply)
         box.refresh_info("" if self.engine_ready else "waiting for the model")
-        app.show_sessions()
+        self.app.show_sessions()
+
+    def _submit(self, turn: Turn, params: SamplingParams) -> None:
+        """Ask the engine for ``turn``'s reply, the session's last message (a reply with
+        text already, ``turn.before``, is continued)."""
+        session = turn.session
+        rid = f"s{session.id}-r{next(self._request_numbers)}"
+        self.turns[rid] = turn
+        self.session_of[rid] = session.id
+        self.paths[rid] = list(session.messages)
+        self.driver.submit(Submit(rid, session.system_prompt, session.history(), params,
+                                  self.context_window, self.raw, session.settings.loop_guard,
+                                  continue_reply=bool(turn.before)))
 
     def cancel(self, session_id: int | None) -> bool:
         """Stop the session's reply; its blocks are freed, its text kept."""
-        rid = self.reply_of(session_id)
-        if rid is None:
+        if (rid := self.reply_of(session_id)) is None:
             return False
         self.driver.cancel(rid)
         self.finish(rid, "cancelled")
@@ -271,8 +259,7 @@ class Replies:
         return view.box_for(turn.reply) if view is not None else None
 
     def _take_prompt(self, ready: PromptReady) -> None:
-        turn = self.turns.get(ready.request_id)
-        if turn is None:
+        if (turn := self.turns.get(ready.request_id)) is None:
             return
         turn.reply.prompt_tokens = ready.prompt_tokens
         turn.reply.dropped_messages = ready.dropped_messages

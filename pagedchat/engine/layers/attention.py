@@ -58,6 +58,5 @@ class Attention(nn.Module):
         the output projection and summed over the workers."""
         out = self.kernels.paged_attention(
             q, k_cache, v_cache, meta.block_tables, meta.context_lens, meta.query_start_loc,
-            self.scale, max_query_len=meta.max_query_len, max_context_len=meta.max_context_len,
-        )
+            self.scale, max_query_len=meta.max_query_len, max_context_len=meta.max_context_len)
         return self.tp.all_reduce(self.o_proj(out.reshape(-1, self.q_size)))

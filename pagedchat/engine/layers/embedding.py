@@ -63,11 +63,7 @@ class Embedding(nn.Module):
     def load(self, weight: torch.Tensor | QuantizedWeight) -> None:
         """Take this worker's rows of the vocabulary from the whole table ``weight``: copied
         into ``weight``, or kept quantized (rows then given in the model's dtype)."""
-        rows = weight[self.start:self.end]
-        if tuple(rows.shape) != tuple(self.weight.shape):
-            raise KeyError(f"an embedding of shape {tuple(weight.shape)} for "
-                           f"{tuple(self.weight.shape)} rows of this worker")
-        take_weight(self, rows)
+        take_weight(self, weight[self.start:self.end])
 
     def pack(self) -> None:
         if self.quantized is not None:

@@ -37,9 +37,6 @@ class Linear(nn.Linear):
     def load(self, weight: torch.Tensor | QuantizedWeight) -> None:
         """Take ``weight`` (``[out, in]``): copied into ``weight``, or kept as it is where
         quantized (the placeholder ``weight`` is freed)."""
-        if tuple(weight.shape) != tuple(self.weight.shape):
-            raise KeyError(f"a weight of shape {tuple(weight.shape)} where "
-                           f"{tuple(self.weight.shape)} was expected")
         take_weight(self, weight)
 
     def pack(self) -> None:
@@ -51,8 +48,11 @@ class Linear(nn.Linear):
 
 
 def take_weight(module: nn.Module, weight: torch.Tensor | QuantizedWeight) -> None:
-    """Copy ``weight`` into ``module.weight`` (of its shape), or keep it quantized in
-    ``module.quantized`` and leave ``module.weight`` an empty placeholder."""
+    """Copy ``weight`` into ``module.weight`` (of its shape, else KeyError), or keep it
+    quantized in ``module.quantized`` and leave ``module.weight`` an empty placeholder."""
+    if tuple(weight.shape) != tuple(module.weight.shape):
+        raise KeyError(f"a weight of shape {tuple(weight.shape)} where "
+                       f"{tuple(module.weight.shape)} was expected")
     if isinstance(weight, QuantizedWeight):
         module.quantized = weight
         module.weight = nn.Parameter(torch.empty(0), requires_grad=False)

@@ -21,3 +21,7 @@ class RMSNorm(nn.Module):
         """The normalised rows of ``x`` (of ``x + residual`` when given) and the rows
         normalised: the residual stream the layer adds to next."""
         return self.kernels.rms_norm(x, self.weight, self.eps, residual)
+
+    @torch.no_grad()
+    def load(self, w: torch.Tensor) -> None:
+        self.weight.copy_(w)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import jinja2
 import jinja2.ext
@@ -71,12 +71,6 @@ def _raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 
 
-def _tojson(value, ensure_ascii: bool = False, indent: int | None = None,
-            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                      sort_keys=sort_keys)
-
-
 def _strftime_now(format: str) -> str:
     return datetime.now().strftime(format)
 
@@ -133,7 +127,7 @@ class _Generation(jinja2.ext.Extension):
 def _compiled(template: str) -> jinja2.Template:
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=[_Generation, jinja2.ext.loopcontrols])
-    env.filters["tojson"] = _tojson
+    env.filters["tojson"] = partial(json.dumps, ensure_ascii=False)  # non-ASCII text kept
     env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now,
                        dict=_Dict(), namespace=_Namespace)
     return env.from_string(template)

@@ -58,6 +58,7 @@ class GGUFFile:
     fields: dict[str, Value]  # every metadata key but the arrays
     array_lengths: dict[str, int]  # the arrays, by key: their lengths only
     tensors: tuple[TensorInfo, ...]
+    version: int
     # with ``read_gguf_header(path, with_arrays=True)``: each array's values, by key
     array_values: dict[str, list] | None = None
 
@@ -89,10 +90,9 @@ class GGUFFile:
 
 
 def read_gguf_header(path: Path, with_arrays: bool = False) -> GGUFFile:
-    """Parse ``path``'s header; a file that cannot be read, is not a GGUF of version 2 or
-    3, is cut short or names a type GGML does not have raises ModelLoadError naming it.
-    ``with_arrays``: the arrays' values too (the vocabulary: what a conversion reads),
-    each read in bulk."""
+    """Parse ``path``'s header; a file that cannot be read, is not a GGUF of version 2 or 3, is cut
+    short or names a type GGML does not have raises ModelLoadError naming it. ``with_arrays``: the
+    arrays' values too (the vocabulary: what a conversion reads), each read in bulk."""
     try:
         with path.open("rb") as handle:
             if path.stat().st_size < 24:
@@ -176,7 +176,7 @@ def _parse(path: Path, data: mmap.mmap, with_arrays: bool = False) -> GGUFFile:
             raise ModelLoadError(f"{path}: truncated GGUF (tensor {name} ends past the end "
                                  "of the file)")
         tensors.append(tensor)
-    return GGUFFile(path, fields, arrays, tuple(tensors), values)
+    return GGUFFile(path, fields, arrays, tuple(tensors), version, values)
 
 
 def _value(cursor: _Cursor, kind: int) -> Value:

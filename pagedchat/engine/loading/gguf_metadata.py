@@ -11,7 +11,6 @@ tokenizer's layout) is its own, unchanged.
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,13 +35,12 @@ class _Reader:
 
     def __init__(self, path: str | Path, mode: str = "r") -> None:
         header = read_gguf_header(Path(path), with_arrays=True)
-        with Path(path).open("rb") as handle:  # the reader's own fields come first
-            _magic, version, tensors, fields = struct.unpack("<4sIQQ", handle.read(24))
-        self.fields: dict[str, _Field] = {
-            "GGUF.version": _Field([version]), "GGUF.tensor_count": _Field([tensors]),
-            "GGUF.kv_count": _Field([fields]),
-            **{key: _Field([value]) for key, value in header.fields.items()}}
         arrays = header.array_values or {}
+        self.fields: dict[str, _Field] = {  # the reader's own fields come first
+            "GGUF.version": _Field([header.version]),
+            "GGUF.tensor_count": _Field([len(header.tensors)]),
+            "GGUF.kv_count": _Field([len(header.fields) + len(arrays)]),
+            **{key: _Field([value]) for key, value in header.fields.items()}}
         for key, values in arrays.items():
             self.fields[key] = _Field(values)
         self.tensors: tuple[TensorInfo, ...] = header.tensors

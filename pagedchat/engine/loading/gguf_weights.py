@@ -37,20 +37,17 @@ _LAYER_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_laye
                 "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
                 "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
                 "ffn_down": "mlp.down_proj"}
-# Gemma 3 names its four norms per layer and the QK-norm; its "ffn_norm" is the norm before
-# the MLP, not Llama's norm after attention
-_GEMMA3_LAYER_NAMES = {**_LAYER_NAMES, "ffn_norm": "pre_feedforward_layernorm",
-                       "post_attention_norm": "post_attention_layernorm",
-                       "post_ffw_norm": "post_feedforward_layernorm",
-                       "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
-# Qwen 3 adds the per-head QK-norm to Llama's layer
-_QWEN3_LAYER_NAMES = {**_LAYER_NAMES, "attn_q_norm": "self_attn.q_norm",
-                      "attn_k_norm": "self_attn.k_norm"}
-# Phi-3 keeps q/k/v in one tensor, and gate and up in one ("ffn_up"), as transformers does
-_PHI3_LAYER_NAMES = {**_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj",
-                     "ffn_up": "mlp.gate_up_proj"}
-_ARCHITECTURE_LAYER_NAMES = {"gemma3": _GEMMA3_LAYER_NAMES, "qwen3": _QWEN3_LAYER_NAMES,
-                             "phi3": _PHI3_LAYER_NAMES}
+_QK_NORMS = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+_ARCHITECTURE_LAYER_NAMES = {
+    # Gemma 3 names its four norms per layer and has the QK-norm; its "ffn_norm" is the norm
+    # before the MLP, not Llama's norm after attention
+    "gemma3": {**_LAYER_NAMES, **_QK_NORMS, "ffn_norm": "pre_feedforward_layernorm",
+               "post_attention_norm": "post_attention_layernorm",
+               "post_ffw_norm": "post_feedforward_layernorm"},
+    # Qwen 3 adds the per-head QK-norm to Llama's layer
+    "qwen3": {**_LAYER_NAMES, **_QK_NORMS},
+    # Phi-3 keeps q/k/v in one tensor, and gate and up in one ("ffn_up"), as transformers does
+    "phi3": {**_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}}
 _LAYER = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 _PLAIN = ("F32", "F16", "BF16")
 
@@ -142,8 +139,7 @@ def read_gguf_weights(path: Path, num_heads: int, num_kv_heads: int) -> dict[str
     untied = any(tensor.name == "output.weight" for tensor in header.tensors)
     weights: dict[str, Weight] = {}
     for tensor in header.tensors:
-        name = hf_name(tensor.name, architecture)
-        if name is None:
+        if (name := hf_name(tensor.name, architecture)) is None:
             continue
         weight = _read_tensor(header, tensor,
                               mapped=untied and tensor.name == "token_embd.weight")
@@ -153,16 +149,12 @@ def read_gguf_weights(path: Path, num_heads: int, num_kv_heads: int) -> dict[str
             weight = weight.take_rows(order) if isinstance(weight, QuantizedWeight) \
                 else weight[order]
         if architecture == "gemma3" and tensor.name.endswith("norm.weight"):
-            weight = _unit_offset_removed(path, tensor.name, weight)
+            if isinstance(weight, QuantizedWeight):
+                raise ModelLoadError(f"{path}: norm {tensor.name} is quantized; norms are read "
+                                     "as floats")
+            weight = weight - 1  # the stored 1 + w, in float32: transformers' w
         weights[name] = weight
     return weights
-
-
-def _unit_offset_removed(path: Path, name: str, weight: Weight) -> torch.Tensor:
-    """A Gemma norm's stored ``1 + w`` less 1, in float32: transformers' ``w``."""
-    if isinstance(weight, QuantizedWeight):
-        raise ModelLoadError(f"{path}: norm {name} is quantized; norms are read as floats")
-    return weight - 1
 
 
 def _read_tensor(header: GGUFFile, tensor: TensorInfo, mapped: bool = False) -> Weight:

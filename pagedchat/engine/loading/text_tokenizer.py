@@ -11,7 +11,7 @@ Offers what pagedchat calls of a tokenizer, with transformers' signatures.
 from __future__ import annotations
 
 import json
-import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tokenizers import Tokenizer
@@ -28,20 +28,8 @@ def _read_on_a_thread(path: Path) -> Tokenizer:
     thread its own heap (arena), so the many small buffers the JSON parse frees stay there,
     away from the main heap, where the model's loading would otherwise touch their pages
     again as it reuses them (the resident set grows by the parse's garbage)."""
-    result: list[Tokenizer | BaseException] = []
-
-    def read() -> None:
-        try:
-            result.append(Tokenizer.from_file(str(path)))
-        except BaseException as error:  # re-raised on the caller's thread
-            result.append(error)
-
-    thread = threading.Thread(target=read, name="tokenizer-read")
-    thread.start()
-    thread.join()
-    if isinstance(result[0], BaseException):
-        raise result[0]
-    return result[0]
+    with ThreadPoolExecutor(1, thread_name_prefix="tokenizer-read") as reader:
+        return reader.submit(Tokenizer.from_file, str(path)).result()
 
 
 class TextTokenizer:

@@ -12,7 +12,6 @@ AutoTokenizer.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from pagedchat.engine.loading.loader import SOURCE_RECORD
 from pagedchat.engine.loading.text_tokenizer import TextTokenizer
@@ -37,7 +36,10 @@ def load_hf_tokenizer(model_config: ModelConfig):
     from transformers.models.auto import tokenization_auto as auto
 
     folder = model_config.folder
-    declared = _tokenizer_config(folder)
+    try:
+        declared = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        declared = {}
     model_type = model_config.model_type
     if (declared.get("tokenizer_class") in _GENERIC and "auto_map" not in declared
             and model_type not in auto.MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS
@@ -45,9 +47,3 @@ def load_hf_tokenizer(model_config: ModelConfig):
         return auto.tokenizer_class_from_name("TokenizersBackend").from_pretrained(folder)
     return auto.AutoTokenizer.from_pretrained(folder)
 
-
-def _tokenizer_config(folder: Path) -> dict:
-    try:
-        return json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return {}

@@ -1,5 +1,4 @@
-"""Our own transformer implementations: the Llama family (Qwen 3 with its QK-norm) and
-Gemma 3."""
+"""Our own transformer implementations: the Llama family (Qwen 3 with its QK-norm) and Gemma 3."""
 
 from __future__ import annotations
 

@@ -21,13 +21,15 @@ from pagedchat.engine.parallel.tensor_parallel import TensorParallel
 
 
 class CausalLM(nn.Module):
-    """A decoder with ``embed_tokens`` (an :class:`Embedding`), ``tied`` when the head reads
-    the embedding's table, else its own ``lm_head``, layers with a ``self_attn`` (fused
-    ``qkv_proj``, ``o_proj``) and an ``mlp`` (fused ``gate_up_proj``, ``down_proj``), and
-    :class:`Linear` products anywhere in its modules, a final ``norm``, ``kernels`` and
-    ``tp``."""
+    """A decoder with ``embed_tokens`` (an :class:`Embedding`), ``tied`` when the head reads the
+    embedding's table, else its own ``lm_head``, layers with a ``self_attn`` (fused ``qkv_proj``,
+    ``o_proj``) and an ``mlp`` (fused ``gate_up_proj``, ``down_proj``), and :class:`Linear` products
+    anywhere in its modules, a final ``norm``, ``kernels`` and ``tp``."""
 
     greedy_head: GreedyHead | None = None  # see pack
+    # each layer's norms, by their names in the layer (and in the checkpoint)
+    norms: tuple[str, ...] = ("input_layernorm", "post_attention_layernorm")
+    quantized = False  # whether a product's weight is loaded quantized
     # the backend's call through every layer, and the caches it was built on (decoder_stack)
     _stack: Callable | None = None
     _stack_caches: torch.Tensor | None = None
@@ -63,10 +65,9 @@ class CausalLM(nn.Module):
         return x + residual
 
     def decoder_stack(self) -> Callable[..., tuple[torch.Tensor, torch.Tensor] | None] | None:
-        """The backend's call through every layer at once (the CPU's, for small decode
-        batches), where it has one and the model is whole on this worker; else None.
-        Built by ``_build_stack`` on first use, after the caches are in place, and again if
-        they change."""
+        """The backend's call through every layer at once (the CPU's, for small decode batches),
+        where it has one and the model is whole on this worker; else None. Built by ``_build_stack``
+        on first use, after the caches are in place, and again if they change."""
         build = getattr(self.kernels, "decoder_stack", None)
         if build is None or self.tp.size > 1:
             return None
@@ -102,11 +103,10 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor,
                        out: torch.Tensor | None = None) -> torch.Tensor | None:
-        """Logits, in the model's dtype, for the rows that are sampled (and only those),
-        soft-capped where the config says so; under tensor parallelism the vocabulary
-        blocks are gathered on rank 0 (None elsewhere). Not widened here: the sampler's
-        reduction reads bfloat16 as it is. ``out``: where to write this worker's
-        ``[rows, vocab rows]`` (see ``vocab_rows``)."""
+        """Logits, in the model's dtype, for the rows that are sampled (and only those), soft-capped
+        where the config says so; under tensor parallelism the vocabulary blocks are gathered on
+        rank 0 (None elsewhere). Not widened here: the sampler's reduction reads bfloat16 as it is.
+        ``out``: where to write this worker's ``[rows, vocab rows]`` (see ``vocab_rows``)."""
         hidden, _ = self.norm(hidden)
         head = self.embed_tokens.logits if self.tied else self.lm_head
         logits = head(hidden, out=out)
@@ -135,11 +135,28 @@ class CausalLM(nn.Module):
         logits = self.compute_logits(hidden, out)
         return None if logits is None else logits.argmax(dim=1)
 
+    @torch.no_grad()
+    def load_hf_state_dict(self, tensors: dict[str, Weight]) -> None:
+        """Take a transformers-named state dict (emptied): each layer's products (see
+        :meth:`load_products`) and norms, the embedding, the final norm and the head.
+        Quantized weights stay quantized."""
+        for i, layer in enumerate(self.layers):
+            prefix = f"model.layers.{i}."
+            self.load_products(layer, prefix, tensors)
+            for name in self.norms:
+                layer.get_submodule(name).load(tensors.pop(f"{prefix}{name}.weight"))
+        self.embed_tokens.load(tensors.pop("model.embed_tokens.weight"))
+        self.norm.load(tensors.pop("model.norm.weight"))
+        self.load_head(tensors)
+        self.quantized = any(isinstance(m, Linear) and m.quantized is not None
+                             for m in self.modules())
+
     def load_products(self, layer: nn.Module, prefix: str, tensors: dict[str, Weight]) -> None:
-        """Take one layer's projections from a transformers-named state dict (popped): q/k/v
-        and gate/up fused, this worker's shard of each (output rows of the column-parallel
-        ones, input columns of o and down). A checkpoint that fuses them itself (Phi-3's
-        ``qkv_proj`` and ``gate_up_proj``) is cut into its parts first."""
+        """Take one layer's projections from a transformers-named state dict (popped): q/k/v and
+        gate/up fused, this worker's shard of each (output rows of the column-parallel ones, input
+        columns of o and down). A checkpoint that fuses them itself (Phi-3's ``qkv_proj`` and
+        ``gate_up_proj``) is cut into its parts first. The q/k/v biases where the layer has them:
+        zeros where the checkpoint has none (Qwen2's config implies them)."""
         shard, config = self.tp.shard, self.config
         attn, mlp = layer.self_attn, layer.mlp
         q_rows = config.num_attention_heads * config.head_dim
@@ -152,6 +169,12 @@ class CausalLM(nn.Module):
         mlp.gate_up_proj.load(fuse_rows([shard(part) for part in gate_up]))
         attn.o_proj.load(shard(tensors.pop(prefix + "self_attn.o_proj.weight"), dim=1))
         mlp.down_proj.load(shard(tensors.pop(prefix + "mlp.down_proj.weight"), dim=1))
+        if attn.qkv_proj.bias is not None:
+            biases = [tensors.pop(f"{prefix}self_attn.{n}_proj.bias", None) for n in "qkv"]
+            if any(b is None for b in biases):
+                attn.qkv_proj.bias.zero_()
+            else:
+                attn.qkv_proj.bias.copy_(torch.cat([shard(b) for b in biases]))
 
     def load_head(self, tensors: dict[str, Weight]) -> None:
         """Take this worker's rows of ``lm_head.weight`` where the head is not tied (a tied
@@ -170,8 +193,7 @@ def _parts(tensors: dict[str, Weight], prefix: str, fused: str, names: tuple[str
            rows: tuple[int, ...]) -> list[Weight]:
     """The weights ``names`` under ``prefix`` (popped), or, where the checkpoint holds them
     as one ``fused`` weight, its consecutive blocks of ``rows`` rows."""
-    weight = tensors.pop(f"{prefix}{fused}.weight", None)
-    if weight is None:
+    if (weight := tensors.pop(f"{prefix}{fused}.weight", None)) is None:
         return [tensors.pop(f"{prefix}{name}.weight") for name in names]
     if weight.shape[0] != sum(rows):
         raise KeyError(f"{prefix}{fused}.weight has {weight.shape[0]} rows, not {sum(rows)}")

@@ -16,23 +16,16 @@ from types import ModuleType
 import torch
 from torch import nn
 
-from pagedchat.engine.kv_groups import kv_groups
+from pagedchat.engine.kv_groups import LOCAL, kv_groups
 from pagedchat.engine.layers.attention import AttentionMetadata
 from pagedchat.engine.layers.mlp import MLP
 from pagedchat.engine.layers.offset_norm import OffsetRMSNorm
 from pagedchat.engine.layers.qk_norm import QKNormAttention
 from pagedchat.engine.layers.rotary import Rope, RotaryEmbedding, rope_parameters
-from pagedchat.engine.layers.sliding_window import (
-    single_token_blocks,
-    window_metadata,
-    window_rows,
-)
-from pagedchat.engine.loading.gguf_weights import Weight
+from pagedchat.engine.layers.sliding_window import single_token_blocks, window_metadata, window_rows
 from pagedchat.engine.model_config import ModelConfig
 from pagedchat.engine.models.causal_lm import CausalLM
 from pagedchat.engine.parallel.tensor_parallel import TensorParallel
-
-LOCAL = "sliding_attention"
 
 
 class Gemma3Attention(QKNormAttention):
@@ -47,11 +40,14 @@ class Gemma3Attention(QKNormAttention):
         self.scale = float(config.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     def forward(self, x: torch.Tensor, rope: Rope, meta: AttentionMetadata) -> torch.Tensor:
-        q = self.normed_store(x, rope, meta)
-        k_cache, v_cache = self.k_cache, self.v_cache
-        if self.local:
-            k_cache, v_cache = single_token_blocks(k_cache), single_token_blocks(v_cache)
-        return self.attend(q, k_cache, v_cache, meta)
+        return self.attend(self.normed_store(x, rope, meta), *self.caches(), meta)
+
+    def caches(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The K and V caches as this layer reads them: a local layer's seen as the window's
+        single-token blocks."""
+        if not self.local:
+            return self.k_cache, self.v_cache
+        return single_token_blocks(self.k_cache), single_token_blocks(self.v_cache)
 
 
 class Gemma3DecoderLayer(nn.Module):
@@ -80,18 +76,12 @@ class Gemma3DecoderLayer(nn.Module):
         return h, residual
 
 
-class Gemma3Rotary(nn.Module):
-    """The global layers' rope table and the local layers' one."""
-
-    def __init__(self, full: RotaryEmbedding, local: RotaryEmbedding) -> None:
-        super().__init__()
-        self.full = full
-        self.local = local
-
-
 class Gemma3ForCausalLM(CausalLM):
     """The embedding and the head hold this worker's rows of the vocabulary; the head is
     the embedding's (tied) unless the checkpoint has its own."""
+
+    norms = ("self_attn.q_norm", "self_attn.k_norm", "input_layernorm",
+             "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
 
     def __init__(
         self, config: ModelConfig, kernels: ModuleType, tp: TensorParallel | None = None
@@ -107,16 +97,17 @@ class Gemma3ForCausalLM(CausalLM):
             Gemma3DecoderLayer(config, kernels, tp, kind == LOCAL)
             for kind in config.layer_types],
             OffsetRMSNorm(config.hidden_size, config.rms_norm_eps, kernels))
-        self.rotary: Gemma3Rotary | None = None  # see build_rotary
+        self.rotary: nn.ModuleDict | None = None  # "full" and "local": see build_rotary
         self.kv_groups = kv_groups(config)
 
     def build_rotary(self, max_positions: int) -> None:
-        """The two cos/sin tables, on the current device (the model is built on meta)."""
-        self.rotary = Gemma3Rotary(
-            RotaryEmbedding(*rope_parameters(self.config, layer_type="full_attention"),
-                            max_positions),
-            RotaryEmbedding(*rope_parameters(self.config, self.config.local_rope_parameters,
-                                             LOCAL), max_positions))
+        """The global layers' cos/sin tables and the local layers' ones, on the current
+        device (the model is built on meta)."""
+        self.rotary = nn.ModuleDict({
+            "full": RotaryEmbedding(*rope_parameters(self.config, layer_type="full_attention"),
+                                    max_positions),
+            "local": RotaryEmbedding(*rope_parameters(
+                self.config, self.config.local_rope_parameters, LOCAL), max_positions)})
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
@@ -127,8 +118,8 @@ class Gemma3ForCausalLM(CausalLM):
         x = self.embed_tokens(input_ids)
         normalizer = torch.tensor(self.config.hidden_size**0.5, dtype=torch.float32)
         x = x * normalizer.to(x.dtype)
-        full_rope = self.rotary.full.lookup(positions, x.dtype)
-        local_rope = self.rotary.local.lookup(positions, x.dtype)
+        full_rope = self.rotary["full"].lookup(positions, x.dtype)
+        local_rope = self.rotary["local"].lookup(positions, x.dtype)
         block_size = self.layers[0].self_attn.k_cache.shape[1]
         metas = group_metas or [meta]
         windows = self.kv_groups.windows
@@ -150,36 +141,11 @@ class Gemma3ForCausalLM(CausalLM):
             self.layers[0].self_attn.scale, "gelu_tanh")
 
     def _layer_tensors(self, layer: Gemma3DecoderLayer, group: int):
-        """One layer as the stack takes it: a local layer's caches seen as the window's
-        single-token blocks, and its own rope table."""
+        """One layer as the stack takes it: its caches as it reads them, and its own rope table."""
         attn, mlp = layer.self_attn, layer.mlp
-        k_cache, v_cache = attn.k_cache, attn.v_cache
-        if layer.local:
-            k_cache, v_cache = single_token_blocks(k_cache), single_token_blocks(v_cache)
         return self.kernels.LayerTensors(
             layer.input_layernorm.weight, attn.qkv_proj.stored, attn.qkv_proj.bias,
             attn.o_proj.stored, layer.pre_feedforward_layernorm.weight,
-            mlp.gate_up_proj.stored, mlp.down_proj.stored, k_cache, v_cache,
+            mlp.gate_up_proj.stored, mlp.down_proj.stored, *attn.caches(),
             attn.q_norm.weight, attn.k_norm.weight, layer.post_attention_layernorm.weight,
             layer.post_feedforward_layernorm.weight, rope=int(layer.local), group=group)
-
-    @torch.no_grad()
-    def load_hf_state_dict(self, tensors: dict[str, Weight]) -> None:
-        """Take a transformers-named state dict, fusing q/k/v and gate/up, keeping this
-        worker's shard; quantized weights stay quantized; norms store ``1 + w``."""
-        shard = self.tp.shard
-        for i, layer in enumerate(self.layers):
-            prefix = f"model.layers.{i}."
-            self.load_products(layer, prefix, tensors)
-            bias = layer.self_attn.qkv_proj.bias
-            if bias is not None:
-                bias.copy_(torch.cat(
-                    [shard(tensors.pop(prefix + f"self_attn.{n}_proj.bias")) for n in "qkv"]))
-            for name in ("self_attn.q_norm", "self_attn.k_norm", "input_layernorm",
-                         "post_attention_layernorm", "pre_feedforward_layernorm",
-                         "post_feedforward_layernorm"):
-                layer.get_submodule(name).load(tensors.pop(f"{prefix}{name}.weight"))
-        self.embed_tokens.load(tensors.pop("model.embed_tokens.weight"))
-        self.norm.load(tensors.pop("model.norm.weight"))
-        self.load_head(tensors)
-

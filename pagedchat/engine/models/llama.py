@@ -21,12 +21,10 @@ import torch
 from torch import nn
 
 from pagedchat.engine.layers.attention import Attention, AttentionMetadata
-from pagedchat.engine.layers.linear import Linear
 from pagedchat.engine.layers.mlp import MLP
 from pagedchat.engine.layers.norm import RMSNorm
 from pagedchat.engine.layers.qk_norm import QKNormAttention
 from pagedchat.engine.layers.rotary import Rope, RotaryEmbedding, rope_parameters
-from pagedchat.engine.loading.gguf_weights import Weight
 from pagedchat.engine.model_config import ModelConfig
 from pagedchat.engine.models.causal_lm import CausalLM
 from pagedchat.engine.parallel.tensor_parallel import TensorParallel
@@ -65,7 +63,6 @@ class LlamaForCausalLM(CausalLM):
             for _ in range(config.num_hidden_layers)],
             RMSNorm(config.hidden_size, config.rms_norm_eps, kernels))
         self.rotary: RotaryEmbedding | None = None  # see build_rotary
-        self.quantized = False  # whether a product's weight is loaded quantized
 
     def build_rotary(self, max_positions: int) -> None:
         """Compute the cos/sin tables, on the current device. A separate step because the
@@ -90,31 +87,6 @@ class LlamaForCausalLM(CausalLM):
                 layer.self_attn.v_cache, *_qk_norms(layer.self_attn))
             for layer in self.layers], self.layers[0].self_attn.num_heads,
             self.config.rms_norm_eps, self.layers[0].self_attn.scale)
-
-    @torch.no_grad()
-    def load_hf_state_dict(self, tensors: dict[str, Weight]) -> None:
-        """Take a transformers-named state dict, fusing q/k/v and gate/up, and keeping
-        this worker's shard: output rows of column-parallel layers, input columns of
-        row-parallel ones, rows of the vocabulary. Quantized weights stay quantized."""
-        own = dict(self.named_parameters())
-        for i, layer in enumerate(self.layers):
-            prefix = f"model.layers.{i}."
-            self.load_products(layer, prefix, tensors)
-            bias = layer.self_attn.qkv_proj.bias
-            if bias is not None:
-                biases = [tensors.pop(prefix + f"self_attn.{n}_proj.bias", None) for n in "qkv"]
-                if all(b is not None for b in biases):
-                    bias.copy_(torch.cat([self.tp.shard(b) for b in biases]))
-                else:
-                    bias.zero_()
-            for name in ("input_layernorm.weight", "post_attention_layernorm.weight"):
-                own[f"layers.{i}.{name}"].copy_(tensors.pop(prefix + name))
-        self.embed_tokens.load(tensors.pop("model.embed_tokens.weight"))
-        own["norm.weight"].copy_(tensors.pop("model.norm.weight"))
-        self.load_head(tensors)
-        self.quantized = any(isinstance(m, Linear) and m.quantized is not None
-                             for m in self.modules())
-
 
 def _qk_norms(attention: Attention) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The weights of the per-head norms of Q and K (Qwen 3's), or None where there are none."""

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import torch
-
 from pagedchat.engine.layers.qk_norm import QKNormAttention
-from pagedchat.engine.loading.gguf_weights import Weight
 from pagedchat.engine.models.llama import LlamaForCausalLM
 
 
@@ -13,12 +10,4 @@ class Qwen3ForCausalLM(LlamaForCausalLM):
     """Llama's model with QK-norm attention (which the CPU's decoder stack runs too)."""
 
     attention = QKNormAttention
-
-    @torch.no_grad()
-    def load_hf_state_dict(self, tensors: dict[str, Weight]) -> None:
-        """Llama's loading, with each layer's ``q_norm`` and ``k_norm`` taken first."""
-        for i, layer in enumerate(self.layers):
-            for name in ("q_norm", "k_norm"):
-                norm = getattr(layer.self_attn, name)
-                norm.weight.copy_(tensors.pop(f"model.layers.{i}.self_attn.{name}.weight"))
-        super().load_hf_state_dict(tensors)
+    norms = (*LlamaForCausalLM.norms, "self_attn.q_norm", "self_attn.k_norm")

@@ -59,7 +59,7 @@ def beam_step(
 
     Returns the next live beams, best first, and whether the search is over."""
     params = group.params
-    width, penalty = params.beam_width, params.length_penalty
+    width, penalty = params.best_of, params.length_penalty  # best_of: the beam width
     beams = group.seqs
     length = beams[0].num_output_tokens + 1  # generated tokens once this step's is added
     keep = max(2, 1 + len(eos_ids)) * width
@@ -100,8 +100,7 @@ def fork_beams(scheduler: Scheduler, beams: list[Sequence], picks: list[Candidat
         children.setdefault(pick.beam, []).append(position)
     new: list[Sequence | None] = [None] * len(picks)
     for index, parent in enumerate(beams):
-        positions = children.get(index)
-        if not positions:
+        if not (positions := children.get(index)):
             scheduler.finish_seq(parent, "pruned")
             continue
         for position in positions[1:]:

@@ -114,14 +114,11 @@ SLICE_LOGITS = 1 << 23
 def sample(logits: torch.Tensor, rows: list[SampleRow],
            max_logsumexp: RowReduction = reference.max_logsumexp,
            ) -> tuple[list[int], list[float]]:
-    """Next token and its log-probability (under the model's own distribution) per row.
-    ``logits`` are float32 or the model's own lower precision: ``max_logsumexp`` (the
-    kernel backend's, a compiled single pass on the CPU) reads them as they are, and only
-    what needs float32 arithmetic (penalties, filtering the random rows) widens a copy,
-    a slice of rows at a time."""
+    """Next token and its log-probability (under the model's own distribution) per row. ``logits``
+    are float32 or the model's own lower precision: ``max_logsumexp`` (the kernel backend's, a
+    compiled single pass on the CPU) reads them as they are, and only what needs float32 arithmetic
+    (penalties, filtering the random rows) widens a copy, a slice of rows at a time."""
     step = max(SLICE_LOGITS // max(logits.shape[1], 1), 1)
-    if len(rows) <= step:
-        return _sample(logits, rows, max_logsumexp)
     tokens: list[int] = []
     logprobs: list[float] = []
     for start in range(0, len(rows), step):
@@ -135,12 +132,11 @@ def sample(logits: torch.Tensor, rows: list[SampleRow],
 def processed_logits(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
     """``logits`` with the rows' penalties and constraints applied (a float32 copy where
     any row has them, else ``logits`` itself)."""
-    if any(_penalised(row.params) for row in rows):
+    if any(row.params.repetition_penalty != 1.0 or row.params.presence_penalty
+           or row.params.frequency_penalty or row.banned or row.params.logit_bias
+           or row.params.logits_processors for row in rows):
         logits = apply_penalties(logits.to(torch.float32, copy=True), rows)
-        if any(_constrained(row) for row in rows):
-            logits = apply_constraints(logits, rows)
-    elif any(_constrained(row) for row in rows):
-        logits = apply_constraints(logits.to(torch.float32, copy=True), rows)
+        logits = apply_constraints(logits, rows)
     return logits
 
 
@@ -166,11 +162,3 @@ def _sample(logits: torch.Tensor, rows: list[SampleRow], max_logsumexp: RowReduc
     picked = top - normaliser
     return chosen.tolist(), picked.tolist()
 
-
-def _constrained(row: SampleRow) -> bool:
-    return bool(row.banned or row.params.logit_bias or row.params.logits_processors)
-
-
-def _penalised(params: SamplingParams) -> bool:
-    return (params.repetition_penalty != 1.0 or bool(params.presence_penalty)
-            or bool(params.frequency_penalty))

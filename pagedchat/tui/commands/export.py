@@ -5,18 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pagedchat.chat import export as formats
-from pagedchat.chat.conversation import Session
 from pagedchat.tui.commands.registry import CommandHost, command
-
-
-def export_session(session: Session, markdown_path: Path) -> Path:
-    """Write ``session`` to ``markdown_path`` and the same name with ``.json``; returns the
-    JSON path (raises OSError)."""
-    json_path = markdown_path.with_suffix(".json")
-    markdown_path.parent.mkdir(parents=True, exist_ok=True)
-    markdown_path.write_text(formats.to_markdown(session), encoding="utf-8")
-    json_path.write_text(formats.to_json(session), encoding="utf-8")
-    return json_path
 
 
 @command("/export [PATH.md]", "write this session as Markdown and JSON")
@@ -24,8 +13,11 @@ async def export(app: CommandHost, argument: str) -> bool:
     session = app.session
     default = app.store.path.parent / "exports" / f"session-{session.id}.md"
     markdown_path = Path(argument).expanduser() if argument else default
+    json_path = markdown_path.with_suffix(".json")  # beside it, the same name
     try:
-        json_path = export_session(session, markdown_path)
+        markdown_path.parent.mkdir(parents=True, exist_ok=True)
+        markdown_path.write_text(formats.to_markdown(session), encoding="utf-8")
+        json_path.write_text(formats.to_json(session), encoding="utf-8")
     except OSError as error:
         app.notify(str(error), title="Could not export", severity="error")
         return False

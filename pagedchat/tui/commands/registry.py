@@ -71,8 +71,7 @@ def parse(text: str) -> tuple[str, str] | None:
 
 async def run_slash(app: CommandHost, name: str, argument: str) -> bool:
     """Run ``/name argument``; False (the text stays in the input) when it did not run."""
-    found = COMMANDS.get(name)
-    if found is None:
+    if (found := COMMANDS.get(name)) is None:
         app.notify(f"Unknown command /{name}: /help lists them", severity="error")
         return False
     if found.needs_session and app.session is None:

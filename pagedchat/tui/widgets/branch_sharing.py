@@ -63,8 +63,7 @@ def branch_lines(branches: BranchBlocks, live: list[str], paths: dict[str, list[
     the session to its messages, its reply last."""
     counts: dict[str, int] = {}  # requests of one branch (its replies) named once
     for rid in live:
-        path = paths.get(rid)
-        if not path:
+        if not (path := paths.get(rid)):
             continue
         hit_blocks = path[-1].cached_tokens // block_size
         for other, other_path in paths.items():

@@ -11,7 +11,7 @@ from pagedchat.chat.driver import StatsUpdate
 from pagedchat.engine.outputs import EngineStats, SeqBlockTable
 from pagedchat.tui.widgets.block_table import BlockTable
 from pagedchat.tui.widgets.branch_sharing import BranchBlocks, branch_lines
-from pagedchat.tui.widgets.figures import Figures, figures_of
+from pagedchat.tui.widgets.figures import Figures
 from pagedchat.tui.widgets.pool_map import PoolMap
 
 
@@ -39,7 +39,7 @@ class Inspector(VerticalScroll):
         self.latest = update
         s = update.stats
         self.branches.record(s.block_tables)
-        self.query_one(Figures).add(figures_of(s, update.tokens_per_second))
+        self.query_one(Figures).add(s, update.tokens_per_second)
         self.query_one("#counts", Static).update(
             f"blocks  {s.used_blocks} used · {s.cached_blocks} cached · {s.free_blocks} free\n"
             f"seqs    {s.num_running} run · {s.num_waiting} wait · {s.num_swapped} swapped\n"

@@ -124,9 +124,7 @@ class MessageBox(Vertical, can_focus=True):
         return " · ".join(parts)
 
     def action_copy_text(self) -> None:
-        self.app.copy_to_clipboard(self.message.content)
-        self.notify("Message copied")
-        self.post_message(self.Copied())
+        self._copy(self.message.content, "Message copied")
 
     def action_edit(self) -> None:
         if self.message.role == "user":
@@ -136,12 +134,14 @@ class MessageBox(Vertical, can_focus=True):
                         severity="warning")
 
     def action_copy_code(self) -> None:
-        blocks = code_blocks(self.message.content)
-        if not blocks:
+        if not (blocks := code_blocks(self.message.content)):
             self.notify("No code block in this message", severity="warning")
             return
-        self.app.copy_to_clipboard(blocks[-1])
-        self.notify("Code block copied")
+        self._copy(blocks[-1], "Code block copied")
+
+    def _copy(self, text: str, done: str) -> None:
+        self.app.copy_to_clipboard(text)
+        self.notify(done)
         self.post_message(self.Copied())
 
 

@@ -8,6 +8,7 @@ from textual.widgets import Static
 OWNER_COLOURS = ["#4ea8de", "#80ed99", "#f4a261", "#c77dff", "#ff6b6b", "#48cae4"]
 SHARED, CACHED, FREE, UNKNOWN = "#ffd166", "#7d8597", "#4a4e5a", "#ffffff"
 CELL = "■"
+_MARKS = {"shared": (CELL, SHARED), "cached": (CELL, CACHED), "free": ("·", FREE)}
 
 
 def owner_colour(session_id: int) -> str:
@@ -28,24 +29,16 @@ class PoolMap(Static):
             if state == "used":
                 session = next((session_of[rid] for rid in owners.get(block, [])
                                 if rid in session_of), None)
-                if session is None:
-                    colour = UNKNOWN
-                else:
-                    colour = owner_colour(session)
-                    present.add(session)
+                present.add(session)
+                colour = UNKNOWN if session is None else owner_colour(session)
                 text.append(CELL, style=f"bold {colour}" if session == focused else colour)
-            elif state == "shared":
-                text.append(CELL, style=SHARED)
-            elif state == "cached":
-                text.append(CELL, style=CACHED)
             else:
-                text.append("·", style=FREE)
+                text.append(*_MARKS.get(state, _MARKS["free"]))
         text.append("\n")
-        for session in sorted(present):
+        for session in sorted(present - {None}):
             text.append(CELL + " ", style=owner_colour(session))
             text.append(titles.get(session, f"#{session}")[:16] + "  ")
-        for label, colour, cell in (("shared", SHARED, CELL), ("cached", CACHED, CELL),
-                                    ("free", FREE, "·")):
+        for label, (cell, colour) in _MARKS.items():
             text.append(cell + " ", style=colour)
             text.append(label + "  ")
         self.update(text)

@@ -20,10 +20,8 @@ class PromptInput(TextArea):
         text: str
 
     def __init__(self, **kwargs) -> None:
-        super().__init__(
-            placeholder="Message · Enter sends · Ctrl+J new line · /help",
-            soft_wrap=True, show_line_numbers=False, **kwargs,
-        )
+        super().__init__(placeholder="Message · Enter sends · Ctrl+J new line · /help",
+                         soft_wrap=True, show_line_numbers=False, **kwargs)
         self.inputs: list[str] = []  # earlier inputs, oldest first (not undo history)
         self._recalled: int | None = None  # index into history while walking it
         self._draft = ""  # what was typed before the walk began
@@ -34,22 +32,17 @@ class PromptInput(TextArea):
         self._recalled = None
 
     async def _on_key(self, event: events.Key) -> None:
+        row = self.cursor_location[0]
         if event.key == "enter":
-            event.stop()
-            event.prevent_default()
             if self.text.strip():
                 self.post_message(self.Submitted(self, self.text.strip()))
+        elif not (event.key == "up" and row == 0 and self._walk(-1)
+                  or event.key == "down" and row == self.document.line_count - 1
+                  and self._walk(1)):
+            await super()._on_key(event)
             return
-        row = self.cursor_location[0]
-        if event.key == "up" and row == 0 and self._walk(-1):
-            event.stop()
-            event.prevent_default()
-            return
-        if event.key == "down" and row == self.document.line_count - 1 and self._walk(1):
-            event.stop()
-            event.prevent_default()
-            return
-        await super()._on_key(event)
+        event.stop()
+        event.prevent_default()
 
     def _walk(self, step: int) -> bool:
         """Show the input ``step`` away from the one shown (the draft past the newest);
