@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from pagedchat import LLM, SamplingParams
+from pagedchat.engine.layers.linear import Linear
 from pagedchat.kernels import cpu
+from pagedchat.kernels.cpu.linear import blocked_width
 from pagedchat.kernels.quant import QuantizedWeight
 from tests.conftest import SMALL_VOCAB_SIZE, build_tiny_tokenizer
 from tests.engine.models.test_decoder_stack import _quantized
@@ -48,13 +50,27 @@ def _quantize(model, folder: Path) -> None:
         mlp.down_proj.load(part("mlp.down_proj", "Q4_0"))
 
 
+def _require_stack(model):
+    """The model's decoder stack. Skips where oneDNN packs a float weight of this model in
+    another layout than the blocked one the stack reads (it picks its layout per CPU: on
+    AVX2-only CPUs these small shapes), where the engine runs the layers one by one."""
+    stack = model.decoder_stack()
+    unread = [name for name, module in model.named_modules()
+              if isinstance(module, Linear) and module.quantized is None
+              and module.weight.is_mkldnn and blocked_width(module.weight) is None]
+    if stack is None and unread:
+        pytest.skip(f"oneDNN's layout of {unread[0]} on this CPU is not the blocked one")
+    assert stack is not None
+    return stack
+
+
 def _run_both_ways(llm: LLM, monkeypatch, prompt_sets: list[list[int]],
                    max_tokens: int) -> tuple[list[list[int]], list[int]]:
     """Greedy tokens of a run whose every forward runs through the stack and through the
     layers (the layers' result kept), asserting the two equal; and the row counts of the
     steps the stack took."""
     model = llm.engine.runner.model
-    assert model.decoder_stack() is not None
+    _require_stack(model)
     build, forward = model.decoder_stack, model.forward
     use_stack, taken = [True], []
 
@@ -121,8 +137,7 @@ def test_stack_greedy_matches_transformers(gemma_dir):
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     with LLM(model=str(gemma_dir), num_kv_blocks=256, block_size=16) as llm:
         model = llm.engine.runner.model
-        stack = model.decoder_stack()
-        assert stack is not None
+        stack = _require_stack(model)
         calls = []
         original = type(stack).__call__
 
