@@ -266,17 +266,24 @@ def test_prefix_hit_never_covers_the_last_token():
     assert bm.find_cached_prefix(again).tables == ((0,),)
 
 
-def test_a_kept_prompt_found_whole_computes_nothing():
-    """With its last row kept, a prompt whose every token is in cached blocks (the tail's
-    copy holding its last token) is a hit of the whole prompt; without, the last token is
-    left to compute."""
+def _after_a_reply(prompt_len: int) -> BlockManager:
+    """A manager of 10 blocks of 4 after a sequence of tokens 0..9 (its prompt the first
+    ``prompt_len``, then a reply) was computed, cached and freed."""
     bm = BlockManager(10, 4)
-    first = Sequence(list(range(10)), 7)  # prompt 0..6, then a reply 7, 8, 9
+    first = Sequence(list(range(10)), prompt_len)
     assert bm.allocate_slots(first, 10)
     first.num_computed_tokens = 10
     bm.cache_full_blocks(first)
     bm.take_copies()
     bm.free(first)
+    return bm
+
+
+def test_a_kept_prompt_found_whole_computes_nothing():
+    """With its last row kept, a prompt whose every token is in cached blocks (the tail's
+    copy holding its last token) is a hit of the whole prompt; without, the last token is
+    left to compute."""
+    bm = _after_a_reply(7)
     again = Sequence(list(range(7)), 7)
     assert bm.find_cached_prefix(again).num_tokens == 6
     [slot] = bm.kept_rows.keep([tuple(range(7))])
@@ -321,13 +328,7 @@ def test_kept_rows_are_bounded_least_recently_used_first_and_exact():
 
 
 def test_a_prompt_ending_inside_a_cached_block_starts_from_a_copy_of_it():
-    bm = BlockManager(10, 4)
-    first = Sequence(list(range(10)), 10)  # prompt 0..6, then a reply 7, 8, 9
-    assert bm.allocate_slots(first, 10)
-    first.num_computed_tokens = 10
-    bm.cache_full_blocks(first)
-    bm.take_copies()
-    bm.free(first)
+    bm = _after_a_reply(10)
     again = Sequence(list(range(7)), 7)
     hit = bm.find_cached_prefix(again)
     assert hit.tables == ((0,),) and hit.tail == (1,) and hit.num_tokens == 6
