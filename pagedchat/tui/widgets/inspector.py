@@ -1,18 +1,112 @@
-"""The inspector panel: live engine figures, the focused session's block table, the pool."""
+"""The inspector panel: live engine figures with their sparklines, the focused session's
+block table (logical -> physical, tokens filled, refs, marks), and the whole KV pool, one cell
+per physical block, coloured by owner, shared, cached or free."""
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Callable
+
+from rich.text import Text
 from textual.app import ComposeResult
-from textual.containers import VerticalScroll
-from textual.widgets import Label, Static
+from textual.containers import Grid, VerticalScroll
+from textual.widgets import DataTable, Label, Sparkline, Static
 
 from pagedchat.chat.conversation import Message
 from pagedchat.chat.driver import StatsUpdate
 from pagedchat.engine.outputs import EngineStats, SeqBlockTable
-from pagedchat.tui.widgets.block_table import BlockTable
 from pagedchat.tui.widgets.branch_sharing import BranchBlocks, branch_lines
-from pagedchat.tui.widgets.figures import Figures
-from pagedchat.tui.widgets.pool_map import PoolMap
+
+HISTORY = 60  # snapshots kept per figure
+
+# name, label, how it is shown, its value in a snapshot (the stats, tokens/s)
+FIGURES: list[tuple[str, str, str, Callable[[EngineStats, float], float]]] = [
+    ("kv_used", "KV used", "{:.0%}", lambda s, _: s.used_blocks / max(s.total_blocks, 1)),
+    ("utilization", "utilization", "{:.0%}", lambda s, _: s.utilization),
+    ("fragmentation", "fragmentation", "{:.1%}", lambda s, _: s.internal_fragmentation),
+    ("hit_rate", "prefix hits", "{:.0%}", lambda s, _: s.prefix_hit_rate),
+    ("preemptions", "preemptions", "{:.0f}", lambda s, _: float(s.preemptions)),
+    ("tokens_per_second", "tokens/s", "{:.1f}", lambda _, rate: rate),
+]
+
+
+class Figures(Grid):
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._history = {name: deque(maxlen=HISTORY) for name, *_ in FIGURES}
+
+    def compose(self) -> ComposeResult:
+        for name, label, *_ in FIGURES:
+            yield Label(label, classes="figure-name")
+            yield Label("-", id=f"value-{name}", classes="figure-value")
+            yield Sparkline([], id=f"spark-{name}")
+
+    def add(self, stats: EngineStats, tokens_per_second: float) -> None:
+        """Add one snapshot's values and show them."""
+        for name, _, shape, value_of in FIGURES:
+            value = value_of(stats, tokens_per_second)
+            history = self._history[name]
+            history.append(value)
+            self.query_one(f"#value-{name}", Label).update(shape.format(value))
+            self.query_one(f"#spark-{name}", Sparkline).data = list(history)
+
+
+class BlockTable(DataTable):
+    def on_mount(self) -> None:
+        self.cursor_type = "none"
+        self.add_columns("log", "phys", "fill", "ref", "marks")
+
+    def show(self, tables: list[SeqBlockTable]) -> None:
+        self.clear()
+        for table in tables:
+            for entry in table.blocks:
+                marks = [word for word, on in (("shared", entry.shared), ("cached", entry.cached))
+                         if on]
+                if table.window is not None:
+                    marks.append(f"local {table.layer_group}")
+                elif any(t.window is not None for t in tables):
+                    marks.append(f"global {table.layer_group}")
+                self.add_row(entry.logical, entry.physical, entry.filled, entry.ref_count,
+                             " ".join(marks))
+
+
+OWNER_COLOURS = ["#4ea8de", "#80ed99", "#f4a261", "#c77dff", "#ff6b6b", "#48cae4"]
+SHARED, CACHED, FREE, UNKNOWN = "#ffd166", "#7d8597", "#4a4e5a", "#ffffff"
+CELL = "■"
+_MARKS = {"shared": (CELL, SHARED), "cached": (CELL, CACHED), "free": ("·", FREE)}
+
+
+def owner_colour(session_id: int) -> str:
+    return OWNER_COLOURS[session_id % len(OWNER_COLOURS)]
+
+
+class PoolMap(Static):
+    def show(self, pool: list[str], owners: dict[int, list[str]],
+             session_of: dict[str, int], titles: dict[int, str], focused: int | None) -> None:
+        """Draw ``pool`` (a state per block) and a legend.
+
+        ``owners`` maps blocks to request ids, ``session_of`` request ids to sessions,
+        ``titles`` sessions to their titles; the focused session's blocks are bold.
+        """
+        text = Text()
+        present: set[int] = set()
+        for block, state in enumerate(pool):
+            if state == "used":
+                session = next((session_of[rid] for rid in owners.get(block, [])
+                                if rid in session_of), None)
+                present.add(session)
+                colour = UNKNOWN if session is None else owner_colour(session)
+                text.append(CELL, style=f"bold {colour}" if session == focused else colour)
+            else:
+                text.append(*_MARKS.get(state, _MARKS["free"]))
+        text.append("\n")
+        for session in sorted(present - {None}):
+            text.append(CELL + " ", style=owner_colour(session))
+            text.append(titles.get(session, f"#{session}")[:16] + "  ")
+        for label, (cell, colour) in _MARKS.items():
+            text.append(cell + " ", style=colour)
+            text.append(label + "  ")
+        self.update(text)
 
 
 class Inspector(VerticalScroll):

@@ -5,8 +5,7 @@ These run the tiny Llama: prefix sharing and cache reuse are the engine's own.""
 from __future__ import annotations
 
 from pagedchat.chat.conversation import SamplingSettings
-from pagedchat.tui.widgets.block_table import BlockTable
-from pagedchat.tui.widgets.inspector import Inspector
+from pagedchat.tui.widgets.inspector import BlockTable, Inspector
 from tests.tui.conftest import ready, replies_done, say, wait_until
 
 
