@@ -28,8 +28,7 @@ from pagedchat.engine.runner.model_runner import ModelRunner
 from pagedchat.engine.runner.protocol import Runner
 from pagedchat.engine.sampling.beam_search import beam_step, fork_beams
 from pagedchat.engine.sampling.detokenizer import IncrementalDetokenizer
-from pagedchat.engine.sampling.logprobs import token_logprobs
-from pagedchat.engine.sampling.sampler import SampleRow, apply_penalties, sample
+from pagedchat.engine.sampling.sampler import SampleRow, apply_penalties, sample, token_logprobs
 from pagedchat.engine.sampling_params import SamplingParams
 from pagedchat.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from pagedchat.engine.sequence import Sequence, SequenceGroup

@@ -1,4 +1,4 @@
-"""RMSNorm, with the residual add before it folded in."""
+"""RMSNorm, with the residual add before it folded in; Gemma's, scaled by ``1 + w``."""
 
 from __future__ import annotations
 
@@ -25,3 +25,12 @@ class RMSNorm(nn.Module):
     @torch.no_grad()
     def load(self, w: torch.Tensor) -> None:
         self.weight.copy_(w)
+
+
+class OffsetRMSNorm(RMSNorm):
+    """Gemma's RMSNorm: the normalised rows times ``1 + w``. Checkpoints store ``w``; ``load`` keeps
+    ``1 + w`` (added in float32, as transformers does), so the forward is the shared kernel's."""
+
+    @torch.no_grad()
+    def load(self, w: torch.Tensor) -> None:
+        self.weight.copy_(1.0 + w.float())

@@ -13,10 +13,6 @@ def model_class(config: ModelConfig) -> type[nn.Module]:
         from pagedchat.engine.models.gemma3 import Gemma3ForCausalLM
 
         return Gemma3ForCausalLM
-    if config.model_type == "qwen3":
-        from pagedchat.engine.models.qwen3 import Qwen3ForCausalLM
+    from pagedchat.engine.models.llama import LlamaForCausalLM, Qwen3ForCausalLM
 
-        return Qwen3ForCausalLM
-    from pagedchat.engine.models.llama import LlamaForCausalLM
-
-    return LlamaForCausalLM
+    return Qwen3ForCausalLM if config.model_type == "qwen3" else LlamaForCausalLM

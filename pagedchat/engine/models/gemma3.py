@@ -19,7 +19,7 @@ from torch import nn
 from pagedchat.engine.kv_groups import LOCAL, kv_groups
 from pagedchat.engine.layers.attention import AttentionMetadata
 from pagedchat.engine.layers.mlp import MLP
-from pagedchat.engine.layers.offset_norm import OffsetRMSNorm
+from pagedchat.engine.layers.norm import OffsetRMSNorm
 from pagedchat.engine.layers.qk_norm import QKNormAttention
 from pagedchat.engine.layers.rotary import Rope, RotaryEmbedding, rope_parameters
 from pagedchat.engine.layers.sliding_window import single_token_blocks, window_metadata, window_rows

@@ -88,8 +88,17 @@ class LlamaForCausalLM(CausalLM):
             for layer in self.layers], self.layers[0].self_attn.num_heads,
             self.config.rms_norm_eps, self.layers[0].self_attn.scale)
 
+
 def _qk_norms(attention: Attention) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The weights of the per-head norms of Q and K (Qwen 3's), or None where there are none."""
     if not isinstance(attention, QKNormAttention):
         return None, None
     return attention.q_norm.weight, attention.k_norm.weight
+
+
+class Qwen3ForCausalLM(LlamaForCausalLM):
+    """Qwen 3: Llama's model with an RMSNorm over each head of Q and of K (QK-norm attention,
+    which the CPU's decoder stack runs too)."""
+
+    attention = QKNormAttention
+    norms = (*LlamaForCausalLM.norms, "self_attn.q_norm", "self_attn.k_norm")
