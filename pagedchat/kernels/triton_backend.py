@@ -34,9 +34,9 @@ from pagedchat.kernels.triton_attention import (
     choose_num_splits,
     paged_attention,
     paged_attention_decode,
+    paged_attention_prefill,
 )
 from pagedchat.kernels.triton_cache import copy_blocks, store_kv
-from pagedchat.kernels.triton_prefill import paged_attention_prefill
 from pagedchat.kernels.triton_utils import INTERPRETED
 
 __all__ = ["INTERPRETED", "choose_num_splits", "copy_blocks", "embedding", "gelu_tanh_mul",
