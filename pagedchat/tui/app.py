@@ -1,7 +1,7 @@
 """The chat app: sessions on the left, the chat in the middle, the engine inspector on the right.
 
 The app owns the sessions and the layout. Replies (the turn lifecycle and the engine's
-events) are ``Replies``' job, slash commands live in ``commands/``, one module each.
+events) are ``Replies``' job, slash commands live in ``commands/``, each beside its handler.
 Attributes go down to the widgets (``show``/``refresh_info`` calls), messages come up
 from them.
 """
@@ -32,9 +32,8 @@ from pagedchat.chat.prompt import DEFAULT_CONTEXT_WINDOW
 from pagedchat.chat.store import Store, StoreError
 from pagedchat.tui.commands import parse, run_slash
 from pagedchat.tui.replies import EngineEvent, Replies
-from pagedchat.tui.screens.confirm import ConfirmScreen
+from pagedchat.tui.screens.confirm import ConfirmScreen, RenameScreen
 from pagedchat.tui.screens.help import HelpScreen
-from pagedchat.tui.screens.rename import RenameScreen
 from pagedchat.tui.widgets.chat_view import ChatView, view_id
 from pagedchat.tui.widgets.inspector import Inspector
 from pagedchat.tui.widgets.message_box import MessageBox

@@ -6,8 +6,7 @@ from textual.widgets import ContentSwitcher
 
 from pagedchat.chat.conversation import Message, SamplingSettings, Session
 from pagedchat.chat.store import Store
-from pagedchat.tui.screens.confirm import ConfirmScreen
-from pagedchat.tui.screens.rename import RenameScreen
+from pagedchat.tui.screens.confirm import ConfirmScreen, RenameScreen
 from pagedchat.tui.widgets.chat_view import ChatView
 from pagedchat.tui.widgets.message_box import MessageBox
 from pagedchat.tui.widgets.prompt_input import PromptInput

@@ -1,4 +1,4 @@
-"""A yes/no question in a dialog."""
+"""The small dialogs: a yes/no question, and a session's new title."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Button, Label
+from textual.widgets import Button, Input, Label
 
 
 class ConfirmScreen(ModalScreen[bool]):
@@ -35,3 +35,19 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def action_answer(self, answer: bool) -> None:
         self.dismiss(answer)
+
+
+class RenameScreen(ModalScreen[str | None]):
+    BINDINGS = [Binding("escape", "dismiss(None)", "Cancel")]
+
+    def __init__(self, title: str) -> None:
+        super().__init__()
+        self.current_title = title
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Label("New title (Enter to save, Esc to cancel)")
+            yield Input(self.current_title, select_on_focus=True)
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.dismiss(event.value.strip() or None)
