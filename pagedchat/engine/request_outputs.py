@@ -25,10 +25,8 @@ def request_output(group: SequenceGroup, tokenizer) -> RequestOutput:
         outputs.append(CompletionOutput(
             i, visible, seq.output_token_ids, seq.cumulative_logprob, seq.finish_reason, delta,
             list(seq.token_logprobs) if params.logprobs is not None else None))
-    return RequestOutput(
-        group.request_id, group.prompt, group.prompt_token_ids, outputs,
-        group.is_finished, group.num_cached_tokens, group.metrics, error=group.error,
-    )
+    return _output(group, outputs, group.is_finished)
+
 
 def _beam_output(group: SequenceGroup, tokenizer) -> RequestOutput:
     """The n best finished hypotheses, best first, once the search is over; until then
@@ -47,17 +45,21 @@ def _beam_output(group: SequenceGroup, tokenizer) -> RequestOutput:
             text = tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
             outputs.append(CompletionOutput(i, text, seq.output_token_ids,
                                             seq.cumulative_logprob))
-    return RequestOutput(group.request_id, group.prompt, group.prompt_token_ids, outputs,
-                         group.is_finished, group.num_cached_tokens, group.metrics, scores,
-                         group.error)
+    return _output(group, outputs, group.is_finished, scores)
 
 
 def failed_output(group: SequenceGroup) -> RequestOutput:
     """The output of a request that failed while its output was built: no text, its error."""
     outputs = [CompletionOutput(i, "", seq.output_token_ids, None, "error")
                for i, seq in enumerate(group.seqs[: group.params.n])]
+    return _output(group, outputs, True)
+
+
+def _output(group: SequenceGroup, outputs: list[CompletionOutput], finished: bool,
+            beam_scores: list[float] | None = None) -> RequestOutput:
     return RequestOutput(group.request_id, group.prompt, group.prompt_token_ids, outputs,
-                         True, group.num_cached_tokens, group.metrics, error=group.error)
+                         finished, group.num_cached_tokens, group.metrics, beam_scores or [],
+                         group.error)
 
 
 def _visible_text(seq: Sequence, params: SamplingParams) -> str:
