@@ -18,13 +18,7 @@ def hand_back_freed_memory() -> None:
     at once. glibc's adaptive threshold would keep them in the heap, and the peak would
     hold the weights about twice. What was freed before (the small pieces of a tokenizer's
     parse, spread over the heap) goes back now. Process-wide; a no-op without glibc."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.malloc_trim(0)
-        libc.mallopt(_M_MMAP_THRESHOLD, 64 << 10)
-        libc.mallopt(_M_TRIM_THRESHOLD, 1 << 20)
-    except (OSError, AttributeError):
-        pass
+    _trim_and_set(64 << 10, 1 << 20)
 
 
 def keep_freed_memory() -> None:
@@ -33,11 +27,15 @@ def keep_freed_memory() -> None:
     over its (adaptive) threshold afresh and trims its heap, so each step's large
     activations page-fault in again, a large share of a long prefill's time. Process-wide;
     a no-op without glibc."""
+    _trim_and_set(128 << 20, 1 << 30)
+
+
+def _trim_and_set(mmap_threshold: int, trim_threshold: int) -> None:
     try:
         libc = ctypes.CDLL("libc.so.6")
         libc.malloc_trim(0)
-        libc.mallopt(_M_MMAP_THRESHOLD, 128 << 20)
-        libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30)
+        libc.mallopt(_M_MMAP_THRESHOLD, mmap_threshold)
+        libc.mallopt(_M_TRIM_THRESHOLD, trim_threshold)
     except (OSError, AttributeError):
         pass
 
