@@ -23,7 +23,7 @@ from pagedchat.engine.runner.memory import (
     keep_freed_memory,
     to_host,
 )
-from pagedchat.engine.runner.profiling import StepTimer
+from pagedchat.engine.runner.protocol import StepTimer
 from pagedchat.engine.step_input import KEPT_ROWS, StepInput, StepOutput
 from pagedchat.kernels import select_backend
 from pagedchat.kernels.kv_int8 import SCALE_BYTES

@@ -1,16 +1,45 @@
 """What the engine asks of its runner: one process (``runner/model_runner.py``) or a
-tensor-parallel group seen from rank 0 (``parallel/parallel_runner.py``) alike."""
+tensor-parallel group seen from rank 0 (``parallel/parallel_runner.py``) alike; and the
+StepTimer every runner keeps: where a step's time goes, cheap enough to stay on."""
 
 from __future__ import annotations
 
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import ModuleType
 from typing import Protocol, runtime_checkable
 
 import torch
 
 from pagedchat.engine.kv_groups import KVGroups
-from pagedchat.engine.runner.profiling import StepTimer
 from pagedchat.engine.step_input import StepInput, StepOutput
+
+
+class StepTimer:
+    """Adds up seconds per named phase (``schedule``, ``prepare``, ``forward``...)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.steps = 0
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] += time.perf_counter() - start
+
+    def reset(self) -> None:
+        self.seconds.clear()
+        self.steps = 0
+
+    def shares(self) -> dict[str, float]:
+        """Each phase's fraction of the total time recorded."""
+        total = sum(self.seconds.values())
+        return {name: value / total for name, value in self.seconds.items()} if total else {}
 
 
 @runtime_checkable
