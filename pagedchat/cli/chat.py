@@ -89,9 +89,11 @@ def chat(
 
         store_options = {"kv_store": str(kv_store or cache_root() / "kv"),
                          "kv_store_cap": kv_store_cap}
-    run_chat(chosen(model, "model", None), db, continue_last, session,
-             chosen(context_window, "context_window", DEFAULT_CONTEXT_WINDOW),
-             chosen(kv_blocks, "kv_blocks", CHAT.num_kv_blocks), tensor_parallel_size, weights,
-             kv_cache_dtype, raw, settings, chosen(system, "system", DEFAULT_SYSTEM_PROMPT),
-             {"speculative": speculative, "num_speculative_tokens": num_speculative_tokens,
-              **store_options})
+    run_chat(model=chosen(model, "model", None), db=db, continue_last=continue_last,
+             session_id=session, raw=raw, settings=settings,
+             context_window=chosen(context_window, "context_window", DEFAULT_CONTEXT_WINDOW),
+             system_prompt=chosen(system, "system", DEFAULT_SYSTEM_PROMPT),
+             engine_options={"num_kv_blocks": chosen(kv_blocks, "kv_blocks", CHAT.num_kv_blocks),
+                             "tensor_parallel_size": tensor_parallel_size, "weights": weights,
+                             "kv_cache_dtype": kv_cache_dtype, "speculative": speculative,
+                             "num_speculative_tokens": num_speculative_tokens, **store_options})

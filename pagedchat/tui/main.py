@@ -9,9 +9,8 @@ from pathlib import Path
 
 import typer
 
-from pagedchat.chat.conversation import DEFAULT_SYSTEM_PROMPT, SamplingSettings
+from pagedchat.chat.conversation import SamplingSettings
 from pagedchat.chat.driver import load_engine
-from pagedchat.chat.prompt import DEFAULT_CONTEXT_WINDOW
 from pagedchat.chat.store import Store, StoreError
 from pagedchat.engine.loading.loader import DEFAULT_MODEL_NAME
 from pagedchat.engine.presets import PRESETS, swap_space
@@ -19,24 +18,12 @@ from pagedchat.engine.presets import PRESETS, swap_space
 CHAT = PRESETS["chat"]
 
 
-def run_chat(
-    model: str | None = None,
-    db: Path | None = None,
-    continue_last: bool = False,
-    session_id: int | None = None,
-    context_window: int = DEFAULT_CONTEXT_WINDOW,
-    kv_blocks: int = CHAT.num_kv_blocks,
-    tensor_parallel_size: int = 1,
-    weights: str | None = None,
-    kv_cache_dtype: str = "auto",
-    raw: bool = False,
-    settings: SamplingSettings | None = None,
-    system_prompt: str = DEFAULT_SYSTEM_PROMPT,
-    engine_options: dict[str, object] | None = None,
-) -> None:
+def run_chat(*, model: str | None, db: Path | None, continue_last: bool, session_id: int | None,
+             context_window: int, raw: bool, settings: SamplingSettings, system_prompt: str,
+             engine_options: dict[str, object]) -> None:
     """Open the store, check the asked-for session, and run the app until the user quits;
-    ``settings`` and ``system_prompt`` are those of new sessions; ``engine_options``: more
-    of the engine's options, by EngineConfig's names (speculative decoding, the KV store)."""
+    ``settings`` and ``system_prompt`` are those of new sessions; ``engine_options``: the
+    engine's options by EngineConfig's names (KV blocks, weights, speculation, the KV store)."""
     from pagedchat.tui.app import ChatApp  # Textual loads only when the app runs
 
     try:
@@ -47,10 +34,8 @@ def run_chat(
     except StoreError as error:
         raise typer.BadParameter(str(error), param_hint="--db") from error
     name = Path(model).name if model else DEFAULT_MODEL_NAME
-    load_model = partial(load_engine, num_kv_blocks=kv_blocks, max_num_seqs=CHAT.max_num_seqs,
-                         swap_space=swap_space("recompute"),
-                         tensor_parallel_size=tensor_parallel_size, weights=weights,
-                         kv_cache_dtype=kv_cache_dtype, **(engine_options or {}))
+    load_model = partial(load_engine, max_num_seqs=CHAT.max_num_seqs,
+                         swap_space=swap_space("recompute"), **engine_options)
     app = ChatApp(store, partial(load_model, model), name, context_window=context_window,
                   raw=raw, session_id=session_id, continue_last=continue_last,
                   settings=settings, system_prompt=system_prompt, load_model=load_model)

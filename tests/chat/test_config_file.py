@@ -38,17 +38,15 @@ def test_flags_win_over_the_file_which_wins_over_the_defaults(monkeypatch, tmp_p
                     "max_tokens = 64\nloop_guard = false\ncontext_window = 512\n")
     seen = {}
 
-    def fake_run_chat(*args):
-        seen["args"] = args
-
-    monkeypatch.setattr("pagedchat.tui.main.run_chat", fake_run_chat)
+    monkeypatch.setattr("pagedchat.tui.main.run_chat", lambda **options: seen.update(options))
     result = CliRunner().invoke(app, ["chat", "--config", str(path), "--max-tokens", "99",
                                       "--system", "Answer in French."])
     assert result.exit_code == 0, result.output
-    (model, _, _, _, window, kv_blocks, _, _, kv_dtype, _, settings, system, _) = seen["args"]
-    assert model == "gemma-3-270m" and window == 512 and kv_blocks == 512 and kv_dtype == "auto"
-    assert settings == SamplingSettings(temperature=0.2, max_tokens=99, loop_guard=False)
-    assert system == "Answer in French."
+    engine_options = seen["engine_options"]
+    assert seen["model"] == "gemma-3-270m" and seen["context_window"] == 512
+    assert engine_options["num_kv_blocks"] == 512 and engine_options["kv_cache_dtype"] == "auto"
+    assert seen["settings"] == SamplingSettings(temperature=0.2, max_tokens=99, loop_guard=False)
+    assert seen["system_prompt"] == "Answer in French."
     path.write_text("temperature = 9e999\n")
     result = CliRunner().invoke(app, ["chat", "--config", str(path)])
     assert result.exit_code == 2 and "temperature" in result.output

@@ -53,16 +53,16 @@ def test_tensor_parallel_size_reaches_the_engine(tmp_path, monkeypatch, tiny_tp_
 
 def test_the_kv_store_is_on_by_default_and_its_flags_are_checked(tmp_path, monkeypatch):
     seen = {}
-    monkeypatch.setattr("pagedchat.tui.main.run_chat", lambda *args: seen.update(args=args))
+    monkeypatch.setattr("pagedchat.tui.main.run_chat", lambda **options: seen.update(options))
     monkeypatch.setenv("PAGEDCHAT_CACHE_DIR", str(tmp_path))
     db = ["--db", str(tmp_path / "c.db"), "--config", str(tmp_path / "none.toml")]
     assert CliRunner().invoke(app, db).exit_code == 0
-    assert seen["args"][-1]["kv_store"] == str(tmp_path / "kv")
-    assert seen["args"][-1]["kv_store_cap"] == "2GiB"
+    assert seen["engine_options"]["kv_store"] == str(tmp_path / "kv")
+    assert seen["engine_options"]["kv_store_cap"] == "2GiB"
     assert CliRunner().invoke(app, [*db, "--no-kv-store"]).exit_code == 0
-    assert "kv_store" not in seen["args"][-1]
+    assert "kv_store" not in seen["engine_options"]
     assert CliRunner().invoke(app, [*db, "-tp", "2"]).exit_code == 0
-    assert "kv_store" not in seen["args"][-1]  # not with tensor parallelism, unless asked
+    assert "kv_store" not in seen["engine_options"]  # not with tensor parallelism, unless asked
     for flags, words in ((["--kv-store", "x", "--no-kv-store"], "do not combine"),
                          (["--kv-store", "x", "-tp", "2"], "--tensor-parallel-size")):
         result = CliRunner().invoke(app, [*db, *flags])
