@@ -190,12 +190,6 @@ class Store:
 
     # messages
 
-    def add_message(self, session: Session, message: Message) -> Message:
-        """Insert ``message`` after the session's last one (it gets its id) and mark the
-        session as just used."""
-        self._insert(session, message, self._head(session))
-        return message
-
     def add_turn(self, session: Session, user: Message, reply: Message,
                  instead_of: Message | None = None) -> None:
         """Save a user message with the reply about to be written to it, both or neither;

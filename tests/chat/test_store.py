@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from pagedchat.chat.conversation import Message, SamplingSettings, Session
-from pagedchat.chat.export import to_json, to_markdown
 from pagedchat.chat.store import MIGRATIONS, Store, StoreError, default_db_path
+from pagedchat.tui.commands.handlers import to_json, to_markdown
 
 
 def test_round_trip_and_order(tmp_path):
@@ -18,8 +18,8 @@ def test_round_trip_and_order(tmp_path):
     first = store.create_session(Session(title="first", system_prompt="be kind"))
     second = store.create_session(Session(title="second",
                                           settings=SamplingSettings(temperature=0.1)))
-    store.add_message(first, Message("user", "hello"))
-    reply = store.add_message(first, Message("assistant", "", status="generating"))
+    reply = Message("assistant", "", status="generating")
+    store.add_turn(first, Message("user", "hello"), reply)
     reply.content, reply.status, reply.cached_tokens = "hi there", "done", 16
     store.update_message(reply)
     store.close()
@@ -39,9 +39,10 @@ def test_round_trip_and_order(tmp_path):
 def test_generating_replies_become_interrupted(tmp_path):
     store = Store(tmp_path / "c.db")
     session = store.create_session(Session())
-    store.add_message(session, Message("assistant", "half a repl", status="generating"))
+    store.add_turn(session, Message("user", "q"),
+                   Message("assistant", "half a repl", status="generating"))
     assert store.mark_interrupted() == 1
-    assert store.load_session(session.id).messages[0].status == "interrupted"
+    assert store.load_session(session.id).messages[1].status == "interrupted"
 
 
 def test_a_turn_is_saved_whole_or_not_at_all(tmp_path):
@@ -60,6 +61,11 @@ def test_a_turn_is_saved_whole_or_not_at_all(tmp_path):
     assert len(store.load_messages(session.id)) == 4  # no transaction was left open
 
 
+def _save_alone(store: Store, session: Session, message: Message) -> None:
+    """What the app did before add_turn: a message saved on its own after the last one."""
+    store._insert(session, message, store._head(session))
+
+
 def _statuses(store: Store, session: Session) -> list[tuple[str, str]]:
     return [(m.role, m.status) for m in store.load_messages(session.id)]
 
@@ -67,14 +73,14 @@ def _statuses(store: Store, session: Session) -> list[tuple[str, str]]:
 def test_user_messages_left_without_a_reply_are_marked_unanswered(tmp_path):
     store = Store(tmp_path / "c.db")
     last, middle, generating, failed = (store.create_session(Session()) for _ in range(4))
-    store.add_message(last, Message("user", "the app ended before the reply was saved"))
-    for text in ("its reply could not be saved", "so the user asked again"):
-        store.add_message(middle, Message("user", text))
-    store.add_message(middle, Message("assistant", "an answer"))
-    store.add_message(generating, Message("user", "q"))
-    store.add_message(generating, Message("assistant", "half", status="generating"))
-    store.add_message(failed, Message("user", "q"))
-    store.add_message(failed, Message("assistant", "", status="error", error="too long"))
+    _save_alone(store, last, Message("user", "the app ended before the reply was saved"))
+    _save_alone(store, middle, Message("user", "its reply could not be saved"))
+    store.add_turn(middle, Message("user", "so the user asked again"),
+                   Message("assistant", "an answer"))
+    store.add_turn(generating, Message("user", "q"),
+                   Message("assistant", "half", status="generating"))
+    store.add_turn(failed, Message("user", "q"),
+                   Message("assistant", "", status="error", error="too long"))
     assert store.mark_interrupted() == 3
     assert _statuses(store, last) == [("user", "unanswered")]
     assert _statuses(store, middle) == [("user", "unanswered"), ("user", "done"),
@@ -91,7 +97,8 @@ def test_updating_a_message_that_is_not_stored_is_an_error(tmp_path):
     session = store.create_session(Session())
     with pytest.raises(StoreError, match="never saved"):
         store.update_message(Message("assistant", "text"))
-    reply = store.add_message(session, Message("assistant", "", status="generating"))
+    reply = Message("assistant", "", status="generating")
+    store.add_turn(session, Message("user", "q"), reply)
     store.clear_messages(session.id)
     with pytest.raises(StoreError, match="no longer stored"):
         store.update_message(reply)
@@ -118,7 +125,7 @@ if sys.argv[2] == "inside a turn":
     Store._insert = insert_then_die
     store.add_turn(session, user, reply)
 elif sys.argv[2] == "between two saves":  # the app before add_turn
-    store.add_message(session, user)
+    store._insert(session, user, None)  # saved alone, as its first message
     die()
 store.add_turn(session, user, reply)
 reply.content = "half a rep"
@@ -147,8 +154,8 @@ def test_a_killed_app_leaves_every_user_message_answered_or_marked(tmp_path, whe
 def test_delete_and_clear(tmp_path):
     store = Store(tmp_path / "c.db")
     a, b = store.create_session(Session()), store.create_session(Session())
-    store.add_message(a, Message("user", "x"))
-    store.add_message(b, Message("user", "y"))
+    store.add_turn(a, Message("user", "x"), Message("assistant", "x?"))
+    store.add_turn(b, Message("user", "y"), Message("assistant", "y?"))
     store.clear_messages(b.id)
     assert store.load_session(b.id).messages == []
     store.delete_session(a.id)

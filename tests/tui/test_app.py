@@ -15,13 +15,13 @@ from tests.tui.conftest import ready, replies_done, say, wait_until
 
 
 def seed_store(path, *conversations: tuple[str, list[str]]) -> list[int]:
-    """Sessions with alternating user/assistant messages, the first listed most recent."""
+    """Sessions of question/answer turns, the first listed most recent."""
     store = Store(path)
     ids = []
     for title, texts in reversed(conversations):
         session = store.create_session(Session(title=title))
-        for i, text in enumerate(texts):
-            store.add_message(session, Message("user" if i % 2 == 0 else "assistant", text))
+        for question, answer in zip(texts[::2], texts[1::2], strict=True):
+            store.add_turn(session, Message("user", question), Message("assistant", answer))
         ids.append(session.id)
     store.close()
     return ids[::-1]

@@ -142,9 +142,9 @@ async def test_old_messages_drop_off_at_the_context_window(make_app, tmp_path):
     store = Store(tmp_path / "chats.db")
     session = store.create_session(
         Session(title="Long", settings=SamplingSettings(temperature=0.0, max_tokens=4)))
-    for i in range(6):
-        role = "user" if i % 2 == 0 else "assistant"
-        store.add_message(session, Message(role, f"message {i} " + "word " * 30))
+    for i in range(0, 6, 2):
+        store.add_turn(session, Message("user", f"message {i} " + "word " * 30),
+                       Message("assistant", f"message {i + 1} " + "word " * 30))
     store.close()
     app = make_app(context_window=128, continue_last=True)
     async with app.run_test(size=(100, 30)) as pilot:

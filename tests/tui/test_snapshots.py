@@ -29,9 +29,9 @@ def seed(path) -> None:
     settings = SamplingSettings(temperature=0.0, max_tokens=8, seed=0)
     store.create_session(Session(title="Trip to Oslo", settings=settings))
     session = store.create_session(Session(title="Python squares", settings=settings))
-    store.add_message(session, Message("user", "How do I square the numbers 0 to 9?"))
-    store.add_message(session, Message("assistant", ANSWER, prompt_tokens=67,
-                                       cached_tokens=48, output_tokens=41))
+    store.add_turn(session, Message("user", "How do I square the numbers 0 to 9?"),
+                   Message("assistant", ANSWER, prompt_tokens=67, cached_tokens=48,
+                           output_tokens=41))
     store.close()
 
 

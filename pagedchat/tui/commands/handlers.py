@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
 from pathlib import Path
 
-from pagedchat.chat import export as formats
-from pagedchat.chat.conversation import DEFAULT_TITLE
+from pagedchat.chat.conversation import DEFAULT_TITLE, Session
 from pagedchat.engine.loading.loader import DEFAULT_MODEL_NAME
 from pagedchat.engine.loading.named_models import NAMED_MODELS, is_installed, part_path
 from pagedchat.tui.commands.registry import CommandHost, command
@@ -153,6 +154,26 @@ async def rename(app: CommandHost, argument: str) -> bool:
     return True
 
 
+_MARKS = {"cancelled": " (cancelled)", "interrupted": " (interrupted)", "error": " (failed)",
+          "unanswered": " (no reply)", "looped": " (stopped: repeating itself)"}
+
+
+def to_markdown(session: Session) -> str:
+    lines = [f"# {session.title}", ""]
+    if session.system_prompt:
+        lines += ["> **System:** " + session.system_prompt.replace("\n", "\n> "), ""]
+    for message in session.messages:
+        who = "You" if message.role == "user" else "Assistant"
+        lines += [f"## {who}{_MARKS.get(message.status, '')}", "", message.content, ""]
+        if message.error:
+            lines += [f"*{message.error}*", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def to_json(session: Session) -> str:
+    return json.dumps(asdict(session), indent=2, ensure_ascii=False) + "\n"
+
+
 @command("/export [PATH.md]", "write this session as Markdown and JSON")
 async def export(app: CommandHost, argument: str) -> bool:
     session = app.session
@@ -161,8 +182,8 @@ async def export(app: CommandHost, argument: str) -> bool:
     json_path = markdown_path.with_suffix(".json")  # beside it, the same name
     try:
         markdown_path.parent.mkdir(parents=True, exist_ok=True)
-        markdown_path.write_text(formats.to_markdown(session), encoding="utf-8")
-        json_path.write_text(formats.to_json(session), encoding="utf-8")
+        markdown_path.write_text(to_markdown(session), encoding="utf-8")
+        json_path.write_text(to_json(session), encoding="utf-8")
     except OSError as error:
         app.notify(str(error), title="Could not export", severity="error")
         return False

@@ -49,7 +49,9 @@ async def test_slash_commands(make_app, tmp_path):
         await say(pilot, "/rename Holidays")
         assert app.store.load_session(first).title == "Holidays" == app.sub_title
 
-        app.session.messages.append(app.store.add_message(app.session, Message("user", "bonjour")))
+        turn = [Message("user", "bonjour"), Message("assistant", "salut")]
+        app.store.add_turn(app.session, *turn)
+        app.session.messages += turn
         await say(pilot, f"/export {tmp_path / 'out' / 'holidays.md'}")
         assert (tmp_path / "out" / "holidays.md").read_text().startswith("# Holidays")
         data = json.loads((tmp_path / "out" / "holidays.json").read_text())
@@ -59,7 +61,7 @@ async def test_slash_commands(make_app, tmp_path):
         await say(pilot, "/clear")  # asks first: "n" keeps them, "y" clears
         assert isinstance(app.screen, ConfirmScreen)
         await pilot.press("n")
-        assert len(app.session.messages) == 1 and isinstance(app.focused, PromptInput)
+        assert len(app.session.messages) == 2 and isinstance(app.focused, PromptInput)
         await say(pilot, "/clear")
         await pilot.press("y")
         await wait_until(pilot, lambda: app.session.messages == [])

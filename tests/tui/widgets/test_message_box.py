@@ -19,8 +19,7 @@ def test_code_blocks():
 async def test_copy_a_message_and_its_code(make_app, tmp_path):
     store = Store(tmp_path / "chats.db")
     session = store.create_session(Session(title="Code"))
-    store.add_message(session, Message("user", "How do I greet?"))
-    store.add_message(session, Message("assistant", REPLY))
+    store.add_turn(session, Message("user", "How do I greet?"), Message("assistant", REPLY))
     store.close()
     app = make_app(continue_last=True, engine=False)
     async with app.run_test(size=(100, 30)) as pilot:
