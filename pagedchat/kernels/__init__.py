@@ -1,20 +1,13 @@
-"""PagedAttention kernels behind one interface.
-
-Every backend module keeps :class:`pagedchat.kernels.backend.KernelBackend`: the K/V store
-and block copies, paged attention, the sampler's reduction, linear layers and the embedding
-(with the layouts they pack once at load, or on a GGUF's quantized blocks) and the layer's
-small operations.
-:mod:`pagedchat.kernels.reference` defines what each computes. A backend may also offer
-``decoder_stack`` (with ``LayerTensors``): a whole decoder stack in one call where a step is
-small, built from the same kernels, so that the model's result does not change (the CPU
-backend has one).
+"""PagedAttention kernels behind one interface (:mod:`.backend`): the K/V store and block
+copies, paged attention, the sampler's reduction, linear layers and the embedding (with the
+layouts they pack once at load, or on a GGUF's quantized blocks) and the layer's small
+operations. A backend's ``decoder_stack`` (the CPU's) runs a whole decoder stack in one call
+where a step is small, built from the same kernels, so that the model's result does not
+change.
 
 - ``triton``: Triton kernels, picked on CUDA;
-- ``cpu``: compiled C kernels (attention for decode and short chunks, a tiled kernel or
-  SDPA for long ones; the layer's small operations; products of a few rows; the decoder
-  stack of a small decode batch) for the CPU's instruction-set level (AVX-512, AVX2,
-  portable), picked on the CPU (it falls back to the reference when no C compiler is
-  found);
+- ``cpu``: compiled C kernels for the CPU's instruction-set level (:mod:`.cpu` lists
+  them), picked on the CPU (the reference where no C compiler is found);
 - ``torch``: the reference itself.
 """
 

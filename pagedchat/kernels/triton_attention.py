@@ -278,12 +278,9 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
                     query_start_loc: torch.Tensor, scale: float, *,
                     max_query_len: int | None = None, max_context_len: int | None = None,
                     out: torch.Tensor | None = None) -> torch.Tensor:
-    """Causal attention of a chunk of new queries per sequence over its paged cache.
-
-    Same contract as the reference. The decode kernel runs when no sequence has more than
-    one query row, the prefill kernel otherwise. ``max_query_len`` / ``max_context_len``
-    are host-side hints (the model runner knows them); when left out they are read from
-    the tensors, which costs a device sync. ``out`` may be given to write into."""
+    """The reference's paged attention (its contract, its host-side hints), written into
+    ``out`` where given: the decode kernel when no sequence has more than one query row, the
+    prefill kernel otherwise."""
     inputs = (query, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale)
     if max_query_len is None:
         q_lens = query_start_loc[1:] - query_start_loc[:-1]

@@ -2,13 +2,10 @@
 
 Importing it requires Triton. On a machine without a GPU it only works under
 ``TRITON_INTERPRET=1`` (set before this module is first imported), which is how the tests
-run it on CPU. ``swap_blocks`` is a plain device <-> host copy, ``max_logsumexp`` two
-reductions over the logits, ``linear`` and ``embedding`` torch's own (``pack_linear`` and
-``pack_embedding`` leave weights as they are), and ``rms_norm``, ``silu_mul``,
-``gelu_tanh_mul`` and the rotation in ``rotary_store`` elementwise work that torch launches
-as a few kernels each: those come from the reference. So do the products on quantized
-weights, which the engine keeps on the CPU only: here they serve the Triton kernels
-interpreted on the CPU.
+run it on CPU. Attention and the K/V store and copies are Triton kernels; the rest is the
+reference's, where torch already runs each as a copy, a reduction, its own product or a
+few elementwise kernels. The reference's products on quantized weights (the engine keeps
+those on the CPU only) serve the Triton kernels interpreted on the CPU.
 """
 
 from __future__ import annotations

@@ -152,11 +152,8 @@ _COPY_CHUNK = 1024
 
 def copy_blocks(k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
                 block_mapping: torch.Tensor) -> None:
-    """Copy-on-write: for every ``(src, dst)`` row of ``block_mapping`` ``[n, 2]``, copy block
-    ``src`` into block ``dst`` in every layer's K and V cache, all in one launch.
-
-    Every cache must be contiguous and share shape and dtype (they come from one allocator).
-    """
+    """The reference's copy-on-write in one launch for every layer; every cache must be
+    contiguous and share shape and dtype (they come from one allocator)."""
     if block_mapping.numel() == 0 or not k_caches:
         return
     first = k_caches[0]

@@ -142,9 +142,9 @@ def _bias(layer: LayerTensors) -> torch.Tensor | None:
 class DecoderStack:
     """Every decoder layer of a model in one C call, for steps of up to ``QUANTIZED_ROWS``
     (every product quantized) or ``BLOCKED_ROWS`` (some packed) query rows that are all
-    decodes or short chunks: the same kernels as
-    the per-layer calls, in the same order (so the same result, bit for bit), without
-    their Python dispatch. Built by :func:`decoder_stack`, which checks the weights."""
+    decodes or short chunks: the same kernels as the per-layer calls, in the same order (so
+    the same result, bit for bit), without their Python dispatch. Built by
+    :func:`decoder_stack`, which checks the weights."""
 
     def __init__(self, layers: list[LayerTensors], num_heads: int, eps: float,
                  scale: float, activation: str = "silu") -> None:
