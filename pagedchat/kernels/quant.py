@@ -95,11 +95,10 @@ class Segment:
 
 
 class QuantizedWeight:
-    """A ``[out_features, in_features]`` weight as GGML blocks, in row segments (see the
-    module's docstring). Rows can be taken (a permutation, a shard) and weights stacked
-    without touching a block. ``int8_activations``: products round their input to 8 bits
-    first (:func:`round_activations`), as llama.cpp multiplies, rather than multiply
-    exactly."""
+    """A ``[out_features, in_features]`` weight as GGML blocks, in row segments. Rows can be
+    taken (a permutation, a shard) and weights stacked without touching a block.
+    ``int8_activations``: products round their input to 8 bits first
+    (:func:`round_activations`), as llama.cpp multiplies, rather than multiply exactly."""
 
     def __init__(self, segments: Sequence[Segment], in_features: int,
                  int8_activations: bool = False) -> None:

@@ -109,9 +109,8 @@ class Replies:
                    ) -> bool:
         """Save ``text`` as the session's next message and ask for a reply; with
         ``instead_of`` (an earlier user message), as an edit of it: a new branch that
-        shares what came before it, the old one kept.
-
-        Returns False (the text stays in the input) when it could not be sent."""
+        shares what came before it, the old one kept. Returns False (the text stays in the
+        input) when it could not be sent."""
         app = self.app
         if (params := self._params(session)) is None:
             return False

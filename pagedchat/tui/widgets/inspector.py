@@ -83,11 +83,9 @@ def owner_colour(session_id: int) -> str:
 class PoolMap(Static):
     def show(self, pool: list[str], owners: dict[int, list[str]],
              session_of: dict[str, int], titles: dict[int, str], focused: int | None) -> None:
-        """Draw ``pool`` (a state per block) and a legend.
-
+        """Draw ``pool`` (a state per block) and a legend, the focused session's blocks bold;
         ``owners`` maps blocks to request ids, ``session_of`` request ids to sessions,
-        ``titles`` sessions to their titles; the focused session's blocks are bold.
-        """
+        ``titles`` sessions to their titles."""
         text = Text()
         present: set[int] = set()
         for block, state in enumerate(pool):
@@ -148,12 +146,10 @@ class Inspector(VerticalScroll):
     def show_focus(self, session_of: dict[str, int], titles: dict[int, str],
                    focused: int | None, paths: dict[str, list[Message]] | None = None,
                    ) -> None:
-        """Show the block table of session ``focused`` and the pool map, from the latest snapshot.
-
-        ``session_of`` maps request ids to sessions, ``titles`` sessions to their titles,
+        """Show session ``focused``'s block table and the pool map, from the latest snapshot;
+        ``session_of`` maps request ids to sessions, ``titles`` sessions to their titles, and
         ``paths`` request ids to the messages they answered (their reply last), which names
-        the branches of the session that share its blocks.
-        """
+        the branches of the session that share its blocks."""
         if self.latest is None:
             return
         s = self.latest.stats
