@@ -114,7 +114,7 @@ static inline __attribute__((always_inline)) void head_of(int type, const uint8_
 }
 
 /* The most rows of x quant_rows_part takes (quant.c's product sends it those). */
-#define QUANT_ROWS_MAX 4
+#define QUANT_ROWS_MAX 8
 
 /* The most output columns a tile of the few-row products (quant_rows.c, quant_int8.c)
  * takes at once. */
@@ -201,8 +201,9 @@ static inline void prefetch_lines_ahead(const uint8_t *const col[], int cols, in
 
 /* The cases of a switch on `type` that call COLUMNS(TYPE, ROWS, x, w, row_bytes, bias, out,
  * out_bf16, k_dim, out_stride, first, end) for every format and for `rows` from 1 to
- * QUANT_ROWS_MAX, each as constants, so that both fold into the tile's loops (quant_rows.c
- * and quant_int8.c). */
+ * 4, each as constants, so that both fold into the tile's loops (quant_rows.c and
+ * quant_int8.c); a source using them defines QUANT_WIDE_ROW_CASES(COLUMNS, TYPE), its cases
+ * for 5 rows and more (empty where it takes at most 4). */
 #define QUANT_ROW_CASE(COLUMNS, TYPE, ROWS)                                                \
     case ROWS: COLUMNS(TYPE, ROWS, x, w, row_bytes, bias, out, out_bf16, k_dim, out_stride, \
                        first, end); break;
@@ -211,6 +212,7 @@ static inline void prefetch_lines_ahead(const uint8_t *const col[], int cols, in
         switch (rows) {                                                                    \
             QUANT_ROW_CASE(COLUMNS, TYPE, 1) QUANT_ROW_CASE(COLUMNS, TYPE, 2)              \
             QUANT_ROW_CASE(COLUMNS, TYPE, 3) QUANT_ROW_CASE(COLUMNS, TYPE, 4)              \
+            QUANT_WIDE_ROW_CASES(COLUMNS, TYPE)                                            \
         }                                                                                  \
         break;
 #define QUANT_TYPE_CASES(COLUMNS)                                                          \
@@ -268,7 +270,7 @@ void split_row_columns(int type, const float *x, const uint8_t *w, int64_t row_b
 #if defined(__AVX512VNNI__)
 #define INT8_ROWS_MAX 2
 #else
-#define INT8_ROWS_MAX QUANT_ROWS_MAX
+#define INT8_ROWS_MAX 4
 #endif
 
 /* quant_rows_part's contract, with x rounded to 8 bits (quant_int8.c); type without the

@@ -366,8 +366,13 @@ static void panel_product(const float *x, const float *tile, const float *bias, 
     }
 }
 
-/* The most rows the exact products send to quant_rows.c. */
+/* The most rows the exact products send to quant_rows.c: on AVX2 tile8 keeps up to
+ * QUANT_ROWS_MAX rows' sums in registers; the other levels' tiles, 4. */
+#if defined(VF_AVX2)
 #define FEW_ROWS QUANT_ROWS_MAX
+#else
+#define FEW_ROWS 4
+#endif
 
 /* Thread t of a team of `threads`: its share of out[m][n] (row stride out_stride; float32, or
  * bfloat16 where out_bf16) = x[m] . W[n] (+ bias[n]) for W's n_dim rows of `type` blocks;

@@ -198,6 +198,9 @@ columns8(int type, int rows, const X8 *x, const uint8_t *w, int64_t row_bytes,
     }
 }
 
+/* at most INT8_ROWS_MAX (4) rows */
+#define QUANT_WIDE_ROW_CASES(COLUMNS, TYPE)
+
 static void columns8_of(int type, int rows, const X8 *x, const uint8_t *w, int64_t row_bytes,
                         const float *bias, void *out, int out_bf16, int k_dim,
                         int64_t out_stride, int first, int end) {

@@ -519,6 +519,28 @@ columns(int type, int rows, const float *x, const uint8_t *w, int64_t row_bytes,
 
 #define COLUMNS_FACTORED_WHERE_XSUM(...) columns(__VA_ARGS__, xsum)
 
+#if defined(VF_AVX2)
+/* Output columns [first, end) for 5 to 8 rows of x, tile8's alone (a speculative step's
+ * rows): their sums still fit the registers, one column at a time. */
+static inline __attribute__((always_inline)) void
+wide_columns(int type, int rows, const float *x, const uint8_t *w, int64_t row_bytes,
+             const float *bias, void *out, int out_bf16, int k_dim, int64_t out_stride,
+             int first, int end) {
+    const int64_t ahead = prefetch_distance(row_bytes);
+    for (int n = first; n < end; n++) {
+        const uint8_t *col[TILE_COLS_MAX] = {w + (int64_t)n * row_bytes};
+        float sums[QUANT_ROWS_MAX][TILE_COLS_MAX];
+        tile8(type, rows, 1, x, k_dim, col, ahead, sums);
+        store_tile(rows, 1, sums, bias, n, out, out_bf16, out_stride);
+    }
+}
+#define QUANT_WIDE_ROW_CASES(COLUMNS, TYPE)                                                \
+    QUANT_ROW_CASE(wide_columns, TYPE, 5) QUANT_ROW_CASE(wide_columns, TYPE, 6)            \
+    QUANT_ROW_CASE(wide_columns, TYPE, 7) QUANT_ROW_CASE(wide_columns, TYPE, 8)
+#else
+#define QUANT_WIDE_ROW_CASES(COLUMNS, TYPE)
+#endif
+
 static void columns_of(int type, int rows, const float *x, const uint8_t *w,
                        int64_t row_bytes, const float *bias, void *out, int out_bf16,
                        int k_dim, int64_t out_stride, int first, int end, const float *xsum) {
