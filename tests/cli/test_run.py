@@ -79,13 +79,14 @@ def _stat(output: str, label: str) -> int:
 def test_run_sizes_the_kv_pool_to_its_request(tiny_model_dir):
     """One request: the pool holds its prompt and max_tokens (whole blocks of 16), not the
     engine's default budget; an explicit --kv-blocks or --kv-memory wins."""
-    prompt = "Count with me: " + " ".join(["one two three four five six seven"] * 12)
-    result = runner.invoke(app, ["run", "--model", str(tiny_model_dir), "--max-tokens", "260",
+    # a long prompt and few tokens to generate, together past the pool's 256-token floor
+    prompt = "Count with me: " + " ".join(["one two three four five six seven"] * 40)
+    result = runner.invoke(app, ["run", "--model", str(tiny_model_dir), "--max-tokens", "40",
                                  "-v", prompt])
     assert result.exit_code == 0, result.output
     prompt_tokens = _stat(result.output, "prompt eval count:")
-    assert prompt_tokens > 40
-    assert _stat(result.output, "kv cache:") == -(-(prompt_tokens + 260) // 16)
+    assert prompt_tokens + 40 > 256 + 16
+    assert _stat(result.output, "kv cache:") == -(-(prompt_tokens + 40) // 16)
     for option in (["--kv-blocks", "40"], ["--kv-memory", "320KiB"]):
         result = runner.invoke(app, ["run", "--model", str(tiny_model_dir), "--max-tokens", "2",
                                      "-v", *option, "hi"])
