@@ -47,7 +47,7 @@ def inspect(
     weights: opt.Weights = None,
     kv_cache_dtype: opt.KvCacheDtype = "auto",
     speculative: opt.Speculative = None,
-    num_speculative_tokens: opt.NumSpeculativeTokens = 4,
+    num_speculative_tokens: opt.NumSpeculativeTokens = opt.SPECULATIVE_TOKENS,
 ) -> None:
     """Watch the KV block pool, block tables and sharing, one engine step at a time."""
     from pagedchat.chat.inspect import default_scenario, prompt_scenario, run_scenario

@@ -11,6 +11,7 @@ import typer
 from rich.markup import escape
 
 from pagedchat import console
+from pagedchat.engine.config import EngineConfig
 from pagedchat.engine.errors import PagedChatError
 
 MODEL_HELP = ("HF folder, GGUF file or named model (see pagedchat models); default: "
@@ -49,6 +50,7 @@ Speculative = Annotated[str | None, typer.Option(
 NumSpeculativeTokens = Annotated[int, typer.Option(
     "--num-speculative-tokens", min=1, max=16, help="Most tokens proposed per step with "
                                                     "--speculative.")]
+SPECULATIVE_TOKENS = EngineConfig.num_speculative_tokens
 KvStoreCap = Annotated[str, typer.Option(
     "--kv-store-cap", help="Largest size of the KV store's folder, e.g. 2GiB; the least "
                            "recently used blocks go first.")]

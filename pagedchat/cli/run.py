@@ -31,7 +31,7 @@ def run(
     kv_memory: opt.KvMemory = None,
     kv_cache_dtype: opt.KvCacheDtype = "auto",
     speculative: opt.Speculative = None,
-    num_speculative_tokens: opt.NumSpeculativeTokens = 4,
+    num_speculative_tokens: opt.NumSpeculativeTokens = opt.SPECULATIVE_TOKENS,
     tensor_parallel_size: opt.TensorParallelSize = 1,
     verbose: Annotated[bool, typer.Option(
         "--verbose", "-v", help="Print load time, token counts and speeds to stderr.")] = False,

@@ -37,7 +37,7 @@ def serve(
     weights: opt.Weights = None,
     kv_cache_dtype: opt.KvCacheDtype = "auto",
     speculative: opt.Speculative = None,
-    num_speculative_tokens: opt.NumSpeculativeTokens = 4,
+    num_speculative_tokens: opt.NumSpeculativeTokens = opt.SPECULATIVE_TOKENS,
     kv_store: Annotated[Path | None, typer.Option(
         help="Folder where finished requests' KV blocks are kept, read back by later prompts "
              "that start with them, after a restart too (a shared system prompt stays "

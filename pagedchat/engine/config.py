@@ -64,9 +64,9 @@ class EngineConfig:
     # speculative decoding: None (off) or "ngram" (drafts looked up in the sequence's own
     # tokens, see ngram_proposer.py), up to num_speculative_tokens verified in one step
     speculative: str | None = None
-    num_speculative_tokens: int = 4
+    num_speculative_tokens: int = 6
     ngram_min: int = 1
-    ngram_max: int = 3
+    ngram_max: int = 8
     # a folder where finished requests' KV blocks are kept (kv_store.py), read back when a
     # prompt starts with them; None: none kept. kv_store_cap bounds the folder's size.
     kv_store: str | None = None

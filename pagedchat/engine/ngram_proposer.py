@@ -7,12 +7,15 @@ dictionary lookups whatever the length of the sequence. The longest n-gram found
 match close to the end, in a run that repeats, proposes the run's repetition.
 
 A drafted token costs a query row in the step that verifies it, whether it is accepted or
-not, so each sequence proposes only as many tokens as pay for their rows: it keeps a
-recent estimate of how likely a drafted token is accepted (once the ones before it were),
-and takes the draft length that maximises the expected tokens per step over the step's
-cost, as the engine's own steps of that many rows took (``StepCosts``). Without a draft
-for a while, the estimate drifts back to its prior, so a sequence that starts to repeat
-its context is drafted for again.
+not, so a draft is only as long as pays for its rows. How likely a drafted token is
+accepted depends most on how long the match behind it was (a lone token recurs by chance;
+eight in a row mean the reply is quoting), and the first token of a draft is the doubtful
+one: so the proposer keeps, per match length, a recent estimate of how often a draft's first
+token is accepted and how often a later one is (once those before it were), and takes the
+draft length that maximises the expected tokens per step over the step's cost, as the
+engine's own steps of that many rows took (``StepCosts``). Each time a match of a length is
+looked up its estimate forgets a little, drifting back to its prior, so a length whose
+drafts stopped being proposed is tried again.
 """
 
 from __future__ import annotations
@@ -22,32 +25,56 @@ from weakref import WeakKeyDictionary
 from pagedchat.engine.sequence import Sequence
 from pagedchat.engine.step_costs import ROW_COST, StepCosts
 
-# how much of its weight an observation of acceptance keeps per step of the sequence
-DECAY = 0.8
+# how much of its weight an observation keeps each time its match length is looked up
+DECAY = 0.9
 
 
-class _Index:
-    """The n-grams of one sequence's tokens: n-gram -> the index of the token after its
-    latest occurrence that has a token after it; and its recent drafts' fortune."""
+class _Fortune:
+    """Decayed counts of how the drafts behind matches of one length fared: their first
+    tokens tried and accepted, and their later tokens tried (reached with all before them
+    accepted) and accepted."""
 
     def __init__(self) -> None:
-        self.ends: dict[tuple[int, ...], int] = {}
-        self.indexed = 0  # tokens[:indexed] have their n-grams ending before them indexed
-        self.accepted = 0.0  # decayed counts of drafted tokens accepted, and of rejections
-        self.rejected = 0.0
+        self.first = [0.0, 0.0]  # accepted, tried
+        self.later = [0.0, 0.0]
+
+    def forget(self) -> None:
+        for counts in (self.first, self.later):
+            counts[0] *= DECAY
+            counts[1] *= DECAY
+
+    def record(self, drafted: int, accepted: int) -> None:
+        reached = min(accepted + 1, drafted)  # drafted tokens compared with the target's
+        self.first[0] += accepted >= 1
+        self.first[1] += 1
+        self.later[0] += max(accepted - 1, 0)
+        self.later[1] += reached - 1
 
     def draft_length(self, limit: int, costs: StepCosts) -> int:
         """The draft length (up to ``limit``) with the most expected tokens per unit of
-        step cost, each drafted token accepted with the estimated probability (a
-        Laplace prior: one half without observations)."""
-        p = (self.accepted + 1.0) / (self.accepted + self.rejected + 2.0)
-        best, best_rate, expected = 0, 1.0, 1.0
+        step cost. The first token's estimate has a Laplace prior (one half without
+        observations); a later token's is drawn towards the first's, which it is taken to
+        equal until observed."""
+        first = (self.first[0] + 1.0) / (self.first[1] + 2.0)
+        later = (self.later[0] + 2.0 * first) / (self.later[1] + 2.0)
+        best, best_rate, expected, reach = 0, 1.0, 1.0, first
         for k in range(1, limit + 1):
-            expected += p**k
+            expected += reach
+            reach *= later
             rate = expected / costs.relative(1 + k)
             if rate > best_rate:
                 best, best_rate = k, rate
         return best
+
+
+class _Index:
+    """The n-grams of one sequence's tokens: n-gram -> the index of the token after its
+    latest occurrence that has a token after it; and the length of its last draft's match."""
+
+    def __init__(self) -> None:
+        self.ends: dict[tuple[int, ...], int] = {}
+        self.indexed = 0  # tokens[:indexed] have their n-grams ending before them indexed
+        self.matched = 0  # the match length behind the last draft proposed
 
 
 class NgramProposer:
@@ -56,29 +83,30 @@ class NgramProposer:
         self.ngram_max = ngram_max
         # what steps of each row count cost (row_cost 0, until timed: always the whole limit)
         self.costs = StepCosts(row_cost)
+        self._fortunes = {n: _Fortune() for n in range(ngram_min, ngram_max + 1)}
         self._indexes: WeakKeyDictionary[Sequence, _Index] = WeakKeyDictionary()
 
     def propose(self, seq: Sequence, limit: int) -> list[int]:
         """Up to ``limit`` tokens that may follow ``seq``'s tokens, as many as are likely to
         pay for their rows; empty without a match."""
-        tokens = seq.token_ids
-        index = self._indexes.setdefault(seq, _Index())
-        index.accepted *= DECAY
-        index.rejected *= DECAY
-        limit = index.draft_length(limit, self.costs)
         if limit < 1:
             return []
+        tokens = seq.token_ids
+        index = self._indexes.setdefault(seq, _Index())
         self._extend(index, tokens)
         for n in range(min(self.ngram_max, len(tokens) - 1), self.ngram_min - 1, -1):
             if (end := index.ends.get(tuple(tokens[-n:]))) is not None:
-                return _continuation(tokens, end, limit)
+                fortune = self._fortunes[n]
+                fortune.forget()
+                length = fortune.draft_length(limit, self.costs)
+                index.matched = n
+                return _continuation(tokens, end, length) if length else []
         return []
 
     def record(self, seq: Sequence, drafted: int, accepted: int) -> None:
         """How the draft of ``drafted`` tokens last proposed for ``seq`` fared."""
-        if (index := self._indexes.get(seq)) is not None:
-            index.accepted += accepted
-            index.rejected += accepted < drafted
+        if (index := self._indexes.get(seq)) is not None and drafted:
+            self._fortunes[index.matched].record(drafted, accepted)
 
     def timed(self, rows: int, seconds: float) -> None:
         """A lone sequence's decode step of ``rows`` query rows took ``seconds``."""

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from pagedchat import console
-from pagedchat.cli.options import NumSpeculativeTokens, user_errors
+from pagedchat.cli.options import SPECULATIVE_TOKENS, NumSpeculativeTokens, user_errors
 from pagedchat_lab.cli import options as opt
 
 WORKLOADS = ("code", "sharegpt")
@@ -31,7 +31,7 @@ def speculative(model: opt.Model = None, num_prompts: Annotated[int, typer.Optio
                     "--workload", callback=_check_workloads,
                     help="code (edits of standard library functions), sharegpt, or both.")]
                 = "code,sharegpt",
-                num_speculative_tokens: NumSpeculativeTokens = 4,
+                num_speculative_tokens: NumSpeculativeTokens = SPECULATIVE_TOKENS,
                 rounds: Annotated[int, typer.Option(
                     "--rounds", min=1, help="Times every prompt is answered by each.")] = 1,
                 seed: opt.Seed = 0, dtype: opt.DTypeOption = opt.DType.float32,

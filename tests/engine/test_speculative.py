@@ -255,6 +255,24 @@ def test_draft_length_follows_how_drafts_fare():
 
 
 
+def test_drafts_are_sized_by_how_drafts_after_matches_of_that_length_fared():
+    """Drafts behind long matches that were accepted grow long; drafts behind one-token
+    matches that were rejected become rare (tried again now and then); each match length
+    keeps its own estimate."""
+    proposer = NgramProposer(1, 4, row_cost=0.3)
+    quoting = Sequence([1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3, 4], 13)  # "1 2 3 4" recurs
+    chance = Sequence([20, 21, 22, 23, 21], 5)  # only "21" recurs
+    chance_drafts = 0
+    for _ in range(12):
+        draft = proposer.propose(quoting, 4)
+        proposer.record(quoting, len(draft), len(draft))
+        draft = proposer.propose(chance, 4)
+        proposer.record(chance, len(draft), 0)
+        chance_drafts += bool(draft)
+    assert proposer.propose(quoting, 4) == [5, 6, 7, 8]
+    assert 1 <= chance_drafts <= 5
+
+
 def test_step_costs_take_timed_steps_over_the_prior():
     costs = StepCosts(row_cost=0.5)
     assert costs.relative(3) == pytest.approx(2.0)  # nothing timed: the prior
