@@ -253,6 +253,31 @@ void quant_rows_part(const float *x, const uint8_t *w, const Format *f, int exac
                      const float *bias, void *out, int out_bf16, int rows, int k_dim,
                      int n_dim, int64_t out_stride, int t, int count, const float *bounds);
 
+#if defined(__AVX2__)
+/* byte i: 16 where bit i of the 32 bits at p is set, else 0 (a fifth bit) */
+static inline __m256i fifth_bit_bytes(const uint8_t *p) {
+    uint32_t bits;
+    memcpy(&bits, p, 4);
+    const __m256i spread = _mm256_shuffle_epi8(  /* byte i holds byte i / 8 of the bits */
+        _mm256_set1_epi32((int)bits),
+        _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                         2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+    const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+    return _mm256_and_si256(set, _mm256_set1_epi8(16));
+}
+
+/* The 32 unsigned integers q of a Q4_0, Q4_1, Q5_0 or Q5_1 block at b, byte i weight i. */
+static inline __m256i block32_bytes(int type, const uint8_t *b) {
+    const int head = type == Q4_0 ? 2 : type == Q4_1 ? 4 : type == Q5_0 ? 6 : 8;
+    /* the 16 bytes twice; the upper copy's high nibbles are weights 16..31 */
+    const __m256i twice = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b + head)));
+    const __m256i q = _mm256_and_si256(
+        _mm256_srlv_epi32(twice, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), _mm256_set1_epi8(15));
+    return type <= Q4_1 ? q : _mm256_or_si256(q, fifth_bit_bytes(b + head - 4));
+}
+#endif
+
 /* Output columns [first, end) of out[0][n] = x . W[n] (+ bias[n]) for one row of x and
  * W in Q4_K or Q6_K (row_bytes bytes a row), with x split into two 8-bit terms
  * (quant_split.c): on AVX2 and AVX-512, where decode steps take them. */

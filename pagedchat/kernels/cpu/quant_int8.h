@@ -115,31 +115,11 @@ static inline int round_rows(const float *x, int rows, int k_dim, X8 *x8) {
 #if defined(__AVX2__)
 static inline __m256i low_nibbles(__m256i v) { return _mm256_and_si256(v, _mm256_set1_epi8(15)); }
 
-/* byte i: 16 where bit i of the 32 bits at p is set, else 0 (a fifth bit) */
-static inline __m256i fifth_bits(const uint8_t *p) {
-    uint32_t bits;
-    memcpy(&bits, p, 4);
-    const __m256i spread = _mm256_shuffle_epi8(  /* byte i holds byte i / 8 of the bits */
-        _mm256_set1_epi32((int)bits),
-        _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                         2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
-    const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
-    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-    return _mm256_and_si256(set, _mm256_set1_epi8(16));
-}
-
 static inline __attribute__((always_inline)) __m256i run_bytes(int type, const uint8_t *b,
                                                                int s) {
     switch (type) {
-        case Q4_0: case Q4_1: case Q5_0: case Q5_1: {
-            const int head = type == Q4_0 ? 2 : type == Q4_1 ? 4 : type == Q5_0 ? 6 : 8;
-            /* the 16 bytes twice; the upper copy's high nibbles are weights 16..31 */
-            const __m256i twice = _mm256_broadcastsi128_si256(
-                _mm_loadu_si128((const __m128i *)(b + head)));
-            const __m256i q = low_nibbles(_mm256_srlv_epi32(
-                twice, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)));
-            return type <= Q4_1 ? q : _mm256_or_si256(q, fifth_bits(b + head - 4));
-        }
+        case Q4_0: case Q4_1: case Q5_0: case Q5_1:
+            return block32_bytes(type, b);
         case Q8_0:
             return _mm256_loadu_si256((const __m256i *)(b + 2));
         case Q4_K: case Q5_K: {

@@ -394,18 +394,18 @@ static inline __m256 high_nibbles(__m256i bytes) {
     return _mm256_cvtepi32_ps(_mm256_srli_epi32(bytes, 4));
 }
 
-/* 16 in lane j where bit first + j of `from` is set, else 0. */
-static inline __m256i fifth_bits(__m256i from, int first) {
-    const __m256i shifts = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-                                            _mm256_set1_epi32(first));
-    return _mm256_and_si256(_mm256_srlv_epi32(from, shifts), _mm256_set1_epi32(16));
+/* The 8 unsigned bytes at p as float32. */
+static inline __m256 widen8(const uint8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
 
 /* sums[0][c] = x . column c for the 4 columns at col[c], one row of x; xsum[b]: the sum of
  * x's 32 values under block b. Per block and column: p = x . q (8 lanes), then
  * acc += d * p; the offsets' terms m * xsum[b] of all 4 columns go into one register
- * (the heads' lanes 2 c + 1: m of column c) and are added at the end. Q5_0's fifth bits
- * are shifted from its 32-bit qh to bit 4 of each lane (for weights 0-7 from qh << 4). */
+ * (the heads' lanes 2 c + 1: m of column c) and are added at the end. Q5_0's integers are
+ * joined as bytes first (block32_bytes), 32 at a time, and widened from a buffer by loads
+ * that widen as they load, where joining them 8 at a time in 32-bit lanes takes more
+ * instructions. */
 static inline __attribute__((always_inline)) void
 tile_factored(int type, const float *x, const float *xsum, int k_dim,
               const uint8_t *const col[], int64_t ahead,
@@ -432,6 +432,12 @@ tile_factored(int type, const float *x, const float *xsum, int k_dim,
             _mm256_store_ps(heads[i ^ 1], head);
         }
         __asm__("" : "+m"(heads));
+        uint8_t joined[4][32] __attribute__((aligned(32)));
+        if (type == Q5_0) {
+            for (int c = 0; c < 4; c++)
+                _mm256_store_si256((__m256i *)joined[c], block32_bytes(Q5_0, col[c] + at));
+            __asm__("" : "+m"(joined));  /* read back by the widening loads below */
+        }
         const __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8),
                      x2 = _mm256_loadu_ps(x + k + 16), x3 = _mm256_loadu_ps(x + k + 24);
         for (int c = 0; c < 4; c++) {
@@ -443,22 +449,10 @@ tile_factored(int type, const float *x, const float *xsum, int k_dim,
                 p = _mm256_fmadd_ps(x2, signed8(q + 16), p);
                 p = _mm256_fmadd_ps(x3, signed8(q + 24), p);
             } else if (type == Q5_0) {
-                uint32_t high;
-                memcpy(&high, col[c] + at + 2, 4);
-                const __m256i bits = _mm256_set1_epi32((int)high);
-                const __m256i early = _mm256_set1_epi32((int)(high << 4));
-                const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q));
-                const __m256i b1 =
-                    _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8)));
-                const __m256i nibble = _mm256_set1_epi32(15);
-                p = _mm256_mul_ps(x0, _mm256_cvtepi32_ps(_mm256_or_si256(
-                    _mm256_and_si256(b0, nibble), fifth_bits(early, 0))));
-                p = _mm256_fmadd_ps(x1, _mm256_cvtepi32_ps(_mm256_or_si256(
-                    _mm256_and_si256(b1, nibble), fifth_bits(bits, 4))), p);
-                p = _mm256_fmadd_ps(x2, _mm256_cvtepi32_ps(_mm256_or_si256(
-                    _mm256_srli_epi32(b0, 4), fifth_bits(bits, 12))), p);
-                p = _mm256_fmadd_ps(x3, _mm256_cvtepi32_ps(_mm256_or_si256(
-                    _mm256_srli_epi32(b1, 4), fifth_bits(bits, 20))), p);
+                p = _mm256_mul_ps(x0, widen8(joined[c]));
+                p = _mm256_fmadd_ps(x1, widen8(joined[c] + 8), p);
+                p = _mm256_fmadd_ps(x2, widen8(joined[c] + 16), p);
+                p = _mm256_fmadd_ps(x3, widen8(joined[c] + 24), p);
             } else {  /* byte j: weight j in its low nibble, weight j + 16 in its high */
                 const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q));
                 const __m256i b1 =
