@@ -1,12 +1,13 @@
-"""transformers' parse of a GGUF's metadata (``load_gguf_checkpoint`` without tensors),
-fed by this package's header reader instead of gguf-py's ``GGUFReader``.
+"""transformers' parse of a GGUF (``load_gguf_checkpoint``), fed by this package's header
+reader instead of gguf-py's ``GGUFReader``.
 
 transformers builds a GGUF's config and tokenizer from ``GGUFReader``'s fields, decoding
 each value of each array from its own numpy view, one at a time: for a vocabulary of a
 quarter million tokens, most of a first start. Here the same fields hold values already
 decoded (:func:`.read_gguf_header` reads each array in bulk), and transformers' decoding of
 a value hands it back as it is; the rest of its parse (the renaming, the defaults, the
-tokenizer's layout) is its own, unchanged.
+tokenizer's layout) is its own, unchanged. Where it asks for the tensors too, each comes
+as gguf-py's reader gives it: the file's bytes mapped read-only, in the same dtype and shape.
 """
 
 from __future__ import annotations
@@ -15,7 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from pagedchat.engine.loading.gguf_file import TensorInfo, read_gguf_header
+
+# gguf-py's element types of the unquantized formats; every other tensor is its raw bytes
+_PLAIN = {"F16": np.float16, "F32": np.float32, "F64": np.float64, "I8": np.int8,
+          "I16": np.int16, "I32": np.int32, "I64": np.int64}
 
 
 @dataclass(frozen=True)
@@ -30,8 +37,33 @@ class _Field:
         return range(len(self.parts))
 
 
+@dataclass(frozen=True)
+class _Tensor:
+    """What transformers reads of a ``ReaderTensor``: its name, type and data."""
+
+    path: Path
+    info: TensorInfo
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    @property
+    def tensor_type(self):
+        import gguf
+
+        return gguf.GGMLQuantizationType[self.info.type_name]
+
+    @property
+    def data(self) -> np.ndarray:
+        plain = _PLAIN.get(self.info.type_name)
+        dtype, shape = ((plain, tuple(reversed(self.info.shape))) if plain is not None
+                        else (np.uint8, self.info.byte_shape))
+        return np.memmap(self.path, dtype=dtype, mode="r", offset=self.info.offset, shape=shape)
+
+
 class _Reader:
-    """Stands for ``gguf.GGUFReader(path)`` where transformers reads only metadata."""
+    """Stands for ``gguf.GGUFReader(path)`` in transformers' parse."""
 
     def __init__(self, path: str | Path, mode: str = "r") -> None:
         header = read_gguf_header(Path(path), with_arrays=True)
@@ -43,7 +75,7 @@ class _Reader:
             **{key: _Field([value]) for key, value in header.fields.items()}}
         for key, values in arrays.items():
             self.fields[key] = _Field(values)
-        self.tensors: tuple[TensorInfo, ...] = header.tensors
+        self.tensors = tuple(_Tensor(Path(path), info) for info in header.tensors)
         self.nested = any(values and isinstance(values[0], list) for values in arrays.values())
 
 
@@ -52,19 +84,21 @@ def _decoded(value, data_type=None):
     return value
 
 
-def parse_metadata(parse: Callable[..., dict], path: str | Path) -> dict:
-    """``parse(path, return_tensors=False)`` (transformers' ``load_gguf_checkpoint``) over
-    this package's reader of the header. A file with a nested array (no supported model
-    has one) is parsed by gguf-py's reader as before."""
+def parse_metadata(parse: Callable[..., dict], path: str | Path, **kwargs) -> dict:
+    """``parse(path, **kwargs)`` (transformers' ``load_gguf_checkpoint``, the metadata
+    alone unless ``return_tensors=True``) over this package's reader of the header. A file
+    with a nested array (no supported model has one) is parsed by gguf-py's reader as
+    before."""
     import gguf
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
+    kwargs.setdefault("return_tensors", False)
     reader = _Reader(path)
     if reader.nested:
-        return parse(path, return_tensors=False)
+        return parse(path, **kwargs)
     saved = gguf.GGUFReader, gguf_utils._gguf_parse_value
-    gguf.GGUFReader, gguf_utils._gguf_parse_value = (lambda *args, **kwargs: reader), _decoded
+    gguf.GGUFReader, gguf_utils._gguf_parse_value = (lambda *args, **_: reader), _decoded
     try:
-        return parse(path, return_tensors=False)
+        return parse(path, **kwargs)
     finally:
         gguf.GGUFReader, gguf_utils._gguf_parse_value = saved

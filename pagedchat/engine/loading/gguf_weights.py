@@ -60,7 +60,7 @@ def write_metadata(path: Path, folder: Path) -> None:
 
     hf_logging.disable_progress_bar()
     try:
-        with _header_parsed_once():
+        with header_parsed_once():
             config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
             tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     except Exception as error:
@@ -72,17 +72,20 @@ def write_metadata(path: Path, folder: Path) -> None:
 
 
 @contextmanager
-def _header_parsed_once() -> Iterator[None]:
+def header_parsed_once() -> Iterator[None]:
     """transformers parses a GGUF's whole header (its vocabulary too) to build the config,
-    and again for the tokenizer's choice of class. Within this block the header is read
-    by :func:`.parse_metadata` (in bulk), once: the second parse is a copy of the first."""
+    again for the tokenizer's choice of class, and again with the tensors. Within this
+    block the header is read by :func:`.parse_metadata` (in bulk): the metadata once (a
+    second parse is a copy of the first), the tensors' bytes mapped as gguf-py maps them."""
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
     parse = getattr(gguf_utils, "load_gguf_checkpoint", None)
     parsed: dict[str, dict] = {}
 
     def parse_once(file, return_tensors=False, **kwargs):
-        if return_tensors or kwargs:
+        if return_tensors:
+            return parse_metadata(parse, file, return_tensors=True, **kwargs)
+        if kwargs:
             return parse(file, return_tensors, **kwargs)
         if str(file) not in parsed:
             parsed[str(file)] = parse_metadata(parse, file)

@@ -224,7 +224,8 @@ def _gguf_key(path: Path) -> str:
 
 
 def _convert_gguf(path: Path, folder: Path) -> None:
-    """De-quantize with transformers and write config, tokenizer and safetensors."""
+    """De-quantize with transformers (its parse fed by this package's header reader: see
+    gguf_weights.header_parsed_once) and write config, tokenizer and safetensors."""
     import torch
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -232,9 +233,10 @@ def _convert_gguf(path: Path, folder: Path) -> None:
 
     hf_logging.disable_progress_bar()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                     dtype=torch.float32)
+        with gguf_weights.header_parsed_once():
+            tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+            model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                         dtype=torch.float32)
     except Exception as error:
         raise ModelLoadError(f"{path}: transformers could not read the GGUF ({error})") from error
     state = model.state_dict()

@@ -161,6 +161,31 @@ def test_metadata_parses_the_header_once(tiny_gguf, tmp_path, monkeypatch):
     assert modeling_gguf_pytorch_utils.load_gguf_checkpoint.__name__ == "load_gguf_checkpoint"
 
 
+def test_tensors_parsed_in_bulk_are_gguf_pys(tiny_gguf, monkeypatch):
+    """transformers de-quantizes the same tensors whether its parse reads the file through
+    gguf-py's reader or, within header_parsed_once (a conversion's), through this package's,
+    which then leaves gguf-py's reader unused."""
+    import gguf
+
+    from pagedchat.engine.loading.gguf_weights import header_parsed_once
+
+    theirs = _transformers_tensors(tiny_gguf)
+    gguf_py_parses = []
+
+    class CountingGGUFReader(gguf.GGUFReader):
+        def __init__(self, *args, **kwargs):
+            gguf_py_parses.append(args[0])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", CountingGGUFReader)
+    with header_parsed_once():
+        ours = _transformers_tensors(tiny_gguf)
+    assert not gguf_py_parses
+    assert ours.keys() == theirs.keys()
+    for name, tensor in ours.items():
+        assert torch.equal(tensor, theirs[name]), name
+
+
 def _in_a_mapping_of(path: Path, pointer: int) -> bool:
     """Whether ``pointer`` lies in one of this process's mappings of ``path``."""
     for line in Path("/proc/self/maps").read_text().splitlines():
