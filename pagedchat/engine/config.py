@@ -1,4 +1,4 @@
-"""EngineConfig: every knob of the engine in one place."""
+"""EngineConfig: every knob of the engine in one place, each described in API.md."""
 
 from __future__ import annotations
 
@@ -49,26 +49,16 @@ class EngineConfig:
     max_num_batched_tokens: int = 1024
     max_model_len: int | None = None
     dtype: str = "float32"
-    # auto: K/V kept in dtype; int8: each token's head rounded to 8 bits with a float16
-    # scale (kernels/kv_int8.py), about a quarter of float32's bytes, not exact
     kv_cache_dtype: str = "auto"
-    # gguf (a GGUF's tensors kept in their blocks; activations in dtype), gguf-int8 (the
-    # same, the products' activations rounded to 8 bits as llama.cpp does: faster, not
-    # exact), q8_0 (an HF folder's matrices quantized at load to Q8_0), float32 or
-    # bfloat16 (de-quantized, and dtype follows); None: gguf for a GGUF model on the CPU
-    # when dtype is float32, else dtype
+    # None: gguf for a GGUF model on the CPU in float32, else dtype (resolve_weights)
     weights: str | None = None
     device: str = "auto"
     attention_backend: str = "auto"
     tensor_parallel_size: int = 1
-    # speculative decoding: None (off) or "ngram" (drafts looked up in the sequence's own
-    # tokens, see ngram_proposer.py), up to num_speculative_tokens verified in one step
     speculative: str | None = None
     num_speculative_tokens: int = 6
     ngram_min: int = 1
     ngram_max: int = 8
-    # a folder where finished requests' KV blocks are kept (kv_store.py), read back when a
-    # prompt starts with them; None: none kept. kv_store_cap bounds the folder's size.
     kv_store: str | None = None
     kv_store_cap: str | int = "2GiB"
 
