@@ -1,13 +1,12 @@
 """The prefix cache, the half of ``BlockManager`` that finds and publishes full blocks by
 their chained hash (``blocks.block_hash``); the pool it draws on is the other half's.
 
-A lookup compares a full block's stored tokens and parent hash, not only its chained hash,
-so a hash collision never makes a request read another's K/V. A prompt that ends inside a
-block another sequence filled (a regenerated reply: the conversation so far, then the
-reply it replaces) finds that block among the children of its last full block and starts
-from a copy of it (``PrefixHit.tail``): only its last token is computed, and not even
-that one when the runner kept that prompt's last row (``kept_rows``) and the block holds
-the last token too: the first new token is sampled from the kept row.
+A lookup compares a block's stored tokens and parent hash too, so a hash collision never
+makes a request read another's K/V. A prompt that ends inside a block another sequence
+filled (a regenerated reply) finds that block among the children of its last full block and
+starts from a copy of it (``PrefixHit.tail``): only its last token is computed, and not even
+that one when the runner kept the prompt's last row (``kept_rows``) and the block holds the
+last token too: the first new token is sampled from the kept row.
 """
 
 from __future__ import annotations
@@ -15,15 +14,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import replace
 
-from pagedchat.engine.blocks import (
-    HOLE,
-    NO_HASH,
-    NO_HIT,
-    Block,
-    KeptRows,
-    PrefixHit,
-    block_hash,
-)
+from pagedchat.engine.blocks import HOLE, NO_HASH, NO_HIT, Block, KeptRows, PrefixHit, block_hash
 from pagedchat.engine.sequence import Sequence
 
 
