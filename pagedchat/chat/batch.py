@@ -1,13 +1,10 @@
 """``pagedchat batch``: JSONL requests in, JSONL results out, continuously batched.
 
-Every valid line goes into the engine at once; each answer is appended and flushed the
-moment its request finishes, so a run killed at any point loses nothing finished.
-
-A rerun with the same output file resumes: it skips the requests answered there and runs
-the rest. An answer names its request by line number, id and a hash of the line's text;
-only an answer stands for a request. Error records are not kept across runs: each run
-writes one for every line it rejects, so a line fixed since (or one the engine now has
-room for) runs. When the input changed under an answer (its line edited, moved or
+Every valid line goes into the engine at once; each answer is appended and flushed when its
+request finishes, so a killed run loses nothing finished. A rerun with the same output file
+skips the requests answered there (an answer names its line number, id and a hash of the
+line's text) and runs the rest, including the lines it rejected before (error records do not
+count as answers). If the input changed under an answer (its line edited, moved or
 removed), the rerun stops before running anything and names the line.
 """
 

@@ -1,13 +1,9 @@
-"""The one thread that owns the LLMEngine.
+"""The one thread that owns the (single-threaded) LLMEngine.
 
-The engine is single-threaded, so a UI never calls it: it puts ``Submit`` and
-``Cancel`` commands on this driver's queue and gets events back through a callback
-(called from the driver thread; a Textual app posts them as messages). The model
-loads in the same thread, so a UI can start at once and queue its first message.
-
-Outputs are coalesced per request and handed over at most every ``flush_interval``
-seconds (a finished reply at once): a small model steps far more often than a UI
-wants to hear about.
+A UI puts ``Submit`` and ``Cancel`` commands on the driver's queue and gets events back
+through a callback called from the driver thread. The model loads in that thread too, so a
+UI can start at once and queue its first message. Outputs are coalesced per request and
+handed over at most every ``flush_interval`` seconds (a finished reply at once).
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
-"""History -> prompt token ids, kept within a context window.
+"""History -> prompt token ids, kept within a context window (the paper's chatbot keeps 1024).
 
-The chatbot workload of the PagedAttention paper keeps the last 1024 tokens of the
-history. Cutting tokens blindly would split the chat template's markup, so here whole
-messages drop off instead, oldest first: the system prompt always stays, then the
-newest messages that fit. Only when the newest message alone is too long is it cut,
-keeping its end (the question is usually at the end).
+Whole messages drop off, oldest first, so the chat template's markup is never split: the
+system prompt always stays, then the newest messages that fit. Only a newest message too
+long alone is cut, keeping its end (where the question usually is).
 
-A model without a chat template (a base model) is given the conversation as plain
-"User: ... / Assistant: ..." lines, and stops where it would begin the user's next line;
-``raw`` gives no markup at all: the model continues the transcript's text.
+A model without a chat template (a base model) gets plain "User: ... / Assistant: ..." lines
+and stops where the user's next line would begin; ``raw`` gives no markup at all.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
 """The KV block pool: free list, reference counts, copy-on-write, prefix cache, swap pool.
 
-A sequence has one block table per layer group (see ``kv_groups.py``; one group for a
-model without sliding-window layers), all drawing on this one pool. A table's index is
-the block's position in the sequence. In a group with a sliding window, a block whose
-tokens all lie before the window of the next token to compute is never read again: it
-goes back to the pool and its entry becomes ``HOLE``, so the holes are always a prefix.
-
-Every physical block is referenced, cached-evictable or free (see ``blocks.Block``); the
-prefix cache (finding and publishing full blocks by their chained hash, and the tail a
-prompt copies) is ``prefix_cache.py``'s half of the class.
+A sequence has one block table per layer group (``kv_groups.py``), indexed by the block's
+position in the sequence, all drawing on this pool. In a windowed group, a block wholly
+before the window of the next token to compute is never read again: it goes back to the
+pool and its entry becomes ``HOLE``, so the holes are always a prefix. Every block is
+referenced, cached-evictable or free (``blocks.Block``); ``prefix_cache.py`` is the half of
+the class that finds and publishes full blocks by their chained hash.
 """
 
 from __future__ import annotations

@@ -1,16 +1,13 @@
 """How a model's layers share the KV pool: layer groups, each with its own block tables.
 
-All layers of a Llama-family model attend to the whole context: one group, and a physical
-block (a page of the pool) holds one block of tokens for every layer, as in the paper.
-
-A model with sliding-window layers (Gemma 3) has layers of two kinds. A local layer's
-blocks can go back to the pool once they slide out of its window while a global layer's
-stay, so the two kinds need block tables of their own. Every page of the pool has the
-same size, so any free page can serve any group: a page holds ``layers_per_page`` layers,
-the greatest common divisor of the two kinds' layer counts, and each kind is split into
-groups of that many layers. Groups of one kind fill and free their tables in lockstep.
-The pool is one tensor per page slot; a layer keeps its K/V in its slot's tensor, at the
-pages its group's table names.
+A Llama-family model has one group: a physical block (a page) holds one block of tokens for
+every layer, as in the paper. A model with sliding-window layers (Gemma 3) frees a local
+layer's blocks once they slide out of its window while a global layer's stay, so each kind
+needs tables of its own. Every page has the same size, so any free page serves any group: a
+page holds ``layers_per_page`` layers (the greatest common divisor of the two kinds' layer
+counts), each kind is split into groups of that many layers, and groups of one kind fill
+and free their tables in lockstep. The pool is one tensor per page slot; a layer keeps its
+K/V in its slot's tensor, at the pages its group's table names.
 """
 
 from __future__ import annotations

@@ -1,17 +1,15 @@
 """KV blocks kept on disk, so that a conversation reopened after a restart starts warm.
 
-When a request ends, the full blocks of its sequences (prompt and reply) are written to a
-folder, one file per block, named by the prefix cache's chain hash (``block_manager``)
-under a folder named by the model's fingerprint: the model files' identity, the weights
-mode, the dtypes, the block size and the kernels that computed the K/V. When a request
-arrives, the blocks of its prompt that the pool no longer caches are read back into free
-blocks as cached blocks; the scheduler's prefix lookup then finds them as it finds any
-cached block, so the prompt is not computed again.
+When a request ends, the full blocks of its sequences are written one file per block, named
+by the prefix cache's chain hash, under a folder named by the model's fingerprint (model
+files' identity, weights mode, dtypes, block size, kernels). When a request arrives, the
+blocks of its prompt the pool no longer caches are read back into free blocks as cached
+ones, which the scheduler's prefix lookup then finds, so the prompt is not computed again.
 
-A file carries its fingerprint, chain hash, parent hash, token ids and a checksum of its
-K/V: a file that does not match all of them is a miss, never a wrong answer, and a corrupt
-or foreign one is ignored with a log line (a corrupt one is removed). The folder is kept
-under a size cap: the least recently used files go first.
+A file carries its fingerprint, chain hash, parent hash, token ids and a checksum of its K/V:
+one that does not match all of them is a miss, never a wrong answer; a corrupt or foreign
+one is ignored with a log line (a corrupt one removed). Past the folder's size cap the least
+recently used files go first.
 """
 
 from __future__ import annotations

@@ -3,19 +3,16 @@ the last time those n tokens occurred in its prompt or output.
 
 Each sequence keeps an index from every n-gram of its tokens (``ngram_min`` to ``ngram_max``
 long) to where it last ended, extended as tokens are appended, so a proposal costs a few
-dictionary lookups whatever the length of the sequence. The longest n-gram found wins; a
-match close to the end, in a run that repeats, proposes the run's repetition.
+dictionary lookups. The longest n-gram found wins; a match close to the end, in a run that
+repeats, proposes the run's repetition.
 
-A drafted token costs a query row in the step that verifies it, whether it is accepted or
-not, so a draft is only as long as pays for its rows. How likely a drafted token is
-accepted depends most on how long the match behind it was (a lone token recurs by chance;
-eight in a row mean the reply is quoting), and the first token of a draft is the doubtful
-one: so the proposer keeps, per match length, a recent estimate of how often a draft's first
-token is accepted and how often a later one is (once those before it were), and takes the
-draft length that maximises the expected tokens per step over the step's cost, as the
-engine's own steps of that many rows took (``StepCosts``). Each time a match of a length is
-looked up its estimate forgets a little, drifting back to its prior, so a length whose
-drafts stopped being proposed is tried again.
+A drafted token costs a query row whether it is accepted or not, so a draft is only as long
+as pays for its rows. Acceptance depends most on the length of the match behind the draft
+(a lone token recurs by chance; eight in a row mean the reply is quoting), and a draft's
+first token is the doubtful one: per match length, the proposer estimates how often a first
+token and a later one are accepted (``_Fortune``), and takes the length with the most
+expected tokens per unit of step cost (``StepCosts``). Each lookup of a match length decays
+its estimate towards the prior, so a length whose drafts stopped being proposed is retried.
 """
 
 from __future__ import annotations

@@ -1,12 +1,11 @@
 """Iteration-level scheduling: who runs this step, with how many tokens.
 
-There is no prefill or decode phase. Each sequence has ``num_computed_tokens``;
-a step spends a token budget on running groups first (oldest first), then on
-swapped groups, then on waiting ones, first come first served. A long prompt is
-prefilled in chunks alongside running decodes. When blocks run out, the newest
-running group is preempted, all or nothing, and nothing new is admitted that step.
-Before anything is allocated, every running sequence gives back the blocks that slid
-out of its local layers' windows (the step that last read them has run).
+There is no prefill or decode phase: each sequence has ``num_computed_tokens``, and a step
+spends a token budget on running groups first (oldest first), then swapped ones, then
+waiting ones, first come first served; a long prompt is prefilled in chunks beside running
+decodes. When blocks run out, the newest running group is preempted, all or nothing, and
+nothing new is admitted that step. First, every running sequence gives back the blocks that
+slid out of its local layers' windows.
 """
 
 from __future__ import annotations

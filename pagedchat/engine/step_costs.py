@@ -1,13 +1,11 @@
 """What a decode step costs as its query rows grow, as this engine's own steps took.
 
-A drafted token takes a query row in the step that verifies it. What a row costs depends
-on the CPU, the model and the kernels a row count takes (a few rows share each decoding
-of a weight; past the few-row products' limit a step costs much more), so drafts are
-sized by timed steps rather than by one constant. Only steps of a lone decoding sequence
-are timed (their rows are its own); a row count not yet timed is estimated from the
-nearest timed count below it (else the fewest timed) by the prior, one row costing
-``row_cost`` of a one-row step more. A count not timed for ``EXPIRY`` steps goes back to
-that estimate, so that one timed dear in a passing burst of load is tried again.
+A row's cost depends on the CPU, the model and the kernels a row count takes (a few rows
+share each decoding of a weight; past the few-row products' limit a step costs much more),
+so drafts are sized by timed steps, not by a constant. Only a lone decoding sequence's
+steps are timed; an untimed row count is estimated from the nearest timed count below it
+(else the fewest timed) by the prior (``row_cost``). A count untimed for ``EXPIRY`` steps
+goes back to that estimate, so one timed dear in a passing burst of load is tried again.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """One step's inputs as flat arrays: what the scheduler decided, with no Python objects.
 
-The engine builds it from the scheduler's output (``SchedulerOutput.step_input``) and
-hands it to the runner. This is all a worker needs to run a step, so under tensor
-parallelism it is the one message rank 0 sends every worker each step. For each
-scheduled token: its id, its position and, in each layer group, its cache slot
-(``block_table[pos // block_size] * block_size + pos % block_size``); for each sequence:
-its context length and, in each layer group, its padded block table (one group unless
-the model has sliding-window layers, see ``engine/kv_groups.py``). A sequence whose whole
-prompt is cached and whose prompt's last row was kept computes no token: its sampled row
-is a kept one (``from_kept``).
+Built from the scheduler's output (``SchedulerOutput.step_input``) for the runner, it is all
+a worker needs to run a step: under tensor parallelism, the one message rank 0 sends every
+worker each step. A token's cache slot in a layer group (``engine/kv_groups.py``) is
+``block_table[pos // block_size] * block_size + pos % block_size``.
 """
 
 from __future__ import annotations

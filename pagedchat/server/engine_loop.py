@@ -1,14 +1,11 @@
 """The one thread that owns the LLMEngine while the server runs.
 
-HTTP handlers never call the engine: they put commands on this loop's queue and read
-events from an asyncio queue of their own. After each engine step, the outputs of that
-step go to the event loop in one call, each to its request's queue.
-
-The thread first warms the engine up (the kernels compile at their first use): until that
-has run, ``ready`` is unset and requests wait in the queue. A request that fails inside a
-step ends alone (its output carries ``error``); a step that fails as a whole means the
-engine is broken: every request is aborted, ``failed`` says why and ``on_failure`` is
-called, so that the server can exit for its supervisor to restart it.
+HTTP handlers put commands on this loop's queue and read events from an asyncio queue of
+their own; after each step, its outputs go to the event loop in one call. The thread first
+warms the engine up (the kernels compile at first use); until then ``ready`` is unset and
+requests wait. A request that fails inside a step ends alone (its output carries ``error``);
+a step that fails as a whole aborts every request, sets ``failed`` and calls ``on_failure``,
+so that the server can exit for its supervisor to restart it.
 """
 
 from __future__ import annotations

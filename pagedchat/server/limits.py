@@ -1,14 +1,11 @@
-"""What keeps one client from holding up the others: a bound on a request's size, on the
-time a client may take to send its headers and its body, and on the completions that
-run at once.
+"""What keeps one client from holding up the others: bounds on a request's size, on the time
+a client may take to send its headers and its body, and on the completions run at once.
 
-``RequestLimits`` reads a request's whole body before the app sees it (FastAPI would read
-it whole anyway to parse its JSON): a body larger than ``max_bytes`` is answered 413 as
-soon as that is known (at once when Content-Length says so), one that stalls longer than
-``read_timeout`` between two chunks is answered 408, and a completion past
-``max_concurrent`` running ones is answered 429. ``header_timeout_protocol`` closes a
-connection whose request headers do not arrive within the same time (uvicorn waits for
-them forever).
+``RequestLimits`` reads a request's whole body before the app does (FastAPI would anyway, to
+parse it): a body over ``max_bytes`` is answered 413 as soon as that is known (at once when
+Content-Length says so), one stalling over ``read_timeout`` between two chunks 408, and a
+completion past ``max_concurrent`` running ones 429. ``header_timeout_protocol`` closes a
+connection whose headers do not arrive within that time (uvicorn waits forever).
 """
 
 from __future__ import annotations

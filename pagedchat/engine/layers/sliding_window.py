@@ -1,12 +1,11 @@
 """Sliding-window attention through the ordinary paged-attention kernel.
 
-A query at position ``p`` of a local layer reads the keys at ``p - window + 1 .. p``.
-Every backend's kernel reads a sequence's first ``context_len`` tokens through its block
-table, causally; so each query row becomes a sequence of its own, with one query and a
-table of single-token blocks (the cache seen with block size 1) that lists exactly the
-slots of its window. Decodes, prefill chunks and mixed batches all take this one form,
-and what a local layer reads is never outside its window: blocks before it may have gone
-back to the pool (their table entries are holes) and are never named.
+A query at position ``p`` of a local layer reads the keys at ``p - window + 1 .. p``. Every
+kernel reads a sequence's first ``context_len`` tokens through its block table, causally; so
+each query row becomes a sequence of its own, with one query and a table of single-token
+blocks (the cache seen with block size 1) listing exactly its window's slots. Decodes,
+prefill chunks and mixed batches all take this form, and a local layer never reads outside
+its window (blocks before it may be back in the pool, their table entries holes).
 """
 
 from __future__ import annotations

@@ -2,13 +2,12 @@
 where each tensor lies; a tensor's bytes are read from the file into the array that keeps
 them.
 
-gguf-py's ``GGUFReader`` maps the whole file and makes a numpy view of every metadata
-value, two per string, so a tokenizer's vocabulary and merges become hundreds of thousands
-of Python objects, all alive while the weights load. The engine needs none of them (the
-tokenizer is read from the model's folder), so here an array is stepped over and only its
-length kept. Tensors are read with plain file reads rather than through a mapping, so the
-file's pages never count as the process's memory beside the copies made from them; a
-table read a few rows at a time (an untied embedding) is mapped instead (``map``).
+gguf-py's ``GGUFReader`` makes a numpy view of every metadata value (a vocabulary becomes
+hundreds of thousands of Python objects, alive while the weights load); the engine needs
+none (the tokenizer is read from the model's folder), so an array is stepped over, only its
+length kept. Tensors are read with plain file reads, so the file's pages never count as the
+process's memory beside their copies; a table read a few rows at a time (an untied
+embedding) is mapped instead (``map``).
 """
 
 from __future__ import annotations

@@ -1,13 +1,12 @@
 """transformers' parse of a GGUF (``load_gguf_checkpoint``), fed by this package's header
 reader instead of gguf-py's ``GGUFReader``.
 
-transformers builds a GGUF's config and tokenizer from ``GGUFReader``'s fields, decoding
-each value of each array from its own numpy view, one at a time: for a vocabulary of a
-quarter million tokens, most of a first start. Here the same fields hold values already
-decoded (:func:`.read_gguf_header` reads each array in bulk), and transformers' decoding of
-a value hands it back as it is; the rest of its parse (the renaming, the defaults, the
-tokenizer's layout) is its own, unchanged. Where it asks for the tensors too, each comes
-as gguf-py's reader gives it: the file's bytes mapped read-only, in the same dtype and shape.
+transformers decodes each array value from its own numpy view, one at a time (for a quarter
+million tokens, most of a first start). Here the fields hold values already decoded in bulk
+(:func:`.read_gguf_header`) and transformers' decoding hands a value back as it is; the rest
+of its parse (renaming, defaults, the tokenizer's layout) is its own, unchanged. Where it
+asks for the tensors too, each comes as gguf-py's reader gives it: the file's bytes mapped
+read-only, in the same dtype and shape.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """Resolve a model (default, a named model, Hugging Face folder, GGUF file) to a plain HF folder.
 
-transformers reads the config, tokenizer, chat template and weights (it de-quantizes
-GGUF); the forward pass is ours. De-quantizing takes seconds, so a GGUF is converted
-once into a cache folder keyed by the file's identity (path, size, mtime) and every
-later start reads plain safetensors from there.
-
-With ``weights="gguf"`` a GGUF's tensors stay quantized: its cache folder holds only the
-config and tokenizer, and the weights are read from the file itself at every start
-(:mod:`.gguf_weights`).
+transformers reads the config, tokenizer, chat template and weights; the forward pass is
+ours. A GGUF is de-quantized once into a cache folder keyed by the file's identity (path,
+size, mtime), and later starts read plain safetensors from there. With ``weights="gguf"``
+the cache folder holds only the config and tokenizer, and the quantized tensors are read
+from the file itself at every start (:mod:`.gguf_weights`).
 """
 
 from __future__ import annotations

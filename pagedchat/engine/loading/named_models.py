@@ -1,14 +1,11 @@
 """Models known by name, each one GGUF file shipped split over PyPI packages.
 
-A named model's file is its parts' data files put end to end, in order. The parts are
-found with ``importlib.util.find_spec`` (never imported: only their data is read) and the
-whole is pinned by its SHA-256, whatever the packages are called. It is assembled once into
-the cache folder, hashed as it is written; a record beside it keeps the parts' identities
-(path, size, mtime) and the file's, so a later start trusts the file without hashing it
-again, and a re-installed or changed part makes the next start assemble it anew.
-
-Light on purpose (standard library only): ``pagedchat models`` lists these without
-loading torch.
+A named model's file is its parts' data files end to end, in order, found with
+``importlib.util.find_spec`` (never imported) and pinned by its SHA-256 whatever the packages
+are called. It is assembled once into the cache folder, hashed as written; a record beside
+it keeps the parts' and the file's identities (path, size, mtime), so a later start trusts
+the file without hashing it and a changed part makes the next start assemble it anew.
+Standard library only: ``pagedchat models`` lists these without loading torch.
 """
 
 from __future__ import annotations

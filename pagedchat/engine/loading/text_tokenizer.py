@@ -1,11 +1,9 @@
 """A model's tokenizer read with the ``tokenizers`` library alone, for the folders pagedchat
-writes from a GGUF.
+writes from a GGUF, sparing a start transformers' import and tokenizer class.
 
-Such a folder's ``tokenizer.json`` is what transformers' own tokenizer class saved after
-building it, so the library reproduces its encoding and decoding; the chat template is
-rendered as transformers renders it (:mod:`.chat_template`). Importing transformers and
-building its tokenizer class cost a start seconds and resident memory this way avoids.
-Offers what pagedchat calls of a tokenizer, with transformers' signatures.
+Such a folder's ``tokenizer.json`` is what transformers' tokenizer class saved, so the
+library reproduces its encoding and decoding; the chat template is rendered as transformers
+renders it (:mod:`.chat_template`). Offers what pagedchat calls, with transformers' signatures.
 """
 
 from __future__ import annotations

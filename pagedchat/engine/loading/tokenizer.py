@@ -1,12 +1,10 @@
 """Load the model's tokenizer: without transformers for a folder pagedchat wrote from a
 GGUF (:class:`.TextTokenizer`), else as ``AutoTokenizer`` would, without its detour.
 
-``AutoTokenizer.from_pretrained`` first reads the model config through transformers' config
-classes (heavy imports, see ``model_config.py``) to decide among special cases.
-When ``tokenizer_config.json`` names the generic tokenizers-backed class and none of those
-cases applies (remote code, a Mistral-format folder, a model type whose hub class is known
-wrong), AutoTokenizer ends in that generic class: load it directly. Otherwise ask
-AutoTokenizer.
+``AutoTokenizer`` first reads the config through transformers' config classes (heavy
+imports) to decide among special cases (remote code, a Mistral-format folder, a model type
+whose hub class is known wrong). When none applies and ``tokenizer_config.json`` names the
+generic tokenizers-backed class, that class is loaded directly; otherwise AutoTokenizer is.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
-"""Gemma 3 (text) with paged attention: local layers over a sliding window, global ones
-over the whole context, in the config's pattern.
+"""Gemma 3 (text): local layers over a sliding window, global ones over the whole context.
 
-What sets it apart from Llama, each from a shared layer or one of its own: RMSNorm with
-``1 + w``, norms before and after both attention and MLP, QK-norm, GeGLU with tanh GELU,
-embeddings scaled by ``sqrt(hidden)``, a query scale of its own, a head_dim that is not
-hidden / heads, two rope tables (local and global bases) and an optional soft cap on the
-final logits.
+What sets it apart from Llama: RMSNorm with ``1 + w``, norms before and after both attention
+and MLP, QK-norm, GeGLU with tanh GELU, embeddings scaled by ``sqrt(hidden)``, a query scale
+of its own, a head_dim that is not hidden / heads, two rope tables (local and global bases)
+and an optional soft cap on the final logits.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """A Llama-family decoder (Llama, SmolLM, Mistral, Qwen2, Phi-3) composed of the engine's layers.
 
-Attention reads and writes K/V only through :mod:`pagedchat.kernels`; the batch's
-attention metadata (slot mapping, block tables, context lengths) is passed in, so
-one forward serves prefill chunks and decodes of many sequences at once. The small
-operations between the matrix products (RMSNorm with the residual add before it, rotary
-embedding with the K/V store, SiLU-and-multiply) come from the kernels too: the
-reference computes them as transformers does, the CPU backend in one compiled pass each.
-
-Under tensor parallelism (:mod:`pagedchat.engine.parallel`) each worker builds the same
-model with its share of the heads, MLP columns and vocabulary; with one worker the
-collectives are no-ops.
+Attention reads and writes K/V only through :mod:`pagedchat.kernels`, with the batch's
+attention metadata passed in, so one forward serves prefill chunks and decodes of many
+sequences at once; so do the small operations between the products (RMSNorm with its
+residual add, rotary embedding with the K/V store, SiLU-and-multiply). Under tensor
+parallelism each worker builds the same model with its share of the heads, MLP columns and
+vocabulary (:mod:`pagedchat.engine.parallel`).
 """
 
 from __future__ import annotations

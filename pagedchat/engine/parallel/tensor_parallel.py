@@ -1,12 +1,11 @@
 """Tensor parallelism, Megatron style (paper section 4.6): what one worker holds and the
 two collectives a step needs.
 
-Each of the ``size`` workers holds a slice of every layer: its share of the attention
-heads (and of every KV block, for those heads), of the MLP's intermediate columns and of
-the vocabulary. Column-parallel layers (fused QKV, fused gate/up) need no communication;
-row-parallel layers (attention output, MLP down) end with an all-reduce, and so does the
-vocabulary-parallel embedding. The sampled rows' logits are gathered on rank 0, the only
-rank that samples.
+Each of the ``size`` workers holds its share of every layer's attention heads (and of every
+KV block, for those heads), MLP intermediate columns and vocabulary. Column-parallel layers
+(fused QKV, gate/up) need no communication; row-parallel ones (attention output, MLP down)
+and the vocabulary-parallel embedding end with an all-reduce. The sampled rows' logits are
+gathered on rank 0, the only rank that samples.
 """
 
 from __future__ import annotations
