@@ -144,8 +144,6 @@ class EngineDriver(EngineThread):
         follows, as at the start."""
         self._commands.put(SwitchModel(load))
 
-    # driver thread
-
     def _run(self) -> None:
         load: Callable[[], LLMEngine] | None = self._load
         while load is not None:

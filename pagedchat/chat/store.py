@@ -114,8 +114,6 @@ class Store:
         except sqlite3.Error as error:
             raise StoreError(f"{self.path}: {error}") from error
 
-    # sessions
-
     def create_session(self, session: Session) -> Session:
         session.created_at = session.updated_at = time.time()
         cursor = self._run("INSERT INTO sessions (title, system_prompt, settings, created_at, "
@@ -187,8 +185,6 @@ class Store:
             (message_id,)).fetchone()["id"]
         self._run("UPDATE sessions SET head_id = ? WHERE id = ?", (head, session.id))
         session.messages = self.load_messages(session.id)
-
-    # messages
 
     def add_turn(self, session: Session, user: Message, reply: Message,
                  instead_of: Message | None = None) -> None:

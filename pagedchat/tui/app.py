@@ -105,8 +105,6 @@ class ChatApp(App):
         self.editing: Message | None = None  # the user message the input is an edit of
         self._load_started = time.monotonic()
 
-    # layout and start-up
-
     def compose(self) -> ComposeResult:
         with Horizontal(id="body"):
             yield SessionList(id="sessions")
@@ -150,8 +148,6 @@ class ChatApp(App):
         self.replies.interrupt_all()
         self.engine_stopped = self.driver.stop(timeout=2.0)
         self.store.close()
-
-    # sessions
 
     def _ordered(self) -> list[Session]:
         return sorted(self.sessions.values(), key=lambda s: (s.updated_at, s.id), reverse=True)
@@ -307,8 +303,6 @@ class ChatApp(App):
         await self.open_session(ordered[0].id if ordered else self._create_session())
         self.notify(f"Deleted “{session.title}”")
 
-    # sending and cancelling
-
     async def on_prompt_input_submitted(self, event: PromptInput.Submitted) -> None:
         """A slash command, or a message (an edit's new branch while editing) for the focused
         session; the input is cleared only once it went through."""
@@ -352,8 +346,6 @@ class ChatApp(App):
             self.notify(str(error), title=failed, severity="error", timeout=8)
             return False
         return True
-
-    # panels and screens
 
     def action_toggle_inspector(self) -> None:
         self.screen.toggle_class("-inspecting")
