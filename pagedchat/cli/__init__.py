@@ -64,11 +64,10 @@ def bench(ctx: typer.Context) -> None:
 
 
 def main() -> None:
-    """The installed command: ``app`` with what importing it made (torch, typer, rich and pagedchat,
-    all alive for the whole process) set outside the garbage collector's reach first, so that a full
-    collection walks only the objects made since and a streaming answer shows no collector pause.
-    Here and not in the library: frozen objects that later became cyclic garbage would never be
-    collected, so a long-lived caller (a test session) keeps its collector."""
+    """The installed command: ``app``, with what importing it made (alive for the whole
+    process) frozen out of the collector's reach, so that a streaming answer shows no
+    collector pause. Not in the library: a long-lived caller (a test session) keeps its
+    collector."""
     gc.freeze()
     app()
 

@@ -44,14 +44,9 @@ class DrainingServer(uvicorn.Server):
 
 
 def build_engine(config: EngineConfig) -> LLMEngine:
-    """The engine, built on a thread that ends once it is built, never on the caller's.
-
-    An OpenMP thread pool belongs to the thread that first runs a parallel region and
-    lives as long as that thread. Loading runs parallel regions; if the main thread did it,
-    its idle pool would stay beside the engine thread's own, and libgomp, counting more
-    threads than cores, would stop spinning at the engine's barriers and put its threads
-    to sleep at every one. Load errors are raised here, as if the engine were built here.
-    """
+    """The engine, built on a thread that ends once it is built (its load errors raised
+    here): an OpenMP pool lives as long as the thread that made it, and the main thread's,
+    idle beside the engine thread's, would make libgomp sleep at every barrier."""
     with ThreadPoolExecutor(1, thread_name_prefix="engine-load") as loader:
         return loader.submit(LLMEngine, config).result()
 

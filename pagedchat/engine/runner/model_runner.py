@@ -150,9 +150,7 @@ class ModelRunner:
     def _allocate(self, num_blocks: int, device, write: bool = False,
                   ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Per-layer K and V pools, views of one allocation. ``write``: zero it now, as
-        transformers' paged cache and vLLM do, so that its memory is mapped before the
-        first request (left to the first write of each page, a run that fills the pool
-        spends a noticeable share of its time in page faults inside the K/V store)."""
+        transformers' paged cache and vLLM do, so that no request page-faults it in."""
         shape = (2 * self.kv_groups.layers_per_page, num_blocks, *self.kv_shape)
         if torch.device(device).type == "cpu":
             pool = anonymous_tensor(shape, self.kv_dtype)
@@ -234,12 +232,9 @@ class ModelRunner:
         return hidden.index_select(0, torch.tensor(rows, dtype=torch.int64, device=self.device))
 
     def _logits_buffer(self, rows: int) -> torch.Tensor:
-        """Where this step's logits go: the first ``rows`` rows of a buffer kept from step
-        to step (so the logits a step returns are valid until the next step). Allocated
-        afresh every step, they were the largest block malloc saw come and go, at a new
-        size whenever the batch changed, and the heap crept through its free gaps, so the
-        memory beyond weights and KV grew from run to run. Grown to the next power of two
-        of rows, in a mapping of its own."""
+        """Where this step's logits go (valid until the next step): the first ``rows`` rows
+        of a buffer kept from step to step, grown to the next power of two of rows, in a
+        mapping of its own: allocated per step, it made the heap creep from run to run."""
         if self._logits is None or self._logits.shape[0] < rows:
             shape = (1 << (rows - 1).bit_length(), self.model.vocab_rows)
             self._logits = None  # the old one goes before the new one is mapped
