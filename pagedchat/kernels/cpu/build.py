@@ -29,21 +29,10 @@ from pagedchat.paths import cache_root
 
 log = logging.getLogger("pagedchat.kernels.cpu")
 
-# The C sources, built into one library per level: a new kernel file is one line here.
-SOURCES = (
-    "attention.c",
-    "attention_kv8.c",
-    "prefill.c",
-    "sampling.c",
-    "layer.c",
-    "linear.c",
-    "decoder.c",
-    "quant.c",
-    "quant_rows.c",
-    "quant_split.c",
-    "quant_int8.c",
-    "quant_int8_tile.c",
-)
+# The C sources, built into one library per level: a new kernel file is one name here.
+SOURCES = ("attention.c", "attention_kv8.c", "prefill.c", "sampling.c", "layer.c", "linear.c",
+           "decoder.c", "quant.c", "quant_rows.c", "quant_split.c", "quant_int8.c",
+           "quant_int8_tile.c")
 HEADERS = ("vector.h", "kernels.h", "ggml_formats.h", "quant_int8.h", "attention.h", "kv8.h")
 COMPILE_FLAGS = ["-O3", "-ffast-math", "-fopenmp", "-fPIC", "-std=c11"]
 # The instruction-set levels the kernels are built for, from the least to the most the CPU
