@@ -16,13 +16,11 @@ from pagedchat.kernels.cpu.build import INT, P, declare, kernel, on_isa_change, 
 
 log = logging.getLogger("pagedchat.kernels.cpu")
 
-# On a plain weight (a tied head whose packing the C product cannot read), up to 16 rows
-# the C product, which reads each weight once, beats torch's BLAS and oneDNN on plain
-# weights; past 16 oneDNN's blocked product pays.
+# Up to 16 rows (a decode step of a few sequences, bound by reading the weights) the C
+# product, which reads each weight once, takes a plain weight (a tied head whose packing it
+# cannot read) and a packed one in oneDNN's blocked layout; more rows go to oneDNN's own
+# product, which keeps far more of its vector units busy.
 LINEAR_ROWS = range(1, 17)
-# On a packed weight, up to 16 rows (a decode step of a few sequences, bound by reading the
-# weights) the C product on oneDNN's blocked layout; more rows go to oneDNN's own product,
-# which keeps far more of its vector units busy on a matrix of rows than linear.c does.
 BLOCKED_ROWS = range(1, 17)
 
 declare({
@@ -57,13 +55,10 @@ def _onednn_bfloat16() -> bool:
 
 
 def onednn_rows(rows: int) -> int:
-    """The row count oneDNN is asked for: up to 16 rows as they are (a decode batch of a
-    few sequences, bound by reading the weights), more rounded up to a multiple of a
-    sixteenth of the next power of two, so at most an eighth more.
-
-    oneDNN builds, JIT-compiles and caches a product for each row count it sees, and a
-    step's row count changes from step to step: rounded, a few dozen counts cover up to
-    1,024 rows, and the process does not grow with every new count."""
+    """The row count oneDNN is asked for: up to 16 rows as they are, more rounded up to a
+    multiple of a sixteenth of the next power of two (at most an eighth more), so that the
+    product oneDNN compiles and caches per row count comes in a few dozen counts, not one
+    per step's count."""
     if rows <= 16:
         return rows
     grain = (1 << (rows - 1).bit_length()) // 16
@@ -83,11 +78,8 @@ def _onednn_product(x: torch.Tensor, weight: torch.Tensor,
 
 def pack_linear(weight: torch.Tensor) -> torch.Tensor:
     """Same contract as :func:`pagedchat.kernels.reference.pack_linear`: a float32 or
-    bfloat16 weight reordered into oneDNN's blocked layout (the same bytes, another order).
-
-    torch's ``F.linear`` takes MKL's sgemm in float32, which on some CPUs runs far below
-    their vector units; oneDNN's product on its own layout beats it in float32 and
-    bfloat16, and matches or beats the C product on plain weights."""
+    bfloat16 weight reordered into oneDNN's blocked layout (the same bytes, another order),
+    whose product beats ``F.linear``'s MKL sgemm and matches the C one on plain weights."""
     if (weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16)
             or weight.dim() != 2 or not _onednn()
             or (weight.dtype == torch.bfloat16 and not _onednn_bfloat16())):
