@@ -1,9 +1,7 @@
 """The scenario behind ``pagedchat inspect``: requests run step by step, the engine's memory
-after each.
-
-The default scenario shows each kind of sharing: two chats with the same system prompt (the
-second finds the first's prompt blocks in the prefix cache), one request with n = 3 samples
-(the samples share the prompt's blocks, copy-on-write), and one beam search of width 2 (its
+after each. The default one shows each kind of sharing: two chats with the same system prompt
+(the second finds the first's prompt blocks in the prefix cache), one request with n = 3
+samples (sharing the prompt's blocks, copy-on-write), and one beam search of width 2 (its
 beams share their common history; a pruned beam frees its blocks at once).
 """
 

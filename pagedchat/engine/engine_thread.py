@@ -1,9 +1,8 @@
 """The one thread that owns an engine, for the chat driver and the server's engine loop alike.
 
-The engine is single-threaded: callers never call it, they put commands on this thread's
-queue. The thread takes every queued command between two steps (waiting for one only while
-there is nothing to step), then runs one step; ``STOP`` ends it. A subclass says what a
-command does, what a step hands back, and what stopping leaves behind.
+Callers put commands on this thread's queue; it takes every queued command between two steps
+(waiting for one only while there is nothing to step), then runs one step; ``STOP`` ends it.
+A subclass says what a command does, what a step hands back, and what stopping leaves behind.
 """
 
 from __future__ import annotations

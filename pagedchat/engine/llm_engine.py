@@ -1,10 +1,9 @@
 """LLMEngine: add requests, step, stream outputs back.
 
-Data flows one way: ``add_request`` queues a SequenceGroup; each ``step`` asks the
-scheduler who runs, hands the runner that step as a StepInput, and the logits it gives
-back are sampled, appended, detokenized, checked for stops and returned as
-RequestOutputs. Block tables change only in the scheduler: the engine asks it to fork
-samples and to finish sequences, and never touches the block manager itself.
+``add_request`` queues a SequenceGroup; each ``step`` asks the scheduler who runs, hands the
+runner that step as a StepInput, and the logits it gives back are sampled, appended,
+detokenized, checked for stops and returned as RequestOutputs. Block tables change only in
+the scheduler (forks and endings included): the engine never touches the block manager.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """What each command builds its engine with: one table, so that no two entry points decide
-the pool, the batch limit, the swap pool or a reply's default length apart.
-
-A command's flags take their defaults from its row; a value given on the command line
-wins. The library (``LLM``, ``LLMEngine``) keeps ``EngineConfig``'s own defaults.
+the pool, the batch limit, the swap pool or a reply's default length apart. A command's
+flags default to its row; the library (``LLM``, ``LLMEngine``) keeps ``EngineConfig``'s own.
 """
 
 from __future__ import annotations

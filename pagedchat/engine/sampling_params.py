@@ -21,19 +21,16 @@ SEED_MIN, SEED_MAX = INT_MIN, (1 << 64) - 1  # what torch.Generator.manual_seed 
 
 @dataclass
 class SamplingParams:
-    """vLLM-shaped sampling parameters. ``temperature=0`` means greedy.
+    """vLLM-shaped sampling parameters (API.md lists them). ``temperature=0`` means greedy.
 
-    ``n`` sequences are returned; ``best_of`` (>= n) are generated. With
-    ``use_beam_search`` the group keeps ``best_of`` (the beam width, default ``n``)
-    beams and returns the ``n`` best, ranked like transformers' beam search.
-
-    ``logprobs=k`` returns, per output token, its log-probability and rank and the ``k``
-    most likely tokens' (k=0: the chosen token only), read from the model's own
-    distribution before penalties, bias, constraints and temperature (vLLM's raw
-    logprobs). ``min_tokens``: end-of-sequence and stop tokens are masked and stop
-    strings ignored until that many tokens are out. ``logit_bias`` adds to a token's
-    logit (OpenAI's -100 to 100). ``logits_processors`` change a row of logits before
-    sampling (structured output); each is called for every sequence of the request.
+    ``best_of`` (>= n, default ``n``) sequences are generated and ``n`` returned; with
+    ``use_beam_search``, ``best_of`` is the beam width and the ``n`` best are ranked as
+    transformers' beam search ranks them. ``logprobs=k``: per output token its log-probability
+    and rank and the ``k`` most likely tokens' (0: the chosen one only), from the model's raw
+    distribution (before penalties, bias, constraints and temperature). ``min_tokens``: EOS
+    and stop tokens are masked and stop strings ignored until that many tokens are out.
+    ``logit_bias`` adds to a token's logit; ``logits_processors`` change a row of logits
+    before sampling, called for every sequence of the request.
     """
 
     n: int = 1

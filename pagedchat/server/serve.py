@@ -1,10 +1,9 @@
 """Running the app under uvicorn, with a bounded drain on SIGTERM.
 
-On SIGTERM (or Ctrl-C) the server stops taking requests (503, and /health says so),
-lets running requests finish for ``drain_timeout`` seconds, then aborts what is left
-(each stream ends with finish_reason "abort"), stops the engine and exits with 0.
-If the engine itself fails, the server stops the same way and ``run_server`` raises
-EngineFailed: the process exits non-zero, so that a supervisor restarts it.
+On SIGTERM (or Ctrl-C) the server stops taking requests (503, and /health says so), lets
+running ones finish for ``drain_timeout`` seconds, aborts the rest (finish_reason "abort"),
+stops the engine and exits with 0. If the engine itself fails, it stops the same way and
+``run_server`` raises EngineFailed, so the process exits non-zero for a supervisor to restart.
 """
 
 from __future__ import annotations

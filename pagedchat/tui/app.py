@@ -1,9 +1,8 @@
 """The chat app: sessions on the left, the chat in the middle, the engine inspector on the right.
 
-The app owns the sessions and the layout. Replies (the turn lifecycle and the engine's
-events) are ``Replies``' job, slash commands live in ``commands/``, each beside its handler.
-Attributes go down to the widgets (``show``/``refresh_info`` calls), messages come up
-from them.
+The app owns the sessions and the layout; ``Replies`` the turn lifecycle and the engine's
+events; ``commands/`` the slash commands, each beside its handler. Attributes go down to the
+widgets (``show``/``refresh_info`` calls), messages come up from them.
 """
 
 from __future__ import annotations

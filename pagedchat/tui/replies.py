@@ -1,9 +1,8 @@
 """The turn lifecycle: a message goes to the engine, its reply streams back, ends or is cancelled.
 
-The engine lives in an ``EngineDriver`` thread; its events reach the UI thread as
-``EngineEvent`` messages, and the app hands them to ``Replies.take``, so every widget is
-touched from the UI thread only. A reply's text is saved while it streams and when it ends,
-so quitting or a crash loses at most the last moment of it.
+The ``EngineDriver`` thread's events reach the UI thread as ``EngineEvent`` messages, handed
+to ``Replies.take``, so every widget is touched from the UI thread only. A reply's text is
+saved while it streams and when it ends: quitting or a crash loses at most its last moment.
 """
 
 from __future__ import annotations

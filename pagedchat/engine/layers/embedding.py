@@ -13,21 +13,17 @@ from pagedchat.kernels.quant import QuantizedWeight
 
 
 class Embedding(nn.Module):
-    """This worker's rows ``[start, end)`` of the vocabulary, looked up through the kernels.
-
-    Where the head is tied to them they are packed for the head's product (``pack``) and
-    the lookup reads that layout: one copy of the largest weight, in the form the step
-    that reads all of it wants. The one place the vocabulary's weight is held. A table
-    loaded quantized (``quantized``) stays in its blocks for both, and ``weight`` is then
-    left empty."""
+    """This worker's rows ``[start, end)`` of the vocabulary, looked up through the kernels:
+    the one place the vocabulary's weight is held. A tied head's rows are packed for its
+    product (``pack``) and the lookup reads that layout too; a table loaded quantized
+    (``quantized``) stays in its blocks for both, and ``weight`` is then left empty."""
 
     def __init__(self, vocab_size: int, width: int, kernels: ModuleType,
                  tp: TensorParallel) -> None:
         super().__init__()
         self.tp = tp
         self.start, self.end = tp.part(vocab_size)
-        # torch.empty: a random init, run on the meta device, would import torch._dynamo
-        # for nothing
+        # torch.empty: a random init on the meta device would import torch._dynamo
         self.weight = nn.Parameter(torch.empty(self.end - self.start, width))
         self.kernels = kernels
         self.quantized: QuantizedWeight | None = None

@@ -33,11 +33,9 @@ CAPACITY = 256
 
 
 class FasterWay:
-    """Which of two exact ways to take for a batch of ``rows``: each is timed on its first
-    ``trials`` calls for that size (sizes grouped by powers of two), in turn, then the one with the
-    lower median is kept. Both give the same tokens, so only speed is at stake, and which is faster
-    depends on the CPU (how much faster its 8-bit product is than its exact one) and on the batch (a
-    few rows are bound by reading the weights, which both ways read)."""
+    """Which of two exact ways (same tokens) to take for a batch of ``rows``: each is timed on
+    its first ``trials`` calls for that size (sizes grouped by powers of two), in turn, then the
+    one with the lower median is kept; which is faster depends on the CPU and the batch."""
 
     def __init__(self, trials: int = 3) -> None:
         self.trials = trials

@@ -1,10 +1,8 @@
-"""A model's chat template rendered as transformers' ``apply_chat_template`` renders it.
-
-The same sandboxed jinja2 environment (trim_blocks, lstrip_blocks, loop controls, the
-``tojson`` filter that keeps non-ASCII text, ``raise_exception``, ``strftime_now``) and the
-same handling of ``continue_final_message`` (a tag after the last message, the text cut
-there), so that a tokenizer without transformers gives the same prompt. Messages are plain
-role/content dicts of strings: what pagedchat's callers pass.
+"""A model's chat template rendered as transformers' ``apply_chat_template`` renders it, so
+that a tokenizer without transformers gives the same prompt: the same sandboxed jinja2
+environment (trim_blocks, lstrip_blocks, loop controls, the ``tojson`` filter that keeps
+non-ASCII text, ``raise_exception``, ``strftime_now``) and the same ``continue_final_message``
+(a tag after the last message, the text cut there). Messages are role/content dicts of strings.
 """
 
 from __future__ import annotations

@@ -22,10 +22,8 @@ _SPECIAL = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cl
 
 
 def _read_on_a_thread(path: Path) -> Tokenizer:
-    """``path`` read by the tokenizers library on a thread of its own: glibc gives that
-    thread its own heap (arena), so the many small buffers the JSON parse frees stay there,
-    away from the main heap, where the model's loading would otherwise touch their pages
-    again as it reuses them (the resident set grows by the parse's garbage)."""
+    """``path`` read by the tokenizers library on a thread of its own, whose glibc arena keeps
+    the small buffers the JSON parse frees away from the heap the model's loading reuses."""
     with ThreadPoolExecutor(1, thread_name_prefix="tokenizer-read") as reader:
         return reader.submit(Tokenizer.from_file, str(path)).result()
 

@@ -1,9 +1,8 @@
 """Rank 0 of a tensor-parallel group: starts the workers, sends each step once, runs its
 own shard, and turns a dead worker into a clear error instead of a hang.
 
-The engine process is rank 0: it keeps the one scheduler and block manager, gets
-each step's :class:`StepInput` from the engine, broadcasts it, runs its shard of the
-model like every other worker, and is the only rank that gets the logits (and so samples).
+The engine process is rank 0: it keeps the one scheduler and block manager, broadcasts each
+step's :class:`StepInput`, runs its shard like every worker, and alone gets the logits.
 """
 
 from __future__ import annotations
@@ -144,10 +143,9 @@ class ParallelRunner:
 
 
 class Watchdog:
-    """Waits on the worker processes in a thread of its own. A worker that exits while the
-    engine runs is a failure: it records which rank, and stops the others, so that rank 0's
-    pending collective fails at once (closed connections) instead of waiting on a peer that
-    will never answer. It holds no reference to the runner, so the runner can be collected."""
+    """Waits on the workers in a thread of its own: one that exits while the engine runs is a
+    failure, recorded, and the others are stopped so that rank 0's pending collective fails
+    at once. It holds no reference to the runner, so the runner can be collected."""
 
     def __init__(self, workers: list) -> None:
         self.workers = workers

@@ -1,9 +1,8 @@
 """Choosing the next token: penalties, greedy, temperature, top-k, top-p, min-p, seeds; and
 the per-token log-probabilities of requests that ask for them (SamplingParams.logprobs).
 
-All rows are processed together; only rows with their own seed draw their noise
-from their own generator, so a seeded answer does not depend on what else is in
-the batch.
+All rows are processed together; only rows with their own seed draw their noise from their
+own generator, so a seeded answer does not depend on what else is in the batch.
 """
 
 from __future__ import annotations

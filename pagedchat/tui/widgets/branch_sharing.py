@@ -1,10 +1,9 @@
 """Which branches of a conversation share the KV blocks of a reply being written.
 
-A regenerated reply or an edited message starts a branch whose prompt begins like the
-other branches' prompts: the prefix cache hands it the blocks they computed. The engine's
-snapshots give each live request's block table; this remembers the tables of the requests
-of this run, and names the earlier requests of a session whose blocks the live one holds
-again, by where their conversations part ("reply 1/3", "message 3, version 1/2").
+A regenerated reply or an edited message starts a branch whose prompt begins like the other
+branches': the prefix cache hands it their blocks. This remembers the block tables of this
+run's requests (from the engine's snapshots), and names the earlier requests of a session
+whose blocks the live one holds again, by where their conversations part ("reply 1/3").
 """
 
 from __future__ import annotations
