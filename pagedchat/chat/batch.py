@@ -142,10 +142,9 @@ def _messages(request_id: object, messages: object, system: str | None) -> list[
 
 def parse_file(lines: Iterable[str], tokenizer, system: str | None,
                defaults: dict[str, object]) -> list[BatchJob | Rejected]:
-    """Every non-blank line in order: its BatchJob, or why it is rejected.
-
-    A line whose id an earlier line has (valid or not) is rejected, so each id names at
-    most one request; a line without an id takes its line number as id."""
+    """Every non-blank line in order: its BatchJob, or why it is rejected. A line whose id
+    an earlier line has (valid or not) is rejected, so each id names at most one request; a
+    line without an id takes its line number as id."""
     entries: list[BatchJob | Rejected] = []
     first_line: dict[str, int] = {}
     for line, text in enumerate(lines, 1):
@@ -166,10 +165,9 @@ def parse_file(lines: Iterable[str], tokenizer, system: str | None,
 
 def answered_lines(entries: list[BatchJob | Rejected],
                    done: Collection[dict[str, object]]) -> set[int]:
-    """The lines whose requests ``done`` (answer records) holds answers for.
-
-    BatchError when an answer fits no request of ``entries``: the input changed since it
-    was written, and going on would either lose that answer or write a second one."""
+    """The lines whose requests ``done`` (answer records) holds answers for; BatchError when
+    an answer fits no request of ``entries`` (the input changed since it was written, and
+    going on would lose that answer or write a second one)."""
     by_line = {entry.line: entry for entry in entries}
     by_id = {key(entry.request_id): entry for entry in entries if isinstance(entry, BatchJob)}
     answered: set[int] = set()
@@ -229,10 +227,8 @@ def run_batch(engine: LLMEngine, lines: Iterable[str], sink: IO[str],
               warn: Callable[[str], None] = print,
               progress: Callable[[int], None] = lambda steps: None) -> Summary:
     """Run every line not answered in ``done`` (from ``load_done``); one record per line
-    goes to ``sink``: an answer, or an error record for a rejected line.
-
-    Requests admitted together share their common prefix (the system prompt, the chat
-    template): the engine makes blocks findable as soon as they are scheduled."""
+    goes to ``sink``: an answer, or an error record for a rejected line. Requests admitted
+    together share their common prefix (the system prompt, the chat template)."""
     start = time.perf_counter()
     summary = Summary()
     entries = parse_file(lines, engine.tokenizer, system, defaults or {})

@@ -26,11 +26,9 @@ def write_record(sink: IO[str], record: dict[str, object]) -> None:
 
 def load_done(path: Path) -> list[dict[str, object]]:
     """The answer records in the output file ``path``, for a rerun to skip their requests.
-
-    The file keeps only what a rerun reuses: error records (each run writes its own),
-    repeated answers, blank lines and a last line cut short by a kill are taken out, all
-    at once (a kill leaves the old file or the new one). A line that is no record of
-    ``pagedchat batch`` is BatchError, before anything changes."""
+    The file keeps only those: error records, repeated answers, blank lines and a last line
+    cut short by a kill are taken out at once (a kill leaves the old file or the new one). A
+    line that is no record of ``pagedchat batch`` is BatchError, before anything changes."""
     if not path.is_file():  # nothing written yet, or a device or pipe: nothing to resume
         return []
     data = path.read_bytes()

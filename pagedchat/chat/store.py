@@ -188,12 +188,10 @@ class Store:
 
     def add_turn(self, session: Session, user: Message, reply: Message,
                  instead_of: Message | None = None) -> None:
-        """Save a user message with the reply about to be written to it, both or neither;
-        the user message follows the session's last message, or, as an edit of
-        ``instead_of``, the message that one follows (a new branch).
-
-        So a user message is never stored without the reply that answers it or, by its
-        status, says why not; when this raises, neither has an id and nothing is stored."""
+        """Save a user message with the reply about to be written to it, both or neither (when
+        this raises, neither has an id), so a user message is never stored without a reply
+        that answers it or says why not. It follows the session's last message, or, as an
+        edit of ``instead_of``, the message that one follows (a new branch)."""
         try:
             self._run("BEGIN")
             self._insert(session, user, instead_of.parent_id if instead_of is not None
@@ -245,11 +243,9 @@ class Store:
         self._run("UPDATE sessions SET head_id = NULL WHERE id = ?", (session_id,))
 
     def mark_interrupted(self) -> int:
-        """Mark what an earlier exit left unfinished; returns how many messages it marked.
-
-        A reply left 'generating' becomes 'interrupted'; a user message with no reply saved
-        after it (the app ended, or saving the reply failed, before one was) becomes
-        'unanswered'. Call it once at startup, before any reply is under way."""
+        """Mark what an earlier exit left unfinished; returns how many messages it marked: a
+        reply left 'generating' becomes 'interrupted', a user message with no reply saved
+        after it 'unanswered'. Call it once at startup, before any reply is under way."""
         replies = self._run(
             "UPDATE messages SET status = 'interrupted' WHERE status = 'generating'").rowcount
         users = self._run(

@@ -81,8 +81,7 @@ class BlockManager(PrefixCache):
         return max(position - window + 1, 0) // self.block_size
 
     def max_blocks(self, num_tokens: int, chunk: int) -> int:
-        """The most blocks one sequence of ``num_tokens`` tokens holds at once, computing at
-        most ``chunk`` tokens a step: a windowed group holds its window and one chunk."""
+        """:func:`.kv_groups.max_blocks` for this pool's groups and block size."""
         return kv_groups.max_blocks(self.windows, self.block_size, num_tokens, chunk)
 
     def ref_count(self, block_id: int) -> int:
@@ -104,9 +103,8 @@ class BlockManager(PrefixCache):
         refs: dict[int, int] | None = None,
     ) -> int:
         """Fresh blocks ``allocate_slots`` would pop for ``seq`` (cached hits not counted).
-
-        ``refs`` (block id -> ref count) lets a caller count several sequences that
-        share blocks as if they were allocated one after another."""
+        ``refs`` (block id -> ref count) counts several sequences sharing blocks as if they
+        were allocated one after another."""
         refs = refs if refs is not None else {}
         bs = self.block_size
         computed = seq.num_computed_tokens + hit.num_tokens
@@ -130,12 +128,10 @@ class BlockManager(PrefixCache):
         return sum(1 for block_id in set(cached) if self.blocks[block_id].ref_count == 0)
 
     def allocate_slots(self, seq: Sequence, num_new_tokens: int, hit: PrefixHit = NO_HIT) -> bool:
-        """Make room for ``num_new_tokens`` more tokens of ``seq``; False if blocks ran out.
-
-        Takes the prefix ``hit``'s blocks first (their tokens count as computed), copies a
-        shared, partly filled last block before it is written (copy-on-write), then
-        appends fresh blocks (``HOLE`` before a windowed group's window). Nothing changes
-        when it returns False."""
+        """Make room for ``num_new_tokens`` more tokens of ``seq``; False (nothing changed) if
+        blocks ran out. Takes the prefix ``hit``'s blocks first (their tokens count as
+        computed), copies a shared, partly filled last block before it is written
+        (copy-on-write), then appends fresh blocks (``HOLE`` before a windowed group's window)."""
         need = self.blocks_needed(seq, num_new_tokens, hit) + self.evictable_taken(
             hit.block_ids())
         if need > self.num_free_blocks:

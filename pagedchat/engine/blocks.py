@@ -23,11 +23,10 @@ def block_hash(parent_hash: int, token_ids: list[int] | tuple[int, ...]) -> int:
 
 @dataclass
 class Block:
-    """One physical block of the pool, in exactly one of three states:
-    - referenced: ``ref_count > 0``, in one or more block tables;
-    - cached-evictable: ``ref_count == 0`` but it holds a full block found again by its
-      hash; kept in LRU order and reused only when no free block is left;
-    - free: ``ref_count == 0`` and no hash."""
+    """One physical block of the pool, in exactly one of three states: referenced
+    (``ref_count > 0``, in block tables); cached-evictable (``ref_count == 0``, a full block
+    found again by its hash, kept in LRU order and reused only when no free block is left);
+    free (``ref_count == 0``, no hash)."""
 
     block_id: int
     ref_count: int = 0
@@ -39,14 +38,13 @@ class Block:
 
 @dataclass(frozen=True)
 class PrefixHit:
-    """Cached blocks holding the start of a sequence: per group, a table as long as the
-    hit, with ``HOLE`` where a windowed group's block lies wholly before the window of the
-    first token left to compute; and the blocks' chain hashes. ``tail``: per group, a
-    cached full block that begins with the sequence's tokens after those blocks (all but
-    its last token, or all with ``kept_slot``), copied into a block of its own;
-    ``num_tokens``: the tokens the hit computes, the tail's included. ``kept_slot``: where
-    the hit covers every token, the runner's slot keeping the last token's hidden state
-    (the sequence computes nothing; its next token is sampled from that state)."""
+    """Cached blocks holding the start of a sequence: per group, a table as long as the hit
+    (``HOLE`` where a windowed group's block lies wholly before the first token left to
+    compute's window), and the blocks' chain hashes. ``tail``: per group, a cached full block
+    beginning with the sequence's tokens after those (all but its last, or all with
+    ``kept_slot``), to copy into a block of its own; ``num_tokens``: the tokens the hit
+    computes, the tail's included. ``kept_slot``: where the hit covers every token, the
+    runner's slot keeping the last token's hidden state, which the next token is sampled from."""
 
     tables: tuple[tuple[int, ...], ...] = ()
     hashes: tuple[int, ...] = ()

@@ -105,12 +105,10 @@ class EngineConfig:
 
     def request_kv_blocks(self, num_prompt_tokens: int, max_tokens: int,
                           sequences: int = 1, windows: tuple[int | None, ...] = (None,)) -> int:
-        """Blocks for a pool that serves one request and nothing else: each of its ``sequences`` (n
-        or best_of, the beam width) up to prompt + ``max_tokens`` tokens, or the context
-        (``max_model_len``) where that is less, counted unshared as the scheduler counts a request
-        that must fit the pool; at least ``MIN_REQUEST_POOL_TOKENS`` tokens' worth. ``windows``: the
-        model's layer groups (:func:`pagedchat.engine.kv_groups.kv_groups`), each holding its own
-        blocks; the arithmetic is the scheduler's (:class:`pagedchat.engine.fits.RequestFit`)."""
+        """Blocks for a pool that serves one request alone: what the scheduler's rule
+        (:meth:`pagedchat.engine.fits.RequestFit.blocks`) says it holds, ``sequences`` being n or
+        best_of and ``windows`` the model's layer groups (:func:`.kv_groups.kv_groups`), each
+        holding its own blocks; at least ``MIN_REQUEST_POOL_TOKENS`` tokens' worth."""
         fit = RequestFit(self.block_size, windows, self.max_model_len,
                          self.max_num_batched_tokens, self.max_num_seqs)
         return max(fit.blocks(num_prompt_tokens, max_tokens, sequences),

@@ -29,9 +29,8 @@ class OpenedModel:
 
 
 def open_model(config: EngineConfig) -> OpenedModel:
-    """Everything the engine reads of a model before its weights. Cheap next to them, so a
-    caller can tokenize first and size the engine from what it found (``pagedchat run``
-    fits the KV pool to its one request), then hand the result to :class:`LLMEngine`."""
+    """Everything the engine reads of a model before its weights, so that a caller can size
+    the engine from it (``pagedchat run`` fits the pool to its request) before LLMEngine."""
     config = resolve_weights(config)
     files = prepare_model(config.model, config.weights)
     # after a first start's conversion, whose many mid-sized buffers a low mapping

@@ -37,12 +37,10 @@ class PrefixCache:
     kept_rows: KeptRows  # prompts whose last row's hidden state the runner keeps
 
     def find_cached_prefix(self, seq: Sequence) -> PrefixHit:
-        """Cached blocks holding the start of ``seq`` (read only, nothing taken).
-
-        The hit is the longest run of full blocks that every global group has cached and
-        whose blocks inside the window of the first token left to compute every windowed
-        group has cached too, then the tail (see the module). The last token is left to
-        compute, so its logits exist, unless the runner keeps its hidden state
+        """Cached blocks holding the start of ``seq`` (read only, nothing taken): the longest
+        run of full blocks every global group has cached, and every windowed group within the
+        window of the first token left to compute, then the tail (see the module). The last
+        token is left to compute, for its logits, unless the runner keeps its hidden state
         (``kept_rows``) and the blocks hold every token: then nothing is computed."""
         if not self.enable_prefix_caching or seq.block_tables:
             return NO_HIT
@@ -135,11 +133,9 @@ class PrefixCache:
         return block_id
 
     def cache_full_blocks(self, seq: Sequence, num_tokens: int | None = None) -> None:
-        """Give every completed block of ``seq`` its hash so others can find it.
-
-        ``num_tokens`` (default: the computed ones) may include tokens scheduled in the
-        current step: every layer stores the whole step's K/V before any attention
-        reads it, so a request admitted in the same step can already share them."""
+        """Give every completed block of ``seq`` its hash so others can find it. ``num_tokens``
+        (default: the computed ones) may include the current step's: every layer stores the
+        step's K/V before any attention reads it, so a request admitted in it can share them."""
         if not self.enable_prefix_caching:
             return
         bs = self.block_size

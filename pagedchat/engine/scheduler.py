@@ -176,10 +176,9 @@ class Scheduler:
             item.keep_slot = slot
 
     def _add_drafts(self, out: SchedulerOutput) -> None:
-        """Give each decoding sequence the tokens the proposer expects after it, with the
-        budget and the blocks left once everything else is scheduled: speculation never
-        holds back a request, causes a preemption or evicts a cached prefix. A sequence
-        without a match decodes plainly."""
+        """Give each decoding sequence the proposer's draft, with the budget and blocks left
+        once everything else is scheduled: speculation never holds back a request, causes a
+        preemption or evicts a cached prefix. A sequence without a match decodes plainly."""
         bm = self.block_manager
         budget = self.config.max_num_batched_tokens - out.num_batched_tokens
         for item in out.scheduled:
@@ -220,12 +219,10 @@ class Scheduler:
     def _plan(
         self, group: SequenceGroup, budget: int, cached: dict[int, PrefixHit] | None = None
     ) -> list[ScheduledSeq]:
-        """How many tokens each sequence of ``group`` computes this step.
-
-        ``cached`` maps a fresh sequence to the prefix-cache blocks it will take (one
-        covering every token with a kept row computes nothing). A group samples only when
-        all its sequences are caught up in the same step; a lone sequence may take a chunk
-        of its prompt instead."""
+        """How many tokens each sequence of ``group`` computes this step. ``cached`` maps a
+        fresh sequence to the prefix-cache blocks it will take (one covering every token with
+        a kept row computes nothing). A group samples only when all its sequences are caught
+        up in the same step; a lone sequence may take a chunk of its prompt instead."""
         seqs = group.unfinished_seqs
         cached = cached or {}
         hits = [cached.get(s.seq_id, NO_HIT) for s in seqs]

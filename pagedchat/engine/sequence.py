@@ -27,12 +27,9 @@ _seq_ids = itertools.count()
 
 
 class Sequence:
-    """One stream of tokens with its own block tables, one per layer group (see
-    ``kv_groups.py``; one for a model without sliding-window layers).
-
-    ``num_computed_tokens`` counts the tokens whose K/V are in the cache; the tokens
-    after it (a prompt chunk, or the last sampled token) are computed next step.
-    """
+    """One stream of tokens with its own block tables, one per layer group (``kv_groups.py``).
+    ``num_computed_tokens`` counts the tokens whose K/V are in the cache; the tokens after it
+    (a prompt chunk, or the last sampled token) are computed next."""
 
     def __init__(self, token_ids: list[int], num_prompt_tokens: int, index: int = 0) -> None:
         self.seq_id = next(_seq_ids)

@@ -73,9 +73,8 @@ def write_metadata(path: Path, folder: Path) -> None:
 
 @contextmanager
 def header_parsed_once() -> Iterator[None]:
-    """transformers parses a GGUF's whole header (its vocabulary too) to build the config,
-    again for the tokenizer's choice of class, and again with the tensors. Within this
-    block the header is read by :func:`.parse_metadata` (in bulk): the metadata once (a
+    """Within this block transformers' parses of a GGUF's header (for the config, the
+    tokenizer's class, the tensors) read it by :func:`.parse_metadata`: the metadata once (a
     second parse is a copy of the first), the tensors' bytes mapped as gguf-py maps them."""
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
 

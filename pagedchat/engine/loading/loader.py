@@ -255,9 +255,8 @@ def _convert_gguf(path: Path, folder: Path) -> None:
 
 
 def _write_folder(folder: Path, source: Path, write: Callable[[Path], None]) -> None:
-    """``write`` into a staging folder beside ``folder``, which then takes its place: a
-    start cut short leaves no half-written folder behind. The folder records ``source``'s
-    identity, and the conversions of files since deleted or changed are removed."""
+    """``write`` into a staging folder that then takes ``folder``'s place (a start cut short
+    leaves none half written), recording ``source``'s identity; stale conversions go."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".converting-"))
     try:
@@ -273,9 +272,8 @@ def _write_folder(folder: Path, source: Path, write: Callable[[Path], None]) -> 
 
 
 def _remove_stale_conversions(models: Path) -> None:
-    """Remove the cached conversions whose GGUF is gone or has changed since (a file
-    re-installed in another environment is another file): each would never be read
-    again. Folders without a source record are kept."""
+    """Remove the cached conversions whose GGUF is gone or has changed since (never to be
+    read again); folders without a source record are kept."""
     for record in models.glob(f"*/{SOURCE_RECORD}"):
         try:
             identity = json.loads(record.read_text())

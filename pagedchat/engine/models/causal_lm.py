@@ -21,10 +21,9 @@ from pagedchat.engine.parallel.tensor_parallel import TensorParallel
 
 
 class CausalLM(nn.Module):
-    """A decoder with ``embed_tokens`` (an :class:`Embedding`), ``tied`` when the head reads the
-    embedding's table, else its own ``lm_head``, layers with a ``self_attn`` (fused ``qkv_proj``,
-    ``o_proj``) and an ``mlp`` (fused ``gate_up_proj``, ``down_proj``), and :class:`Linear` products
-    anywhere in its modules, a final ``norm``, ``kernels`` and ``tp``."""
+    """A decoder: ``embed_tokens`` (an :class:`Embedding`; the head when ``tied``, else
+    ``lm_head``), layers with a ``self_attn`` (fused ``qkv_proj``, ``o_proj``) and an ``mlp``
+    (fused ``gate_up_proj``, ``down_proj``) of :class:`Linear` products, a final ``norm``."""
 
     greedy_head: GreedyHead | None = None  # see pack
     # each layer's norms, by their names in the layer (and in the checkpoint)
@@ -103,9 +102,8 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor,
                        out: torch.Tensor | None = None) -> torch.Tensor | None:
-        """Logits, in the model's dtype, for the rows that are sampled (and only those), soft-capped
-        where the config says so; under tensor parallelism the vocabulary blocks are gathered on
-        rank 0 (None elsewhere). Not widened here: the sampler's reduction reads bfloat16 as it is.
+        """Logits of the sampled rows only, in the model's dtype (the sampler reads bfloat16 as
+        it is), soft-capped where the config says so, gathered on rank 0 (None elsewhere).
         ``out``: where to write this worker's ``[rows, vocab rows]`` (see ``vocab_rows``)."""
         hidden, _ = self.norm(hidden)
         head = self.embed_tokens.logits if self.tied else self.lm_head
@@ -117,10 +115,9 @@ class CausalLM(nn.Module):
 
     def greedy_tokens(self, hidden: torch.Tensor,
                       out: torch.Tensor | None = None) -> torch.Tensor | None:
-        """The greedy token (first index of the largest logit) of each row, int64 (None
-        on workers other than rank 0): through the greedy head's screen where the model
-        has one, the rows are float32 and the screen has proved faster for batches of this
-        size, else from the whole logits (written to ``out``, as :meth:`compute_logits`)."""
+        """The greedy token (first index of the largest logit) of each row, int64 (None off
+        rank 0): through the greedy head's screen where there is one, the rows are float32 and
+        it proved faster at this size, else from the whole logits (into ``out``)."""
         head = self.greedy_head
         if head is None or hidden.dtype != torch.float32:
             return self._argmax(hidden, out)
@@ -177,9 +174,8 @@ class CausalLM(nn.Module):
                 attn.qkv_proj.bias.copy_(torch.cat([shard(b) for b in biases]))
 
     def load_head(self, tensors: dict[str, Weight]) -> None:
-        """Take this worker's rows of ``lm_head.weight`` where the head is not tied (a tied
-        checkpoint's copy is dropped), the last of the state dict: a weight left over is an
-        error."""
+        """Take this worker's rows of an untied ``lm_head.weight`` (a tied checkpoint's copy is
+        dropped), the last of the state dict: a weight left over is an error."""
         head = tensors.pop("lm_head.weight", None)
         if self.lm_head is not None:
             if head is None:

@@ -60,10 +60,9 @@ class TensorParallel:
     control_group: Any = None  # the one carrying step messages (gloo, also on GPUs)
 
     def connect(self, store, device_type: str) -> None:
-        """Join the group through ``store`` (a TCPStore that rank 0 serves). The group is
-        this engine's own object, not torch's global default group, so engines in one
-        process stay independent. Gloo on the CPU; on CUDA, NCCL for the activations
-        and gloo for the step messages."""
+        """Join the group through ``store`` (a TCPStore rank 0 serves): this engine's own, not
+        torch's global default, so engines in one process stay independent. Gloo on the CPU;
+        on CUDA, NCCL for the activations and gloo for the step messages."""
         import torch.distributed as dist
 
         if device_type == "cuda":

@@ -184,9 +184,8 @@ class ModelRunner:
             return self._sample_outputs(hidden, step)
 
     def _sample_outputs(self, hidden: torch.Tensor, step: StepInput) -> StepOutput | None:
-        """The argmax rows' tokens, then the other sampled rows' logits: both use the
-        logits buffer, and the logits returned must outlive the step. Every worker runs
-        both (their logits are gathered) and keeps the rows the step says to keep."""
+        """The argmax rows' tokens, then the other sampled rows' logits (both use the logits
+        buffer, whose logits outlive the step), on every worker; the step's keeps kept."""
         source, rows = self._sampled_hidden(hidden, step)
         if step.keep:
             slots = torch.tensor([slot for _, slot in step.keep], dtype=torch.int64,

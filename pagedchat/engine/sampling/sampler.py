@@ -89,11 +89,9 @@ _TOP_P_CANDIDATES = 256
 
 
 def _outside_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Tokens outside the smallest most-likely set whose mass reaches ``top_p``.
-
-    The top 256 tokens are ranked first; when their mass already reaches ``top_p``
-    (nearly always) the answer lies among them, which spares sorting the whole
-    vocabulary. Rows where it does not are sorted in full."""
+    """Tokens outside the smallest most-likely set whose mass reaches ``top_p``: found among
+    the top 256 tokens where their mass reaches it (nearly always), sparing a sort of the
+    whole vocabulary; other rows are sorted in full."""
     probs = logits.softmax(dim=1)
     count = min(_TOP_P_CANDIDATES, probs.shape[1])
     values, order = probs.topk(count, dim=1)
