@@ -62,7 +62,6 @@ class BlockManager(PrefixCache):
         self.swapped_in = 0
         self.window_freed = 0  # blocks that went back to the pool by sliding out of a window
 
-    # ---- capacity -------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
         """Blocks that can be handed out now: free plus cached-evictable."""
@@ -97,7 +96,6 @@ class BlockManager(PrefixCache):
     def is_hashed(self, block_id: int) -> bool:  # a full block others can find by its prefix
         return self.blocks[block_id].hash != NO_HASH
 
-    # ---- allocation -----------------------------------------------------------
     def blocks_needed(
         self, seq: Sequence, num_new_tokens: int, hit: PrefixHit = NO_HIT,
         refs: dict[int, int] | None = None,
@@ -243,7 +241,6 @@ class BlockManager(PrefixCache):
         self.unwritten.clear()
         return copies
 
-    # ---- swapping -------------------------------------------------------------
     def can_swap_out(self, seqs: list[Sequence]) -> bool:
         return len(held_blocks(seq.block_tables for seq in seqs)) <= self.host.num_free
 
@@ -291,7 +288,6 @@ class BlockManager(PrefixCache):
         self.swapped_in += len(mapping)
         return list(mapping.items())
 
-    # ---- internals ------------------------------------------------------------
     def _restore(self, saved: Block) -> int:
         block_id = self._pop_free(saved.group)
         key = (saved.group, saved.hash)

@@ -31,7 +31,6 @@ class EngineThread:
             self._thread.join(timeout)
         return not self._thread.is_alive()
 
-    # ---- the thread ----------------------------------------------------------------------
     def _run(self) -> None:
         """The thread's body: get the engine ready, then :meth:`_serve` it."""
         raise NotImplementedError

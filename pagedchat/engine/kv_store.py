@@ -84,7 +84,6 @@ class KVStore:
         self.saved = self.loaded = 0  # blocks written and read back, for tests and stats
         self._size: int | None = None  # bytes under root, counted on first need
 
-    # ---- writing ----------------------------------------------------------------
     def save_group(self, group: SequenceGroup) -> None:
         """Write the full, cached blocks of ``group``'s sequences not on disk yet."""
         for seq in group.seqs:
@@ -129,7 +128,6 @@ class KVStore:
         if self._size is not None:
             self._size += path.stat().st_size
 
-    # ---- reading ----------------------------------------------------------------
     def load(self, token_ids: list[int]) -> int:
         """Read the blocks of ``token_ids``' prompt that the pool does not cache back into
         it, as cached blocks, from its start until the first one missing, where the pool
@@ -192,7 +190,6 @@ class KVStore:
         data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
         return data.view(dtype).view(header["shape"]).to(self.runner.k_caches[0].device)
 
-    # ---- bookkeeping ------------------------------------------------------------
     def _chain(self, token_ids: list[int]):
         """(group, chain hash, parent hash, tokens) of each full block of ``token_ids``
         but the last token, as the prefix cache keys them, every group per block."""

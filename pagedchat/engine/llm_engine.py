@@ -67,7 +67,6 @@ class LLMEngine:
         self.model_config = model_config
         self.load_seconds = time.perf_counter() - start
 
-    # ---- requests ---------------------------------------------------------------
     def add_request(
         self,
         request_id: str,
@@ -147,7 +146,6 @@ class LLMEngine:
         """Release the model's workers (tensor parallelism); safe to call twice."""
         self.runner.shutdown()
 
-    # ---- one step ---------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one iteration; return the requests that advanced."""
         timer = self.runner.timer

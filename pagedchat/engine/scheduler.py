@@ -130,7 +130,6 @@ class Scheduler:
     def num_running_seqs(self) -> int:
         return sum(len(group.unfinished_seqs) for group in self.running)
 
-    # ---- one step ---------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens

@@ -132,7 +132,6 @@ class EngineLoop(EngineThread):
         self._commands.put(_Stats(future))
         return await future
 
-    # ---- engine thread -----------------------------------------------------------------
     def _run(self) -> None:
         if self._warm_up():
             self.ready.set()

@@ -112,7 +112,6 @@ class Reply:
         kind = "chat.completion" if self.chat else "text_completion"
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
-    # ---- whole response -------------------------------------------------------------------
     async def collect(self, job: StreamJob) -> JSONResponse:
         aborted: Aborted | None = None
         try:
@@ -144,7 +143,6 @@ class Reply:
         return JSONResponse({**self._head(), "choices": choices,
                              "usage": usage(list(self.finals.values()))})
 
-    # ---- streamed -----------------------------------------------------------------------
     async def stream(self, job: StreamJob) -> AsyncIterator[str]:
         head = {**self._head(), "object": "chat.completion.chunk" if self.chat
                 else "text_completion"}

@@ -129,7 +129,6 @@ class ServerState:
             for prompt in prompts:
                 log.info("%s prompt: %r", request_id, self.tokenizer.decode(prompt))
 
-    # ---- sampling parameters ----------------------------------------------------------
     async def sampling_params(self, body: protocol.SamplingFields, prompts: list[list[int]],
                               ) -> SamplingParams:
         is_chat = isinstance(body, protocol.ChatCompletionRequest)
