@@ -1,13 +1,11 @@
 """PagedAttention kernels behind one interface (:mod:`.backend`): the K/V store and block
-copies, paged attention, the sampler's reduction, linear layers and the embedding (with the
-layouts they pack once at load, or on a GGUF's quantized blocks) and the layer's small
-operations. A backend's ``decoder_stack`` (the CPU's) runs a whole decoder stack in one call
-where a step is small, built from the same kernels, so that the model's result does not
-change.
+copies, paged attention, the sampler's reduction, linear layers and the embedding (on packed
+layouts or a GGUF's quantized blocks) and the layer's small operations. The CPU backend's
+``decoder_stack`` runs a whole small step's layers in one call, from the same kernels.
 
 - ``triton``: Triton kernels, picked on CUDA;
-- ``cpu``: compiled C kernels for the CPU's instruction-set level (:mod:`.cpu` lists
-  them), picked on the CPU (the reference where no C compiler is found);
+- ``cpu``: compiled C kernels (:mod:`.cpu`), picked on the CPU (the reference without a C
+  compiler);
 - ``torch``: the reference itself.
 """
 

@@ -8,10 +8,9 @@ each value is computed with the same float32 operations in the same order (a sca
 the integer, then the offset added or subtracted), so a product over de-quantized values
 differs from transformers' only in the order of its sums.
 
-A :class:`QuantizedWeight` is a stack of row segments, each in one format: llama.cpp may
-quantize the q, k and v projections (or gate and up) differently, and a fused weight
-keeps each part in its own format rather than re-quantizing any of them. Adjacent
-segments of one format are merged, so the usual fused weight is one segment.
+A :class:`QuantizedWeight` is a stack of row segments, each in one format (llama.cpp may
+quantize the parts of a fused weight differently; none is re-quantized); adjacent segments
+of one format are merged, so the usual fused weight is one segment.
 """
 
 from __future__ import annotations
@@ -95,10 +94,9 @@ class Segment:
 
 
 class QuantizedWeight:
-    """A ``[out_features, in_features]`` weight as GGML blocks, in row segments. Rows can be
-    taken (a permutation, a shard) and weights stacked without touching a block.
-    ``int8_activations``: products round their input to 8 bits first
-    (:func:`round_activations`), as llama.cpp multiplies, rather than multiply exactly."""
+    """A ``[out_features, in_features]`` weight as GGML blocks, in row segments, whose rows can
+    be taken and weights stacked without touching a block. ``int8_activations``: products
+    round their input to 8 bits first (:func:`round_activations`), as llama.cpp does."""
 
     def __init__(self, segments: Sequence[Segment], in_features: int,
                  int8_activations: bool = False) -> None:
@@ -148,9 +146,8 @@ class QuantizedWeight:
 
     def take_rows(self, index: torch.Tensor | slice) -> QuantizedWeight:
         """The rows ``index`` picks (a slice, or int64 row numbers in any order), as a new
-        weight of the same blocks. A slice of whole segments shares their blocks (loading
-        takes the whole table that way, without a copy); a part of a segment is copied, so
-        that a shard does not keep the rest of its weight alive."""
+        weight of the same blocks: shared for a slice of whole segments, else copied (a shard
+        does not keep the rest of its weight alive)."""
         if isinstance(index, slice) and index.step in (None, 1):
             return self._row_range(*index.indices(self.shape[0])[:2])
         rows = torch.arange(self.shape[0])[index]

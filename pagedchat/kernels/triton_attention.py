@@ -7,12 +7,10 @@ t % block_size), so the attention tile size does not depend on the cache block s
 Softmax is online (running max and sum, in base 2), always accumulated in float32.
 
 Decode (every q_len <= 1): one program per (sequence, kv head, split) serves all the query
-heads that share that kv head, so each K/V tile is read once per group. With few sequences
-and long contexts the context is split over programs ("flash decoding") and a second
-kernel merges the partial results.
-
-Prefill (some q_len > 1): one program per (sequence, tile of query rows, query head),
-causal over the cached prefix and the chunk itself.
+heads sharing that kv head, so each K/V tile is read once per group; with few sequences and
+long contexts the context is split over programs ("flash decoding") and a second kernel
+merges the partial results. Prefill (some q_len > 1): one program per (sequence, tile of
+query rows, query head), causal over the cached prefix and the chunk itself.
 
 The Triton interpreter (``TRITON_INTERPRET=1``) computes bfloat16 ``tl.dot`` on the raw
 bit patterns (triton-lang/triton#11584), so under it every dot runs in float32.

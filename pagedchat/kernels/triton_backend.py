@@ -1,11 +1,9 @@
 """The Triton (GPU) backend of pagedchat's kernels: it keeps ``KernelBackend`` (backend.py).
 
-Importing it requires Triton. On a machine without a GPU it only works under
-``TRITON_INTERPRET=1`` (set before this module is first imported), which is how the tests
-run it on CPU. Attention and the K/V store and copies are Triton kernels; the rest is the
-reference's, where torch already runs each as a copy, a reduction, its own product or a
-few elementwise kernels. The reference's products on quantized weights (the engine keeps
-those on the CPU only) serve the Triton kernels interpreted on the CPU.
+Importing it requires Triton; without a GPU it works only under ``TRITON_INTERPRET=1`` (set
+before its first import), as the tests run it. Attention and the K/V store and copies are
+Triton kernels; the rest is the reference's (torch runs each as a few kernels already), whose
+products on quantized weights serve the Triton kernels interpreted on the CPU.
 """
 
 from __future__ import annotations

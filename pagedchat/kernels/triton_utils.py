@@ -1,10 +1,8 @@
 """What the Triton kernel modules share: whether Triton interprets, device and shape checks of
 the attention inputs, the dot settings that keep float32 exact, the arguments both attention
-kernels take, and their inner step over a tile of cached tokens.
-
-A cache is either in the activations' type or int8 rows (``kv_int8.py``): each token's head
-as ``head_dim`` int8 values and the float16 scale after them, de-quantized in registers
-as a tile is read."""
+kernels take, and their inner step over a tile of cached tokens. An int8 cache
+(``kv_int8.py``) is de-quantized in registers as a tile is read.
+"""
 
 from __future__ import annotations
 
@@ -87,10 +85,9 @@ def on_device(device: torch.device, *tensors: torch.Tensor) -> tuple[torch.Tenso
 
 
 class AttentionCall(NamedTuple):
-    """One call's checked inputs as both attention kernels take them: ``args`` first
-    (output, query, caches, batch metadata, the scale in base 2, their strides), then the
-    kernel's own, and ``constexprs`` (GROUP, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, UPCAST,
-    DOT_PRECISION, KV8) with its own."""
+    """One call's checked inputs as both attention kernels take them, each kernel's own after
+    them: ``args`` (output, query, caches, batch metadata, the scale in base 2, their strides)
+    and ``constexprs`` (GROUP, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, UPCAST, DOT_PRECISION, KV8)."""
 
     out: torch.Tensor
     query_start_loc: torch.Tensor  # on the kernel's device
@@ -173,10 +170,9 @@ def attend_tile(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, table, tok, valid, m
                 BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
                 KV8: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """One step of online softmax (base 2, float32) over the cached tokens ``tok`` (those
-    ``valid`` read, gathered through the block ``table``): the rows of ``q`` score them, the
-    scores outside ``mask`` are dropped, and the running max ``m_i``, sum ``l_i`` and
-    output ``acc`` are returned updated. K and V are read in ``q``'s dtype; an int8 cache's
-    rows are contiguous (``stride_cd`` 1)."""
+    ``valid`` read through the block ``table``): ``q``'s rows score them, scores outside
+    ``mask`` dropped, and the running max ``m_i``, sum ``l_i`` and output ``acc`` come back
+    updated. K and V are read in ``q``'s dtype; int8 rows are contiguous (``stride_cd`` 1)."""
     block = tl.load(table + tok // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
     row = block * stride_cb + (tok % BLOCK_SIZE) * stride_ct + kv_head * stride_ch
     if KV8:

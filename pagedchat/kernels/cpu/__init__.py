@@ -1,13 +1,10 @@
-"""The CPU backend: compiled C kernels for paged attention (row by row for decodes and
-short chunks, tiled for longer prompt chunks), the sampler's pass over the logits, a
-greedy head's screen, RMSNorm, rotary-and-store and SiLU- and GELU-and-multiply (float32 and
-bfloat16), linear layers on weights packed once into oneDNN's layout (:mod:`.linear`), a
-small decode batch through all the layers in one compiled call, the reference for
-everything else.
-
-The kernels are built for the best instruction-set level the CPU runs (AVX-512, AVX2 or
-portable C; ``PAGEDCHAT_CPU_ISA`` forces one): see :mod:`.build`. Without a C compiler the
-backend is the torch reference, after one warning.
+"""The CPU backend: compiled C kernels for paged attention (row by row for decodes and short
+chunks, tiled for longer ones), the sampler's pass over the logits, a greedy head's screen,
+RMSNorm, rotary-and-store and SiLU- and GELU-and-multiply (float32 and bfloat16), linear
+layers on weights packed once into oneDNN's layout (:mod:`.linear`), a small decode batch
+through all the layers in one call, the reference for everything else. The kernels are built
+for the best instruction-set level the CPU runs (``PAGEDCHAT_CPU_ISA`` forces one; see
+:mod:`.build`); without a C compiler the backend is the torch reference, after one warning.
 """
 
 from pagedchat.kernels.cpu.attention import PREFILL_MIN_QUERY_LEN, paged_attention, store_kv

@@ -93,11 +93,9 @@ STEP_ENTRIES = 4
 
 
 def _per_step(make):
-    """Memoise ``make`` on the identity of its tensor arguments, for the last
-    ``STEP_ENTRIES`` argument sets. Every layer of a step is given its group's very same
-    metadata tensors, never changed in place, so each group's first layer computes and the
-    others reuse; weak references mean a freed tensor (a past step) never matches, even if
-    a new one reuses its address."""
+    """Memoise ``make`` on the identity of its tensor arguments (the last ``STEP_ENTRIES``
+    sets): a step's layers share their group's metadata tensors, never changed in place, and
+    weak references keep a freed tensor (a past step) from matching a new one's address."""
     entries: list[tuple[tuple, object]] = []
 
     @functools.wraps(make)

@@ -34,12 +34,11 @@ _FAILURES = {
 
 
 class LayerTensors(NamedTuple):
-    """One decoder layer's weights (as the model holds them: products packed, or quantized)
-    and caches, as its attention reads them (a local layer's seen as blocks of one token).
-    ``post_norm`` adds the residual before the MLP. Norms a layer may lack (None):
-    ``q_norm``/``k_norm`` over each head of Q and K (Qwen 3, Gemma 3), and Gemma 3's
-    ``attention_out_norm`` and ``mlp_out_norm`` on the outputs of attention and the MLP.
-    ``rope`` and ``group``: the layer's rope table and attention group in a step's."""
+    """One decoder layer's weights (packed or quantized, as the model holds them) and caches
+    as its attention reads them (a local layer's as blocks of one token). ``post_norm`` adds
+    the residual before the MLP. Norms a layer may lack (None): ``q_norm``/``k_norm`` (Qwen 3,
+    Gemma 3), Gemma 3's ``attention_out_norm`` and ``mlp_out_norm`` on attention's and the
+    MLP's outputs. ``rope`` and ``group``: the layer's rope table and attention group."""
 
     input_norm: torch.Tensor
     qkv: Weight
@@ -140,11 +139,10 @@ def _bias(layer: LayerTensors) -> torch.Tensor | None:
 
 
 class DecoderStack:
-    """Every decoder layer of a model in one C call, for steps of up to ``QUANTIZED_ROWS``
-    (every product quantized) or ``BLOCKED_ROWS`` (some packed) query rows that are all
-    decodes or short chunks: the same kernels as the per-layer calls, in the same order (so
-    the same result, bit for bit), without their Python dispatch. Built by
-    :func:`decoder_stack`, which checks the weights."""
+    """Every decoder layer in one C call, for steps of up to ``QUANTIZED_ROWS`` (every product
+    quantized) or ``BLOCKED_ROWS`` (some packed) rows, all decodes or short chunks: the
+    per-layer calls' kernels in the same order (the same result, bit for bit), without their
+    Python dispatch. Built by :func:`decoder_stack`, which checks the weights."""
 
     def __init__(self, layers: list[LayerTensors], num_heads: int, eps: float,
                  scale: float, activation: str = "silu") -> None:
@@ -182,10 +180,9 @@ class DecoderStack:
 
     def __call__(self, x: torch.Tensor, ropes: Sequence[tuple[torch.Tensor, torch.Tensor]],
                  groups: Sequence[GroupMetadata]) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The last layer's output and the residual stream still to be added to it (as the
-        layers return them), or None where this step is not one for the stack. ``ropes``:
-        the (cos, sin) rows of each rope table the layers name; ``groups``: each attention
-        group's metadata."""
+        """The last layer's output and the residual still to be added (as the layers return
+        them), or None where this step is not one for the stack. ``ropes``: each rope table's
+        (cos, sin) rows; ``groups``: each attention group's metadata."""
         rows = x.shape[0]
         if (rows not in self.rows or x.dtype != self.dtype or len(ropes) != self.num_ropes
                 or len(groups) != self.num_groups
@@ -242,10 +239,9 @@ def _product_ok(weight: Weight, dtype: torch.dtype, in_features: int) -> bool:
 
 def decoder_stack(layers: list[LayerTensors], num_heads: int, eps: float,
                   scale: float, activation: str = "silu") -> DecoderStack | None:
-    """The layers as one C call where they can be: float32 or bfloat16 on the CPU, every
-    product's weight packed in the blocked layout the C product reads or kept quantized,
-    caches contiguous, of the step's type or all int8, the MLP's ``activation`` one of
-    ``ACTIVATIONS``; else None (the model then calls its layers one by one)."""
+    """The layers as one C call where they can be (float32 or bfloat16 on the CPU, every
+    weight packed in the C product's blocked layout or quantized, caches contiguous, of the
+    step's type or int8, ``activation`` in ``ACTIVATIONS``); else None (layer by layer)."""
     if (not layers or activation not in ACTIVATIONS
             or kernel("decoder_layers", layers[0].input_norm) is None):
         return None

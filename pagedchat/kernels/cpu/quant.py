@@ -1,8 +1,6 @@
-"""The CPU's products and embedding lookups on quantized weights (``quant.c``, built with
-the backend's other C kernels for each instruction-set level), with the contracts of
-:func:`pagedchat.kernels.quant.quantized_linear` and
-:func:`pagedchat.kernels.quant.quantized_embedding`; the torch reference where the kernels
-are not built.
+"""The CPU's products and embedding lookups on quantized weights (``quant.c``), with the
+contracts of :func:`pagedchat.kernels.quant.quantized_linear` and ``quantized_embedding``;
+the torch reference where the kernels are not built.
 """
 
 from __future__ import annotations
