@@ -35,9 +35,10 @@ def batch(
     kv_cache_dtype: opt.KvCacheDtype = "auto",
 ) -> None:
     """Run a JSONL file of prompts through the engine; resumable (a rerun skips answered lines)."""
-    from pagedchat.chat.batch import describe, load_done, run_batch
-    from pagedchat.engine.config import EngineConfig
-    from pagedchat.engine.llm_engine import LLMEngine
+    with opt.starting():
+        from pagedchat.chat.batch import describe, load_done, run_batch
+        from pagedchat.engine.config import EngineConfig
+        from pagedchat.engine.llm_engine import LLMEngine
 
     with opt.user_errors():
         if input_path != "-" and not Path(input_path).is_file():

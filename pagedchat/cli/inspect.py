@@ -50,9 +50,10 @@ def inspect(
     num_speculative_tokens: opt.NumSpeculativeTokens = opt.SPECULATIVE_TOKENS,
 ) -> None:
     """Watch the KV block pool, block tables and sharing, one engine step at a time."""
-    from pagedchat.chat.inspect import default_scenario, prompt_scenario, run_scenario
-    from pagedchat.engine.config import EngineConfig
-    from pagedchat.engine.llm_engine import LLMEngine
+    with opt.starting():
+        from pagedchat.chat.inspect import default_scenario, prompt_scenario, run_scenario
+        from pagedchat.engine.config import EngineConfig
+        from pagedchat.engine.llm_engine import LLMEngine
 
     with opt.user_errors():
         prompts = list(prompt or [])

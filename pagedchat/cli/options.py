@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from pagedchat import console
+from pagedchat import console, progress
 from pagedchat.engine.config import EngineConfig
 from pagedchat.engine.errors import PagedChatError
 
@@ -57,6 +57,14 @@ KvStoreCap = Annotated[str, typer.Option(
 TensorParallelSize = Annotated[int, typer.Option(
     "--tensor-parallel-size", "-tp", min=1,
     help="Workers that split the model's heads (one process each).")]
+
+
+@contextmanager
+def starting() -> Iterator[None]:
+    """A spinner while a command imports torch and the engine (seconds before a first
+    start's own progress, converting or compiling, can show)."""
+    with progress.task("starting: loading torch and the engine"):
+        yield
 
 
 @contextmanager

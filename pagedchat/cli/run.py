@@ -40,14 +40,15 @@ def run(
                             "tokens to stderr.")] = None,
 ) -> None:
     """Answer one prompt, streaming the reply to standard output (pipe friendly)."""
-    from dataclasses import replace
+    with opt.starting():
+        from dataclasses import replace
 
-    from pagedchat.chat.prompt import PLAIN_STOP, has_chat_template, render
-    from pagedchat.engine.config import EngineConfig
-    from pagedchat.engine.kv_groups import kv_groups
-    from pagedchat.engine.llm_engine import LLMEngine
-    from pagedchat.engine.opening import open_model
-    from pagedchat.engine.sampling_params import SamplingParams
+        from pagedchat.chat.prompt import PLAIN_STOP, has_chat_template, render
+        from pagedchat.engine.config import EngineConfig
+        from pagedchat.engine.kv_groups import kv_groups
+        from pagedchat.engine.llm_engine import LLMEngine
+        from pagedchat.engine.opening import open_model
+        from pagedchat.engine.sampling_params import SamplingParams
 
     if prompt is None or prompt == "-":
         if sys.stdin.isatty() and prompt is None:

@@ -58,9 +58,10 @@ def serve(
         min=1, help="Completions running at once; past it a request gets 429.")] = 1024,
 ) -> None:
     """An OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, ...)."""
-    from pagedchat.engine.config import EngineConfig, parse_bytes
-    from pagedchat.server.serve import build_engine, run_server
-    from pagedchat.server.state import ServerSettings
+    with opt.starting():
+        from pagedchat.engine.config import EngineConfig, parse_bytes
+        from pagedchat.server.serve import build_engine, run_server
+        from pagedchat.server.state import ServerSettings
 
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s: %(message)s")
     with opt.user_errors():

@@ -92,3 +92,24 @@ def test_run_sizes_the_kv_pool_to_its_request(tiny_model_dir):
                                      "-v", *option, "hi"])
         assert result.exit_code == 0, result.output
         assert _stat(result.output, "kv cache:") == 40
+
+
+def test_run_shows_progress_before_it_loads_torch(tiny_model_dir, monkeypatch):
+    """The first thing a run shows (stderr, a terminal's) is a spinner over the imports of
+    torch and the engine: a first start's own tasks come later, seconds into the run."""
+    from contextlib import contextmanager
+
+    from pagedchat import console
+
+    shown = []
+
+    @contextmanager
+    def record(description, total):
+        shown.append(description)
+        yield lambda k=1: None
+
+    monkeypatch.setattr(console, "progress", record)
+    result = runner.invoke(app, ["run", "--model", str(tiny_model_dir), "--max-tokens", "2",
+                                 "hi"])
+    assert result.exit_code == 0, result.output
+    assert shown[:1] == ["starting: loading torch and the engine"]
