@@ -394,11 +394,6 @@ static inline __m256 high_nibbles(__m256i bytes) {
     return _mm256_cvtepi32_ps(_mm256_srli_epi32(bytes, 4));
 }
 
-/* The 8 unsigned bytes at p as float32. */
-static inline __m256 widen8(const uint8_t *p) {
-    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
-}
-
 /* sums[0][c] = x . column c for the 4 columns at col[c], one row of x; xsum[b]: the sum of
  * x's 32 values under block b. Per block and column: p = x . q (8 lanes), then
  * acc += d * p; the offsets' terms m * xsum[b] of all 4 columns go into one register
@@ -412,7 +407,7 @@ tile_factored(int type, const float *x, const float *xsum, int k_dim,
               float sums[QUANT_ROWS_MAX][TILE_COLS_MAX]) {
     __m256 acc[4], offsets = _mm256_setzero_ps();
     for (int c = 0; c < 4; c++) acc[c] = _mm256_setzero_ps();
-    const int bytes = block_bytes(type), skip = type == Q4_1 ? 4 : type == Q5_0 ? 6 : 2;
+    const int bytes = block_bytes(type), skip = type == Q4_1 ? 4 : 2;
     /* Q4_0's and Q5_0's heads hold weights where Q4_1's hold m: masked out, and -8 d or
      * -16 d taken instead */
     const __m256 kept = type == Q4_1 ? _mm256_castsi256_ps(_mm256_set1_epi32(-1))
@@ -449,10 +444,10 @@ tile_factored(int type, const float *x, const float *xsum, int k_dim,
                 p = _mm256_fmadd_ps(x2, signed8(q + 16), p);
                 p = _mm256_fmadd_ps(x3, signed8(q + 24), p);
             } else if (type == Q5_0) {
-                p = _mm256_mul_ps(x0, widen8(joined[c]));
-                p = _mm256_fmadd_ps(x1, widen8(joined[c] + 8), p);
-                p = _mm256_fmadd_ps(x2, widen8(joined[c] + 16), p);
-                p = _mm256_fmadd_ps(x3, widen8(joined[c] + 24), p);
+                p = _mm256_mul_ps(x0, field8(joined[c], 0, 0xFF));
+                p = _mm256_fmadd_ps(x1, field8(joined[c] + 8, 0, 0xFF), p);
+                p = _mm256_fmadd_ps(x2, field8(joined[c] + 16, 0, 0xFF), p);
+                p = _mm256_fmadd_ps(x3, field8(joined[c] + 24, 0, 0xFF), p);
             } else {  /* byte j: weight j in its low nibble, weight j + 16 in its high */
                 const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q));
                 const __m256i b1 =
