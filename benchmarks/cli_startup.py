@@ -21,6 +21,7 @@ CASES = {
     "python -c pass": [sys.executable, "-c", "pass"],
     "pagedchat --help": [sys.executable, "-m", "pagedchat.cli", "--help"],
     "pagedchat run --help": [sys.executable, "-m", "pagedchat.cli", "run", "--help"],
+    "pagedchat bench --help": [sys.executable, "-m", "pagedchat.cli", "bench", "--help"],
     "pagedchat bench throughput --help": [sys.executable, "-m", "pagedchat.cli", "bench",
                                           "throughput", "--help"],
     "pagedchat run --no-such-option": [sys.executable, "-m", "pagedchat.cli", "run",

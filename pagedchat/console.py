@@ -8,17 +8,32 @@ import platform
 import subprocess
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from rich.console import Console
+if TYPE_CHECKING:
+    from rich.console import Console
 
-stdout = Console()
-stderr = Console(stderr=True)
+
+@cache
+def _console(to_stderr: bool) -> Console:
+    from rich.console import Console
+
+    return Console(stderr=to_stderr)
+
+
+def __getattr__(name: str) -> Console:
+    """``stdout`` and ``stderr``, rich consoles made on first use: a command's ``--help``
+    and usage errors never print through them, and should not wait for rich to import."""
+    if name in ("stdout", "stderr"):
+        return _console(name == "stderr")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def note(message: str) -> None:
     """A line for the reader (on stderr, so that piped stdout stays parseable)."""
-    stderr.print(message, highlight=False, soft_wrap=True)
+    _console(True).print(message, highlight=False, soft_wrap=True)
 
 
 @contextmanager
@@ -30,8 +45,8 @@ def progress(description: str, total: int | None) -> Iterator[Callable[[int], No
     columns = ((bars.BarColumn(), bars.MofNCompleteColumn()) if total is not None
                else (bars.SpinnerColumn(),))
     bar = bars.Progress(bars.TextColumn("{task.description}"), *columns,
-                        bars.TimeElapsedColumn(), console=stderr, transient=True,
-                        disable=not stderr.is_terminal)
+                        bars.TimeElapsedColumn(), console=_console(True), transient=True,
+                        disable=not _console(True).is_terminal)
     with bar:
         task = bar.add_task(description, total=total)
         yield lambda k=1: bar.advance(task, k)

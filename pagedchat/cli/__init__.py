@@ -8,29 +8,12 @@ from __future__ import annotations
 import gc
 
 import typer
-import typer.core
 
 from pagedchat import console, progress
 from pagedchat.cli import batch, chat, inspect, models, run, serve
+from pagedchat.cli import options as opt
 
-
-class _Group(typer.core.TyperGroup):
-    """The root group, whose ``--help`` left out reads False rather than None: typer coerces
-    a None through pydantic, whose import would come with every command's ``--help``."""
-
-    def get_help_option(self, ctx: typer.Context) -> typer.core.TyperOption | None:
-        if (option := super().get_help_option(ctx)) is not None:
-            option.default = False
-        return option
-
-
-app = typer.Typer(
-    cls=_Group,
-    help="A terminal chatbot on a from-scratch PagedAttention engine.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-)
+app = opt.command_group("A terminal chatbot on a from-scratch PagedAttention engine.")
 
 
 @app.callback()

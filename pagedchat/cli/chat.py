@@ -9,7 +9,7 @@ import typer
 
 from pagedchat.chat.prompt import DEFAULT_CONTEXT_WINDOW
 from pagedchat.cli import options as opt
-from pagedchat.engine.presets import PRESETS
+from pagedchat.engine.presets import PRESETS, SPECULATIVE_TOKENS
 
 CHAT = PRESETS["chat"]
 
@@ -31,7 +31,7 @@ def chat(
     weights: opt.Weights = None,
     kv_cache_dtype: opt.KvCacheDtype = "auto",
     speculative: opt.Speculative = None,
-    num_speculative_tokens: opt.NumSpeculativeTokens = opt.SPECULATIVE_TOKENS,
+    num_speculative_tokens: opt.NumSpeculativeTokens = SPECULATIVE_TOKENS,
     kv_store: Annotated[Path | None, typer.Option(
         help="Folder where the sessions' KV blocks are kept, so that a session reopened "
              "after a restart starts warm (default: kv in $PAGEDCHAT_CACHE_DIR, else in "

@@ -11,9 +11,8 @@ from typing import Annotated
 import typer
 
 from pagedchat import console
-from pagedchat.cli import inspect_render
 from pagedchat.cli import options as opt
-from pagedchat.engine.presets import PRESETS, swap_space
+from pagedchat.engine.presets import PRESETS, SPECULATIVE_TOKENS, swap_space
 
 INSPECT = PRESETS["inspect"]
 
@@ -47,11 +46,12 @@ def inspect(
     weights: opt.Weights = None,
     kv_cache_dtype: opt.KvCacheDtype = "auto",
     speculative: opt.Speculative = None,
-    num_speculative_tokens: opt.NumSpeculativeTokens = opt.SPECULATIVE_TOKENS,
+    num_speculative_tokens: opt.NumSpeculativeTokens = SPECULATIVE_TOKENS,
 ) -> None:
     """Watch the KV block pool, block tables and sharing, one engine step at a time."""
     with opt.starting():
         from pagedchat.chat.inspect import default_scenario, prompt_scenario, run_scenario
+        from pagedchat.cli import inspect_render
         from pagedchat.engine.config import EngineConfig
         from pagedchat.engine.llm_engine import LLMEngine
 

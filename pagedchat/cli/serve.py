@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from pagedchat.cli import options as opt
-from pagedchat.engine.presets import PRESETS, swap_space
+from pagedchat.engine.presets import PRESETS, SPECULATIVE_TOKENS, swap_space
 
 SERVE = PRESETS["serve"]
 
@@ -37,7 +36,7 @@ def serve(
     weights: opt.Weights = None,
     kv_cache_dtype: opt.KvCacheDtype = "auto",
     speculative: opt.Speculative = None,
-    num_speculative_tokens: opt.NumSpeculativeTokens = opt.SPECULATIVE_TOKENS,
+    num_speculative_tokens: opt.NumSpeculativeTokens = SPECULATIVE_TOKENS,
     kv_store: Annotated[Path | None, typer.Option(
         help="Folder where finished requests' KV blocks are kept, read back by later prompts "
              "that start with them, after a restart too (a shared system prompt stays "
@@ -58,6 +57,8 @@ def serve(
         min=1, help="Completions running at once; past it a request gets 429.")] = 1024,
 ) -> None:
     """An OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, ...)."""
+    import logging
+
     with opt.starting():
         from pagedchat.engine.config import EngineConfig, parse_bytes
         from pagedchat.server.serve import build_engine, run_server

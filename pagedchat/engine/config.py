@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from pagedchat.engine.errors import RequestError
 from pagedchat.engine.fits import RequestFit
+from pagedchat.engine.presets import SPECULATIVE_TOKENS
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
@@ -56,7 +57,7 @@ class EngineConfig:
     attention_backend: str = "auto"
     tensor_parallel_size: int = 1
     speculative: str | None = None
-    num_speculative_tokens: int = 6
+    num_speculative_tokens: int = SPECULATIVE_TOKENS
     ngram_min: int = 1
     ngram_max: int = 8
     kv_store: str | None = None

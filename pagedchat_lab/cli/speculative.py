@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 
 from pagedchat import console
-from pagedchat.cli.options import SPECULATIVE_TOKENS, NumSpeculativeTokens, user_errors
+from pagedchat.cli.options import NumSpeculativeTokens, user_errors
+from pagedchat.engine.presets import SPECULATIVE_TOKENS
 from pagedchat_lab.cli import options as opt
 
 WORKLOADS = ("code", "sharegpt")

@@ -1,7 +1,6 @@
-"""Every command's `--help` shows each option's help text whole.
-
-Typer renders help through rich, which takes any `[word ...]` in a help string for a markup
-tag and drops it: "[default: X]" or "the [peers] extra" silently vanished from `--help`.
+"""Every command's `--help` shows each option's help text whole, brackets included: when
+help went through rich, its markup took any `[word ...]` for a tag and dropped it, and
+"[default: X]" or "the [peers] extra" silently vanished from `--help`.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ def fake_models(tmp_path, monkeypatch) -> None:
     monkeypatch.syspath_prepend(str(tmp_path))
     models = {"here-model": _model("here-model", "here-model-part1"),
               "absent-model": _model("absent-model", "absent-model-part1")}
-    monkeypatch.setattr("pagedchat.cli.models.NAMED_MODELS", models)
+    monkeypatch.setattr("pagedchat.engine.loading.named_models.NAMED_MODELS", models)
     for model in models.values():
         monkeypatch.setitem(NAMED_MODELS, model.name, model)
 

@@ -1,6 +1,7 @@
 """The command answers at once: importing it, every command's `--help` and a usage error load
 no torch, and none but `bench` loads the lab (each command loads what it needs when it
-runs)."""
+runs). Help and usage errors are click's plain text: rich, and the markdown parser and
+pydantic that typer's rich help brings, load only when a command runs."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import subprocess
 import sys
 
 HEAVY = ("torch", "transformers", "numpy")
+RICH_HELP = ("rich", "markdown_it", "pydantic")
 # every command's --help and a usage error in one process, then the modules they loaded
 _HELP_ALL = """
 import json, sys, typer.main
@@ -33,8 +35,8 @@ def _loaded(code: str) -> list[str]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _check(loaded: list[str]) -> None:
-    assert not [m for m in loaded if m.split(".")[0] in HEAVY]
+def _check(loaded: list[str], unwanted: tuple[str, ...] = HEAVY) -> None:
+    assert not [m for m in loaded if m.split(".")[0] in unwanted]
     assert "pagedchat.engine.llm_engine" not in loaded and "pagedchat.kernels" not in loaded
 
 
@@ -47,13 +49,13 @@ def test_importing_the_cli_loads_no_torch_and_no_lab():
 
 
 def test_every_commands_help_loads_no_torch_and_no_lab():
-    loaded = _loaded(_HELP_ALL % (False, HEAVY))
+    loaded = _loaded(_HELP_ALL % (False, HEAVY + RICH_HELP))
     assert "pagedchat.cli.run" in loaded  # the commands' own --help did run
-    _check(loaded)
+    _check(loaded, HEAVY + RICH_HELP)
     assert not [m for m in loaded if m.startswith("pagedchat_lab")]
 
 
 def test_every_bench_help_loads_no_torch():
-    loaded = _loaded(_HELP_ALL % (True, HEAVY))
+    loaded = _loaded(_HELP_ALL % (True, HEAVY + RICH_HELP))
     assert "pagedchat_lab.cli.throughput" in loaded  # the bench's own --help did run
-    _check(loaded)
+    _check(loaded, HEAVY + RICH_HELP)
