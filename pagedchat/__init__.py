@@ -10,6 +10,8 @@ import importlib
 import os
 from typing import TYPE_CHECKING
 
+from pagedchat.machine import usable_cores
+
 # MKL's own allocator keeps every buffer it ever packed a matrix into; without it they go
 # back to malloc, which the engine keeps warm anyway (runner.memory.keep_freed_memory). MKL
 # reads this once, when torch loads it: here it comes before any of pagedchat imports
@@ -25,10 +27,7 @@ os.environ.setdefault("LRU_CACHE_CAPACITY", "1")
 # when it loads (with torch).
 def _machine_is_busy() -> bool:
     """Whether the last minute's load average reaches the cores this process may use."""
-    if not hasattr(os, "getloadavg"):
-        return False
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return os.getloadavg()[0] >= (cores or 1)
+    return hasattr(os, "getloadavg") and os.getloadavg()[0] >= usable_cores()
 
 
 if _machine_is_busy():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from functools import cache
@@ -36,20 +37,47 @@ def note(message: str) -> None:
     _console(True).print(message, highlight=False, soft_wrap=True)
 
 
+# the progress display open now, shared by the tasks that overlap (a first start compiles
+# the kernels on a thread of its own while the model loads); rich allows one at a time
+_shown: list = []
+_shown_lock = threading.Lock()
+
+
 @contextmanager
 def progress(description: str, total: int | None) -> Iterator[Callable[[int], None]]:
-    """A progress bar on stderr (a spinner where ``total`` is None); yields ``advance(k)``.
-    Silent when stderr is not a terminal."""
+    """A progress bar on stderr (a spinner where ``total`` is None), one row of one display
+    that tasks open at the same time share; yields ``advance(k)``. Silent when stderr is not
+    a terminal."""
     from rich import progress as bars
 
-    columns = ((bars.BarColumn(), bars.MofNCompleteColumn()) if total is not None
-               else (bars.SpinnerColumn(),))
-    bar = bars.Progress(bars.TextColumn("{task.description}"), *columns,
-                        bars.TimeElapsedColumn(), console=_console(True), transient=True,
-                        disable=not _console(True).is_terminal)
-    with bar:
+    class Counted(bars.ProgressColumn):
+        """``column`` for a task with a total, nothing for a spinner's."""
+
+        def __init__(self, column: bars.ProgressColumn) -> None:
+            super().__init__()
+            self.column = column
+
+        def render(self, task: bars.Task):
+            return self.column.render(task) if task.total is not None else ""
+
+    with _shown_lock:
+        if not _shown:
+            _shown.append(bars.Progress(
+                bars.SpinnerColumn(), bars.TextColumn("{task.description}"),
+                Counted(bars.BarColumn()), Counted(bars.MofNCompleteColumn()),
+                bars.TimeElapsedColumn(), console=_console(True), transient=True,
+                disable=not _console(True).is_terminal))
+            _shown[0].start()
+        bar = _shown[0]
         task = bar.add_task(description, total=total)
+    try:
         yield lambda k=1: bar.advance(task, k)
+    finally:
+        with _shown_lock:
+            bar.remove_task(task)
+            if not bar.tasks:
+                bar.stop()
+                _shown.clear()
 
 
 def _version(name: str) -> str | None:

@@ -19,9 +19,13 @@ from pagedchat.kernels.kv_int8 import dequantize, quantize
 from pagedchat.kernels.quant import quantized_embedding, quantized_linear
 
 __all__ = ["copy_blocks", "embedding", "gather_kv", "gelu_tanh_mul", "linear", "max_logsumexp",
-           "pack_embedding", "pack_linear", "paged_attention", "quantized_embedding",
+           "pack_embedding", "pack_linear", "paged_attention", "prepare", "quantized_embedding",
            "quantized_linear", "rms_norm", "rotary", "rotary_store", "screen_candidates",
            "silu_mul", "split_rotary", "store_kv", "swap_blocks", "write_slots"]
+
+
+def prepare() -> None:
+    """Nothing to begin: torch's operations are ready."""
 
 
 def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -17,6 +17,7 @@ from pagedchat.kernels.reference import (
     max_logsumexp,
     pack_embedding,
     pack_linear,
+    prepare,
     quantized_embedding,
     quantized_linear,
     rms_norm,
@@ -36,7 +37,7 @@ from pagedchat.kernels.triton_utils import INTERPRETED
 
 __all__ = ["INTERPRETED", "choose_num_splits", "copy_blocks", "embedding", "gelu_tanh_mul",
            "linear", "max_logsumexp", "pack_embedding", "pack_linear", "paged_attention",
-           "paged_attention_decode", "paged_attention_prefill", "quantized_embedding",
+           "paged_attention_decode", "paged_attention_prefill", "prepare", "quantized_embedding",
            "quantized_linear", "rms_norm", "rotary_store", "screen_candidates", "silu_mul",
            "store_kv", "swap_blocks"]
 

@@ -23,7 +23,7 @@ def parameters(function) -> list[tuple[str, object]]:
 
 def test_the_contract_names_every_operation():
     assert backend.operations() == [
-        "store_kv", "paged_attention", "copy_blocks", "swap_blocks", "max_logsumexp",
+        "prepare", "store_kv", "paged_attention", "copy_blocks", "swap_blocks", "max_logsumexp",
         "screen_candidates", "rms_norm", "rotary_store", "silu_mul", "gelu_tanh_mul", "linear",
         "pack_linear",
         "embedding", "pack_embedding", "quantized_linear", "quantized_embedding"]

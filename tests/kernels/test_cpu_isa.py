@@ -4,6 +4,8 @@ PAGEDCHAT_CPU_ISA asks for, with one warning line where it cannot be had."""
 from __future__ import annotations
 
 import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -70,3 +72,25 @@ def test_a_level_that_cannot_be_built_falls_back_one_line_each(monkeypatch, capl
     assert len(lines) == 2 and all("\n" not in line for line in lines)
     assert "avx2 CPU kernels" in lines[0] and lines[0].endswith("using portable")
     assert "portable CPU kernels" in lines[1] and lines[1].endswith("the torch reference")
+
+
+def test_prepare_builds_ahead_and_a_kernel_call_waits_for_that_build(monkeypatch):
+    """``prepare`` returns while the build runs on its own thread; a kernel asked for
+    meanwhile waits for that build rather than starting a second one."""
+    started, release, built = threading.Event(), threading.Event(), []
+
+    def slow_build(level: str) -> str:
+        built.append(level)
+        started.set()
+        release.wait(10)
+        return f"library of {level}"
+
+    monkeypatch.setattr(build, "_LOADED", {})
+    monkeypatch.setattr(build, "build_level", slow_build)
+    build.prepare()
+    assert started.wait(10)
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(build.kernel_library)
+        release.set()
+        assert waiting.result(10) == f"library of {built[0]}"
+    assert len(built) == 1

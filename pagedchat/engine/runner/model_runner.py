@@ -87,6 +87,7 @@ class ModelRunner:
             hand_back_freed_memory()
         self.dtype = DTYPES[config.dtype]
         self.kernels = select_backend(self.device.type, config.attention_backend)
+        self.kernels.prepare()  # a first start's compile, while the weights load
         self.kv_dtype = kv_cache_dtype(config, self.dtype)
         self.block_size = config.block_size
         self.max_model_len = config.max_model_len

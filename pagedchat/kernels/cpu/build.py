@@ -18,6 +18,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
@@ -25,14 +26,16 @@ from pathlib import Path
 import torch
 
 from pagedchat import progress
+from pagedchat.machine import usable_cores
 from pagedchat.paths import cache_root
 
 log = logging.getLogger("pagedchat.kernels.cpu")
 
 # The C sources, built into one library per level: a new kernel file is one name here.
-SOURCES = ("attention.c", "attention_kv8.c", "prefill.c", "sampling.c", "layer.c", "linear.c",
-           "decoder.c", "quant.c", "quant_rows.c", "quant_split.c", "quant_int8.c",
-           "quant_int8_tile.c")
+# Longest to compile first, so that compilers taking them one per core end together.
+SOURCES = ("quant_rows.c", "prefill.c", "quant_int8.c", "attention.c", "attention_kv8.c",
+           "linear.c", "quant_int8_tile.c", "layer.c", "quant.c", "quant_split.c", "sampling.c",
+           "decoder.c")
 HEADERS = ("vector.h", "kernels.h", "ggml_formats.h", "quant_int8.h", "attention.h", "kv8.h")
 COMPILE_FLAGS = ["-O3", "-ffast-math", "-fopenmp", "-fPIC", "-std=c11"]
 # The instruction-set levels the kernels are built for, from the least to the most the CPU
@@ -145,9 +148,23 @@ def kernel_library(level: str | None = None) -> ctypes.CDLL | None:
     return _library(level)
 
 
+def prepare() -> None:
+    """Build the kernels in use on a thread of their own, if no library has them yet, and
+    return at once: a first start's compile then overlaps what the caller does next (loading
+    the model); a kernel called meanwhile waits for it."""
+    threading.Thread(target=kernel_library, name="pagedchat-kernel-build", daemon=True).start()
+
+
+# one build at a time (re-entered where a level falls back to the next one down); a caller
+# waits for the one under way
+_building = threading.RLock()
+
+
 def _library(level: str) -> ctypes.CDLL | None:
     if level not in _LOADED:
-        _LOADED[level] = build_level(level)
+        with _building:
+            if level not in _LOADED:
+                _LOADED[level] = build_level(level)
     return _LOADED[level]
 
 
@@ -191,8 +208,9 @@ def _set_signatures(library: ctypes.CDLL, signatures: dict[str, tuple[object, li
 
 
 def _build(compiler: str, flags: list[str], target: Path, advance: progress.Advance) -> None:
-    """Compile every source (one compiler process each, side by side), then link; ``advance``
-    is called once per compiled source and once for the link."""
+    """Compile every source, one compiler per core at a time (more only share the cores and
+    their caches), then link; ``advance`` is called once per compiled source and once for
+    the link."""
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         sources = [Path(__file__).with_name(name) for name in SOURCES]
@@ -200,17 +218,14 @@ def _build(compiler: str, flags: list[str], target: Path, advance: progress.Adva
         lib = Path(tmp) / "kernels.so"
         # -ffast-math only when compiling: linking with it would set flush-to-zero for
         # the whole process (crtfastmath), changing torch's own numerics.
-        jobs = {subprocess.Popen([compiler, *flags, "-c", str(source), "-o", str(obj)],
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE): source
-                for source, obj in zip(sources, objects, strict=True)}
-        # each compiler's output drained on a thread of its own, counted as it ends
-        with ThreadPoolExecutor(len(jobs)) as pool:
-            waits = {pool.submit(job.communicate): job for job in jobs}
-            for done in as_completed(waits):
-                job = waits[done]
-                if job.returncode != 0:
-                    raise subprocess.CalledProcessError(
-                        job.returncode, f"{compiler} {jobs[job].name}", stderr=done.result()[1])
+        def compile_one(source: Path, obj: Path) -> None:
+            subprocess.run([compiler, *flags, "-c", str(source), "-o", str(obj)], check=True,
+                           capture_output=True)
+
+        with ThreadPoolExecutor(usable_cores()) as pool:
+            for done in as_completed([pool.submit(compile_one, source, obj)
+                                      for source, obj in zip(sources, objects, strict=True)]):
+                done.result()  # a compiler's error, raised here
                 advance(1)
         subprocess.run([compiler, "-shared", "-fopenmp", *map(str, objects), "-o", str(lib),
                         "-lm"], check=True, capture_output=True)
