@@ -6,42 +6,83 @@ layers whose ffn_down is in layer 1's format) or a single tensor (``output.weigh
 each of ROWS rows of x (default 1). Prints ms, GB/s of weight bytes, new/old and the
 largest output difference.
 
-    python benchmarks/quant_rows_ab.py MODEL.gguf BASELINE.so blk.0.ffn_gate.weight,output.weight [1,4]
+    python benchmarks/quant_rows_ab.py MODEL.gguf BASELINE.so \
+        blk.0.ffn_gate.weight,output.weight [1,4]
 """
-import sys, time, ctypes, statistics, functools
-import gguf, numpy as np, torch
-from pagedchat.kernels.cpu import build, quant as cq
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import time
+
+import gguf
+import numpy as np
+import torch
+
+from pagedchat.kernels.cpu import build
+from pagedchat.kernels.cpu import quant as cpu_quant
 from pagedchat.kernels.quant import QuantizedWeight
-torch.set_num_threads(1)
-path = sys.argv[1]; base = sys.argv[2]; names = sys.argv[3].split(",")
-row_counts = [int(r) for r in (sys.argv[4] if len(sys.argv) > 4 else "1").split(",")]
-reader = gguf.GGUFReader(path)
-T = {t.name: t for t in reader.tensors}
-def load(n):
-    t = T[n]; return QuantizedWeight.from_blocks(t.tensor_type.name, torch.from_numpy(np.array(t.data)), int(t.shape[0]))
-new = build.kernel_library()
-old = ctypes.CDLL(base); build._set_signatures(old, {k: v for k, v in build._SIGNATURES.items() if hasattr(old, k)})
-layers = sum(1 for n in T if n.endswith(".attn_norm.weight"))
-for name, rows in [(n, r) for n in names for r in row_counts]:
+
+ROUNDS = 5
+
+
+def weights_named(tensors: dict, name: str) -> list[QuantizedWeight]:
+    """``name``'s weight, or for a layer's (``blk.N....``) every layer's of that name in
+    layer N's format."""
+    def load(tensor_name: str) -> QuantizedWeight:
+        tensor = tensors[tensor_name]
+        return QuantizedWeight.from_blocks(tensor.tensor_type.name,
+                                           torch.from_numpy(np.array(tensor.data)),
+                                           int(tensor.shape[0]))
+
     named = load(name)
-    if name.startswith("blk"):  # every layer's weight of that name in the named one's format
-        ws = [load(".".join(["blk", str(i), *name.split(".")[2:]])) for i in range(layers)]
-        ws = [w for w in ws if w.segments[0].format == named.segments[0].format]
-    else:
-        ws = [named]
-    x = torch.randn(rows, ws[0].in_features)
-    res = {}
-    for lib in (old, new):
-        cq._library = lambda lib=lib: lib
-        res[id(lib)] = torch.cat([cq.quantized_linear(x, w) for w in ws], 1)
-    d = (res[id(old)] - res[id(new)]).abs().max().item()
-    ts = {id(old): [], id(new): []}
-    for r in range(5):
-        for lib in (old, new):
-            cq._library = lambda lib=lib: lib
-            s = time.thread_time()
-            for w in ws: cq.quantized_linear(x, w)
-            ts[id(lib)].append((time.thread_time() - s) * 1e3 / len(ws))
-    o, n = min(ts[id(old)]), min(ts[id(new)])
-    mb = ws[0].nbytes / 1e6
-    print(f"{name:24} {rows}r {ws[0].segments[0].format.name} x{len(ws):<2} {mb:7.2f}MB old {o:7.3f} ms ({mb/o:5.2f} GB/s) new {n:7.3f} ms ({mb/n:5.2f} GB/s) new/old {n/o:.2f} maxdiff {d:.2e}")
+    if not name.startswith("blk."):
+        return [named]
+    layers = sum(1 for tensor_name in tensors if tensor_name.endswith(".attn_norm.weight"))
+    suffix = name.split(".", 2)[2]
+    found = [load(f"blk.{layer}.{suffix}") for layer in range(layers)]
+    return [w for w in found if w.segments[0].format == named.segments[0].format]
+
+
+def with_library(library: ctypes.CDLL, x: torch.Tensor,
+                 weights: list[QuantizedWeight]) -> list[torch.Tensor]:
+    cpu_quant._library = lambda: library
+    return [cpu_quant.quantized_linear(x, w) for w in weights]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", help="a GGUF file")
+    parser.add_argument("baseline", help="the saved library to compare against")
+    parser.add_argument("names", help="tensor names, comma-separated")
+    parser.add_argument("rows", nargs="?", default="1", help="rows of x, comma-separated")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    tensors = {t.name: t for t in gguf.GGUFReader(args.model).tensors}
+    new = build.kernel_library()
+    old = ctypes.CDLL(args.baseline)
+    build._set_signatures(old, {name: signature for name, signature in build._SIGNATURES.items()
+                                if hasattr(old, name)})
+    for name in args.names.split(","):
+        weights = weights_named(tensors, name)
+        for rows in map(int, args.rows.split(",")):
+            x = torch.randn(rows, weights[0].in_features)
+            difference = (torch.cat(with_library(old, x, weights), 1)
+                          - torch.cat(with_library(new, x, weights), 1)).abs().max().item()
+            spent: dict[str, list[float]] = {"old": [], "new": []}
+            for _ in range(ROUNDS):
+                for label, library in (("old", old), ("new", new)):
+                    start = time.thread_time()
+                    with_library(library, x, weights)
+                    spent[label].append((time.thread_time() - start) * 1e3 / len(weights))
+            before, after = min(spent["old"]), min(spent["new"])
+            megabytes = weights[0].nbytes / 1e6
+            print(f"{name:24} {rows}r {weights[0].segments[0].format.name} x{len(weights):<2} "
+                  f"{megabytes:7.2f}MB old {before:7.3f} ms ({megabytes / before:5.2f} GB/s) "
+                  f"new {after:7.3f} ms ({megabytes / after:5.2f} GB/s) "
+                  f"new/old {after / before:.2f} maxdiff {difference:.2e}")
+
+
+if __name__ == "__main__":
+    main()
