@@ -118,7 +118,7 @@ def _built_models() -> dict:
 @pytest.fixture
 def shared_model_loads(monkeypatch, _built_models):
     """Engines of a test that asks for this reuse the model a previous one loaded with the
-    same config, dtype, device, kernels and context (one process, no tensor parallelism):
+    same config, dtype, device and kernels (one process, no tensor parallelism):
     each gets its own KV pool, and the shared model's layers are pointed at the newest
     pool, so an engine built earlier must not be stepped again. For the real models, whose
     weights no test changes."""
@@ -126,12 +126,12 @@ def shared_model_loads(monkeypatch, _built_models):
 
     build = model_runner.build_model
 
-    def cached(model_config, kernels, tp, device, dtype, max_model_len):
+    def cached(model_config, kernels, tp, device, dtype):
         if tp.size > 1:
-            return build(model_config, kernels, tp, device, dtype, max_model_len)
-        key = (repr(model_config), kernels.__name__, str(device), dtype, max_model_len)
+            return build(model_config, kernels, tp, device, dtype)
+        key = (repr(model_config), kernels.__name__, str(device), dtype)
         if key not in _built_models:
-            _built_models[key] = build(model_config, kernels, tp, device, dtype, max_model_len)
+            _built_models[key] = build(model_config, kernels, tp, device, dtype)
         return _built_models[key]
 
     monkeypatch.setattr(model_runner, "build_model", cached)

@@ -1,32 +1,35 @@
-"""Rotary position embedding: cos/sin tables as transformers computes them."""
+"""Rotary position embedding: cos/sin as transformers computes them."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import torch
-from torch import nn
 
 from pagedchat.engine.model_config import ModelConfig
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin: [tokens, head_dim]
 
 
-class RotaryEmbedding(nn.Module):
-    """cos/sin tables computed as transformers does (float32), looked up by position."""
+class RotaryEmbedding:
+    """cos/sin rows computed as transformers computes its tables (float32), for each step's
+    positions only: a table for every position a model takes would hold 2 x positions x
+    head_dim floats (Gemma 3's two ropes over 32,768 positions: 128 MiB) for the few rows a
+    step reads."""
 
-    def __init__(self, inv_freq: torch.Tensor, scaling: float, max_positions: int) -> None:
-        super().__init__()
-        positions = torch.arange(max_positions, dtype=torch.float32)
-        freqs = positions[:, None] * inv_freq.float()[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self.register_buffer("cos", emb.cos() * scaling, persistent=False)
-        self.register_buffer("sin", emb.sin() * scaling, persistent=False)
+    def __init__(self, inv_freq: torch.Tensor, scaling: float) -> None:
+        self.inv_freq = inv_freq.float()  # kept float32 whatever the model's dtype
+        self.scaling = scaling
 
     def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> Rope:
-        """cos and sin rows for these positions; looked up once per step and shared by
+        """cos and sin rows for these positions; computed once per step and shared by
         every layer."""
-        return self.cos[positions].to(dtype), self.sin[positions].to(dtype)
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos(), emb.sin()
+        if self.scaling != 1.0:
+            cos, sin = cos * self.scaling, sin * self.scaling
+        return cos.to(dtype), sin.to(dtype)
 
 
 def rope_parameters(config: ModelConfig, params: dict[str, Any] | None = None,

@@ -95,17 +95,16 @@ class Gemma3ForCausalLM(CausalLM):
             Gemma3DecoderLayer(config, kernels, tp, kind == LOCAL)
             for kind in config.layer_types],
             OffsetRMSNorm(config.hidden_size, config.rms_norm_eps, kernels))
-        self.rotary: nn.ModuleDict | None = None  # "full" and "local": see build_rotary
+        self.rotary: dict[str, RotaryEmbedding] = {}  # "full" and "local": see build_rotary
         self.kv_groups = kv_groups(config)
 
-    def build_rotary(self, max_positions: int) -> None:
-        """The global layers' cos/sin tables and the local layers' ones, on the current
-        device (the model is built on meta)."""
-        self.rotary = nn.ModuleDict({
-            "full": RotaryEmbedding(*rope_parameters(self.config, layer_type="full_attention"),
-                                    max_positions),
+    def build_rotary(self) -> None:
+        """The global layers' rope and the local layers' one, on the current device (the
+        model is built on meta)."""
+        self.rotary = {
+            "full": RotaryEmbedding(*rope_parameters(self.config, layer_type="full_attention")),
             "local": RotaryEmbedding(*rope_parameters(
-                self.config, self.config.local_rope_parameters, LOCAL), max_positions)})
+                self.config, self.config.local_rope_parameters, LOCAL))}
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,

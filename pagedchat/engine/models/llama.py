@@ -60,11 +60,10 @@ class LlamaForCausalLM(CausalLM):
             RMSNorm(config.hidden_size, config.rms_norm_eps, kernels))
         self.rotary: RotaryEmbedding | None = None  # see build_rotary
 
-    def build_rotary(self, max_positions: int) -> None:
-        """Compute the cos/sin tables, on the current device. A separate step because the
-        model is built on the meta device, where the tables would be empty."""
-        inv_freq, scaling = rope_parameters(self.config)
-        self.rotary = RotaryEmbedding(inv_freq, scaling, max_positions)
+    def build_rotary(self) -> None:
+        """The rope's frequencies, on the current device. A separate step because the model
+        is built on the meta device, where they would be empty."""
+        self.rotary = RotaryEmbedding(*rope_parameters(self.config))
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata

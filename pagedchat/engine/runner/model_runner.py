@@ -57,17 +57,16 @@ def kv_cache_dtype(config: EngineConfig, dtype: torch.dtype) -> torch.dtype:
 
 
 def build_model(model_config: ModelConfig, kernels, tp: TensorParallel, device: torch.device,
-                dtype: torch.dtype, max_model_len: int) -> torch.nn.Module:
+                dtype: torch.dtype) -> torch.nn.Module:
     """The model with its weights loaded and laid out for the kernels, without KV caches."""
     # Built on the meta device: no time spent on random weights that are replaced.
     with torch.device("meta"):
         model = model_class(model_config)(model_config, kernels, tp)
     materialize(model, device)
     with torch.device(device):
-        model.build_rotary(max_model_len)
+        model.build_rotary()
     model.load_hf_state_dict(load_weights(model_config))
     model = model.to(dtype).eval()
-    model.rotary.float()
     model.pack()
     return model
 
@@ -90,9 +89,7 @@ class ModelRunner:
         self.kernels.prepare()  # a first start's compile, while the weights load
         self.kv_dtype = kv_cache_dtype(config, self.dtype)
         self.block_size = config.block_size
-        self.max_model_len = config.max_model_len
-        self.model = build_model(model_config, self.kernels, self.tp, self.device, self.dtype,
-                                 self.max_model_len)
+        self.model = build_model(model_config, self.kernels, self.tp, self.device, self.dtype)
         attn = self.model.layers[0].self_attn
         int8 = self.kv_dtype == torch.int8
         self.kv_shape = (self.block_size, attn.num_kv_heads,
