@@ -3,9 +3,8 @@
 Every valid line goes into the engine at once; each answer is appended and flushed when its
 request finishes, so a killed run loses nothing finished. A rerun with the same output file
 skips the requests answered there (an answer names its line number, id and a hash of the
-line's text) and runs the rest, including the lines it rejected before (error records do not
-count as answers). If the input changed under an answer (its line edited, moved or
-removed), the rerun stops before running anything and names the line.
+line's text) and runs the rest, the lines it rejected before too (error records are no
+answers). If the input changed under an answer, the rerun runs nothing and names the line.
 """
 
 from __future__ import annotations
@@ -142,9 +141,8 @@ def _messages(request_id: object, messages: object, system: str | None) -> list[
 
 def parse_file(lines: Iterable[str], tokenizer, system: str | None,
                defaults: dict[str, object]) -> list[BatchJob | Rejected]:
-    """Every non-blank line in order: its BatchJob, or why it is rejected. A line whose id
-    an earlier line has (valid or not) is rejected, so each id names at most one request; a
-    line without an id takes its line number as id."""
+    """Every non-blank line in order: its BatchJob, or why it is rejected. An id an earlier line
+    has (valid or not) is rejected, so it names one request; no id means the line number."""
     entries: list[BatchJob | Rejected] = []
     first_line: dict[str, int] = {}
     for line, text in enumerate(lines, 1):
@@ -165,9 +163,8 @@ def parse_file(lines: Iterable[str], tokenizer, system: str | None,
 
 def answered_lines(entries: list[BatchJob | Rejected],
                    done: Collection[dict[str, object]]) -> set[int]:
-    """The lines whose requests ``done`` (answer records) holds answers for; BatchError when
-    an answer fits no request of ``entries`` (the input changed since it was written, and
-    going on would lose that answer or write a second one)."""
+    """The lines ``done`` (answer records) answers; BatchError when an answer fits no request
+    of ``entries`` (the input changed since: going on would lose it or write a second one)."""
     by_line = {entry.line: entry for entry in entries}
     by_id = {key(entry.request_id): entry for entry in entries if isinstance(entry, BatchJob)}
     answered: set[int] = set()

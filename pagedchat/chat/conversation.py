@@ -9,8 +9,7 @@ from typing import Literal
 from pagedchat.engine.presets import PRESETS
 from pagedchat.engine.sampling_params import SamplingParams
 
-# Long enough, with the template, to fill whole KV blocks, so that
-# sessions sharing it share those blocks through the prefix cache.
+# Long enough, with the template, to fill whole KV blocks that sessions share (prefix cache).
 DEFAULT_SYSTEM_PROMPT = (
     "You are a helpful, concise assistant running in a terminal. Answer in plain language, "
     "use Markdown for lists and code, and say when you are not sure. Keep answers short "
@@ -19,10 +18,9 @@ DEFAULT_SYSTEM_PROMPT = (
 DEFAULT_TITLE = "New chat"
 
 Role = Literal["user", "assistant"]
-# generating: the reply is being written; cancelled: the user stopped it;
-# interrupted: the app ended before it did; error: the engine refused it;
-# unanswered (a user message): no reply to it was saved, the app ended or failed first;
-# looped: the repetition guard stopped it (the text so far is kept).
+# generating: being written; cancelled: the user stopped it; interrupted: the app ended first;
+# error: the engine refused it; looped: the repetition guard stopped it (its text is kept);
+# unanswered (a user message): no reply to it was saved, the app ended or failed first.
 Status = Literal["done", "generating", "cancelled", "interrupted", "error", "unanswered",
                  "looped"]
 

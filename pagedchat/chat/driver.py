@@ -1,9 +1,8 @@
 """The one thread that owns the (single-threaded) LLMEngine.
 
-A UI puts ``Submit`` and ``Cancel`` commands on the driver's queue and gets events back
-through a callback called from the driver thread. The model loads in that thread too, so a
-UI can start at once and queue its first message. Outputs are coalesced per request and
-handed over at most every ``flush_interval`` seconds (a finished reply at once).
+A UI queues ``Submit`` and ``Cancel``; events come back through a callback on the driver thread,
+where the model loads too (a UI starts at once, its first message queued). Outputs are coalesced
+per request and handed over every ``flush_interval`` seconds at most (a finished one at once).
 """
 
 from __future__ import annotations
@@ -109,13 +108,8 @@ def load_engine(model: str | None = None, **config: Any) -> LLMEngine:
 
 
 class EngineDriver(EngineThread):
-    def __init__(
-        self,
-        load: Callable[[], LLMEngine],
-        on_event: Callable[[Event], None],
-        flush_interval: float = 0.05,
-        stats_interval: float = 0.25,
-    ) -> None:
+    def __init__(self, load: Callable[[], LLMEngine], on_event: Callable[[Event], None],
+                 flush_interval: float = 0.05, stats_interval: float = 0.25) -> None:
         super().__init__("engine-driver")
         self._load = load
         self._emit = on_event
@@ -140,8 +134,7 @@ class EngineDriver(EngineThread):
         self._commands.put(Cancel(request_id))
 
     def switch(self, load: Callable[[], LLMEngine]) -> None:
-        """Load another model in the driver thread; ``EngineReady`` or ``EngineFailed``
-        follows, as at the start."""
+        """Load another model in the driver thread; ``EngineReady`` or ``EngineFailed`` follows."""
         self._commands.put(SwitchModel(load))
 
     def _run(self) -> None:
@@ -281,6 +274,5 @@ class EngineDriver(EngineThread):
             elapsed = max(now - self._last_stats, 1e-6)
             rate = self._new_tokens / elapsed if engine.has_unfinished_requests() else 0.0
             self._emit(StatsUpdate(engine.stats(), rate))
-            self._new_tokens = 0
-            self._last_stats = now
+            self._new_tokens, self._last_stats = 0, now
             self._stats_dirty = self._stats_due = False

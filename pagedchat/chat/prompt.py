@@ -39,14 +39,9 @@ class Prompt:
     truncated: bool  # the newest message was cut to its end
 
 
-def build_prompt(
-    tokenizer: Tokenizer,
-    system_prompt: str,
-    messages: list[dict[str, str]],
-    context_window: int = DEFAULT_CONTEXT_WINDOW,
-    raw: bool = False,
-    continue_last: bool = False,
-) -> Prompt:
+def build_prompt(tokenizer: Tokenizer, system_prompt: str, messages: list[dict[str, str]],
+                 context_window: int = DEFAULT_CONTEXT_WINDOW, raw: bool = False,
+                 continue_last: bool = False) -> Prompt:
     """Render ``messages`` (oldest first, the newest is answered) within ``context_window``;
     ``raw``: their text alone, without the system prompt or any markup; ``continue_last``:
     the newest is a reply cut short, to be continued where it stopped."""
@@ -89,10 +84,8 @@ def render(tokenizer: Tokenizer, conversation: list[dict[str, str]],
                                  + (f" {last['content']}" if continue_last else "")))
 
 
-def _cut_newest(
-    tokenizer: Tokenizer, head: list[dict[str, str]], newest: dict[str, str], window: int,
-    raw: bool = False, continue_last: bool = False,
-) -> list[int]:
+def _cut_newest(tokenizer: Tokenizer, head: list[dict[str, str]], newest: dict[str, str],
+                window: int, raw: bool = False, continue_last: bool = False) -> list[int]:
     overhead = len(render(tokenizer, head + [{**newest, "content": ""}], raw, continue_last))
     budget = window - overhead
     content_ids = tokenizer.encode(newest["content"], add_special_tokens=False)

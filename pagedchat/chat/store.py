@@ -64,8 +64,7 @@ class StoreError(Exception):
 
 
 def default_db_path() -> Path:
-    """``chats.db`` in ``$PAGEDCHAT_DATA_DIR``, else in ``pagedchat`` in ``$XDG_DATA_HOME``
-    (``~/.local/share``)."""
+    """``$PAGEDCHAT_DATA_DIR/chats.db``, else ``$XDG_DATA_HOME/pagedchat/chats.db``."""
     if os.environ.get("PAGEDCHAT_DATA_DIR"):
         return Path(os.environ["PAGEDCHAT_DATA_DIR"]).expanduser() / "chats.db"
     base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
@@ -97,7 +96,6 @@ class Store:
             raise StoreError(f"{self.path}: schema version {version} is newer than this "
                              f"pagedchat knows ({len(MIGRATIONS)}); upgrade pagedchat")
         for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
-            # Each step applies whole or not at all.
             try:
                 self._db.executescript(f"BEGIN; {script}; PRAGMA user_version = {number}; COMMIT;")
             except sqlite3.Error:
@@ -188,9 +186,8 @@ class Store:
 
     def add_turn(self, session: Session, user: Message, reply: Message,
                  instead_of: Message | None = None) -> None:
-        """Save a user message with the reply about to be written to it, both or neither (when
-        this raises, neither has an id), so a user message is never stored without a reply
-        that answers it or says why not. It follows the session's last message, or, as an
+        """Save a user message and the reply about to answer it (or say why not), both or neither
+        (when this raises, neither has an id). It follows the session's last message or, as an
         edit of ``instead_of``, the message that one follows (a new branch)."""
         try:
             self._run("BEGIN")
@@ -229,8 +226,7 @@ class Store:
         """Write the message's content, status and figures; StoreError when it is not stored
         (never saved, or deleted), rather than losing the write without a word."""
         if message.id is None:
-            raise StoreError(f"{self.path}: the message was never saved, so it cannot be "
-                             "updated")
+            raise StoreError(f"{self.path}: the message was never saved, so it cannot be updated")
         names = _MESSAGE_FIELDS[1:]
         cursor = self._run(
             f"UPDATE messages SET {', '.join(f'{name} = ?' for name in names)} WHERE id = ?",

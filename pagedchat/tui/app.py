@@ -1,8 +1,7 @@
 """The chat app: sessions on the left, the chat in the middle, the engine inspector on the right.
 
-The app owns the sessions and the layout; ``Replies`` the turn lifecycle and the engine's
-events; ``commands/`` the slash commands, each beside its handler. Attributes go down to the
-widgets (``show``/``refresh_info`` calls), messages come up from them.
+The app owns the sessions and the layout, ``Replies`` the turns and the engine's events,
+``commands/`` the slash commands; calls go down to the widgets, messages come up from them.
 """
 
 from __future__ import annotations
@@ -195,9 +194,8 @@ class ChatApp(App):
                 [m.content for m in self.session.messages if m.role == "user"])
 
     def switch_model(self, spec: str | None, name: str) -> None:
-        """Load model ``spec`` (a named model, a path, None: the default) in the engine's
-        thread; replies sent meanwhile wait for it. The sessions are the store's, so they
-        keep their history."""
+        """Load model ``spec`` (a name, a path, None: the default) in the engine's thread;
+        replies sent meanwhile wait for it. The sessions, the store's, keep their history."""
         self.model_name = name
         self.replies.engine_ready = False
         self.query_one(StatusLine).show_loading(name, time.monotonic())
@@ -230,8 +228,7 @@ class ChatApp(App):
             await self.replies.regenerate(self.session)
 
     async def action_alternative(self, step: int) -> None:
-        """Show the previous or next version of the focused message (the last one when no
-        message is focused): its other regenerated replies, or its edits."""
+        """Step through the focused (else the last) message's versions: replies or edits."""
         session = self.session
         if session is None or not session.messages:
             return
@@ -319,8 +316,7 @@ class ChatApp(App):
             self.remember_inputs()
 
     def action_cancel_reply(self) -> None:
-        """Leave an edit, else stop the focused session's reply (its blocks are freed, its
-        text kept)."""
+        """Leave an edit, else stop the focused session's reply (blocks freed, text kept)."""
         if self.editing is not None:
             self.stop_editing()
             return
@@ -337,8 +333,7 @@ class ChatApp(App):
                                              self.replies.paths)
 
     def save(self, write: Callable[[], object], failed: str = "Could not save") -> bool:
-        """Run a store write; a failure is shown (titled ``failed``) and False returned, and
-        the data stays in memory."""
+        """Run a store write; on failure show it (titled ``failed``) and return False, data kept."""
         try:
             write()
         except StoreError as error:

@@ -21,8 +21,7 @@ CHAT = PRESETS["chat"]
 def run_chat(*, model: str | None, db: Path | None, continue_last: bool, session_id: int | None,
              context_window: int, raw: bool, settings: SamplingSettings, system_prompt: str,
              engine_options: dict[str, object]) -> None:
-    """Open the store, check the asked-for session, and run the app until the user quits;
-    ``settings`` and ``system_prompt`` are those of new sessions; ``engine_options``: the
+    """``settings`` and ``system_prompt`` are those of new sessions; ``engine_options``: the
     engine's options by EngineConfig's names (KV blocks, weights, speculation, the KV store)."""
     from pagedchat.tui.app import ChatApp  # Textual loads only when the app runs
 
@@ -46,4 +45,3 @@ def run_chat(*, model: str | None, db: Path | None, continue_last: bool, session
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(app.return_code or 0)
-

@@ -104,12 +104,10 @@ class Replies:
         """The request id of the reply ``session_id`` is generating, if any."""
         return next((rid for rid, t in self.turns.items() if t.session.id == session_id), None)
 
-    async def send(self, session: Session, text: str, instead_of: Message | None = None,
-                   ) -> bool:
-        """Save ``text`` as the session's next message and ask for a reply; with
-        ``instead_of`` (an earlier user message), as an edit of it: a new branch that
-        shares what came before it, the old one kept. Returns False (the text stays in the
-        input) when it could not be sent."""
+    async def send(self, session: Session, text: str, instead_of: Message | None = None) -> bool:
+        """Save ``text`` as the session's next message and ask for a reply; with ``instead_of``
+        (an earlier user message), as an edit of it: a new branch sharing what came before,
+        the old one kept. False (the text stays in the input) when it could not be sent."""
         app = self.app
         if (params := self._params(session)) is None:
             return False
@@ -169,8 +167,7 @@ class Replies:
         return True
 
     def _params(self, session: Session) -> SamplingParams | None:
-        """The session's sampling parameters, once it may start a reply (None: it may not,
-        and the user was told why)."""
+        """The session's sampling parameters, or None (the user told why) if it may not reply."""
         if self.reply_of(session.id) is not None:
             self.app.notify("This session is still answering: wait, or press Esc to stop it",
                             severity="warning")
@@ -190,8 +187,7 @@ class Replies:
         self.app.show_sessions()
 
     def _submit(self, turn: Turn, params: SamplingParams) -> None:
-        """Ask the engine for ``turn``'s reply, the session's last message (a reply with
-        text already, ``turn.before``, is continued)."""
+        """Ask the engine for ``turn``'s reply (one with text already, ``turn.before``, goes on)."""
         session = turn.session
         rid = f"s{session.id}-r{next(self._request_numbers)}"
         self.turns[rid] = turn

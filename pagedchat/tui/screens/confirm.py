@@ -10,10 +10,7 @@ from textual.widgets import Button, Input, Label
 
 
 class ConfirmScreen(ModalScreen[bool]):
-    BINDINGS = [
-        Binding("y", "answer(True)", "Yes"),
-        Binding("n,escape", "answer(False)", "No"),
-    ]
+    BINDINGS = [Binding("y", "answer(True)", "Yes"), Binding("n,escape", "answer(False)", "No")]
 
     def __init__(self, question: str, yes: str = "Yes") -> None:
         super().__init__()

@@ -57,9 +57,8 @@ def fork_label(live: list[Message], earlier: list[Message]) -> str:
 
 def branch_lines(branches: BranchBlocks, live: list[str], paths: dict[str, list[Message]],
                  block_size: int) -> list[str]:
-    """"12 blocks shared with reply 1/2" for each earlier request of the live requests'
-    session whose blocks they took from the prefix cache; ``paths`` maps each request id of
-    the session to its messages, its reply last."""
+    """"12 blocks shared with reply 1/2" for each earlier request of the live requests' session
+    whose blocks they took from the prefix cache; ``paths``: each request's messages, reply last."""
     counts: dict[str, int] = {}  # requests of one branch (its replies) named once
     for rid in live:
         if not (path := paths.get(rid)):

@@ -84,8 +84,7 @@ class PoolMap(Static):
     def show(self, pool: list[str], owners: dict[int, list[str]],
              session_of: dict[str, int], titles: dict[int, str], focused: int | None) -> None:
         """Draw ``pool`` (a state per block) and a legend, the focused session's blocks bold;
-        ``owners`` maps blocks to request ids, ``session_of`` request ids to sessions,
-        ``titles`` sessions to their titles."""
+        ``owners``, ``session_of`` and ``titles`` map blocks to requests to sessions to titles."""
         text = Text()
         present: set[int] = set()
         for block, state in enumerate(pool):
@@ -111,8 +110,8 @@ class Inspector(VerticalScroll):
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         self.latest: StatsUpdate | None = None
-        # Per session, its last live block tables and what they shared: a finished
-        # reply's blocks stay visible (marked "last seen") instead of vanishing.
+        # per session, its last live block tables and sharing: a finished reply's blocks stay
+        # shown ("last seen") instead of vanishing
         self._last_seen: dict[int, tuple[list[SeqBlockTable], str]] = {}
         self.branches = BranchBlocks()
 
@@ -144,12 +143,10 @@ class Inspector(VerticalScroll):
         )
 
     def show_focus(self, session_of: dict[str, int], titles: dict[int, str],
-                   focused: int | None, paths: dict[str, list[Message]] | None = None,
-                   ) -> None:
+                   focused: int | None, paths: dict[str, list[Message]] | None = None) -> None:
         """Show session ``focused``'s block table and the pool map, from the latest snapshot;
-        ``session_of`` maps request ids to sessions, ``titles`` sessions to their titles, and
-        ``paths`` request ids to the messages they answered (their reply last), which names
-        the branches of the session that share its blocks."""
+        ``session_of`` maps request ids to sessions, ``titles`` sessions to titles, ``paths``
+        request ids to the messages they answered (reply last), naming the sharing branches."""
         if self.latest is None:
             return
         s = self.latest.stats
@@ -171,8 +168,7 @@ class Inspector(VerticalScroll):
 
 
 def _window_line(s: EngineStats) -> str:
-    """Blocks held by the global and the local (sliding-window) layer groups, and those the
-    window gave back."""
+    """Blocks the global and local (sliding-window) layer groups hold, and the window freed."""
     held_global, held_local = s.held_by_kind()
     return (f"\nwindow  {held_global} global · {held_local} local held · "
             f"{s.window_freed_blocks} freed by the window")

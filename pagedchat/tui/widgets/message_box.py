@@ -42,8 +42,7 @@ class MessageBox(Vertical, can_focus=True):
         self.message = message
         self.note = ""  # e.g. "waiting for the model"
         self._timer = None
-        # Held here, not queried: engine events can arrive while Textual tears the app
-        # down children first, when a query would find the box but not its parts.
+        # held, not queried: in the app's teardown a query can find the box but not its parts
         self._header_label = Label(self._header(), classes="header")
         self._markdown = Markdown(with_line_breaks(message.content))
         self._caption_static = Static(self._caption(), classes="caption", markup=False)

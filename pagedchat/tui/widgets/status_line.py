@@ -27,9 +27,8 @@ class StatusLine(Horizontal):
         self.query_one("#engine-load", Static).update(text)
 
     def show_loading(self, model_name: str, started: float) -> None:
-        """Count the seconds since ``started`` (``time.monotonic``) once a second until
-        :meth:`show_state`. The timer is this widget's, so it ends with the widget too (an
-        app's timer could still fire while its screen is being taken down)."""
+        """Count the seconds since ``started`` (``time.monotonic``) until :meth:`show_state`, on
+        this widget's timer: it ends with the widget (an app's could fire during teardown)."""
         def tick() -> None:
             self.model_state = (f"◌ loading {model_name}… {time.monotonic() - started:.0f}s "
                                 "(you can type already)")
