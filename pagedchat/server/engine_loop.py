@@ -1,12 +1,9 @@
-"""The one thread that owns the LLMEngine while the server runs.
-
-HTTP handlers put commands on this loop's queue and read events from an asyncio queue of
-their own; after each step, its outputs go to the event loop in one call. The thread first
-warms the engine up (the kernels compile at first use); until then ``ready`` is unset and
-requests wait. A request that fails inside a step ends alone (its output carries ``error``);
-a step that fails as a whole aborts every request, sets ``failed`` and calls ``on_failure``,
-so that the server can exit for its supervisor to restart it.
-"""
+"""The one thread that owns the LLMEngine while the server runs: handlers queue commands and
+read events from an asyncio queue of their own, each step's outputs sent in one call. It first
+warms the engine up (kernels compile at first use; requests wait, ``ready`` unset till then).
+A request failing inside a step ends alone (its output carries ``error``); a whole step failing
+aborts every request, sets ``failed`` and calls ``on_failure``, so the server can exit for its
+supervisor to restart it."""
 
 from __future__ import annotations
 

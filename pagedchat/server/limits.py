@@ -1,12 +1,8 @@
-"""What keeps one client from holding up the others: bounds on a request's size, on the time
-a client may take to send its headers and its body, and on the completions run at once.
-
-``RequestLimits`` reads a request's whole body before the app does (FastAPI would anyway, to
-parse it): a body over ``max_bytes`` is answered 413 as soon as that is known (at once when
-Content-Length says so), one stalling over ``read_timeout`` between two chunks 408, and a
-completion past ``max_concurrent`` running ones 429. ``header_timeout_protocol`` closes a
-connection whose headers do not arrive within that time (uvicorn waits forever).
-"""
+"""Bounds that keep one client from holding up the others. ``RequestLimits`` reads the whole
+body before the app (FastAPI would, to parse it): over ``max_bytes`` is 413 as soon as known
+(at once by Content-Length), a stall over ``read_timeout`` between chunks 408, a completion
+past ``max_concurrent`` running ones 429. ``header_timeout_protocol`` closes a connection
+whose headers do not arrive within that time (uvicorn waits forever)."""
 
 from __future__ import annotations
 
@@ -92,8 +88,7 @@ def _content_length(scope: Scope) -> int | None:
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
-    """A receive that hands the app the body read already, then the client's own messages
-    (its disconnect ends a stream)."""
+    """The body read already, then the client's own messages (its disconnect ends a stream)."""
     first: list[Message] = [{"type": "http.request", "body": body, "more_body": False}]
 
     async def replayed() -> Message:
@@ -120,9 +115,8 @@ async def _refuse(send: Send, status: int, message: str, code: str,
 
 
 def header_timeout_protocol(seconds: float) -> type[H11Protocol]:
-    """uvicorn's HTTP/1.1 protocol, closing a connection whose next request's headers have
-    not all arrived ``seconds`` after it opened or after its last response (uvicorn's own
-    keep-alive timer stops at the request's first byte)."""
+    """uvicorn's HTTP/1.1 protocol, closing a connection whose next headers are not all in
+    ``seconds`` after it opened or last answered (uvicorn's keep-alive stops at the first byte)."""
 
     class HeaderTimeoutProtocol(H11Protocol):
         _header_timer: asyncio.TimerHandle | None = None

@@ -1,9 +1,6 @@
-"""``/metrics`` in Prometheus' text format.
-
-Gauges and counters come from one engine snapshot taken for each scrape; latency
-histograms are observed as requests finish. Each app has its own registry, so several
-servers can live in one process (tests).
-"""
+"""``/metrics`` in Prometheus' text format: gauges and counters from one engine snapshot per
+scrape, latency histograms observed as requests finish; a registry per app, so several
+servers can live in one process (tests)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Request bodies of the OpenAI API (the parts pagedchat serves), checked by pydantic.
-
-Fields a client may send that change nothing here (``user``, ``store``, ``metadata``)
-are accepted and ignored; fields asking for something pagedchat cannot do (tools,
-``echo``, ``suffix``) are refused by the routes with a message that names them.
-"""
+"""Request bodies of the OpenAI API (the parts pagedchat serves), checked by pydantic. Fields
+that change nothing here (``user``, ``store``, ``metadata``) are ignored; those asking what
+pagedchat cannot do (tools, ``echo``, ``suffix``) are refused by the routes, by name."""
 
 from __future__ import annotations
 

@@ -47,8 +47,8 @@ async def completions(body: CompletionRequest, request: Request):
 
 async def _run(request: Request, state: ServerState, body, prompts: list[list[int]],
                request_id: str, arrival: float):
-    """Submit, then answer whole or as a stream; ``arrival``: when the handler began (the
-    latency histograms count the prompt's tokenization)."""
+    """Submit, then answer whole or streamed; ``arrival`` (when the handler began) makes the
+    latency histograms count the prompt's tokenization."""
     params = await state.sampling_params(body, prompts)
     state.log_request(request_id, prompts, params)
     reply = Reply(state, body, request_id, len(prompts))
@@ -209,10 +209,8 @@ class Reply:
             for key, values in new.items():
                 entry["logprobs"][key] += values
 
-
     def _logprobs(self, ids: list[int], entries: list, offset: int) -> tuple[dict, int]:
-        """Tokens' logprobs in the shape of this response, and (completions) the text
-        offset after them."""
+        """Tokens' logprobs in this response's shape, and (completions) the offset after them."""
         if self.chat:
             return chat_logprobs(ids, entries, self.top, self.state.texts), offset
         return completion_logprobs(ids, entries, self.top, self.state.texts, offset)

@@ -1,10 +1,7 @@
-"""Running the app under uvicorn, with a bounded drain on SIGTERM.
-
-On SIGTERM (or Ctrl-C) the server stops taking requests (503, and /health says so), lets
-running ones finish for ``drain_timeout`` seconds, aborts the rest (finish_reason "abort"),
-stops the engine and exits with 0. If the engine itself fails, it stops the same way and
-``run_server`` raises EngineFailed, so the process exits non-zero for a supervisor to restart.
-"""
+"""Running the app under uvicorn. On SIGTERM (or Ctrl-C) the server stops taking requests
+(503, and /health says so), lets running ones finish for ``drain_timeout`` seconds, aborts the
+rest (finish_reason "abort"), stops the engine and exits with 0. If the engine fails, it stops
+the same way and ``run_server`` raises EngineFailed (a non-zero exit for a supervisor)."""
 
 from __future__ import annotations
 

@@ -37,8 +37,8 @@ class ServerSettings:
 
     @property
     def model_names(self) -> list[str]:
-        """Every name this server answers to: each name as given and without a
-        quantization suffix (``SmolLM2-135M-Instruct.Q4_1`` -> ``SmolLM2-135M-Instruct``)."""
+        """Every name answered to: each as given and without a quantization suffix
+        (``SmolLM2-135M-Instruct.Q4_1`` -> ``SmolLM2-135M-Instruct``)."""
         return list(dict.fromkeys(form for name in (self.model_name, *self.aliases)
                                   for form in (name, _QUANT_SUFFIX.sub("", name)) if form))
 
@@ -108,8 +108,7 @@ class ServerState:
         return [await self.encode(p) if isinstance(p, str) else list(p) for p in prompt]
 
     def check_prompt_fits(self, prompt: list[int], sequences: int, param: str) -> None:
-        """413 for a prompt the model or the whole pool can never hold (the engine's rule,
-        with one new token)."""
+        """413 for a prompt the model or whole pool can never hold (with one new token)."""
         context, blocks, size = (self.config.max_model_len, self.config.num_kv_blocks,
                                  self.config.block_size)
         if len(prompt) >= context:

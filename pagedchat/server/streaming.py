@@ -1,5 +1,4 @@
-"""What ties an HTTP request to its engine requests: submitting them, reading their
-events until they end, and aborting them when the client hangs up."""
+"""An HTTP request's engine requests: submitted, read until they end, aborted on hang-up."""
 
 from __future__ import annotations
 
@@ -42,8 +41,8 @@ class StreamJob:
         self.unfinished = set()
 
     async def events(self) -> AsyncIterator[list[RequestOutput | Aborted]]:
-        """Batches of events as they come (all that are queued at once), until every
-        request has finished; requests still running when this stops are aborted."""
+        """Batches of events as they come (all queued at once) until every request ended;
+        stopping aborts the rest."""
         unfinished = self.unfinished
         batch, self.early = self.early, []
         try:
@@ -90,8 +89,8 @@ async def start_job(loop: EngineLoop, base_id: str, prompts: list[list[int]],
 
 
 async def unless_disconnected(request: Request, work: Awaitable[T]) -> T | Response:
-    """``work``'s result, or an empty response once the client has hung up (``work`` is
-    cancelled then, which aborts its engine requests)."""
+    """``work``'s result, or an empty response once the client hung up (``work`` cancelled,
+    aborting its engine requests)."""
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_disconnect(request))
     try:

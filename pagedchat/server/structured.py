@@ -1,10 +1,7 @@
-"""``response_format`` through xgrammar: a logits processor that masks every token the
-JSON grammar does not allow next.
-
-A request's processor serves all its sequences (n > 1): each call finds the matcher
-whose accepted tokens are the sequence's history so far, advancing it by the tokens it
-has not seen, or starts one from the beginning when histories part.
-"""
+"""``response_format`` through xgrammar: a logits processor masking every token the JSON
+grammar does not allow next. A request's processor serves all its sequences (n > 1): each call
+finds the matcher whose accepted tokens begin the sequence's history and feeds it the rest, or
+starts a new one when histories part."""
 
 from __future__ import annotations
 
@@ -20,8 +17,7 @@ if TYPE_CHECKING:
 
 
 class Grammars:
-    """Compiles grammars for one tokenizer; the tokenizer (``load_tokenizer()``, a
-    transformers tokenizer) and its table are made at first use."""
+    """Compiles grammars for one (transformers) tokenizer, loaded with its table at first use."""
 
     def __init__(self, load_tokenizer: Callable[[], Any], vocab_size: int,
                  stop_token_ids: list[int]) -> None:

@@ -1,9 +1,7 @@
-"""A model's chat template rendered as transformers' ``apply_chat_template`` renders it, so
-that a tokenizer without transformers gives the same prompt: the same sandboxed jinja2
-environment (trim_blocks, lstrip_blocks, loop controls, the ``tojson`` filter that keeps
-non-ASCII text, ``raise_exception``, ``strftime_now``) and the same ``continue_final_message``
-(a tag after the last message, the text cut there). Messages are role/content dicts of strings.
-"""
+"""A chat template rendered as transformers' ``apply_chat_template`` does, so a tokenizer
+without transformers gives the same prompt: the same sandboxed jinja2 environment (trim and
+lstrip blocks, loop controls, non-ASCII ``tojson``, ``raise_exception``, ``strftime_now``) and
+``continue_final_message`` (a tag after the last message, cut there). Messages: str dicts."""
 
 from __future__ import annotations
 
@@ -106,8 +104,7 @@ class _Dict:
 
 
 class _Generation(jinja2.ext.Extension):
-    """``{% generation %}`` blocks (they mark the assistant's text for training masks):
-    rendered as their content."""
+    """``{% generation %}`` blocks (training masks' marks): rendered as their content."""
 
     tags = {"generation"}
 

@@ -1,14 +1,8 @@
-"""A GGUF file's header, read without its arrays: the metadata's scalars and strings, and
-where each tensor lies; a tensor's bytes are read from the file into the array that keeps
-them.
-
-gguf-py's ``GGUFReader`` makes a numpy view of every metadata value (a vocabulary becomes
-hundreds of thousands of Python objects, alive while the weights load); the engine needs
-none (the tokenizer is read from the model's folder), so an array is stepped over, only its
-length kept. Tensors are read with plain file reads, so the file's pages never count as the
-process's memory beside their copies; a table read a few rows at a time (an untied
-embedding) is mapped instead (``map``).
-"""
+"""A GGUF file's header without its arrays (scalars, strings, where each tensor lies), and
+tensors' bytes. gguf-py's ``GGUFReader`` makes an object of every value (a vocabulary: hundreds
+of thousands, alive while the weights load); the engine needs none, so an array is stepped
+over, its length kept. Tensors are read with plain reads, so the file's pages never count
+beside their copies; a table read a few rows at a time (an untied embedding) is mapped (``map``)."""
 
 from __future__ import annotations
 
@@ -34,8 +28,7 @@ Value = int | float | bool | str
 
 @dataclass(frozen=True)
 class TensorInfo:
-    """One tensor's entry in the header. ``shape`` is in GGUF's order, the innermost
-    (contiguous) dimension first; ``offset`` is from the start of the file."""
+    """A tensor's header entry: ``shape`` innermost (contiguous) first, ``offset`` in the file."""
 
     name: str
     type_name: str  # GGML's name for its type: F32, F16, BF16, Q4_1, Q6_K ...
@@ -77,8 +70,7 @@ class GGUFFile:
         return data.reshape(tensor.byte_shape)
 
     def map(self, tensor: TensorInfo) -> np.ndarray:
-        """``tensor``'s bytes as :meth:`read` gives them, mapped from the file (copy on
-        write) instead of read: only the pages the process touches become resident."""
+        """:meth:`read`'s bytes mapped copy-on-write: only the pages touched become resident."""
         try:
             data = np.memmap(self.path, dtype=np.uint8, mode="c", offset=tensor.offset,
                              shape=(tensor.n_bytes,))
@@ -187,8 +179,7 @@ def _value(cursor: _Cursor, kind: int) -> Value:
 
 
 def _array(cursor: _Cursor) -> list:
-    """An array's values (nested arrays as lists): numbers converted all at once, strings
-    sliced out one after the other."""
+    """An array's values (nested arrays as lists), numbers converted all at once."""
     kind, length = cursor.take("I"), cursor.take("Q")
     if kind in SCALARS:
         dtype = np.dtype("<" + SCALARS[kind])

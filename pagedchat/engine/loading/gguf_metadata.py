@@ -1,13 +1,8 @@
-"""transformers' parse of a GGUF (``load_gguf_checkpoint``), fed by this package's header
-reader instead of gguf-py's ``GGUFReader``.
-
-transformers decodes each array value from its own numpy view, one at a time (for a quarter
-million tokens, most of a first start). Here the fields hold values already decoded in bulk
-(:func:`.read_gguf_header`) and transformers' decoding hands a value back as it is; the rest
-of its parse (renaming, defaults, the tokenizer's layout) is its own, unchanged. Where it
-asks for the tensors too, each comes as gguf-py's reader gives it: the file's bytes mapped
-read-only, in the same dtype and shape.
-"""
+"""transformers' parse of a GGUF (``load_gguf_checkpoint``) fed by this package's header
+reader instead of gguf-py's, which decodes each array value one at a time (most of a first
+start). Here values come decoded in bulk (:func:`.read_gguf_header`) and pass through
+transformers' decoding as they are; the rest of its parse is unchanged. Tensors come as
+gguf-py gives them: the file's bytes mapped read-only, in the same dtype and shape."""
 
 from __future__ import annotations
 
@@ -84,10 +79,9 @@ def _decoded(value, data_type=None):
 
 
 def parse_metadata(parse: Callable[..., dict], path: str | Path, **kwargs) -> dict:
-    """``parse(path, **kwargs)`` (transformers' ``load_gguf_checkpoint``, the metadata
-    alone unless ``return_tensors=True``) over this package's reader of the header. A file
-    with a nested array (no supported model has one) is parsed by gguf-py's reader as
-    before."""
+    """``parse(path, **kwargs)`` (``load_gguf_checkpoint``: the metadata unless
+    ``return_tensors=True``) over this package's reader; a file with a nested array (no
+    supported model has one) goes to gguf-py's reader."""
     import gguf
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
 

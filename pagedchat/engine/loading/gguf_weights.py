@@ -1,12 +1,7 @@
-"""A GGUF file's tensors under transformers' names, quantized ones kept in their blocks.
-
-transformers de-quantizes each tensor, undoes llama.cpp's rotary permutation of the q and k
-rows (for the ``llama`` architecture), and renames it. Here the permutation moves whole
-rows of blocks, which is exact, so each weight's de-quantized value is the one transformers
-gets; F32, F16 and BF16 tensors (the norms, biases) become float32 as transformers makes them.
-A ``gemma3`` file stores each norm's scale as ``1 + w``: transformers subtracts the 1 again
-(in float32), and so does this module, so the norms load to the same floats on both paths.
-"""
+"""A GGUF file's tensors under transformers' names, quantized ones kept in their blocks. Undoing
+llama.cpp's rotary permutation of q and k rows (``llama``) moves whole rows of blocks, so each
+weight de-quantizes to transformers' value; F32, F16, BF16 become float32 likewise. A
+``gemma3`` norm stored as ``1 + w`` has the 1 subtracted in float32, as transformers does."""
 
 from __future__ import annotations
 
@@ -124,9 +119,8 @@ def hf_name(name: str, architecture: str = "llama") -> str | None:
 
 
 def unpermute_rows(rows: int, heads: int) -> torch.Tensor:
-    """The row order that undoes llama.cpp's rotary permutation of a q or k projection of
-    ``heads`` heads: row ``h, j, i`` of the result (head, half, index within the half) is
-    row ``h, i, j`` of the file."""
+    """The row order undoing llama.cpp's rotary permutation of a q or k projection: row
+    ``h, j, i`` of the result (head, half, index in the half) is row ``h, i, j`` of the file."""
     half = rows // heads // 2
     return torch.arange(rows).view(heads, half, 2).transpose(1, 2).reshape(rows)
 
@@ -160,8 +154,7 @@ def read_gguf_weights(path: Path, num_heads: int, num_kv_heads: int) -> dict[str
 
 
 def _read_tensor(header: GGUFFile, tensor: TensorInfo, mapped: bool = False) -> Weight:
-    """``tensor`` as the engine keeps it; ``mapped``: a quantized one's blocks mapped from
-    the file rather than read."""
+    """``tensor`` as the engine keeps it; ``mapped``: a quantized one's blocks mapped."""
     kind = tensor.type_name
     width = int(tensor.shape[0])  # GGUF lists the innermost dimension first
     if kind in _PLAIN:

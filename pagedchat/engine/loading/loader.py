@@ -1,11 +1,7 @@
 """Resolve a model (default, a named model, Hugging Face folder, GGUF file) to a plain HF folder.
-
-transformers reads the config, tokenizer, chat template and weights; the forward pass is
-ours. A GGUF is de-quantized once into a cache folder keyed by the file's identity (path,
-size, mtime), and later starts read plain safetensors from there. With ``weights="gguf"``
-the cache folder holds only the config and tokenizer, and the quantized tensors are read
-from the file itself at every start (:mod:`.gguf_weights`).
-"""
+A GGUF is de-quantized once into a cache folder keyed by its identity (path, size, mtime);
+with ``weights="gguf"`` that folder holds only config and tokenizer, the quantized tensors
+read from the file at every start (:mod:`.gguf_weights`)."""
 
 from __future__ import annotations
 
@@ -100,9 +96,8 @@ def default_model_path() -> Path:
 
 def prepare_model(spec: str | os.PathLike | None = None,
                   weights: str = "float32") -> ModelFiles:
-    """Check ``spec`` (a path, a name of ``NAMED_MODELS``, or None for the default) and
-    return an HF folder for it (converting a GGUF once, cached); ``weights="gguf"``: a
-    GGUF's folder without weights, its tensors read quantized (``"gguf-int8"`` too)."""
+    """Check ``spec`` (a path, a ``NAMED_MODELS`` name, None: the default) and return its HF
+    folder (a GGUF converted once); quantized ``weights``: a folder without weights."""
     start = time.perf_counter()
     if spec is None:
         path = default_model_path()
@@ -272,8 +267,7 @@ def _write_folder(folder: Path, source: Path, write: Callable[[Path], None]) -> 
 
 
 def _remove_stale_conversions(models: Path) -> None:
-    """Remove the cached conversions whose GGUF is gone or has changed since (never to be
-    read again); folders without a source record are kept."""
+    """Remove cached conversions whose GGUF is gone or changed; those without a record stay."""
     for record in models.glob(f"*/{SOURCE_RECORD}"):
         try:
             identity = json.loads(record.read_text())

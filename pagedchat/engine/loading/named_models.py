@@ -1,12 +1,8 @@
-"""Models known by name, each one GGUF file shipped split over PyPI packages.
-
-A named model's file is its parts' data files end to end, in order, found with
-``importlib.util.find_spec`` (never imported) and pinned by its SHA-256 whatever the packages
-are called. It is assembled once into the cache folder, hashed as written; a record beside
-it keeps the parts' and the file's identities (path, size, mtime), so a later start trusts
-the file without hashing it and a changed part makes the next start assemble it anew.
-Standard library only: ``pagedchat models`` lists these without loading torch.
-"""
+"""Models known by name, each one GGUF split over PyPI packages: its parts' data files end to
+end (found with ``find_spec``, never imported), pinned by SHA-256. Assembled once into the
+cache, hashed as written; a record of the parts' and file's identities (path, size, mtime)
+lets later starts trust it unhashed until a part changes. Standard library only: ``pagedchat
+models`` lists these without loading torch."""
 
 from __future__ import annotations
 
@@ -51,8 +47,7 @@ class NamedModel:
 
     def install_command(self, parts: tuple[Part, ...] | None = None,
                         reinstall: bool = False) -> str:
-        """The pip command that installs ``parts`` (default: all of them) at the pinned
-        version, without dependencies."""
+        """The pip command installing ``parts`` (default: all) pinned, without dependencies."""
         options = "--no-deps --force-reinstall" if reinstall else "--no-deps"
         names = " ".join(f"{part.distribution}=={self.version}"
                          for part in (self.parts if parts is None else parts))
@@ -138,8 +133,7 @@ def _identity(path: Path) -> list[object]:
 
 
 def _record(model: NamedModel, parts: list[Path], target: Path) -> dict[str, object]:
-    """What a verified file is known by: the digest it matched, the parts it was
-    assembled from, and the file itself as it was written."""
+    """What a verified file is known by: its digest, its parts, and itself as written."""
     return {"sha256": model.sha256, "parts": [_identity(path) for path in parts],
             "file": _identity(target) if target.is_file() else None}
 

@@ -1,10 +1,7 @@
-"""A model's tokenizer read with the ``tokenizers`` library alone, for the folders pagedchat
-writes from a GGUF, sparing a start transformers' import and tokenizer class.
-
-Such a folder's ``tokenizer.json`` is what transformers' tokenizer class saved, so the
-library reproduces its encoding and decoding; the chat template is rendered as transformers
-renders it (:mod:`.chat_template`). Offers what pagedchat calls, with transformers' signatures.
-"""
+"""A tokenizer read with the ``tokenizers`` library alone, for folders pagedchat writes from a
+GGUF (their ``tokenizer.json`` is what transformers saved, so encoding and decoding match);
+the chat template renders as transformers' (:mod:`.chat_template`). Offers what pagedchat
+calls, with transformers' signatures."""
 
 from __future__ import annotations
 
@@ -37,9 +34,8 @@ class TextTokenizer:
 
     @classmethod
     def from_folder(cls, folder: Path) -> TextTokenizer:
-        """The tokenizer of ``folder`` (``tokenizer.json``, ``tokenizer_config.json``, the
-        chat template in ``chat_template.jinja`` or the config); raises OSError or
-        ValueError for a missing or malformed file."""
+        """``folder``'s tokenizer.json, tokenizer_config.json and chat template (its .jinja or
+        the config); OSError or ValueError for a missing or malformed file."""
         backend = _read_on_a_thread(folder / "tokenizer.json")
         backend.no_truncation()
         backend.no_padding()

@@ -1,11 +1,7 @@
-"""Load the model's tokenizer: without transformers for a folder pagedchat wrote from a
-GGUF (:class:`.TextTokenizer`), else as ``AutoTokenizer`` would, without its detour.
-
-``AutoTokenizer`` first reads the config through transformers' config classes (heavy
-imports) to decide among special cases (remote code, a Mistral-format folder, a model type
-whose hub class is known wrong). When none applies and ``tokenizer_config.json`` names the
-generic tokenizers-backed class, that class is loaded directly; otherwise AutoTokenizer is.
-"""
+"""Load the model's tokenizer: without transformers for a folder written from a GGUF, else
+as ``AutoTokenizer`` would but skipping its config read (heavy imports) where none of its
+special cases (remote code, Mistral format, a known-wrong hub class) applies and
+``tokenizer_config.json`` names the generic tokenizers-backed class."""
 
 from __future__ import annotations
 
@@ -19,9 +15,8 @@ _GENERIC = {"TokenizersBackend", "PreTrainedTokenizerFast"}
 
 
 def load_tokenizer(model_config: ModelConfig):
-    """The model's tokenizer: a :class:`TextTokenizer` for a folder converted from a GGUF
-    (its tokenizer.json is what transformers' class saved), else transformers' (raises what
-    the loading raises)."""
+    """A :class:`TextTokenizer` for a folder converted from a GGUF, else transformers'
+    (raises what the loading raises)."""
     folder = model_config.folder
     if (folder / SOURCE_RECORD).is_file() and (folder / "tokenizer.json").is_file():
         return TextTokenizer.from_folder(folder)
