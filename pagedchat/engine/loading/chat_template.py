@@ -1,7 +1,8 @@
 """A chat template rendered as transformers' ``apply_chat_template`` does, so a tokenizer
 without transformers gives the same prompt: the same sandboxed jinja2 environment (trim and
 lstrip blocks, loop controls, non-ASCII ``tojson``, ``raise_exception``, ``strftime_now``) and
-``continue_final_message`` (a tag after the last message, cut there). Messages: str dicts."""
+``continue_final_message`` (a tag after the last message, cut there). Messages are
+role/content dicts of strings."""
 
 from __future__ import annotations
 
