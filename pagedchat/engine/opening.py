@@ -33,9 +33,6 @@ def open_model(config: EngineConfig) -> OpenedModel:
     the engine from it (``pagedchat run`` fits the pool to its request) before LLMEngine."""
     config = resolve_weights(config)
     files = prepare_model(config.model, config.weights)
-    # after a first start's conversion, whose many mid-sized buffers a low mapping
-    # threshold would map one by one
-    hand_back_freed_memory()
     try:
         model_config = replace(ModelConfig.from_folder(files.folder), gguf=files.gguf,
                                int8_activations=config.weights == "gguf-int8",
@@ -44,7 +41,10 @@ def open_model(config: EngineConfig) -> OpenedModel:
     except Exception as error:
         raise ModelLoadError(
             f"{files.folder}: cannot read config or tokenizer ({error})") from error
-    hand_back_freed_memory()  # the tokenizer's parse scratch, before the runner loads weights
+    # what a first start's conversion and the tokenizer's parse freed goes back before the
+    # weights load; only now, as their many mid-sized buffers a low mapping threshold would
+    # map one by one
+    hand_back_freed_memory()
     context = model_config.max_position_embeddings
     config = replace(config, max_model_len=min(config.max_model_len or context, context))
     check_size(config.tensor_parallel_size, model_config)
