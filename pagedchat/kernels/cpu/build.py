@@ -37,7 +37,9 @@ SOURCES = ("quant_rows.c", "prefill.c", "quant_int8.c", "attention.c", "attentio
            "linear.c", "quant_int8_tile.c", "layer.c", "quant.c", "quant_split.c", "sampling.c",
            "decoder.c")
 HEADERS = ("vector.h", "kernels.h", "ggml_formats.h", "quant_int8.h", "attention.h", "kv8.h")
-COMPILE_FLAGS = ["-O3", "-ffast-math", "-fopenmp", "-fPIC", "-std=c11"]
+# a function called without its declaration is an error here as in GCC 14 and later
+COMPILE_FLAGS = ["-O3", "-ffast-math", "-fopenmp", "-fPIC", "-std=c11",
+                 "-Werror=implicit-function-declaration"]
 # The instruction-set levels the kernels are built for, from the least to the most the CPU
 # must have: plain C (x86-64's baseline, or the compiler's default elsewhere), AVX2 with
 # FMA, AVX-512 (F, BW, VL, DQ). PAGEDCHAT_CPU_ISA picks one; else the best the CPU runs.
