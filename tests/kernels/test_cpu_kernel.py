@@ -568,6 +568,18 @@ def test_embedding_reads_rows_of_a_packed_tied_weight(shape, count, dtype, seed)
         cpu.embedding(torch.tensor([vocab]), packed)
 
 
+def test_a_packed_embedding_still_reads_after_the_level_switches():
+    """set_isa forgets the layouts it checked; a weight packed before still gives its rows."""
+    weight = torch.randn(200, 64)
+    packed = cpu.pack_embedding(weight)
+    ids = torch.tensor([0, 199, 7, 7])
+    try:
+        cpu.set_isa(cpu.runnable_isas()[0])
+        assert torch.equal(cpu.embedding(ids, packed), weight[ids])
+    finally:
+        cpu.set_isa(None)
+
+
 def test_pack_embedding_packs_only_what_the_lookup_can_read():
     weight = torch.randn(70, 40, dtype=torch.float64)
     assert cpu.pack_embedding(weight) is weight

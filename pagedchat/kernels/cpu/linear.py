@@ -195,6 +195,8 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     :func:`pack_embedding` packed are gathered from oneDNN's blocked layout."""
     if not weight.is_mkldnn:
         return reference.embedding(ids, weight)
+    if (k_padded := blocked_width(weight)) is None:  # packed before set_isa switched levels
+        return reference.embedding(ids, weight.to_dense())
     ids = ids.to(torch.int64).contiguous()
     if ids.numel() and not (0 <= (bounds := ids.aminmax()).min
                             and bounds.max < weight.shape[0]):
@@ -202,5 +204,5 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     out = torch.empty(*ids.shape, weight.shape[1], dtype=weight.dtype)
     typed_kernel("embedding_blocked", weight.dtype)(
         ids.data_ptr(), torch.ops.mkldnn.data_ptr(weight), out.data_ptr(), ids.numel(),
-        weight.shape[1], blocked_width(weight), torch.get_num_threads())
+        weight.shape[1], k_padded, torch.get_num_threads())
     return out
