@@ -9,6 +9,11 @@ the fast tests need no real model at all. Only tests marked slow may ask for
 from __future__ import annotations
 
 import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -146,6 +151,33 @@ def _small_default_kv_pool(monkeypatch):
     from pagedchat.engine.config import EngineConfig
 
     monkeypatch.setattr(EngineConfig, "DEFAULT_KV_CACHE_MEMORY", "256MiB")
+
+
+_PREBUILD = pytest.StashKey[tuple[subprocess.Popen, Path]]()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Compile the kernel levels the tests switch to (tests/prebuild_kernels.py) beside the
+    tests, at the lowest priority, rather than in the first test that asks for each."""
+    from pagedchat.paths import cache_root
+
+    kernels = cache_root() / "kernels"
+    kernels.mkdir(parents=True, exist_ok=True)
+    private = Path(tempfile.mkdtemp(dir=kernels, prefix=".prebuild-"))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.prebuild_kernels", str(kernels)],
+        cwd=Path(__file__).parents[1],
+        env={**os.environ, "PAGEDCHAT_CACHE_DIR": str(private), "TMPDIR": str(private)},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    session.config.stash[_PREBUILD] = (process, private)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    process, private = session.config.stash[_PREBUILD]
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    shutil.rmtree(private, ignore_errors=True)
 
 
 @pytest.hookimpl(tryfirst=True)

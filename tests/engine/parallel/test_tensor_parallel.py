@@ -15,6 +15,8 @@ from pagedchat.engine.errors import RequestError, WorkerError
 from pagedchat.engine.runner.protocol import Runner
 
 GREEDY = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+# SmolLM2 on three workers: each step waits on all three sharing two cores, so fewer steps
+SHORT = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
 SYSTEM = ("You are a terse assistant who answers questions about cooking, gardening and "
           "travel. Keep every answer under three sentences and never guess.")
 QUESTIONS = ["How long do I boil an egg?", "When should tomatoes be planted?",
@@ -37,13 +39,13 @@ def _tokens(outputs) -> list[list[int]]:
     return [out.outputs[0].token_ids for out in outputs]
 
 
-def _run_sharded(model_dir, prompts, k: int, **options):
+def _run_sharded(model_dir, prompts, k: int, params: SamplingParams = GREEDY, **options):
     """Warm the prefix cache with the first prompt, then run the rest together."""
     with LLM(model=str(model_dir), tensor_parallel_size=k, block_size=16,
              swap_space="16MiB", **options) as llm:
         assert isinstance(llm.engine.runner, Runner)
-        first = llm.generate(prompts[:1], GREEDY)
-        rest = llm.generate(prompts[1:], GREEDY)
+        first = llm.generate(prompts[:1], params)
+        rest = llm.generate(prompts[1:], params)
         return first + rest, llm.engine.stats(), llm.engine.runner.workers
 
 
@@ -133,10 +135,10 @@ def test_smollm2_on_three_workers_matches_one(real_model_dir, shared_model_loads
 
     prompts = _prompts(AutoTokenizer.from_pretrained(real_model_dir))
     reference = LLM(model=str(real_model_dir), num_kv_blocks=256, enable_prefix_caching=False)
-    expected = _tokens(reference.generate(prompts, GREEDY))
+    expected = _tokens(reference.generate(prompts, SHORT))
     with pytest.raises(RequestError, match="sizes that work: 1, 3"):
         LLM(model=str(real_model_dir), tensor_parallel_size=2)
-    outputs, stats, _ = _run_sharded(real_model_dir, prompts, 3, num_kv_blocks=24)
+    outputs, stats, _ = _run_sharded(real_model_dir, prompts, 3, SHORT, num_kv_blocks=12)
     assert _tokens(outputs) == expected
     assert stats.preemptions > 0
     assert sum(out.num_cached_tokens for out in outputs[1:len(QUESTIONS)]) >= 16
