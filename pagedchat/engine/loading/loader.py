@@ -251,18 +251,32 @@ def _convert_gguf(path: Path, folder: Path) -> None:
 
 def _write_folder(folder: Path, source: Path, write: Callable[[Path], None]) -> None:
     """``write`` into a staging folder that then takes ``folder``'s place (a start cut short
-    leaves none half written), recording ``source``'s identity; stale conversions go."""
+    leaves none half written), recording ``source``'s identity; stale conversions go.
+
+    ``folder`` is named by the source's identity, so one holding every file written here is
+    the same conversion, done meanwhile by another start (two commands started at once):
+    that one stays, as its process may be reading it; an incomplete one is replaced."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".converting-"))
+
+    def done_elsewhere() -> bool:
+        return folder.is_dir() and all((folder / item.name).exists()
+                                       for item in staging.iterdir())
+
     try:
         write(staging)
         (staging / SOURCE_RECORD).write_text(json.dumps(_identity(source)))
-        if folder.exists():
-            shutil.rmtree(folder)
-        staging.rename(folder)
+        if not done_elsewhere():
+            shutil.rmtree(folder, ignore_errors=True)
+            try:
+                staging.rename(folder)
+            except OSError:
+                if not done_elsewhere():  # another start's rename came first
+                    raise
     except OSError as error:
-        shutil.rmtree(staging, ignore_errors=True)
         raise ModelLoadError(f"{folder}: cannot write the converted model ({error})") from error
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     _remove_stale_conversions(folder.parent)
 
 

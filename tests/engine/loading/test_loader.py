@@ -142,3 +142,25 @@ def test_a_conversion_goes_once_its_gguf_is_deleted_or_changed(tmp_path, monkeyp
     assert not folders[deleted].exists() and not folders[changed].exists()
     assert folders[kept].is_dir() and unrecorded.is_dir()
     assert prepare_model(kept, weights="gguf").from_cache
+
+
+def test_a_conversion_another_start_finished_meanwhile_stays(tmp_path):
+    """Two first starts at once: the later to finish keeps the folder the earlier one wrote
+    (its process may be reading it); a folder missing a file is replaced."""
+    from pagedchat.engine.loading.loader import _write_folder
+
+    source = tmp_path / "model.gguf"
+    source.write_bytes(b"GGUF")
+    folder = tmp_path / "models" / "model-key"
+
+    def write(staging):
+        (staging / "config.json").write_text("{}")
+
+    _write_folder(folder, source, write)
+    first = folder.stat().st_ino
+    _write_folder(folder, source, write)
+    assert folder.stat().st_ino == first
+    (folder / "config.json").unlink()
+    _write_folder(folder, source, write)
+    assert folder.stat().st_ino != first and (folder / "config.json").is_file()
+    assert [item.name for item in folder.parent.iterdir()] == ["model-key"]
