@@ -7,7 +7,7 @@ step's :class:`StepInput`, runs its shard like every worker, and alone gets the 
 
 from __future__ import annotations
 
-import os
+import logging
 import queue
 import signal
 import threading
@@ -25,7 +25,9 @@ from pagedchat.engine.parallel.tensor_parallel import COLLECTIVE_TIMEOUT, Tensor
 from pagedchat.engine.parallel.worker import run_worker
 from pagedchat.engine.runner.model_runner import ModelRunner
 from pagedchat.engine.step_input import StepInput, StepOutput
+from pagedchat.machine import usable_cores
 
+log = logging.getLogger(__name__)
 # Seconds to wait for the workers to load their shards before giving up.
 LOAD_TIMEOUT = 600.0
 
@@ -35,8 +37,13 @@ class ParallelRunner:
 
     def __init__(self, config: EngineConfig, model_config: ModelConfig) -> None:
         size = config.tensor_parallel_size
+        cores = usable_cores()
+        if size > cores:  # every collective then waits for a rank the system has set aside
+            log.warning("tensor_parallel_size=%d on %d usable cores: the ranks take turns on "
+                        "the cores and wait for each other at every layer, slower than one "
+                        "process", size, cores)
         # The workers share this machine's cores: one share each, for torch and the kernel.
-        self.threads = max(1, (os.cpu_count() or 1) // size)
+        self.threads = max(1, cores // size)
         self._threads_before = torch.get_num_threads()
         torch.set_num_threads(self.threads)
         context = mp.get_context("spawn")

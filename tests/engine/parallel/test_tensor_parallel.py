@@ -4,6 +4,7 @@ worker ends the engine with an error naming it; shutdown leaves no process behin
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -94,6 +95,16 @@ def test_a_sharded_regenerate_computes_no_prompt_token(tiny_tp_model_dir, tiny_p
 def test_size_that_does_not_divide_the_heads_is_refused(tiny_tp_model_dir):
     with pytest.raises(RequestError, match=r"tensor_parallel_size=3 .*sizes that work: 1, 2, 4"):
         LLM(model=str(tiny_tp_model_dir), tensor_parallel_size=3)
+
+
+def test_more_ranks_than_cores_are_warned_of(tiny_tp_model_dir, monkeypatch, caplog):
+    from pagedchat.engine.parallel import parallel_runner
+
+    monkeypatch.setattr(parallel_runner, "usable_cores", lambda: 1)
+    with caplog.at_level(logging.WARNING, logger=parallel_runner.__name__), \
+            LLM(model=str(tiny_tp_model_dir), tensor_parallel_size=2, num_kv_blocks=16) as llm:
+        assert llm.engine.runner.threads == 1
+    assert "tensor_parallel_size=2 on 1 usable cores" in caplog.text
 
 
 def test_killed_worker_ends_the_engine_with_an_error_naming_it(tiny_tp_model_dir, monkeypatch):
