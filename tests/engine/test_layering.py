@@ -25,7 +25,7 @@ FLOORS: list[tuple[str, list[str]]] = [
 ]
 ENGINE = "pagedchat.engine"
 # what the engine may import of the rest of the package: no UI, server or bench code
-OUTSIDE = ("pagedchat.kernels", "pagedchat.paths", "pagedchat.progress")
+OUTSIDE = ("pagedchat.kernels", "pagedchat.machine", "pagedchat.paths", "pagedchat.progress")
 
 
 def floor_of(module: str) -> int:
