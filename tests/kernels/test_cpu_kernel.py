@@ -97,15 +97,17 @@ def test_runs_of_rows_of_one_sequence_match_reference(block_size, group, head_di
 @on_each_level
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("group", "head_dim"),
-                         [(1, 64), (3, 64), (8, 128), (4, 64), (4, 256), (1, 192)])
+                         [(1, 64), (3, 64), (8, 128), (4, 64), (4, 256), (1, 192), (7, 64),
+                          (6, 128)])
 @pytest.mark.parametrize("block_size", [1, 16, 32])
 def test_prompt_chunks_match_reference_without_sdpa(monkeypatch, block_size, group, head_dim,
                                                     dtype):
     """Long chunks go to the chunked-prefill kernel (never to SDPA) when it is built: a
     whole prompt, chunks after a cached prefix, one of 1,024 keys (the stride that once
     aliased in L1), item tiles cut short (q_len not a multiple of the positions per item,
-    e.g. 24 / 4 = 6 for group 4), next to decode rows. Heads of 256 (Gemma 3's) and 192
-    take more output vectors than a build keeps in registers at once."""
+    e.g. 24 / 4 = 6 for group 4; groups of 7 and 6, Qwen2.5 0.5B's and 1.5B's, computed
+    with rows for nothing), next to decode rows. Heads of 256 (Gemma 3's) and 192 take more
+    output vectors than a build keeps in registers at once."""
     monkeypatch.setattr(attention, "_sdpa", lambda *args: pytest.fail("SDPA was used"))
     ctx = [300, 1024, 50, 77, 9]
     q_lens = [300, 61, 8, 1, 9]

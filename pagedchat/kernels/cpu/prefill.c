@@ -34,15 +34,19 @@
 #define MAX_ROWS 8
 #endif
 /* The weighted sum of V keeps SUM_VECTORS output vectors in registers at once (its
- * accumulators), at most SUM_SLICE of them from one row. On AVX2, where a vf takes two of
- * its 16 registers, that is 6 (3 rows by 2), which leaves registers for V's loads and the
- * weights' broadcasts. */
+ * accumulators), at most SUM_SLICE of them from one row; AVX2's own loops (below) count
+ * its 16 registers of 8 floats instead. */
 #if VF_REGISTERS >= 32
 #define SUM_VECTORS MAX_ROWS
 #define SUM_SLICE MAX_ROWS
 #else
 #define SUM_VECTORS 6
 #define SUM_SLICE 2
+#endif
+#if defined(VF_AVX2)
+#define SCORE_ROWS 4
+#define SUM_ROWS 2
+#define SUM_WIDTH 4
 #endif
 #define KEY_TILE 16
 #define MAX_HEAD_DIM 256
@@ -133,68 +137,105 @@ static inline __attribute__((always_inline)) void gather_kv(
     }
 }
 
-/* One item: query positions [first, first + rows / group) of listed sequence i, KV head
- * kv. Scores for every key the item sees go to `scores` ([rows][width] floats), then each
- * row's softmax, then the weighted sum of V. Always inlined where rows and head_dim are
- * literals, so that the per-row vectors live in registers. */
-static inline __attribute__((always_inline)) void prefill_item(
-        const Prefill *p, int i, int seq, int kv, int first, const int rows,
-        const int head_dim, float *scores, const int bf16) {
-    const int group = p->group, chunks = head_dim / 16;
-    const int q_start = p->query_start[seq];
-    const int q_len = p->query_start[seq + 1] - q_start;
-    const int context = p->context_lens[seq];
-    const int prefix = context - q_len;  /* cached tokens before the chunk */
-    const int64_t width = key_width(context);
-    const float *keys_t = p->keys_t + p->keys_at[i] + (int64_t)kv * head_dim * width;
-    const float *values = p->values + p->keys_at[i] + (int64_t)kv * width * head_dim;
-    const int keys = prefix + first + rows / group;  /* keys any row of the item sees */
-    float q[MAX_ROWS][MAX_HEAD_DIM] __attribute__((aligned(64)));
-    for (int r = 0; r < rows; r++) {
-        const int position = first + r / group, head = kv * group + r % group;
-        const int64_t src = ((int64_t)(q_start + position) * p->num_heads + head) * head_dim;
-        for (int d = 0; d < head_dim; d++) q[r][d] = load_at(p->query, src + d, bf16) * p->scale;
-    }
-    /* scores, 16 keys a vector for every row; keys past a row's position get -3e38 (finite:
-     * -ffast-math assumes no infinities), so that their weight is 0 */
-    for (int start = 0; start < keys; start += KEY_TILE) {
-        vf s[MAX_ROWS];
+/* Scores of the rows of an item against the 16 keys of the tile at `start`: row r (at
+ * position first + r / group, past `seen_from` = the cached prefix plus first) sees keys up
+ * to its own position, the rest get -3e38 (finite: -ffast-math assumes no infinities), so
+ * that their weight is 0. Each row's scores go to scores + r * width + start. */
+static inline __attribute__((always_inline)) void tile_scores(
+        float q[][MAX_HEAD_DIM], const float *keys_t, int64_t width, int start,
+        int seen_from, int group, const int rows, const int head_dim, float *scores) {
+#if defined(VF_AVX2)
+    /* SCORE_ROWS rows a pass: their 16 scores take 8 of the 16 registers, the tile's keys
+     * for one dimension 2 and a broadcast query value 1 (a vf per row spilled) */
+    UNROLLED
+    for (int r0 = 0; r0 < rows; r0 += SCORE_ROWS) {
+        const int n = rows - r0 < SCORE_ROWS ? rows - r0 : SCORE_ROWS;
+        __m256 lo[SCORE_ROWS], hi[SCORE_ROWS];
         UNROLLED
-        for (int r = 0; r < rows; r++) s[r] = vf_zero();
+        for (int r = 0; r < n; r++) lo[r] = hi[r] = _mm256_setzero_ps();
         for (int d = 0; d < head_dim; d++) {
-            const vf k = vf_load(keys_t + (int64_t)d * width + start);
+            const float *k = keys_t + (int64_t)d * width + start;
+            const __m256 k_lo = _mm256_loadu_ps(k), k_hi = _mm256_loadu_ps(k + 8);
             UNROLLED
-            for (int r = 0; r < rows; r++) s[r] = vf_fmadd(vf_set1(q[r][d]), k, s[r]);
+            for (int r = 0; r < n; r++) {
+                const __m256 x = _mm256_broadcast_ss(&q[r0 + r][d]);
+                lo[r] = _mm256_fmadd_ps(x, k_lo, lo[r]);
+                hi[r] = _mm256_fmadd_ps(x, k_hi, hi[r]);
+            }
         }
-        for (int r = 0; r < rows; r++) {  /* row r sees keys up to its own position */
-            const vmask seen = tail_mask(prefix + first + r / group - start + 1);
-            vf_store(scores + r * width + start, vf_blend(seen, vf_set1(-3.0e38f), s[r]));
+        for (int r = 0; r < n; r++) {
+            const vmask seen = tail_mask(seen_from + (r0 + r) / group - start + 1);
+            vf_store(scores + (r0 + r) * width + start,
+                     vf_blend(seen, vf_set1(-3.0e38f), (vf){lo[r], hi[r]}));
         }
     }
-    const int64_t span = padded(keys);
-    for (int r = 0; r < rows; r++) {  /* softmax over the row's keys */
-        float *row = scores + r * width;
-        vf peak = vf_set1(-3.0e38f);
-        for (int t = 0; t < span; t += 16) peak = vf_max(peak, vf_load(row + t));
-        const vf top = vf_set1(vf_reduce_max(peak));
-        vf sum = vf_zero();
-        for (int t = 0; t < span; t += 16) {
-            const vf e = vf_exp(vf_sub(vf_load(row + t), top));
-            vf_store(row + t, e);
-            sum = vf_add(sum, e);
-        }
-        const vf inverse = vf_set1(1.0f / vf_reduce_add(sum));
-        for (int t = 0; t < span; t += 16) vf_store(row + t, vf_mul(vf_load(row + t), inverse));
+#else
+    vf s[MAX_ROWS];
+    UNROLLED
+    for (int r = 0; r < rows; r++) s[r] = vf_zero();
+    for (int d = 0; d < head_dim; d++) {
+        const vf k = vf_load(keys_t + (int64_t)d * width + start);
+        UNROLLED
+        for (int r = 0; r < rows; r++) s[r] = vf_fmadd(vf_set1(q[r][d]), k, s[r]);
     }
-    /* out = probs V: a slice of each row's head_dim / 16 output vectors for a few rows at
-     * a time, as many vectors as SUM_VECTORS (the accumulators, kept in registers), each
-     * key's V slice loaded once for those rows. A head wider than SUM_SLICE vectors takes
-     * several slices. */
+    for (int r = 0; r < rows; r++) {
+        const vmask seen = tail_mask(seen_from + r / group - start + 1);
+        vf_store(scores + r * width + start, vf_blend(seen, vf_set1(-3.0e38f), s[r]));
+    }
+#endif
+}
+
+/* out = probs V for the item's first `valid` rows (their probabilities in scores, a row
+ * every `width` floats, over `keys` keys): a slice of each row's output for a few rows at a
+ * time, the slices' accumulators in registers, each key's V slice loaded once for those
+ * rows. A head wider than a slice takes several. */
+static inline __attribute__((always_inline)) void weighted_sum(
+        const Prefill *p, const float *values, const float *scores, int64_t width, int keys,
+        int q_start, int first, int kv, const int rows, int valid, const int head_dim,
+        const int bf16) {
+    const int group = p->group;
+#if defined(VF_AVX2)
+    /* SUM_ROWS rows by SUM_WIDTH registers of 8 dimensions: 12 of the 16 registers */
+    const int lanes = head_dim / 8;
+    for (int c0 = 0; c0 < lanes; c0 += SUM_WIDTH) {
+        const int cols = lanes - c0 < SUM_WIDTH ? lanes - c0 : SUM_WIDTH;  /* even */
+        UNROLLED
+        for (int r0 = 0; r0 < rows; r0 += SUM_ROWS) {
+            const int n = rows - r0 < SUM_ROWS ? rows - r0 : SUM_ROWS;
+            if (r0 >= valid) break;
+            __m256 a[SUM_ROWS][SUM_WIDTH];
+            UNROLLED
+            for (int r = 0; r < n; r++) {
+                UNROLLED
+                for (int c = 0; c < cols; c++) a[r][c] = _mm256_setzero_ps();
+            }
+            for (int t = 0; t < keys; t++) {
+                const float *v = values + (int64_t)t * head_dim + 8 * c0;
+                UNROLLED
+                for (int r = 0; r < n; r++) {
+                    const __m256 weight = _mm256_broadcast_ss(scores + (r0 + r) * width + t);
+                    UNROLLED
+                    for (int c = 0; c < cols; c++)
+                        a[r][c] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(v + 8 * c), a[r][c]);
+                }
+            }
+            for (int r = 0; r < n && r0 + r < valid; r++) {
+                const int position = first + (r0 + r) / group;
+                const int head = kv * group + (r0 + r) % group;
+                const int64_t at = ((int64_t)(q_start + position) * p->num_heads + head)
+                                   * head_dim + 8 * c0;
+                for (int c = 0; c < cols; c += 2)
+                    store16_at(p->out, at + 8 * c, (vf){a[r][c], a[r][c + 1]}, bf16);
+            }
+        }
+    }
+#else
+    const int chunks = head_dim / 16;
     const int slice = chunks < SUM_SLICE ? chunks : SUM_SLICE;
     const int per_pass = SUM_VECTORS / slice;
     for (int c0 = 0; c0 < chunks; c0 += slice) {
         const int cols = chunks - c0 < slice ? chunks - c0 : slice;  /* this slice's */
-        for (int r0 = 0; r0 < rows; r0 += per_pass) {
+        for (int r0 = 0; r0 < valid; r0 += per_pass) {
             const int n = rows - r0 < per_pass ? rows - r0 : per_pass;
             vf a[SUM_VECTORS];
             UNROLLED
@@ -209,7 +250,7 @@ static inline __attribute__((always_inline)) void prefill_item(
                         a[r * cols + c] = vf_fmadd(weight, vf_load(v + 16 * c), a[r * cols + c]);
                 }
             }
-            for (int r = 0; r < n; r++) {
+            for (int r = 0; r < n && r0 + r < valid; r++) {
                 const int position = first + (r0 + r) / group;
                 const int head = kv * group + (r0 + r) % group;
                 for (int c = 0; c < cols; c++)
@@ -218,22 +259,69 @@ static inline __attribute__((always_inline)) void prefill_item(
             }
         }
     }
+#endif
 }
 
-/* head_dim as a literal where it is a common size, rows as one when the item is full: all
- * MAX_ROWS, or, where three query heads share a KV head (SmolLM2) and MAX_ROWS is not a
- * multiple of three, the whole positions that fit */
+/* One item: query positions [first, first + valid / group) of listed sequence i, KV head
+ * kv, computed as `rows` rows (valid <= rows; the rest zero queries, their results
+ * dropped). Scores for every key the item sees go to `scores` ([rows][width] floats), then
+ * each row's softmax, then the weighted sum of V. Always inlined where rows and head_dim
+ * are literals, so that the per-row vectors live in registers. */
+static inline __attribute__((always_inline)) void prefill_item(
+        const Prefill *p, int i, int seq, int kv, int first, const int rows, int valid,
+        const int head_dim, float *scores, const int bf16) {
+    const int group = p->group;
+    const int q_start = p->query_start[seq];
+    const int q_len = p->query_start[seq + 1] - q_start;
+    const int context = p->context_lens[seq];
+    const int prefix = context - q_len;  /* cached tokens before the chunk */
+    const int64_t width = key_width(context);
+    const float *keys_t = p->keys_t + p->keys_at[i] + (int64_t)kv * head_dim * width;
+    const float *values = p->values + p->keys_at[i] + (int64_t)kv * width * head_dim;
+    const int keys = prefix + first + valid / group;  /* keys any row of the item sees */
+    float q[MAX_ROWS][MAX_HEAD_DIM] __attribute__((aligned(64)));
+    for (int r = 0; r < rows; r++) {
+        const int position = first + r / group, head = kv * group + r % group;
+        const int64_t src = ((int64_t)(q_start + position) * p->num_heads + head) * head_dim;
+        for (int d = 0; d < head_dim; d++)
+            q[r][d] = r < valid ? load_at(p->query, src + d, bf16) * p->scale : 0.0f;
+    }
+    for (int start = 0; start < keys; start += KEY_TILE)
+        tile_scores(q, keys_t, width, start, prefix + first, group, rows, head_dim, scores);
+    const int64_t span = padded(keys);
+    for (int r = 0; r < valid; r++) {  /* softmax over the row's keys */
+        float *row = scores + r * width;
+        vf peak = vf_set1(-3.0e38f);
+        for (int t = 0; t < span; t += 16) peak = vf_max(peak, vf_load(row + t));
+        const vf top = vf_set1(vf_reduce_max(peak));
+        vf sum = vf_zero();
+        for (int t = 0; t < span; t += 16) {
+            const vf e = vf_exp(vf_sub(vf_load(row + t), top));
+            vf_store(row + t, e);
+            sum = vf_add(sum, e);
+        }
+        const vf inverse = vf_set1(1.0f / vf_reduce_add(sum));
+        for (int t = 0; t < span; t += 16) vf_store(row + t, vf_mul(vf_load(row + t), inverse));
+    }
+    weighted_sum(p, values, scores, width, keys, q_start, first, kv, rows, valid, head_dim,
+                 bf16);
+}
+
+/* head_dim as a literal where it is a common size, and `rows` computed as a literal
+ * number, so that each row's vectors are registers of their own: the whole positions that
+ * fit where three query heads share a KV head (SmolLM2) and MAX_ROWS is not a multiple of
+ * three, else MAX_ROWS (a group of 7 heads, or an item at the chunk's end, computes some
+ * rows for nothing) */
 static inline __attribute__((always_inline)) void prefill_rows(
         const Prefill *p, int i, int seq, int kv, int first, int rows, const int head_dim,
         float *scores, const int bf16) {
-    if (rows == MAX_ROWS)
-        prefill_item(p, i, seq, kv, first, MAX_ROWS, head_dim, scores, bf16);
 #if MAX_ROWS % 3
-    else if (rows == MAX_ROWS / 3 * 3)
-        prefill_item(p, i, seq, kv, first, MAX_ROWS / 3 * 3, head_dim, scores, bf16);
+    if (rows == MAX_ROWS / 3 * 3) {
+        prefill_item(p, i, seq, kv, first, MAX_ROWS / 3 * 3, rows, head_dim, scores, bf16);
+        return;
+    }
 #endif
-    else
-        prefill_item(p, i, seq, kv, first, rows, head_dim, scores, bf16);
+    prefill_item(p, i, seq, kv, first, MAX_ROWS, rows, head_dim, scores, bf16);
 }
 
 /* query, out: [tokens, num_heads, head_dim]; seqs: the sequences whose chunks are done
