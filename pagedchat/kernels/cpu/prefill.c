@@ -195,7 +195,8 @@ static inline __attribute__((always_inline)) void weighted_sum(
         const int bf16) {
     const int group = p->group;
 #if defined(VF_AVX2)
-    /* SUM_ROWS rows by SUM_WIDTH registers of 8 dimensions: 12 of the 16 registers */
+    /* SUM_ROWS rows by SUM_WIDTH registers of 8 dimensions (an even number): their sums
+     * take 8 of the 16 registers, the weights' broadcasts and V's loads the rest */
     const int lanes = head_dim / 8;
     for (int c0 = 0; c0 < lanes; c0 += SUM_WIDTH) {
         const int cols = lanes - c0 < SUM_WIDTH ? lanes - c0 : SUM_WIDTH;  /* even */
