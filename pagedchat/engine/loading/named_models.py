@@ -1,7 +1,9 @@
 """Models known by name, each one GGUF split over PyPI packages: its parts' data files end to
 end (found with ``find_spec``, never imported), pinned by SHA-256. Assembled once into the
-cache, hashed as written; a record of the parts' and file's identities (path, size, mtime)
-lets later starts trust it unhashed until a part changes. Standard library only: ``pagedchat
+cache, hashed as written; a record of the file's identity (path, size, mtime) and of each set
+of parts found to make it lets later starts trust it unhashed. Parts installed elsewhere (a
+second virtualenv sharing the cache) are hashed once and added to the record, the file left
+as it is, so what was converted from it stays valid. Standard library only: ``pagedchat
 models`` lists these without loading torch."""
 
 from __future__ import annotations
@@ -11,11 +13,14 @@ import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from pagedchat.engine.errors import ModelLoadError
 from pagedchat.paths import cache_root, staged_file
 
 _CHUNK_BYTES = 16 << 20
+# virtualenvs whose parts a record remembers: a cache shared by more re-hashes one of them
+MAX_PART_SETS = 8
 
 
 @dataclass(frozen=True)
@@ -112,14 +117,24 @@ def named_model_path(name: str) -> Path:
     target = cache_root() / "gguf" / model.file_name
     record = target.with_name(target.name + ".verified.json")
     try:
-        if json.loads(record.read_text()) == _record(model, paths, target):
-            return target
+        known = json.loads(record.read_text())
     except (OSError, ValueError):
-        pass  # no record, or one cut short: assemble
+        known = {}  # no record, or one cut short: assemble
+    parts = [_identity(path) for path in paths]
+    intact = (known.get("sha256") == model.sha256 and target.is_file()
+              and known.get("file") == _identity(target))
+    if intact and parts in known.get("part_sets", []):
+        return target
     try:
-        _assemble(model, paths, target)
+        if intact:
+            _check(model, _digest(paths))
+            part_sets = [*known.get("part_sets", [])[-(MAX_PART_SETS - 1):], parts]
+        else:
+            _assemble(model, paths, target)
+            part_sets = [parts]
         with staged_file(record, "w") as out:
-            out.write(json.dumps(_record(model, paths, target)))
+            out.write(json.dumps({"sha256": model.sha256, "part_sets": part_sets,
+                                  "file": _identity(target)}))
     except OSError as error:
         raise ModelLoadError(
             f"{name}: cannot assemble {target} ({error}); free the space or fix the "
@@ -132,27 +147,32 @@ def _identity(path: Path) -> list[object]:
     return [str(path), stat.st_size, stat.st_mtime_ns]
 
 
-def _record(model: NamedModel, parts: list[Path], target: Path) -> dict[str, object]:
-    """What a verified file is known by: its digest, its parts, and itself as written."""
-    return {"sha256": model.sha256, "parts": [_identity(path) for path in parts],
-            "file": _identity(target) if target.is_file() else None}
+def _digest(parts: list[Path], out: IO[bytes] | None = None) -> tuple[int, str]:
+    """The size and SHA-256 of ``parts`` end to end, each chunk also written to ``out``."""
+    digest, size = hashlib.sha256(), 0
+    for path in parts:
+        with path.open("rb") as source:
+            while chunk := source.read(_CHUNK_BYTES):
+                digest.update(chunk)
+                size += len(chunk)
+                if out is not None:
+                    out.write(chunk)
+    return size, digest.hexdigest()
+
+
+def _check(model: NamedModel, found: tuple[int, str]) -> None:
+    """Raise, naming the reinstall command, unless ``found`` (size, SHA-256) is the pinned file."""
+    size, sha256 = found
+    if size != model.size or sha256 != model.sha256:
+        raise ModelLoadError(
+            f"{model.name}: its packages do not make the expected file ({size:,} bytes "
+            f"with SHA-256 {sha256}, not {model.size:,} bytes with {model.sha256}): "
+            f"reinstall them with '{model.install_command(reinstall=True)}'")
 
 
 def _assemble(model: NamedModel, parts: list[Path], target: Path) -> None:
     """Concatenate ``parts`` into ``target``, hashing as it writes; the file takes
     ``target``'s place only where it is the pinned one."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    digest = hashlib.sha256()
     with staged_file(target, "wb") as out:
-        for path in parts:
-            with path.open("rb") as source:
-                while chunk := source.read(_CHUNK_BYTES):
-                    digest.update(chunk)
-                    out.write(chunk)
-        size = out.tell()
-        if size != model.size or digest.hexdigest() != model.sha256:
-            raise ModelLoadError(
-                f"{model.name}: its packages do not make the expected file ({size:,} bytes "
-                f"with SHA-256 {digest.hexdigest()}, not {model.size:,} bytes with "
-                f"{model.sha256}): reinstall them with "
-                f"'{model.install_command(reinstall=True)}'")
+        _check(model, _digest(parts, out))

