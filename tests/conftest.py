@@ -156,9 +156,22 @@ def _small_default_kv_pool(monkeypatch):
 _PREBUILD = pytest.StashKey[tuple[subprocess.Popen, Path]]()
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Each pytest-xdist worker gets one core: two workers with a team of OpenMP threads
+    each would take turns on the same cores, every team's spinning threads slowing the
+    other's. Subprocesses a test starts inherit the limit; tests of the threaded kernel
+    paths set their thread count themselves."""
+    if hasattr(config, "workerinput"):
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Compile the kernel levels the tests switch to (tests/prebuild_kernels.py) beside the
-    tests, at the lowest priority, rather than in the first test that asks for each."""
+    tests, at the lowest priority, rather than in the first test that asks for each (once,
+    in the process that runs or hands out the tests)."""
+    if hasattr(session.config, "workerinput"):
+        return
     from pagedchat.paths import cache_root
 
     kernels = cache_root() / "kernels"
@@ -173,6 +186,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
+    if _PREBUILD not in session.config.stash:
+        return
     process, private = session.config.stash[_PREBUILD]
     if process.poll() is None:
         os.killpg(process.pid, signal.SIGKILL)

@@ -4,7 +4,10 @@ PAGEDCHAT_CPU_ISA asks for, with one warning line where it cannot be had."""
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -94,3 +97,25 @@ def test_prepare_builds_ahead_and_a_kernel_call_waits_for_that_build(monkeypatch
         release.set()
         assert waiting.result(10) == f"library of {built[0]}"
     assert len(built) == 1
+
+
+def test_two_starts_on_an_empty_cache_compile_once(monkeypatch, tmp_path):
+    """Two builds of one level at once (the chat and a server starting on a fresh cache):
+    the second waits for the first's lock and loads its library; the compiler runs once."""
+    level = build.chosen_isa()
+    compiled = build.kernel_library(level)._name
+    compiles = []
+
+    def slow_build(compiler, flags, target, advance) -> None:
+        compiles.append(target)
+        time.sleep(0.5)
+        part = target.with_name(f"{target.name}.{len(compiles)}")
+        shutil.copy(compiled, part)
+        os.replace(part, target)  # as the real build renames its library into place
+
+    monkeypatch.setenv("PAGEDCHAT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(build, "_build", slow_build)
+    with ThreadPoolExecutor(2) as pool:
+        libraries = list(pool.map(build.build_level, [level, level]))
+    assert len(compiles) == 1
+    assert all(library.kernels_isa().decode() == level for library in libraries)

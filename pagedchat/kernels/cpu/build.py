@@ -9,6 +9,7 @@ to the torch reference, after one warning.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -19,11 +20,16 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import torch
+
+try:
+    import fcntl
+except ImportError:  # not on Windows
+    fcntl = None
 
 from pagedchat import progress
 from pagedchat.machine import usable_cores
@@ -189,8 +195,9 @@ def build_level(level: str) -> ctypes.CDLL | None:
     try:
         if not target.is_file():
             with progress.task(f"compiling the C kernels for this CPU ({level}), once",
-                               len(SOURCES) + 1) as advance:
-                _build(compiler, flags, target, advance)
+                               len(SOURCES) + 1) as advance, _one_builder(target):
+                if not target.is_file():  # not built by the process this one waited for
+                    _build(compiler, flags, target, advance)
         library = ctypes.CDLL(str(target))
         _set_signatures(library, _SIGNATURES)
     except (OSError, AttributeError, subprocess.CalledProcessError) as error:
@@ -207,6 +214,18 @@ def _set_signatures(library: ctypes.CDLL, signatures: dict[str, tuple[object, li
     for name, (restype, argtypes) in signatures.items():
         function = getattr(library, name)
         function.restype, function.argtypes = restype, argtypes
+
+
+@contextlib.contextmanager
+def _one_builder(target: Path) -> Iterator[None]:
+    """Held while ``target`` is built: processes starting together on a fresh cache (the
+    chat and a server, test workers) wait for one compiler run instead of each running
+    their own. Where the OS has no ``flock`` each builds; the rename keeps that safe."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.with_suffix(".lock"), "a") as lock:
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield  # closing the file releases the lock
 
 
 def _build(compiler: str, flags: list[str], target: Path, advance: progress.Advance) -> None:
