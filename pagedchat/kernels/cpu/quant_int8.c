@@ -101,27 +101,101 @@ tile8_blocks32(int type, int rows, int cols, const X8 *x, int k_dim,
 }
 #endif
 
+#if defined(__AVX2__)
+/* The lanes (i, i, i, i, i + 1, i + 1, i + 1, i + 1) of v. */
+static inline __m256 lane_pair(__m256 v, int i) {
+    return _mm256_permutevar8x32_ps(v, _mm256_setr_epi32(i, i, i, i, i + 1, i + 1, i + 1, i + 1));
+}
+
+/* tile8 for the K formats (Q4_K, Q5_K, Q6_K) on AVX2. Per block of 256 and column: the
+ * scales (and minimums) are widened to float together and multiplied by the eight runs' x
+ * scales in one instruction; each run's factor is a lane permute of that product; the
+ * offsets' products (minimum, or -32 scale, times the run's or half-run's x sum) are added
+ * in vector form to the same accumulator, since only its lanes' sum is read. */
+static inline __attribute__((always_inline)) void
+tile8_k(int type, int rows, int cols, const X8 *x, int k_dim, const uint8_t *const col[],
+        int64_t ahead, float sums[QUANT_ROWS_MAX][TILE_COLS_MAX]) {
+    const int bytes = block_bytes(type), runs = k_dim / 32;
+    __m256 acc[QUANT_ROWS_MAX][TILE_COLS_MAX];
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) acc[r][c] = _mm256_setzero_ps();
+    for (int k = 0, at = 0; k < k_dim; k += 256, at += bytes) {
+        prefetch_lines_ahead(col, cols, at, bytes, ahead);
+        const int run = k / 32;
+        for (int c = 0; c < cols; c++) {
+            const uint8_t *b = col[c] + at;
+            __m256 scale[2], offset[2];
+            if (type == Q6_K) {
+                const __m256 d = _mm256_set1_ps(half_to_float(b + 208));
+                const __m128i sc = _mm_loadu_si128((const __m128i *)(b + 192));
+                for (int h = 0; h < 2; h++) {
+                    scale[h] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                        h ? _mm_srli_si128(sc, 8) : sc)));
+                    offset[h] = _mm256_mul_ps(scale[h], _mm256_set1_ps(-32.0f));
+                }
+            } else {
+                uint8_t sc[8], mn[8];
+                k_scales(b + 4, sc, mn);
+                scale[0] = _mm256_mul_ps(_mm256_set1_ps(half_to_float(b)), _mm256_cvtepi32_ps(
+                    _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sc))));
+                offset[0] = _mm256_mul_ps(_mm256_set1_ps(-half_to_float(b + 2)),
+                    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)mn))));
+            }
+            __m256 by[QUANT_ROWS_MAX][2];
+            for (int r = 0; r < rows; r++) {
+                const int64_t at_x = (int64_t)r * runs + run;
+                const __m256 d = _mm256_loadu_ps(x->scale + at_x);
+                if (type == Q6_K) {
+                    acc[r][c] = _mm256_fmadd_ps(offset[0], _mm256_loadu_ps(x->half_sums + 2 * at_x),
+                                                acc[r][c]);
+                    acc[r][c] = _mm256_fmadd_ps(offset[1],
+                                                _mm256_loadu_ps(x->half_sums + 2 * at_x + 8),
+                                                acc[r][c]);
+                    /* lanes 2 j, 2 j + 1: half-runs j's scales times run j's d, runs 0-3, 4-7 */
+                    by[r][0] = _mm256_mul_ps(scale[0], _mm256_permutevar8x32_ps(
+                        d, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3)));
+                    by[r][1] = _mm256_mul_ps(scale[1], _mm256_permutevar8x32_ps(
+                        d, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7)));
+                } else {
+                    acc[r][c] = _mm256_fmadd_ps(offset[0], _mm256_loadu_ps(x->run_sums + at_x),
+                                                acc[r][c]);
+                    by[r][0] = _mm256_mul_ps(scale[0], d);
+                }
+            }
+            for (int s = 0; s < 8; s++) {
+                const __m256i w = run_bytes(type, b, s);
+                for (int r = 0; r < rows; r++) {
+                    const __m256i xv = _mm256_loadu_si256(
+                        (const __m256i *)(x->q + (int64_t)r * k_dim + 32 * (run + s)));
+                    const __m256 factor = type == Q6_K
+                        ? lane_pair(by[r][s / 4], 2 * (s % 4))
+                        : _mm256_permutevar8x32_ps(by[r][0], _mm256_set1_epi32(s));
+                    acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(run_dot(type, w, xv)), factor,
+                                                acc[r][c]);
+                }
+            }
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) sums[r][c] = lane_sum(acc[r][c]);
+}
+#endif
+
 /* sums[r][c] = x8 row r . column c for `rows` (<= QUANT_ROWS_MAX) rows and `cols` columns
  * whose blocks start at col[c]; `ahead` as in quant_rows.c's tile. */
 static inline __attribute__((always_inline)) void
 tile8(int type, int rows, int cols, const X8 *x, int k_dim,
       const uint8_t *const col[], int64_t ahead, float sums[QUANT_ROWS_MAX][TILE_COLS_MAX]) {
 #if defined(__AVX2__)
-    if (type < Q4_K) {
+    if (type < Q4_K)
         tile8_blocks32(type, rows, cols, x, k_dim, col, ahead, sums);
-        return;
-    }
-#endif
+    else
+        tile8_k(type, rows, cols, x, k_dim, col, ahead, sums);
+#else
     const int values = block_values(type), bytes = block_bytes(type);
     const int per16 = type == Q6_K, runs = k_dim / 32;
-    float offsets[QUANT_ROWS_MAX][TILE_COLS_MAX] = {{0}};
-#if defined(__AVX2__)
-    __m256 acc[QUANT_ROWS_MAX][TILE_COLS_MAX];
-    for (int r = 0; r < rows; r++)
-        for (int c = 0; c < cols; c++) acc[r][c] = _mm256_setzero_ps();
-#else
     float acc[QUANT_ROWS_MAX][TILE_COLS_MAX] = {{0}};
-#endif
+    float offsets[QUANT_ROWS_MAX][TILE_COLS_MAX] = {{0}};
     for (int k = 0, at = 0; k < k_dim; k += values, at += bytes) {
         prefetch_tile_ahead(col, cols, at, ahead);
         Head head[TILE_COLS_MAX];
@@ -134,23 +208,8 @@ tile8(int type, int rows, int cols, const X8 *x, int k_dim,
                 xq[r] = x->q + (int64_t)r * k_dim + 32 * run;
                 d[r] = x->scale[(int64_t)r * runs + run];
             }
-#if defined(__AVX2__)
-            __m256i xv[QUANT_ROWS_MAX];
-            for (int r = 0; r < rows; r++) xv[r] = _mm256_loadu_si256((const __m256i *)xq[r]);
-#endif
             for (int c = 0; c < cols; c++) {
                 const float *scale = head[c].scale, *offset = head[c].offset;
-#if defined(__AVX2__)
-                const __m256i w = run_bytes(type, col[c] + at, s);
-                for (int r = 0; r < rows; r++) {
-                    const __m256 sums8 = _mm256_cvtepi32_ps(run_dot(type, w, xv[r]));
-                    const __m256 by = per16
-                        ? _mm256_setr_m128(_mm_set1_ps(scale[2 * s] * d[r]),
-                                           _mm_set1_ps(scale[2 * s + 1] * d[r]))
-                        : _mm256_set1_ps(scale[pair] * d[r]);
-                    acc[r][c] = _mm256_fmadd_ps(sums8, by, acc[r][c]);
-                }
-#else
                 int8_t wq[32];
                 run_integers(type, col[c] + at, s, wq);
                 for (int r = 0; r < rows; r++)
@@ -160,7 +219,6 @@ tile8(int type, int rows, int cols, const X8 *x, int k_dim,
                             sum += (type == Q8_0 ? wq[i] : (uint8_t)wq[i]) * xq[r][i];
                         acc[r][c] += (float)sum * (scale[per16 ? 2 * s + half : pair] * d[r]);
                     }
-#endif
                 if (type == Q8_0) continue;
                 for (int r = 0; r < rows; r++) {
                     const int64_t first = (int64_t)r * runs + run;
@@ -173,13 +231,8 @@ tile8(int type, int rows, int cols, const X8 *x, int k_dim,
         }
     }
     for (int r = 0; r < rows; r++)
-        for (int c = 0; c < cols; c++) {
-#if defined(__AVX2__)
-            sums[r][c] = lane_sum(acc[r][c]) + offsets[r][c];
-#else
-            sums[r][c] = acc[r][c] + offsets[r][c];
+        for (int c = 0; c < cols; c++) sums[r][c] = acc[r][c] + offsets[r][c];
 #endif
-        }
 }
 
 /* Output columns [first, end) for every row of x8. */
