@@ -142,6 +142,16 @@ def shared_model_loads(monkeypatch, _built_models):
     monkeypatch.setattr(model_runner, "build_model", cached)
 
 
+@pytest.fixture
+def two_threads():
+    """Kernels split between two threads for this test, whatever the process runs on (the
+    suite's xdist workers run on one thread each)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(autouse=True)
 def _small_default_kv_pool(monkeypatch):
     """An engine built without a pool size (the commands' default) gets a pool of a few
