@@ -14,6 +14,8 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -142,14 +144,16 @@ def shared_model_loads(monkeypatch, _built_models):
     monkeypatch.setattr(model_runner, "build_model", cached)
 
 
-@pytest.fixture
-def two_threads():
-    """Kernels split between two threads for this test, whatever the process runs on (the
-    suite's xdist workers run on one thread each)."""
+@contextmanager
+def on_threads(threads: int) -> Iterator[None]:
+    """torch's thread count, which the C kernels read, set to ``threads`` inside and restored
+    after, whatever the process runs on (the suite's xdist workers run on one thread each)."""
     before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.fixture(autouse=True)

@@ -14,6 +14,7 @@ import torch
 
 from pagedchat import LLM, SamplingParams
 from pagedchat_lab.sharegpt import sample_requests
+from tests.conftest import on_threads
 from tests.engine.test_argmax_rows import force_screen
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("shared_model_loads")]
@@ -191,13 +192,14 @@ def test_quantized_weights_greedy_matches_transformers(name, real_hf_model, prom
     assert stats.used_blocks == 0
 
 
-@pytest.mark.usefixtures("two_threads")
 def test_greedy_on_two_threads_matches_transformers(real_hf_model, prompts, references):
     """The default GGUF with every product and attention call split between two threads:
     which thread computes which columns and heads changes no token."""
     llm = LLM(weights="gguf", block_size=16, num_kv_blocks=blocks_for_all(prompts, 16),
               max_num_batched_tokens=256)
-    assert_same_greedy(real_hf_model, prompts, llm.generate(prompts, GREEDY), references)
+    with on_threads(2):
+        outputs = llm.generate(prompts, GREEDY)
+    assert_same_greedy(real_hf_model, prompts, outputs, references)
 
 
 def test_screened_greedy_matches_transformers(real_hf_model, prompts, references, monkeypatch):

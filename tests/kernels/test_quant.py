@@ -19,6 +19,7 @@ from pagedchat.kernels import quant
 from pagedchat.kernels.cpu import build
 from pagedchat.kernels.cpu import quant as cpu_quant
 from pagedchat.kernels.quant import FORMATS, QuantizedWeight
+from tests.conftest import on_threads
 
 gguf = pytest.importorskip("gguf")
 
@@ -209,13 +210,9 @@ def kernels(library, monkeypatch):
 
 def product_on_threads(kernels, threads: int, x: torch.Tensor, weight: QuantizedWeight,
                        bias: torch.Tensor | None = None) -> torch.Tensor:
-    """The kernels' product on ``threads`` threads (torch's setting, which they read)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    """The kernels' product on ``threads`` threads."""
+    with on_threads(threads):
         return kernels.quantized_linear(x, weight, bias)
-    finally:
-        torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("name", FORMATS)

@@ -231,8 +231,7 @@ def _one_builder(target: Path) -> Iterator[None]:
 def _build(compiler: str, flags: list[str], target: Path, advance: progress.Advance) -> None:
     """Compile every source, one compiler per core at a time (more only share the cores and
     their caches), then link; ``advance`` is called once per compiled source and once for
-    the link."""
-    target.parent.mkdir(parents=True, exist_ok=True)
+    the link. Called inside :func:`_one_builder`, which made ``target``'s folder."""
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         sources = [Path(__file__).with_name(name) for name in SOURCES]
         objects = [Path(tmp) / f"{source.stem}.o" for source in sources]
