@@ -1,19 +1,22 @@
 """Few-row quantized products (decode steps) of two builds of the CPU kernels in one process:
 a saved library (BASELINE.so, e.g. a copy of the cached build before a change) against the
-current sources' build, alternated, one thread, thread CPU time, best of 5 runs over every
-layer's weight of that name in the named layer's format (``blk.1.ffn_down.weight``: the
-layers whose ffn_down is in layer 1's format) or a single tensor (``output.weight``), at
-each of ROWS rows of x (default 1). Prints ms, GB/s of weight bytes, new/old and the
-largest output difference.
+current sources' build, alternated, over every layer's weight of that name in the named
+layer's format (``blk.1.ffn_down.weight``: the layers whose ffn_down is in layer 1's format)
+or a single tensor (``output.weight``), at each of ROWS rows of x (default 1). One thread:
+thread CPU time, best of 5 runs (what the kernel costs); with ``--threads N``: wall time,
+median of 9 (weights read from memory as a decode step reads them, where they exceed the
+cache). ``--int8``: the products on 8-bit activations. Prints ms, GB/s of weight bytes,
+new/old and the largest output difference.
 
     python benchmarks/quant_rows_ab.py MODEL.gguf BASELINE.so \
-        blk.0.ffn_gate.weight,output.weight [1,4]
+        blk.0.ffn_gate.weight,output.weight [1,4] [--threads 2] [--int8]
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import statistics
 import time
 
 import gguf
@@ -57,26 +60,31 @@ def main() -> None:
     parser.add_argument("baseline", help="the saved library to compare against")
     parser.add_argument("names", help="tensor names, comma-separated")
     parser.add_argument("rows", nargs="?", default="1", help="rows of x, comma-separated")
+    parser.add_argument("--threads", type=int, default=1, help="threads of the products")
+    parser.add_argument("--int8", action="store_true", help="8-bit activations")
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
+    clock, rounds, pick = ((time.thread_time, ROUNDS, min) if args.threads == 1
+                           else (time.perf_counter, 9, statistics.median))
     tensors = {t.name: t for t in gguf.GGUFReader(args.model).tensors}
     new = build.kernel_library()
     old = ctypes.CDLL(args.baseline)
     build._set_signatures(old, {name: signature for name, signature in build._SIGNATURES.items()
                                 if hasattr(old, name)})
     for name in args.names.split(","):
-        weights = weights_named(tensors, name)
+        weights = [QuantizedWeight(w.segments, w.in_features, int8_activations=args.int8)
+                   for w in weights_named(tensors, name)]
         for rows in map(int, args.rows.split(",")):
             x = torch.randn(rows, weights[0].in_features)
             difference = (torch.cat(with_library(old, x, weights), 1)
                           - torch.cat(with_library(new, x, weights), 1)).abs().max().item()
             spent: dict[str, list[float]] = {"old": [], "new": []}
-            for _ in range(ROUNDS):
+            for _ in range(rounds):
                 for label, library in (("old", old), ("new", new)):
-                    start = time.thread_time()
+                    start = clock()
                     with_library(library, x, weights)
-                    spent[label].append((time.thread_time() - start) * 1e3 / len(weights))
-            before, after = min(spent["old"]), min(spent["new"])
+                    spent[label].append((clock() - start) * 1e3 / len(weights))
+            before, after = pick(spent["old"]), pick(spent["new"])
             megabytes = weights[0].nbytes / 1e6
             print(f"{name:24} {rows}r {weights[0].segments[0].format.name} x{len(weights):<2} "
                   f"{megabytes:7.2f}MB old {before:7.3f} ms ({megabytes / before:5.2f} GB/s) "

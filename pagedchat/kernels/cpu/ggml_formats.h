@@ -34,14 +34,18 @@ static inline float half_to_float(const uint8_t *p) {
     return v.f;
 }
 
-/* The eight 6-bit scales and mins of a Q4_K / Q5_K block. */
-static inline void k_scales(const uint8_t *s, uint8_t sc[8], uint8_t mn[8]) {
-    for (int j = 0; j < 4; j++) {
-        sc[j] = s[j] & 0x3F;
-        mn[j] = s[j + 4] & 0x3F;
-        sc[j + 4] = (uint8_t)((s[j + 8] & 0x0F) | ((s[j] >> 2) & 0x30));
-        mn[j + 4] = (uint8_t)((s[j + 8] >> 4) | ((s[j + 4] >> 2) & 0x30));
-    }
+/* A Q4_K / Q5_K block's eight 6-bit scales and minimums, a byte each in sc and mn (scale j
+ * in bits 8 j to 8 j + 7), unpacked in whole words so that they reach vector registers
+ * without byte stores. */
+static inline void k_fields(const uint8_t *b, uint64_t *sc, uint64_t *mn) {
+    uint32_t s0, s1, s2;
+    memcpy(&s0, b + 4, 4);
+    memcpy(&s1, b + 8, 4);
+    memcpy(&s2, b + 12, 4);
+    const uint32_t sc_hi = (s2 & 0x0F0F0F0Fu) | ((s0 >> 2) & 0x30303030u);
+    const uint32_t mn_hi = ((s2 >> 4) & 0x0F0F0F0Fu) | ((s1 >> 2) & 0x30303030u);
+    *sc = (uint64_t)(s0 & 0x3F3F3F3Fu) | (uint64_t)sc_hi << 32;
+    *mn = (uint64_t)(s1 & 0x3F3F3F3Fu) | (uint64_t)mn_hi << 32;
 }
 
 /* Values and bytes per block (constants where the type is one). */
@@ -95,11 +99,11 @@ static inline __attribute__((always_inline)) void head_of(int type, const uint8_
             break;
         case Q4_K: case Q5_K: {
             const float d = half_to_float(b), dmin = half_to_float(b + 2);
-            uint8_t sc[8], mn[8];
-            k_scales(b + 4, sc, mn);
+            uint64_t sc, mn;
+            k_fields(b, &sc, &mn);
             for (int i = 0; i < 8; i++) {
-                h->scale[i] = d * (float)sc[i];
-                h->offset[i] = -(dmin * (float)mn[i]);
+                h->scale[i] = d * (float)(uint8_t)(sc >> 8 * i);
+                h->offset[i] = -(dmin * (float)(uint8_t)(mn >> 8 * i));
             }
             break;
         }

@@ -153,12 +153,13 @@ static inline void decode_q8_0(const uint8_t *b, float *out) {
  * (d * scale) * q - (dmin * min). */
 static inline void decode_k(const uint8_t *b, float *out, int five) {
     const float d = half_to_float(b), dmin = half_to_float(b + 2);
-    uint8_t sc[8], mn[8];
-    k_scales(b + 4, sc, mn);
+    uint64_t sc, mn;
+    k_fields(b, &sc, &mn);
     const uint8_t *qh = b + 16, *qs = b + (five ? 48 : 16);
     for (int i = 0; i < 8; i++)  /* run i: nibble i % 2 of qs[32 (i / 2) + j], bit i of qh[j] */
         scale_fields(qs + 32 * (i / 2), 4 * (i % 2), 15, five ? qh : NULL, i, 1, 0, 32,
-                     d * (float)sc[i], -(dmin * (float)mn[i]), 1, out + 32 * i);
+                     d * (float)(uint8_t)(sc >> 8 * i), -(dmin * (float)(uint8_t)(mn >> 8 * i)), 1,
+                     out + 32 * i);
 }
 
 static inline void decode_q4_k(const uint8_t *b, float *out) { decode_k(b, out, 0); }

@@ -28,11 +28,27 @@ static inline float lane_sum(__m256 v) {
     const __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
     return _mm_cvtss_f32(_mm_add_ss(two, _mm_movehdup_ps(two)));
 }
+
+/* The sum of a row and column's partial sums (PARTS8). */
+static inline __m256 part_sum(const __m256 part[4], int parts) {
+    __m256 sum = part[0];
+    for (int p = 1; p < parts; p++) sum = _mm256_add_ps(sum, part[p]);
+    return sum;
+}
 #endif
 
 /* Tiles of output columns whose sums stay in registers (one 8-lane vector per row and
- * column on AVX2: 8 of the 16 registers). */
-#define COLS8_FOR(rows) (8 / (rows) < 1 ? 1 : 8 / (rows))
+ * column on AVX2: 8 of the 16 registers). One row (a decode step) takes one column at a time
+ * in the K formats and Q8_0: the weights are then read as one stream, which the hardware's
+ * prefetcher follows, where a tile's columns interleave streams too short for it. The other
+ * formats of one scale per 32 weights share each run's x and scales over four columns,
+ * whose work the streams' loss does not outweigh. */
+#define COLS8_FOR(type, rows) \
+    ((rows) > 1 ? 8 / (rows) : (type) >= Q4_K || (type) == Q8_0 ? 1 : 4)
+
+/* Partial sums per row and column: at least four chains of multiply-adds in flight, so that
+ * a narrow tile waits on no adder's latency; run j goes to part j % PARTS8. */
+#define PARTS8(rows, cols) ((rows) * (cols) >= 4 ? 1 : 4 / ((rows) * (cols)))
 
 #if defined(__AVX2__)
 /* tile8 for the formats of one scale per block of 32 (Q4_0 to Q8_0), on AVX2: the tile's
@@ -46,10 +62,12 @@ tile8_blocks32(int type, int rows, int cols, const X8 *x, int k_dim,
                float sums[QUANT_ROWS_MAX][TILE_COLS_MAX]) {
     const int bytes = block_bytes(type), runs = k_dim / 32;
     const int with_min = type == Q4_1 || type == Q5_1;
-    __m256 acc[QUANT_ROWS_MAX][TILE_COLS_MAX], offsets[QUANT_ROWS_MAX][2];
+    const int parts = PARTS8(rows, cols);
+    __m256 acc[QUANT_ROWS_MAX][TILE_COLS_MAX][4], offsets[QUANT_ROWS_MAX][2];
     for (int r = 0; r < rows; r++) {
         offsets[r][0] = offsets[r][1] = _mm256_setzero_ps();
-        for (int c = 0; c < cols; c++) acc[r][c] = _mm256_setzero_ps();
+        for (int c = 0; c < cols; c++)
+            for (int p = 0; p < parts; p++) acc[r][c][p] = _mm256_setzero_ps();
     }
     const float factor = type == Q4_0 ? -8.0f : type == Q5_0 ? -16.0f : 1.0f;
     for (int run = 0, at = 0; run < runs; run++, at += bytes) {
@@ -85,8 +103,9 @@ tile8_blocks32(int type, int rows, int cols, const X8 *x, int k_dim,
         for (int c = 0; c < cols; c++) {
             const __m256i w = run_bytes(type, col[c] + at, 0);
             for (int r = 0; r < rows; r++)
-                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(run_dot(type, w, xv[r])),
-                                            SCALE_BY(r, c), acc[r][c]);
+                acc[r][c][run % parts] = _mm256_fmadd_ps(
+                    _mm256_cvtepi32_ps(run_dot(type, w, xv[r])), SCALE_BY(r, c),
+                    acc[r][c][run % parts]);
         }
     }
 #undef SCALE_BY
@@ -96,7 +115,8 @@ tile8_blocks32(int type, int rows, int cols, const X8 *x, int k_dim,
         _mm256_storeu_ps(lanes, offsets[r][0]);
         _mm256_storeu_ps(lanes + 8, offsets[r][1]);
         for (int c = 0; c < cols; c++)
-            sums[r][c] = lane_sum(acc[r][c]) + (type == Q8_0 ? 0.0f : lanes[2 * c + with_min]);
+            sums[r][c] = lane_sum(part_sum(acc[r][c], parts))
+                         + (type == Q8_0 ? 0.0f : lanes[2 * c + with_min]);
     }
 }
 #endif
@@ -115,10 +135,11 @@ static inline __m256 lane_pair(__m256 v, int i) {
 static inline __attribute__((always_inline)) void
 tile8_k(int type, int rows, int cols, const X8 *x, int k_dim, const uint8_t *const col[],
         int64_t ahead, float sums[QUANT_ROWS_MAX][TILE_COLS_MAX]) {
-    const int bytes = block_bytes(type), runs = k_dim / 32;
-    __m256 acc[QUANT_ROWS_MAX][TILE_COLS_MAX];
+    const int bytes = block_bytes(type), runs = k_dim / 32, parts = PARTS8(rows, cols);
+    __m256 acc[QUANT_ROWS_MAX][TILE_COLS_MAX][4];
     for (int r = 0; r < rows; r++)
-        for (int c = 0; c < cols; c++) acc[r][c] = _mm256_setzero_ps();
+        for (int c = 0; c < cols; c++)
+            for (int p = 0; p < parts; p++) acc[r][c][p] = _mm256_setzero_ps();
     for (int k = 0, at = 0; k < k_dim; k += 256, at += bytes) {
         prefetch_lines_ahead(col, cols, at, bytes, ahead);
         const int run = k / 32;
@@ -134,31 +155,31 @@ tile8_k(int type, int rows, int cols, const X8 *x, int k_dim, const uint8_t *con
                     offset[h] = _mm256_mul_ps(scale[h], _mm256_set1_ps(-32.0f));
                 }
             } else {
-                uint8_t sc[8], mn[8];
-                k_scales(b + 4, sc, mn);
+                uint64_t sc, mn;
+                k_fields(b, &sc, &mn);
                 scale[0] = _mm256_mul_ps(_mm256_set1_ps(half_to_float(b)), _mm256_cvtepi32_ps(
-                    _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sc))));
+                    _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((int64_t)sc))));
                 offset[0] = _mm256_mul_ps(_mm256_set1_ps(-half_to_float(b + 2)),
-                    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)mn))));
+                    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((int64_t)mn))));
             }
             __m256 by[QUANT_ROWS_MAX][2];
             for (int r = 0; r < rows; r++) {
                 const int64_t at_x = (int64_t)r * runs + run;
                 const __m256 d = _mm256_loadu_ps(x->scale + at_x);
                 if (type == Q6_K) {
-                    acc[r][c] = _mm256_fmadd_ps(offset[0], _mm256_loadu_ps(x->half_sums + 2 * at_x),
-                                                acc[r][c]);
-                    acc[r][c] = _mm256_fmadd_ps(offset[1],
-                                                _mm256_loadu_ps(x->half_sums + 2 * at_x + 8),
-                                                acc[r][c]);
+                    acc[r][c][0] = _mm256_fmadd_ps(
+                        offset[0], _mm256_loadu_ps(x->half_sums + 2 * at_x), acc[r][c][0]);
+                    acc[r][c][parts - 1] = _mm256_fmadd_ps(
+                        offset[1], _mm256_loadu_ps(x->half_sums + 2 * at_x + 8),
+                        acc[r][c][parts - 1]);
                     /* lanes 2 j, 2 j + 1: half-runs j's scales times run j's d, runs 0-3, 4-7 */
                     by[r][0] = _mm256_mul_ps(scale[0], _mm256_permutevar8x32_ps(
                         d, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3)));
                     by[r][1] = _mm256_mul_ps(scale[1], _mm256_permutevar8x32_ps(
                         d, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7)));
                 } else {
-                    acc[r][c] = _mm256_fmadd_ps(offset[0], _mm256_loadu_ps(x->run_sums + at_x),
-                                                acc[r][c]);
+                    acc[r][c][0] = _mm256_fmadd_ps(offset[0], _mm256_loadu_ps(x->run_sums + at_x),
+                                                   acc[r][c][0]);
                     by[r][0] = _mm256_mul_ps(scale[0], d);
                 }
             }
@@ -170,14 +191,14 @@ tile8_k(int type, int rows, int cols, const X8 *x, int k_dim, const uint8_t *con
                     const __m256 factor = type == Q6_K
                         ? lane_pair(by[r][s / 4], 2 * (s % 4))
                         : _mm256_permutevar8x32_ps(by[r][0], _mm256_set1_epi32(s));
-                    acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(run_dot(type, w, xv)), factor,
-                                                acc[r][c]);
+                    acc[r][c][s % parts] = _mm256_fmadd_ps(
+                        _mm256_cvtepi32_ps(run_dot(type, w, xv)), factor, acc[r][c][s % parts]);
                 }
             }
         }
     }
     for (int r = 0; r < rows; r++)
-        for (int c = 0; c < cols; c++) sums[r][c] = lane_sum(acc[r][c]);
+        for (int c = 0; c < cols; c++) sums[r][c] = lane_sum(part_sum(acc[r][c], parts));
 }
 #endif
 
@@ -240,13 +261,13 @@ static inline __attribute__((always_inline)) void
 columns8(int type, int rows, const X8 *x, const uint8_t *w, int64_t row_bytes,
          const float *bias, void *out, int out_bf16, int k_dim, int64_t out_stride, int first,
          int end) {
-    const int cols = COLS8_FOR(rows);
+    const int cols = COLS8_FOR(type, rows);
     for (int n = first; n < end; n += cols) {
         const int count = end - n < cols ? end - n : cols;
         const uint8_t *col[TILE_COLS_MAX];
         tile_columns(w, row_bytes, n, count, cols, col);
         float sums[QUANT_ROWS_MAX][TILE_COLS_MAX];
-        tile8(type, rows, cols, x, k_dim, col, cols * row_bytes, sums);
+        tile8(type, rows, cols, x, k_dim, col, prefetch_distance(cols * row_bytes), sums);
         store_tile(rows, count, sums, bias, n, out, out_bf16, out_stride);
     }
 }
@@ -267,7 +288,7 @@ int quant8_rows_part(const float *x, const uint8_t *w, int type, const float *bi
                      int64_t out_stride, int t, int threads, const float *bounds) {
     Format f;
     if (!format_of(type, &f)) return 1;
-    const int cols = COLS8_FOR(rows), tiles = (n_dim + cols - 1) / cols;
+    const int cols = COLS8_FOR(type, rows), tiles = (n_dim + cols - 1) / cols;
     int first, end;
     thread_run(tiles, t, threads, bounds, &first, &end);
     first *= cols;

@@ -161,10 +161,13 @@ static inline __attribute__((always_inline)) void run_of(int type, const uint8_t
 #endif
 #if defined(VF_AVX2)
 #define ACCUMULATORS8 8
-#define COLS_FOR(rows) ((rows) == 1 ? ACCUMULATORS : ACCUMULATORS8 / (rows) < 1 ? 1 \
-                        : ACCUMULATORS8 / (rows))
+/* One row: Q8_0 one column at a time, its weights read as one stream (see COLS8_FOR in
+ * quant_int8.c); the other formats four, over which tile_factored shares x and the scales. */
+#define ROW_COLS(type) ((type) == Q8_0 ? 1 : ACCUMULATORS)
+#define COLS_FOR(type, rows) ((rows) == 1 ? ROW_COLS(type) : ACCUMULATORS8 / (rows) < 1 \
+                              ? 1 : ACCUMULATORS8 / (rows))
 #else
-#define COLS_FOR(rows) (ACCUMULATORS / (rows) < 1 ? 1 \
+#define COLS_FOR(type, rows) (ACCUMULATORS / (rows) < 1 ? 1 \
                         : ACCUMULATORS / (rows) > TILE_COLS_MAX ? TILE_COLS_MAX : ACCUMULATORS / (rows))
 #endif
 
@@ -380,7 +383,7 @@ tile_one(int type, int cols, const float *x, int k_dim, const uint8_t *const col
 
 #if defined(VF_AVX2)
 #if ACCUMULATORS != 4
-#error "tile_factored takes the four columns of a one-row tile"
+#error "tile_factored takes at most the four columns of a one-row tile"
 #endif
 /* Whether tile_factored takes this format (at one row). */
 #define FACTORED(type, rows) ((rows) == 1 && ((type) == Q4_0 || (type) == Q4_1 \
@@ -394,17 +397,20 @@ static inline __m256 high_nibbles(__m256i bytes) {
     return _mm256_cvtepi32_ps(_mm256_srli_epi32(bytes, 4));
 }
 
-/* sums[0][c] = x . column c for the 4 columns at col[c], one row of x; xsum[b]: the sum of
- * x's 32 values under block b. Per block and column: p = x . q (8 lanes), then
- * acc += d * p; the offsets' terms m * xsum[b] of all 4 columns go into one register
+/* sums[0][c] = x . column c for the `cols` (1 or 4) columns at col[c], one row of x;
+ * xsum[b]: the sum of x's 32 values under block b. Per block and column: p = x . q (8
+ * lanes), then acc += d * p; the offsets' terms m * xsum[b] of all columns go into one register
  * (the heads' lanes 2 c + 1: m of column c) and are added at the end. Q5_0's integers are
  * joined as bytes first (block32_bytes), 32 at a time, and widened from a buffer by loads
  * that widen as they load, where joining them 8 at a time in 32-bit lanes takes more
  * instructions. */
 static inline __attribute__((always_inline)) void
-tile_factored(int type, const float *x, const float *xsum, int k_dim,
+tile_factored(int type, int cols, const float *x, const float *xsum, int k_dim,
               const uint8_t *const col[], int64_t ahead,
               float sums[QUANT_ROWS_MAX][TILE_COLS_MAX]) {
+    /* column c's sum in parts acc[parts c ...]: block b adds to part b % parts, so that
+     * one column still has four chains of multiply-adds in flight */
+    const int parts = 4 / cols;
     __m256 acc[4], offsets = _mm256_setzero_ps();
     for (int c = 0; c < 4; c++) acc[c] = _mm256_setzero_ps();
     const int bytes = block_bytes(type), skip = type == Q4_1 ? 4 : 2;
@@ -415,27 +421,27 @@ tile_factored(int type, const float *x, const float *xsum, int k_dim,
                                            -1, 0, -1, 0, -1, 0, -1, 0));
     /* the heads widened a block ahead, into the other of two buffers (see tile) */
     float heads[2][8] __attribute__((aligned(32)));
-    __m256 head = tile_heads4(col, 4, 0, 0);
+    __m256 head = tile_heads4(col, cols, 0, 0);
     _mm256_store_ps(heads[0], head);
     for (int k = 0, at = 0, b = 0, i = 0; k < k_dim; k += 32, at += bytes, b++, i ^= 1) {
-        prefetch_tile_ahead(col, 4, at, ahead);
+        prefetch_tile_ahead(col, cols, at, ahead);
         if (type != Q8_0)
             offsets = _mm256_fmadd_ps(_mm256_and_ps(head, kept),
                                       _mm256_broadcast_ss(xsum + b), offsets);
         if (k + 32 < k_dim) {
-            head = tile_heads4(col, 4, at + bytes, 0);
+            head = tile_heads4(col, cols, at + bytes, 0);
             _mm256_store_ps(heads[i ^ 1], head);
         }
         __asm__("" : "+m"(heads));
         uint8_t joined[4][32] __attribute__((aligned(32)));
         if (type == Q5_0) {
-            for (int c = 0; c < 4; c++)
+            for (int c = 0; c < cols; c++)
                 _mm256_store_si256((__m256i *)joined[c], block32_bytes(Q5_0, col[c] + at));
             __asm__("" : "+m"(joined));  /* read back by the widening loads below */
         }
         const __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8),
                      x2 = _mm256_loadu_ps(x + k + 16), x3 = _mm256_loadu_ps(x + k + 24);
-        for (int c = 0; c < 4; c++) {
+        for (int c = 0; c < cols; c++) {
             const uint8_t *q = col[c] + at + skip;
             __m256 p;
             if (type == Q8_0) {
@@ -457,13 +463,16 @@ tile_factored(int type, const float *x, const float *xsum, int k_dim,
                 p = _mm256_fmadd_ps(x2, high_nibbles(b0), p);
                 p = _mm256_fmadd_ps(x3, high_nibbles(b1), p);
             }
-            acc[c] = _mm256_fmadd_ps(_mm256_broadcast_ss(&heads[i][2 * c]), p, acc[c]);
+            acc[parts * c + b % parts] = _mm256_fmadd_ps(_mm256_broadcast_ss(&heads[i][2 * c]),
+                                                         p, acc[parts * c + b % parts]);
         }
     }
     float offset[8];
     _mm256_storeu_ps(offset, offsets);
-    for (int c = 0; c < 4; c++) {
-        __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc[c]), _mm256_extractf128_ps(acc[c], 1));
+    for (int c = 0; c < cols; c++) {
+        __m256 sum = acc[parts * c];
+        for (int part = 1; part < parts; part++) sum = _mm256_add_ps(sum, acc[parts * c + part]);
+        __m128 s = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
         s = _mm_add_ps(s, _mm_movehl_ps(s, s));
         s = _mm_add_ss(s, _mm_movehdup_ps(s));
         sums[0][c] = _mm_cvtss_f32(s) + (type == Q4_1   ? offset[2 * c + 1]
@@ -482,7 +491,7 @@ static inline __attribute__((always_inline)) void
 columns(int type, int rows, const float *x, const uint8_t *w, int64_t row_bytes,
         const float *bias, void *out, int out_bf16, int k_dim, int64_t out_stride, int first,
         int end, const float *xsum) {
-    const int cols = COLS_FOR(rows);
+    const int cols = COLS_FOR(type, rows);
     const int64_t ahead = prefetch_distance(cols * row_bytes);
     for (int n = first; n < end; n += cols) {
         const int count = end - n < cols ? end - n : cols;
@@ -491,7 +500,7 @@ columns(int type, int rows, const float *x, const uint8_t *w, int64_t row_bytes,
         float sums[QUANT_ROWS_MAX][TILE_COLS_MAX];
 #if defined(VF_AVX2)
         if (FACTORED(type, rows) && xsum != NULL)
-            tile_factored(type, x, xsum, k_dim, col, ahead, sums);
+            tile_factored(type, cols, x, xsum, k_dim, col, ahead, sums);
         else if (rows > 1)
             tile8(type, rows, cols, x, k_dim, col, ahead, sums);
         else
@@ -542,7 +551,7 @@ void quant_rows_part(const float *x, const uint8_t *w, const Format *f, int exac
                      const float *bias, void *out, int out_bf16, int rows, int k_dim,
                      int n_dim, int64_t out_stride, int t, int count, const float *bounds) {
     const int64_t row_bytes = (int64_t)k_dim / f->block_size * f->type_size;
-    const int cols = COLS_FOR(rows), tiles = (n_dim + cols - 1) / cols;
+    const int cols = COLS_FOR(f->type, rows), tiles = (n_dim + cols - 1) / cols;
     int first, end;
     thread_run(tiles, t, count, bounds, &first, &end);
     if (SPLIT_ROW(f->type, rows)) {

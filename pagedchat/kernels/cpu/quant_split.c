@@ -115,18 +115,6 @@ static void split_x(const float *x, int k_dim, int type, int interleaved,
     }
 }
 
-/* A Q4_K block's eight 6-bit scales and minimums. */
-static inline void k_fields(const uint8_t *b, uint64_t *sc, uint64_t *mn) {
-    uint32_t s0, s1, s2;
-    memcpy(&s0, b + 4, 4);
-    memcpy(&s1, b + 8, 4);
-    memcpy(&s2, b + 12, 4);
-    const uint32_t sc_hi = (s2 & 0x0F0F0F0Fu) | ((s0 >> 2) & 0x30303030u);
-    const uint32_t mn_hi = ((s2 >> 4) & 0x0F0F0F0Fu) | ((s1 >> 2) & 0x30303030u);
-    *sc = (uint64_t)(s0 & 0x3F3F3F3Fu) | (uint64_t)sc_hi << 32;
-    *mn = (uint64_t)(s1 & 0x3F3F3F3Fu) | (uint64_t)mn_hi << 32;
-}
-
 /* The block's scale d (both formats keep it as float16). */
 static inline float k_scale(int type, const uint8_t *b) {
     return half_to_float(type == Q4_K ? b : b + 208);
@@ -281,8 +269,10 @@ tile_split(int type, int cols, const SplitX *x, int k_dim, const uint8_t *const 
     for (int c = 0; c < cols; c++) sums[c] = _mm512_reduce_add_ps(acc[c]);
 }
 #else
-#define SPLIT_COLS_MAX 2
-#define SPLIT_COLS(type) 2
+/* one column at a time: its weights are read as one stream, which the hardware's prefetcher
+ * follows (see COLS8_FOR in quant_int8.c) */
+#define SPLIT_COLS_MAX 1
+#define SPLIT_COLS(type) 1
 
 /* sum_j offset_j X_j of a block (see split_x for `offsets`: Q4_K: -dmin mn_j times -X_j in
  * lanes 8-15; Q6_K: d sc_j times -32 X_j), mn its minimums as k_fields gives them, as 8
