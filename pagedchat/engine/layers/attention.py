@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from pagedchat.engine.layers.linear import Linear
+from pagedchat.engine.layers.norm import RMSNorm
 from pagedchat.engine.layers.rotary import Rope
 from pagedchat.engine.model_config import ModelConfig
 from pagedchat.engine.parallel.tensor_parallel import TensorParallel
@@ -29,9 +30,12 @@ class AttentionMetadata:
 
 class Attention(nn.Module):
     """Column-parallel QKV over this worker's heads, row-parallel output projection. K/V are
-    read and written only through the kernels, via the block tables in the metadata."""
+    read and written only through the kernels, via the block tables in the metadata. With
+    ``qk_norm`` (an RMSNorm class: Qwen 3's, Gemma 3's), each head of Q and of K is normed
+    after the projection, before rotary and the K/V store, as transformers does."""
 
-    def __init__(self, config: ModelConfig, kernels: ModuleType, tp: TensorParallel) -> None:
+    def __init__(self, config: ModelConfig, kernels: ModuleType, tp: TensorParallel,
+                 qk_norm: type[RMSNorm] | None = None) -> None:
         super().__init__()
         self.tp = tp
         self.head_dim = config.head_dim
@@ -46,11 +50,25 @@ class Attention(nn.Module):
         self.kernels = kernels
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
+        self.q_norm = self.k_norm = None
+        if qk_norm is not None:
+            self.q_norm = qk_norm(self.head_dim, config.rms_norm_eps, kernels)
+            self.k_norm = qk_norm(self.head_dim, config.rms_norm_eps, kernels)
 
     def forward(self, x: torch.Tensor, rope: Rope, meta: AttentionMetadata) -> torch.Tensor:
-        q = self.kernels.rotary_store(self.qkv_proj(x), *rope, self.num_heads, self.k_cache,
-                                      self.v_cache, meta.slot_mapping)
-        return self.attend(q, self.k_cache, self.v_cache, meta)
+        return self.attend(self.rotate_store(x, rope, meta), self.k_cache, self.v_cache, meta)
+
+    def rotate_store(self, x: torch.Tensor, rope: Rope, meta: AttentionMetadata) -> torch.Tensor:
+        """The rotated (and normed) queries ``[tokens, heads, head_dim]``; the rotated keys
+        and the values written to the caches."""
+        qkv = self.qkv_proj(x)
+        if self.q_norm is not None:
+            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+            q, _ = self.q_norm(q.reshape(-1, self.head_dim))
+            k, _ = self.k_norm(k.reshape(-1, self.head_dim))
+            qkv = torch.cat((q.view(x.shape[0], -1), k.view(x.shape[0], -1), v), dim=-1)
+        return self.kernels.rotary_store(qkv, *rope, self.num_heads, self.k_cache,
+                                         self.v_cache, meta.slot_mapping)
 
     def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                meta: AttentionMetadata) -> torch.Tensor:

@@ -15,10 +15,9 @@ import torch
 from torch import nn
 
 from pagedchat.engine.kv_groups import LOCAL, kv_groups
-from pagedchat.engine.layers.attention import AttentionMetadata
+from pagedchat.engine.layers.attention import Attention, AttentionMetadata
 from pagedchat.engine.layers.mlp import MLP
 from pagedchat.engine.layers.norm import OffsetRMSNorm
-from pagedchat.engine.layers.qk_norm import QKNormAttention
 from pagedchat.engine.layers.rotary import Rope, RotaryEmbedding, rope_parameters
 from pagedchat.engine.layers.sliding_window import single_token_blocks, window_metadata, window_rows
 from pagedchat.engine.model_config import ModelConfig
@@ -26,7 +25,7 @@ from pagedchat.engine.models.causal_lm import CausalLM
 from pagedchat.engine.parallel.tensor_parallel import TensorParallel
 
 
-class Gemma3Attention(QKNormAttention):
+class Gemma3Attention(Attention):
     """The engine's attention with the per-head norms of Q and K (``1 + w``) before rotary and
     the K/V store, a query scale of its own, and over the window for a local layer (see
     ``layers/sliding_window.py``)."""
@@ -38,7 +37,7 @@ class Gemma3Attention(QKNormAttention):
         self.scale = float(config.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     def forward(self, x: torch.Tensor, rope: Rope, meta: AttentionMetadata) -> torch.Tensor:
-        return self.attend(self.normed_store(x, rope, meta), *self.caches(), meta)
+        return self.attend(self.rotate_store(x, rope, meta), *self.caches(), meta)
 
     def caches(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The K and V caches as this layer reads them: a local layer's seen as the window's

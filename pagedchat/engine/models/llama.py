@@ -19,7 +19,6 @@ from torch import nn
 from pagedchat.engine.layers.attention import Attention, AttentionMetadata
 from pagedchat.engine.layers.mlp import MLP
 from pagedchat.engine.layers.norm import RMSNorm
-from pagedchat.engine.layers.qk_norm import QKNormAttention
 from pagedchat.engine.layers.rotary import Rope, RotaryEmbedding, rope_parameters
 from pagedchat.engine.model_config import ModelConfig
 from pagedchat.engine.models.causal_lm import CausalLM
@@ -28,10 +27,10 @@ from pagedchat.engine.parallel.tensor_parallel import TensorParallel
 
 class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, kernels: ModuleType, tp: TensorParallel,
-                 attention: type[Attention] = Attention) -> None:
+                 qk_norm: type[RMSNorm] | None = None) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, kernels)
-        self.self_attn = attention(config, kernels, tp)
+        self.self_attn = Attention(config, kernels, tp, qk_norm)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, kernels)
         self.mlp = MLP(config, kernels, tp)
 
@@ -49,13 +48,13 @@ class DecoderLayer(nn.Module):
 class LlamaForCausalLM(CausalLM):
     """The embedding and the head hold this worker's rows of the vocabulary."""
 
-    attention: type[Attention] = Attention  # each layer's (Qwen 3's adds the QK-norm)
+    qk_norm: type[RMSNorm] | None = None  # each layer's attention's (Qwen 3's)
 
     def __init__(
         self, config: ModelConfig, kernels: ModuleType, tp: TensorParallel | None = None
     ) -> None:
         super().__init__(config, kernels, tp, lambda tp: [
-            DecoderLayer(config, kernels, tp, self.attention)
+            DecoderLayer(config, kernels, tp, self.qk_norm)
             for _ in range(config.num_hidden_layers)],
             RMSNorm(config.hidden_size, config.rms_norm_eps, kernels))
         self.rotary: RotaryEmbedding | None = None  # see build_rotary
@@ -86,7 +85,7 @@ class LlamaForCausalLM(CausalLM):
 
 def _qk_norms(attention: Attention) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The weights of the per-head norms of Q and K (Qwen 3's), or None where there are none."""
-    if not isinstance(attention, QKNormAttention):
+    if attention.q_norm is None:
         return None, None
     return attention.q_norm.weight, attention.k_norm.weight
 
@@ -95,5 +94,5 @@ class Qwen3ForCausalLM(LlamaForCausalLM):
     """Qwen 3: Llama's model with an RMSNorm over each head of Q and of K (QK-norm attention,
     which the CPU's decoder stack runs too)."""
 
-    attention = QKNormAttention
+    qk_norm = RMSNorm
     norms = (*LlamaForCausalLM.norms, "self_attn.q_norm", "self_attn.k_norm")
