@@ -232,11 +232,7 @@ typedef __m256 vec;
 #define vstore(p, v) _mm256_storeu_ps(p, v)
 #define vset1(x) _mm256_set1_ps(x)
 #define vfma(a, b, c) _mm256_fmadd_ps(a, b, c)
-static inline float vsum(vec v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
+static inline float vsum(vec v) { return sum8(v); }
 #else
 #define NC 4
 #define NV 2

@@ -23,18 +23,6 @@ static inline __m256i run_dot(int type, __m256i w, __m256i x) {
     return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
 }
 
-static inline float lane_sum(__m256 v) {
-    const __m128 four = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    const __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
-    return _mm_cvtss_f32(_mm_add_ss(two, _mm_movehdup_ps(two)));
-}
-
-/* The sum of a row and column's partial sums (PARTS8). */
-static inline __m256 part_sum(const __m256 part[4], int parts) {
-    __m256 sum = part[0];
-    for (int p = 1; p < parts; p++) sum = _mm256_add_ps(sum, part[p]);
-    return sum;
-}
 #endif
 
 /* Tiles of output columns whose sums stay in registers (one 8-lane vector per row and
@@ -115,7 +103,7 @@ tile8_blocks32(int type, int rows, int cols, const X8 *x, int k_dim,
         _mm256_storeu_ps(lanes, offsets[r][0]);
         _mm256_storeu_ps(lanes + 8, offsets[r][1]);
         for (int c = 0; c < cols; c++)
-            sums[r][c] = lane_sum(part_sum(acc[r][c], parts))
+            sums[r][c] = sum8(part_sum(acc[r][c], parts))
                          + (type == Q8_0 ? 0.0f : lanes[2 * c + with_min]);
     }
 }
@@ -198,7 +186,7 @@ tile8_k(int type, int rows, int cols, const X8 *x, int k_dim, const uint8_t *con
         }
     }
     for (int r = 0; r < rows; r++)
-        for (int c = 0; c < cols; c++) sums[r][c] = lane_sum(part_sum(acc[r][c], parts));
+        for (int c = 0; c < cols; c++) sums[r][c] = sum8(part_sum(acc[r][c], parts));
 }
 #endif
 

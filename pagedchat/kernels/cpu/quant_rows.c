@@ -332,12 +332,7 @@ tile8(int type, int rows, int cols, const float *x, int k_dim, const uint8_t *co
             }
     }
     for (int r = 0; r < rows; r++)
-        for (int c = 0; c < cols; c++) {
-            const __m128 four = _mm_add_ps(_mm256_castps256_ps128(acc[r][c]),
-                                           _mm256_extractf128_ps(acc[r][c], 1));
-            const __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
-            sums[r][c] = _mm_cvtss_f32(_mm_add_ss(two, _mm_movehdup_ps(two)));
-        }
+        for (int c = 0; c < cols; c++) sums[r][c] = sum8(acc[r][c]);
 }
 #endif
 
@@ -469,17 +464,12 @@ tile_factored(int type, int cols, const float *x, const float *xsum, int k_dim,
     }
     float offset[8];
     _mm256_storeu_ps(offset, offsets);
-    for (int c = 0; c < cols; c++) {
-        __m256 sum = acc[parts * c];
-        for (int part = 1; part < parts; part++) sum = _mm256_add_ps(sum, acc[parts * c + part]);
-        __m128 s = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
-        s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        s = _mm_add_ss(s, _mm_movehdup_ps(s));
-        sums[0][c] = _mm_cvtss_f32(s) + (type == Q4_1   ? offset[2 * c + 1]
-                                         : type == Q4_0 ? -8.0f * offset[2 * c]
-                                         : type == Q5_0 ? -16.0f * offset[2 * c]
-                                                        : 0.0f);
-    }
+    for (int c = 0; c < cols; c++)
+        sums[0][c] = sum8(part_sum(&acc[parts * c], parts))
+                     + (type == Q4_1   ? offset[2 * c + 1]
+                        : type == Q4_0 ? -8.0f * offset[2 * c]
+                        : type == Q5_0 ? -16.0f * offset[2 * c]
+                                       : 0.0f);
 }
 #else
 #define FACTORED(type, rows) 0

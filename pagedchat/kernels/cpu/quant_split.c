@@ -360,12 +360,7 @@ tile_split(int type, int cols, const SplitX *x, int k_dim, const uint8_t *const 
                                      acc[c]);
         }
     }
-    for (int c = 0; c < cols; c++) {
-        const __m128 four = _mm_add_ps(_mm256_castps256_ps128(acc[c]),
-                                       _mm256_extractf128_ps(acc[c], 1));
-        const __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
-        sums[c] = _mm_cvtss_f32(_mm_add_ss(two, _mm_movehdup_ps(two)));
-    }
+    for (int c = 0; c < cols; c++) sums[c] = sum8(acc[c]);
 }
 #endif
 

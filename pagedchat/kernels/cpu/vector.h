@@ -37,6 +37,25 @@ static inline vmask tail_mask(int n) {
     return n >= 16 ? (vmask)0xFFFF : n <= 0 ? (vmask)0 : (vmask)((1u << n) - 1u);
 }
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+
+/* The sum of v's 8 lanes: the halves added, then pairs, then the last two. */
+static inline float sum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+/* parts[0] + ... + parts[count - 1]: a sum kept in partial sums, so that several chains of
+ * multiply-adds are in flight. */
+static inline __m256 part_sum(const __m256 *parts, int count) {
+    __m256 sum = parts[0];
+    for (int p = 1; p < count; p++) sum = _mm256_add_ps(sum, parts[p]);
+    return sum;
+}
+#endif
+
 #define VF_LANES 16
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) \
@@ -185,12 +204,7 @@ static inline vf vf_fmadd(vf a, vf b, vf c) {
 static inline vf vf_fnmadd(vf a, vf b, vf c) {
     VF_BOTH(_mm256_fnmadd_ps(a.lo, b.lo, c.lo), _mm256_fnmadd_ps(a.hi, b.hi, c.hi));
 }
-static inline float vf_reduce_add(vf v) {
-    const __m256 s8 = _mm256_add_ps(v.lo, v.hi);
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
-}
+static inline float vf_reduce_add(vf v) { return sum8(_mm256_add_ps(v.lo, v.hi)); }
 static inline float vf_reduce_max(vf v) {
     const __m256 s8 = _mm256_max_ps(v.lo, v.hi);
     __m128 s = _mm_max_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
