@@ -284,6 +284,20 @@ def test_many_rows_product_spans_several_column_runs(kernels, threads):
     close(actual, quant.quantized_linear(x, weight, bias), 1e-5)
 
 
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_0"])
+def test_many_rows_product_takes_long_rows_in_steps(kernels, name):
+    """389 rows of 2,560 values (a prompt through a wide down projection): rows in whole
+    panels take k in steps (three, the last shorter), their partial sums kept between steps,
+    and the 5 rows past the last whole panel (of 48 rows, or 16) the whole row at once."""
+    weight = random_weight(name, 45, 2560, seed=13)
+    g = torch.Generator().manual_seed(13)
+    x, bias = torch.randn(389, 2560, generator=g), torch.randn(45, generator=g)
+    close(product_on_threads(kernels, 2, x, weight, bias),
+          quant.quantized_linear(x, weight, bias), 1e-5)
+    halves = product_on_threads(kernels, 2, x.bfloat16(), weight, bias)
+    close(halves, quant.quantized_linear(x.bfloat16(), weight, bias), 1e-2)
+
+
 @pytest.mark.parametrize("int8", [False, True])
 @pytest.mark.parametrize("rows", [1, 3, 53])
 def test_products_split_columns_as_the_threads_speeds_say(kernels, rows, int8):

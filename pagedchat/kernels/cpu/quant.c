@@ -261,6 +261,12 @@ static inline float vsum(vec v) {
 /* groups of NC columns decoded together: each panel of x, read once from the outer caches,
  * serves all of them from the inner ones */
 #define WIDE 8
+/* Where k_dim exceeds K_CHUNK and x has at least CHUNKED_PANELS full panels, k is taken in
+ * steps of at most K_CHUNK: a step of x's panels stays in the outer cache and of the decoded
+ * tile in the inner ones while every panel and group multiply them, where a whole panel
+ * and tile would overflow them (partial sums kept in memory between steps). */
+#define K_CHUNK 1024
+#define CHUNKED_PANELS 8
 
 /* Rows [0, XR) of x (stride k_dim; `count` of them, the rest zero) into a k-major panel. */
 static void pack_panel(const float *x, int count, int k_dim, float *panel) {
@@ -270,11 +276,13 @@ static void pack_panel(const float *x, int count, int k_dim, float *panel) {
                 panel[(int64_t)k * XR + r] = r < count ? x[(int64_t)r * k_dim + k] : 0.0f;
 }
 
-/* sums[c][r] = panel row r . tile column c, for XR rows and NC columns. */
-static void panel_tile(const float *panel, const float *tile, int k_dim, float sums[NC][XR]) {
+/* sums[c][r] = panel row r . tile column c, for XR rows and NC columns of k_dim values
+ * (or sums + that, where `add`). */
+static void panel_tile(const float *panel, const float *tile, int k_dim, int add,
+                       float sums[NC][XR]) {
     vec acc[NV][NC];
     for (int v = 0; v < NV; v++)
-        for (int c = 0; c < NC; c++) acc[v][c] = vzero();
+        for (int c = 0; c < NC; c++) acc[v][c] = add ? vload(sums[c] + v * VW) : vzero();
     for (int k = 0; k < k_dim; k++) {
         vec xv[NV];
         for (int v = 0; v < NV; v++) xv[v] = vload(panel + (int64_t)k * XR + v * VW);
@@ -340,16 +348,10 @@ put(const float *sums, int r_step, int c_step, const float *bias, void *out, int
 }
 
 /* out rows [0, count) x columns [n0, n0 + cols) (+ bias) = x rows [0, count) . the tile's
- * columns, count <= XR; where count >= PANEL_MIN, panel holds those rows packed. */
-static void panel_product(const float *x, const float *tile, const float *bias, void *out,
-                          int out_bf16, int count, int k_dim, int n0, int cols,
-                          int64_t out_stride, float *panel) {
-    if (count >= PANEL_MIN) {
-        float sums[NC][XR];
-        panel_tile(panel, tile, k_dim, sums);
-        put(&sums[0][0], 1, XR, bias, out, out_bf16, count, n0, cols, out_stride);
-        return;
-    }
+ * columns, for fewer rows than a panel takes: dot products of MR rows by NCI columns. */
+static void dot_product(const float *x, const float *tile, const float *bias, void *out,
+                        int out_bf16, int count, int k_dim, int n0, int cols,
+                        int64_t out_stride) {
     for (int m = 0; m < count; m += MR) {
         const int chunk = count - m < MR ? count - m : MR;
         for (int c0 = 0; c0 < cols; c0 += NCI) {
@@ -371,12 +373,72 @@ static void panel_product(const float *x, const float *tile, const float *bias, 
 #define FEW_ROWS 4
 #endif
 
+/* Rows [0, rows) of out (row stride out_stride), columns of the groups [g, end) of NC:
+ * x . W^T (+ bias), k taken `step` values at a time (a multiple of the block size; below
+ * k_dim only where every row is in a full panel). Returns 0, or 2 when out of memory. */
+static int product_rows(const float *x, const uint8_t *w, const Format *f, const float *bias,
+                        void *out, int out_bf16, int rows, int k_dim, int n_dim,
+                        int64_t out_stride, int g, int end, int step) {
+    const int64_t row_bytes = (int64_t)k_dim / f->block_size * f->type_size;
+    /* x is packed once per call, each full panel's rows k-major */
+    const int64_t packed = rows / XR * XR + (rows % XR >= PANEL_MIN ? XR : 0);
+    const int64_t partials = step < k_dim ? packed * (end - g) * NC : 0;
+    float *tile = aligned_alloc(
+        64, sizeof(float) * ((int64_t)WIDE * NC * step + packed * k_dim + partials));
+    if (tile == NULL) return 2;
+    float *xp = tile + (int64_t)WIDE * NC * step, *partial = xp + packed * k_dim;
+    for (int m = 0; m < packed; m += XR)
+        pack_panel(x + (int64_t)m * k_dim, rows - m < XR ? rows - m : XR, k_dim,
+                   xp + (int64_t)m * k_dim);
+    for (int k0 = 0; k0 < k_dim; k0 += step) {
+        const int len = k_dim - k0 < step ? k_dim - k0 : step, last = k0 + len == k_dim;
+        const int64_t at_k = (int64_t)k0 / f->block_size * f->type_size;
+        for (int gg = g; gg < end; gg += WIDE) {
+            const int wide = end - gg < WIDE ? end - gg : WIDE;
+            /* the last group's missing columns repeat its first */
+            for (int c = 0; c < wide * NC; c++) {
+                float *column = tile + (int64_t)c * len;
+                if (gg * NC + c < n_dim)
+                    decode_row(f, w + (gg * NC + c) * row_bytes + at_k, len, column);
+                else
+                    memcpy(column, tile + (int64_t)(c / NC * NC) * len, sizeof(float) * len);
+            }
+            for (int m = 0; m < rows; m += XR) {
+                const int count = rows - m < XR ? rows - m : XR;
+                const int64_t at = (int64_t)m * out_stride;
+                void *out_rows = out_bf16 ? (void *)((bf16_t *)out + at)
+                                          : (void *)((float *)out + at);
+                for (int j = 0; j < wide; j++) {
+                    const int first = (gg + j) * NC;
+                    const int cols = n_dim - first < NC ? n_dim - first : NC;
+                    const float *columns = tile + (int64_t)j * NC * len;
+                    if (count < PANEL_MIN) {
+                        dot_product(x + (int64_t)m * k_dim, columns, bias, out_rows, out_bf16,
+                                    count, k_dim, first, cols, out_stride);
+                        continue;
+                    }
+                    /* panel m / XR and group gg + j's partial sums, between steps */
+                    float here[NC][XR], (*sums)[XR] = partials == 0 ? here : (float (*)[XR])(
+                        partial + ((int64_t)m * (end - g) + (int64_t)(gg + j - g) * XR) * NC);
+                    panel_tile(xp + (int64_t)m * k_dim + (int64_t)k0 * XR, columns, len, k0 > 0,
+                               sums);
+                    if (last) put(&sums[0][0], 1, XR, bias, out_rows, out_bf16, count, first,
+                                  cols, out_stride);
+                }
+            }
+        }
+    }
+    free(tile);
+    return 0;
+}
+
 /* Thread t of a team of `threads`: its share of out[m][n] (row stride out_stride; float32, or
  * bfloat16 where out_bf16) = x[m] . W[n] (+ bias[n]) for W's n_dim rows of `type` blocks;
  * x float32 [rows, k_dim]. Returns 0, 1 for an unknown type, 2 when out of memory.
  * Threads take runs of groups of NC columns (equal, or as bounds has it: see thread_run);
- * each group is decoded once per call and multiplied with every panel of x. A type flagged
- * INT8_ACTIVATIONS goes to quant_int8.c (a few rows) or quant_int8_tile.c. */
+ * each group is decoded once per call (per step of k) and multiplied with every panel of
+ * x. A type flagged INT8_ACTIVATIONS goes to quant_int8.c (a few rows) or
+ * quant_int8_tile.c. */
 int quant_product_part(const float *x, const uint8_t *w, int type, const float *bias,
                        void *out, int out_bf16, int rows, int k_dim, int n_dim,
                        int64_t out_stride, int t, int threads, const float *bounds) {
@@ -393,40 +455,22 @@ int quant_product_part(const float *x, const uint8_t *w, int type, const float *
                         out_stride, t, threads, bounds);
         return 0;
     }
-    const int64_t row_bytes = (int64_t)k_dim / f.block_size * f.type_size;
-    const int groups = (n_dim + NC - 1) / NC;
     int g, end;
-    thread_run(groups, t, threads, bounds, &g, &end);
+    thread_run((n_dim + NC - 1) / NC, t, threads, bounds, &g, &end);
     if (g == end) return 0;
-    /* x is packed once per call, each full panel's rows k-major */
-    const int64_t packed = rows / XR * XR + (rows % XR >= PANEL_MIN ? XR : 0);
-    float *tile = aligned_alloc(64, sizeof(float) * (WIDE * NC + packed) * (size_t)k_dim);
-    if (tile == NULL) return 2;
-    float *xp = tile + (int64_t)WIDE * NC * k_dim;
-    for (int m = 0; m < packed; m += XR)
-        pack_panel(x + (int64_t)m * k_dim, rows - m < XR ? rows - m : XR, k_dim,
-                   xp + (int64_t)m * k_dim);
-    for (; g < end; g += WIDE) {
-        const int wide = end - g < WIDE ? end - g : WIDE;
-        /* the last group's missing columns repeat its first */
-        for (int c = 0; c < wide * NC; c++) {
-            float *column = tile + (int64_t)c * k_dim;
-            if (g * NC + c < n_dim) decode_row(&f, w + (g * NC + c) * row_bytes, k_dim, column);
-            else memcpy(column, tile + (int64_t)(c / NC * NC) * k_dim, sizeof(float) * k_dim);
-        }
-        for (int m = 0; m < rows; m += XR) {
-            const int64_t at = (int64_t)m * out_stride;
-            void *out_rows = out_bf16 ? (void *)((bf16_t *)out + at) : (void *)((float *)out + at);
-            for (int j = 0; j < wide; j++) {
-                const int first = (g + j) * NC, count = n_dim - first < NC ? n_dim - first : NC;
-                panel_product(x + (int64_t)m * k_dim, tile + (int64_t)j * NC * k_dim, bias,
-                              out_rows, out_bf16, rows - m < XR ? rows - m : XR, k_dim, first,
-                              count, out_stride, xp + (int64_t)m * k_dim);
-            }
-        }
-    }
-    free(tile);
-    return 0;
+    const int full = rows / XR * XR;
+    if (k_dim <= K_CHUNK || full < CHUNKED_PANELS * XR)
+        return product_rows(x, w, &f, bias, out, out_bf16, rows, k_dim, n_dim, out_stride,
+                            g, end, k_dim);
+    const int steps = (k_dim + K_CHUNK - 1) / K_CHUNK;
+    const int step = (k_dim / steps + f.block_size - 1) / f.block_size * f.block_size;
+    const int status = product_rows(x, w, &f, bias, out, out_bf16, full, k_dim, n_dim,
+                                    out_stride, g, end, step);
+    if (status != 0 || full == rows) return status;
+    const int64_t at = (int64_t)full * out_stride;
+    return product_rows(x + (int64_t)full * k_dim, w, &f, bias,
+                        out_bf16 ? (void *)((bf16_t *)out + at) : (void *)((float *)out + at),
+                        out_bf16, rows - full, k_dim, n_dim, out_stride, g, end, k_dim);
 }
 
 /* See kernels.h. */

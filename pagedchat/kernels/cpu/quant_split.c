@@ -120,11 +120,12 @@ static inline float k_scale(int type, const uint8_t *b) {
     return half_to_float(type == Q4_K ? b : b + 208);
 }
 
-#if defined(__AVX512BW__)
-/* columns a tile takes: Q6_K's unpacking keeps more registers busy */
-#define SPLIT_COLS_MAX 4
-#define SPLIT_COLS(type) ((type) == Q6_K ? 2 : 4)
+/* Columns a tile takes, on both levels: one at a time, its weights read as one stream, which
+ * the hardware's prefetcher follows (see COLS8_FOR in quant_int8.c). */
+#define SPLIT_COLS_MAX 1
+#define SPLIT_COLS(type) 1
 
+#if defined(__AVX512BW__)
 /* A Q6_K half-block's 128 integers q, unsigned (values 128 h to 128 h + 127, their ql
  * and qh at ql and qh): out[0]: values 0-63 (low nibbles of ql, high pairs 0 and 1 of qh),
  * out[1]: 64-127 (high nibbles, pairs 2 and 3). Each pair is moved to bits 4-5 by a 16-bit
@@ -269,11 +270,6 @@ tile_split(int type, int cols, const SplitX *x, int k_dim, const uint8_t *const 
     for (int c = 0; c < cols; c++) sums[c] = _mm512_reduce_add_ps(acc[c]);
 }
 #else
-/* one column at a time: its weights are read as one stream, which the hardware's prefetcher
- * follows (see COLS8_FOR in quant_int8.c) */
-#define SPLIT_COLS_MAX 1
-#define SPLIT_COLS(type) 1
-
 /* sum_j offset_j X_j of a block (see split_x for `offsets`: Q4_K: -dmin mn_j times -X_j in
  * lanes 8-15; Q6_K: d sc_j times -32 X_j), mn its minimums as k_fields gives them, as 8
  * lanes to add up. */
