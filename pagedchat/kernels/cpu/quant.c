@@ -365,9 +365,10 @@ static void dot_product(const float *x, const float *tile, const float *bias, vo
     }
 }
 
-/* The most rows the exact products send to quant_rows.c: on AVX2 tile8 keeps up to
- * QUANT_ROWS_MAX rows' sums in registers; the other levels' tiles, 4. */
-#if defined(VF_AVX2)
+/* The most rows the exact products send to quant_rows.c, whose tiles keep every row's sums
+ * in registers (on AVX2 tile8's): up to QUANT_ROWS_MAX on AVX2 and AVX-512, 4 on the
+ * portable level. */
+#if defined(VF_AVX2) || defined(VF_AVX512)
 #define FEW_ROWS QUANT_ROWS_MAX
 #else
 #define FEW_ROWS 4

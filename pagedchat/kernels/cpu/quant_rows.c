@@ -525,6 +525,10 @@ wide_columns(int type, int rows, const float *x, const uint8_t *w, int64_t row_b
 #define QUANT_WIDE_ROW_CASES(COLUMNS, TYPE)                                                \
     QUANT_ROW_CASE(wide_columns, TYPE, 5) QUANT_ROW_CASE(wide_columns, TYPE, 6)            \
     QUANT_ROW_CASE(wide_columns, TYPE, 7) QUANT_ROW_CASE(wide_columns, TYPE, 8)
+#elif defined(VF_AVX512)
+#define QUANT_WIDE_ROW_CASES(COLUMNS, TYPE)                                                \
+    QUANT_ROW_CASE(COLUMNS, TYPE, 5) QUANT_ROW_CASE(COLUMNS, TYPE, 6)                      \
+    QUANT_ROW_CASE(COLUMNS, TYPE, 7) QUANT_ROW_CASE(COLUMNS, TYPE, 8)
 #else
 #define QUANT_WIDE_ROW_CASES(COLUMNS, TYPE)
 #endif
