@@ -120,11 +120,6 @@ static inline float k_scale(int type, const uint8_t *b) {
     return half_to_float(type == Q4_K ? b : b + 208);
 }
 
-/* Columns a tile takes, on both levels: one at a time, its weights read as one stream, which
- * the hardware's prefetcher follows (see COLS8_FOR in quant_int8.c). */
-#define SPLIT_COLS_MAX 1
-#define SPLIT_COLS(type) 1
-
 #if defined(__AVX512BW__)
 /* A Q6_K half-block's 128 integers q, unsigned (values 128 h to 128 h + 127, their ql
  * and qh at ql and qh): out[0]: values 0-63 (low nibbles of ql, high pairs 0 and 1 of qh),
@@ -208,66 +203,52 @@ static inline void k_block_scales(int type, const uint8_t *b, __m512 s, __m512 *
     *dot = _mm512_mul_ps(*offset, s);
 }
 
-/* sums[c] = x . column c for the `cols` columns at col[c]; the offsets' terms come from the
- * sums of x, 16 lanes per block. Q4_K: each term's byte products summed in pairs times
- * the run's integer scale, the three terms' sums combined per block. Q6_K, whose 6-bit
- * integers take more instructions to unpack: per part of 64 values and column, a lane's
- * three terms' byte products, each four summed in integers, combined exactly as
- * 128 (128 (q . a) + (q . b)) + (q . c) (below 2^30), then turned to float32 and multiplied
- * by the lane's run's scale, so that a term costs one VNNI instruction per 64 weights. */
-static inline __attribute__((always_inline)) void
-tile_split(int type, int cols, const SplitX *x, int k_dim, const uint8_t *const col[],
-           int64_t ahead, float sums[TILE_COLS_MAX]) {
+/* x . the column at col; the offsets' terms come from the sums of x, 16 lanes per block.
+ * Q4_K: each term's byte products summed in pairs times the run's integer scale, the three
+ * terms' sums combined per block. Q6_K, whose 6-bit integers take more instructions to
+ * unpack: per part of 64 values, a lane's three terms' byte products, each four summed in
+ * integers, combined exactly as 128 (128 (q . a) + (q . b)) + (q . c) (below 2^30), then
+ * turned to float32 and multiplied by the lane's run's scale, so that a term costs one VNNI
+ * instruction per 64 weights. */
+static inline __attribute__((always_inline)) float
+column_split(int type, const SplitX *x, int k_dim, const uint8_t *col, int64_t ahead) {
     const int bytes = block_bytes(type);
-    __m512 acc[SPLIT_COLS_MAX];
-    for (int c = 0; c < cols; c++) acc[c] = _mm512_setzero_ps();
+    __m512 acc = _mm512_setzero_ps();
     for (int k = 0, at = 0; k < k_dim; k += 256, at += bytes) {
-        prefetch_lines_ahead(col, cols, at, bytes, ahead);
+        const uint8_t *b = col + at;
+        prefetch_lines_ahead(&col, 1, at, bytes, ahead);
         const __m512 s = _mm512_set1_ps(x->scale[k / 256]);
-        const __m512 offsets = _mm512_loadu_ps(x->offsets + k / 16);
-        __m512 dot_scale[SPLIT_COLS_MAX];
-        __m512i words[SPLIT_COLS_MAX], q6[SPLIT_COLS_MAX][2];
-        __m512i dot[SPLIT_TERMS][SPLIT_COLS_MAX];
-        for (int c = 0; c < cols; c++) {
-            __m512 offset;
-            k_block_scales(type, col[c] + at, s, &offset, &dot_scale[c], &words[c]);
-            acc[c] = _mm512_fmadd_ps(offset, offsets, acc[c]);
-            for (int t = 0; t < SPLIT_TERMS; t++) dot[t][c] = _mm512_setzero_si512();
-        }
+        __m512 offset, dot_scale;
+        __m512i words, q6[2], dot[SPLIT_TERMS];
+        k_block_scales(type, b, s, &offset, &dot_scale, &words);
+        acc = _mm512_fmadd_ps(offset, _mm512_loadu_ps(x->offsets + k / 16), acc);
+        for (int t = 0; t < SPLIT_TERMS; t++) dot[t] = _mm512_setzero_si512();
         for (int part = 0; part < 4; part++) {
             __m512i xt[SPLIT_TERMS];
             for (int t = 0; t < SPLIT_TERMS; t++)
                 xt[t] = _mm512_loadu_si512(x->term[t] + k + 64 * part);
             const __m512i index = k_run_index(type, part);
-            for (int c = 0; c < cols; c++) {
-                const uint8_t *b = col[c] + at;
-                if (type == Q4_K) {
-                    const __m512i q = q4k_part(b, part);
-                    const __m512i sc = _mm512_permutexvar_epi16(index, words[c]);
-                    for (int t = 0; t < SPLIT_TERMS; t++)
-                        dot[t][c] = dot_scaled(dot[t][c], q, xt[t], sc);
-                    continue;
-                }
-                if (part % 2 == 0)  /* the half's 128 integers */
-                    q6_half_bytes(b + 32 * part, b + 128 + 16 * part, q6[c]);
-                __m512i combined = dot4(_mm512_setzero_si512(), q6[c][part % 2], xt[0]);
-                for (int t = 1; t < SPLIT_TERMS; t++)
-                    combined = dot4(_mm512_slli_epi32(combined, 7), q6[c][part % 2], xt[t]);
-                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(combined),
-                                         _mm512_permutexvar_ps(index, dot_scale[c]), acc[c]);
+            if (type == Q4_K) {
+                const __m512i q = q4k_part(b, part);
+                const __m512i sc = _mm512_permutexvar_epi16(index, words);
+                for (int t = 0; t < SPLIT_TERMS; t++) dot[t] = dot_scaled(dot[t], q, xt[t], sc);
+                continue;
             }
+            if (part % 2 == 0)  /* the half's 128 integers */
+                q6_half_bytes(b + 32 * part, b + 128 + 16 * part, q6);
+            __m512i combined = dot4(_mm512_setzero_si512(), q6[part % 2], xt[0]);
+            for (int t = 1; t < SPLIT_TERMS; t++)
+                combined = dot4(_mm512_slli_epi32(combined, 7), q6[part % 2], xt[t]);
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(combined),
+                                  _mm512_permutexvar_ps(index, dot_scale), acc);
         }
         if (type == Q6_K) continue;
-        for (int c = 0; c < cols; c++) {
-            __m512 dots = _mm512_cvtepi32_ps(dot[0][c]);
-            for (int t = 1; t < SPLIT_TERMS; t++)
-                dots = _mm512_fmadd_ps(dots, _mm512_set1_ps(SPLIT_RATIO),
-                                       _mm512_cvtepi32_ps(dot[t][c]));
-            acc[c] = _mm512_fmadd_ps(
-                dots, _mm512_set1_ps(k_scale(Q4_K, col[c] + at) * x->scale[k / 256]), acc[c]);
-        }
+        __m512 dots = _mm512_cvtepi32_ps(dot[0]);
+        for (int t = 1; t < SPLIT_TERMS; t++)
+            dots = _mm512_fmadd_ps(dots, _mm512_set1_ps(SPLIT_RATIO), _mm512_cvtepi32_ps(dot[t]));
+        acc = _mm512_fmadd_ps(dots, _mm512_set1_ps(k_scale(Q4_K, b) * x->scale[k / 256]), acc);
     }
-    for (int c = 0; c < cols; c++) sums[c] = _mm512_reduce_add_ps(acc[c]);
+    return _mm512_reduce_add_ps(acc);
 }
 #else
 /* sum_j offset_j X_j of a block (see split_x for `offsets`: Q4_K: -dmin mn_j times -X_j in
@@ -310,67 +291,55 @@ static inline __m256i k_piece(int type, const uint8_t *b, int piece) {
     return _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
 }
 
-static inline __attribute__((always_inline)) void
-tile_split(int type, int cols, const SplitX *x, int k_dim, const uint8_t *const col[],
-           int64_t ahead, float sums[TILE_COLS_MAX]) {
+/* x . the column at col: per run of 32 values, each term's byte products summed in pairs
+ * times the run's scale, the three terms' sums combined per block. */
+static inline __attribute__((always_inline)) float
+column_split(int type, const SplitX *x, int k_dim, const uint8_t *col, int64_t ahead) {
     const int bytes = block_bytes(type);
-    __m256 acc[SPLIT_COLS_MAX];
-    for (int c = 0; c < cols; c++) acc[c] = _mm256_setzero_ps();
+    __m256 acc = _mm256_setzero_ps();
     for (int k = 0, at = 0; k < k_dim; k += 256, at += bytes) {
-        prefetch_lines_ahead(col, cols, at, bytes, ahead);
-        int16_t words[SPLIT_COLS_MAX][16];
-        __m256i dot[SPLIT_TERMS][SPLIT_COLS_MAX];
-        for (int c = 0; c < cols; c++) {
-            const uint8_t *b = col[c] + at;
-            uint64_t sc = 0, mn = 0;
-            if (type == Q4_K) {
-                k_fields(b, &sc, &mn);
-                for (int j = 0; j < 8; j++) words[c][j] = (int16_t)(sc >> 8 * j & 0xFF);
-            } else {
-                for (int j = 0; j < 16; j++) words[c][j] = (int8_t)b[192 + j];
-            }
-            for (int t = 0; t < SPLIT_TERMS; t++) dot[t][c] = _mm256_setzero_si256();
-            acc[c] = _mm256_add_ps(acc[c], k_offsets(type, b, mn, x->offsets + k / 16));
+        const uint8_t *b = col + at;
+        prefetch_lines_ahead(&col, 1, at, bytes, ahead);
+        int16_t words[16];
+        uint64_t sc = 0, mn = 0;
+        if (type == Q4_K) {
+            k_fields(b, &sc, &mn);
+            for (int j = 0; j < 8; j++) words[j] = (int16_t)(sc >> 8 * j & 0xFF);
+        } else {
+            for (int j = 0; j < 16; j++) words[j] = (int8_t)b[192 + j];
         }
+        __m256i dot[SPLIT_TERMS];
+        for (int t = 0; t < SPLIT_TERMS; t++) dot[t] = _mm256_setzero_si256();
+        acc = _mm256_add_ps(acc, k_offsets(type, b, mn, x->offsets + k / 16));
         for (int piece = 0; piece < 8; piece++) {
-            __m256i xt[SPLIT_TERMS];
+            const __m256i q = k_piece(type, b, piece);
+            const __m256i sc = type == Q4_K
+                ? _mm256_set1_epi16(words[piece])
+                : _mm256_setr_m128i(_mm_set1_epi16(words[2 * piece]),
+                                    _mm_set1_epi16(words[2 * piece + 1]));
             for (int t = 0; t < SPLIT_TERMS; t++)
-                xt[t] = _mm256_loadu_si256((const __m256i *)(x->term[t] + k + 32 * piece));
-            for (int c = 0; c < cols; c++) {
-                const __m256i q = k_piece(type, col[c] + at, piece);
-                const __m256i sc = type == Q4_K
-                    ? _mm256_set1_epi16(words[c][piece])
-                    : _mm256_setr_m128i(_mm_set1_epi16(words[c][2 * piece]),
-                                        _mm_set1_epi16(words[c][2 * piece + 1]));
-                for (int t = 0; t < SPLIT_TERMS; t++)
-                    dot[t][c] = dot_scaled(dot[t][c], q, xt[t], sc);
-            }
+                dot[t] = dot_scaled(dot[t], q, _mm256_loadu_si256(
+                    (const __m256i *)(x->term[t] + k + 32 * piece)), sc);
         }
-        const float s = x->scale[k / 256];
-        for (int c = 0; c < cols; c++) {
-            __m256 dots = _mm256_cvtepi32_ps(dot[0][c]);
-            for (int t = 1; t < SPLIT_TERMS; t++)
-                dots = _mm256_fmadd_ps(dots, _mm256_set1_ps(SPLIT_RATIO),
-                                       _mm256_cvtepi32_ps(dot[t][c]));
-            acc[c] = _mm256_fmadd_ps(dots, _mm256_set1_ps(k_scale(type, col[c] + at) * s),
-                                     acc[c]);
-        }
+        __m256 dots = _mm256_cvtepi32_ps(dot[0]);
+        for (int t = 1; t < SPLIT_TERMS; t++)
+            dots = _mm256_fmadd_ps(dots, _mm256_set1_ps(SPLIT_RATIO), _mm256_cvtepi32_ps(dot[t]));
+        acc = _mm256_fmadd_ps(dots, _mm256_set1_ps(k_scale(type, b) * x->scale[k / 256]), acc);
     }
-    for (int c = 0; c < cols; c++) sums[c] = sum8(acc[c]);
+    return sum8(acc);
 }
 #endif
 
+/* Columns [first, end), one at a time: each one's weights are read as one stream, which the
+ * hardware's prefetcher follows (see COLS8_FOR in quant_int8.c). */
 static inline __attribute__((always_inline)) void
 split_columns_of(int type, const SplitX *x, const uint8_t *w, int64_t row_bytes,
                  const float *bias, void *out, int out_bf16, int k_dim, int first, int end) {
-    const int64_t ahead = prefetch_distance(SPLIT_COLS(type) * row_bytes);
-    for (int n = first; n < end; n += SPLIT_COLS(type)) {
-        const int count = end - n < SPLIT_COLS(type) ? end - n : SPLIT_COLS(type);
-        const uint8_t *col[TILE_COLS_MAX];
-        tile_columns(w, row_bytes, n, count, SPLIT_COLS(type), col);
+    const int64_t ahead = prefetch_distance(row_bytes);
+    for (int n = first; n < end; n++) {
         float sums[QUANT_ROWS_MAX][TILE_COLS_MAX];
-        tile_split(type, SPLIT_COLS(type), x, k_dim, col, ahead, sums[0]);
-        store_tile(1, count, sums, bias, n, out, out_bf16, 0);
+        sums[0][0] = column_split(type, x, k_dim, w + (int64_t)n * row_bytes, ahead);
+        store_tile(1, 1, sums, bias, n, out, out_bf16, 0);
     }
 }
 
