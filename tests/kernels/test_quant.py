@@ -230,11 +230,13 @@ def test_product_reads_every_weight_exactly(kernels, name, chunk):
 
 
 @pytest.mark.parametrize("name", FORMATS)
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 9, 13, 33])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 9, 13, 30, 33])
 def test_product_matches_reference(kernels, name, rows):
     """45 columns: whole panels of the many-rows product and a part one, on every level;
     5 to 8 rows: the few-row tiles' widest (AVX2, AVX-512) or the many-row product (the
-    portable level), 9 past both; 33 rows: whole chunks of rows and a part one."""
+    portable level), 9 past both; 9, 13 and 30 rows of the K formats: the few-row tiles in
+    passes, below a panel's rows (AVX-512; 9 on AVX2); 33 rows: whole chunks of rows and a
+    part one."""
     width = 2 * FORMATS[name].block_size
     weight = random_weight(name, 45, width, seed=rows)
     g = torch.Generator().manual_seed(rows)

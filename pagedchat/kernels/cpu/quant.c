@@ -7,13 +7,13 @@
  * compiler contract them (the pragma below; cpu.py builds with -ffast-math). The sums of
  * the products may be in any order, as in every other product of this backend.
  *
- * A few rows of x (at most FEW_ROWS, below: a decode step) go to quant_rows.c, which
- * decodes in registers. For more, threads take runs of groups of NC output columns:
- * a thread decodes WIDE groups at a time into a float32 scratch and multiplies them with
- * every row of x, packed k-major in panels of XR rows, the sums in registers: the weights
- * are read from memory once and decoded once per call, whatever the row count. One path
- * per instruction set, picked by the compiler's macros: AVX-512, AVX2 with FMA, else plain
- * C.
+ * A few rows of x (at most FEW_ROWS, below: a decode step; in the K formats any count too
+ * small for a panel, in passes) go to quant_rows.c, which decodes in registers. For more,
+ * threads take runs of groups of NC output columns: a thread decodes WIDE groups at a time
+ * into a float32 scratch and multiplies them with every row of x, packed k-major in panels
+ * of XR rows, the sums in registers: the weights are read from memory once and decoded once
+ * per call, whatever the row count. One path per instruction set, picked by the compiler's
+ * macros: AVX-512, AVX2 with FMA, else plain C.
  */
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF
@@ -370,8 +370,12 @@ static void dot_product(const float *x, const float *tile, const float *bias, vo
  * portable level. */
 #if defined(VF_AVX2) || defined(VF_AVX512)
 #define FEW_ROWS QUANT_ROWS_MAX
+/* Rows too few for a panel (PANEL_MIN) would take dot products; in the K formats the
+ * few-row tiles are faster, even taken in several passes. */
+#define IN_PASSES(type, rows) ((type) >= Q4_K && (rows) < PANEL_MIN)
 #else
 #define FEW_ROWS 4
+#define IN_PASSES(type, rows) 0
 #endif
 
 /* Rows [0, rows) of out (row stride out_stride), columns of the groups [g, end) of NC:
@@ -451,9 +455,16 @@ int quant_product_part(const float *x, const uint8_t *w, int type, const float *
             out_stride, t, threads, bounds);
     Format f;
     if (!format_of(type, &f)) return 1;
-    if (rows <= FEW_ROWS) {
-        quant_rows_part(x, w, &f, exact_offsets, bias, out, out_bf16, rows, k_dim, n_dim,
-                        out_stride, t, threads, bounds);
+    if (rows <= FEW_ROWS || IN_PASSES(f.type, rows)) {
+        /* passes of at most FEW_ROWS rows, as even as the count allows */
+        const int passes = (rows + FEW_ROWS - 1) / FEW_ROWS;
+        for (int p = 0, m = 0, count; p < passes; p++, m += count) {
+            count = (rows - m) / (passes - p);
+            const int64_t at = (int64_t)m * out_stride;
+            quant_rows_part(x + (int64_t)m * k_dim, w, &f, exact_offsets, bias,
+                            out_bf16 ? (void *)((bf16_t *)out + at) : (void *)((float *)out + at),
+                            out_bf16, count, k_dim, n_dim, out_stride, t, threads, bounds);
+        }
         return 0;
     }
     int g, end;
