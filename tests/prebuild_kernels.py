@@ -1,8 +1,8 @@
-"""Compile the CPU kernels of every level this CPU runs besides the one in use, and on
-AVX-512 that level without this CPU's extensions (as ``tests/kernels/test_quant.py`` builds
-it), then move each library into the kernel cache folder given. The suite starts this at
-the lowest priority when it starts: the compilers take the cores the tests leave idle, and
-the tests of those levels find them built.
+"""Compile the CPU kernels of every level this CPU runs besides the one in use, and the
+avx2 and avx512 levels without the extensions this CPU adds to them (as
+``tests/kernels/test_quant.py`` builds them), then move each library into the kernel cache
+folder given. The suite starts this at the lowest priority when it starts: the compilers
+take the cores the tests leave idle, and the tests of those levels find them built.
 
 It builds in a cache of its own (``PAGEDCHAT_CACHE_DIR``, which the suite removes after
 stopping it), so that stopping it at any moment leaves nothing half written in the real one.
@@ -16,21 +16,19 @@ import os
 import sys
 from pathlib import Path
 
-import torch
-
 from pagedchat.kernels.cpu import build
 from pagedchat.paths import cache_root
 
 
 def main(target: Path) -> None:
     os.nice(19)
-    levels = [(level, build.AVX512_EXTENSIONS) for level in reversed(build.runnable_isas())
+    builds = [(level, False) for level in reversed(build.runnable_isas())
               if level != build.chosen_isa()]
-    if "avx512" in build.runnable_isas() and any(
-            getattr(torch.cpu, check, bool)() for check in build.AVX512_EXTENSIONS.values()):
-        levels.append(("avx512", {}))
-    for level, extensions in levels:
-        build.AVX512_EXTENSIONS = extensions
+    builds += [(level, True) for level in ("avx512", "avx2")
+               if level in build.runnable_isas() and build.extensions_added(level)]
+    extensions = build.AVX2_EXTENSIONS, build.AVX512_EXTENSIONS
+    for level, plain in builds:
+        build.AVX2_EXTENSIONS, build.AVX512_EXTENSIONS = ({}, {}) if plain else extensions
         build.build_level(level)
         for library in (cache_root() / "kernels").glob("*.so"):
             os.replace(library, target / library.name)

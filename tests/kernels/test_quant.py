@@ -180,22 +180,24 @@ def test_rows_are_taken_and_stacked_without_decoding():
         QuantizedWeight.from_blocks("IQ2_XS", torch.zeros(2, 18, dtype=torch.uint8), 32)
 
 
-@pytest.fixture(scope="module", params=[*build.ISAS, "avx512 without extensions"])
+@pytest.fixture(scope="module",
+                params=[*build.ISAS, "avx2 without extensions", "avx512 without extensions"])
 def library(request):
-    """The backend's kernels built for one instruction-set level this CPU runs; the avx512
-    level also as a CPU without the extensions this one adds to it (AVX512-VNNI, -BF16)
-    builds it, so that both ways of its int8 products are checked here."""
+    """The backend's kernels built for one instruction-set level this CPU runs; the avx2 and
+    avx512 levels also as a CPU without the extensions this one adds to them (AVX-VNNI;
+    AVX512-VNNI, -BF16) builds them, so that both ways of their integer products are
+    checked here."""
     level = request.param.split()[0]
     if level not in build.runnable_isas():
         pytest.skip(f"this CPU cannot run the {level} path")
+    extensions = "AVX2_EXTENSIONS" if level == "avx2" else "AVX512_EXTENSIONS"
     if request.param == level:
         library = build.kernel_library(level)
-    elif not any(getattr(torch.cpu, check, bool)()
-                 for check in build.AVX512_EXTENSIONS.values()):
-        pytest.skip("this CPU adds no extension to the avx512 level")
+    elif not build.extensions_added(level):
+        pytest.skip(f"this CPU adds no extension to the {level} level")
     else:
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(build, "AVX512_EXTENSIONS", {})
+            patch.setattr(build, extensions, {})
             library = build.build_level(level)
     if library is None:
         pytest.skip("no C compiler")

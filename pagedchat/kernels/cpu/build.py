@@ -60,6 +60,9 @@ _ISA_FLAGS = {
 # the compiler's macros for them: __AVX512BF16__, __AVX512VNNI__).
 AVX512_EXTENSIONS = {"-mavx512bf16": "_is_avx512_bf16_supported",
                       "-mavx512vnni": "_is_vnni_supported"}
+# Flags the avx2 level adds where /proc/cpuinfo lists the feature: AVX-VNNI, 256-bit VNNI
+# without AVX-512 (Intel's cores since Alder Lake; __AVXVNNI__ in the kernels).
+AVX2_EXTENSIONS = {"-mavxvnni": "avx_vnni"}
 # The C kernels come per element type, named with these suffixes.
 _SUFFIXES = {torch.float32: "f32", torch.bfloat16: "bf16"}
 P, INT, INT64, FLOAT = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
@@ -185,9 +188,7 @@ def build_level(level: str) -> ctypes.CDLL | None:
         log.warning("no C compiler found: using the (slower) torch reference kernels")
         return None
     flags = [*COMPILE_FLAGS, *_ISA_FLAGS[level]]
-    if level == "avx512":  # the extensions beyond the level's that this CPU has
-        flags += [flag for flag, check in AVX512_EXTENSIONS.items()
-                  if getattr(torch.cpu, check, bool)()]
+    flags += extensions_added(level)
     here = Path(__file__).parent
     identity = "|".join([*((here / name).read_text() for name in SOURCES + HEADERS), compiler,
                          *flags, platform.machine(), _cpu_flags()])
@@ -208,6 +209,18 @@ def build_level(level: str) -> ctypes.CDLL | None:
                     if detail.strip() else "", lower or "the torch reference")
         return None if lower is None else _library(lower)
     return library
+
+
+def extensions_added(level: str) -> list[str]:
+    """The compiler flags of the extensions beyond ``level``'s that this CPU has and the
+    level's build adds (:data:`AVX2_EXTENSIONS`, :data:`AVX512_EXTENSIONS`)."""
+    if level == "avx2":
+        return [flag for flag, feature in AVX2_EXTENSIONS.items()
+                if feature in _cpu_flags().split()]
+    if level == "avx512":
+        return [flag for flag, check in AVX512_EXTENSIONS.items()
+                if getattr(torch.cpu, check, bool)()]
+    return []
 
 
 def _set_signatures(library: ctypes.CDLL, signatures: dict[str, tuple[object, list]]) -> None:

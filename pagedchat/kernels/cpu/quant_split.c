@@ -269,9 +269,14 @@ static inline __m256 k_offsets(int type, const uint8_t *b, uint64_t mn, const fl
         _mm256_loadu_ps(offsets + 8), lo);
 }
 
-/* acc += (q . x) in pairs times the run's scale sc. */
+/* acc += (q . x) in pairs times the run's scale sc: AVX-VNNI's one instruction for the
+ * multiply-add of the pairs where the CPU has it. */
 static inline __m256i dot_scaled(__m256i acc, __m256i q, __m256i x, __m256i sc) {
+#if defined(__AVXVNNI__)
+    return _mm256_dpwssd_avx_epi32(acc, _mm256_maddubs_epi16(q, x), sc);
+#else
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), sc));
+#endif
 }
 
 /* 32 unsigned integers of the block at b, values 32 piece to 32 piece + 31. */
