@@ -97,9 +97,12 @@ static inline __attribute__((always_inline)) void tile_head(int type, const uint
     if (type >= Q4_K) {
         uint64_t sc, mn;
         k_fields(b, &sc, &mn);
-        const __m256 d = _mm256_set1_ps(half_to_float(b)), dmin = _mm256_set1_ps(half_to_float(b + 2));
-        const __m256 scales = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc)));
-        const __m256 mins = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn)));
+        const __m256 d = _mm256_set1_ps(half_to_float(b));
+        const __m256 dmin = _mm256_set1_ps(half_to_float(b + 2));
+        const __m256 scales =
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc)));
+        const __m256 mins =
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn)));
         _mm256_storeu_ps(h->scale, _mm256_mul_ps(d, scales));
         /* -(dmin * m), as head_of: the product's sign flipped, which is exact */
         _mm256_storeu_ps(h->offset, _mm256_xor_ps(_mm256_mul_ps(dmin, mins),
