@@ -26,9 +26,9 @@ def main(target: Path) -> None:
               if level != build.chosen_isa()]
     builds += [(level, True) for level in ("avx512", "avx2")
                if level in build.runnable_isas() and build.extensions_added(level)]
-    extensions = build.AVX2_EXTENSIONS, build.AVX512_EXTENSIONS
+    extensions = build.EXTENSIONS
     for level, plain in builds:
-        build.AVX2_EXTENSIONS, build.AVX512_EXTENSIONS = ({}, {}) if plain else extensions
+        build.EXTENSIONS = {**extensions, level: {}} if plain else extensions
         build.build_level(level)
         for library in (cache_root() / "kernels").glob("*.so"):
             os.replace(library, target / library.name)

@@ -56,13 +56,11 @@ _ISA_FLAGS = {
     "avx2": ["-march=x86-64-v3", "-mtune=generic"],
     "avx512": ["-march=x86-64-v4", "-mtune=native", "-mprefer-vector-width=512"],
 }
-# Flags the avx512 level adds where torch says the CPU has them (the kernels use them under
-# the compiler's macros for them: __AVX512BF16__, __AVX512VNNI__).
-AVX512_EXTENSIONS = {"-mavx512bf16": "_is_avx512_bf16_supported",
-                      "-mavx512vnni": "_is_vnni_supported"}
-# Flags the avx2 level adds where /proc/cpuinfo lists the feature: AVX-VNNI, 256-bit VNNI
-# without AVX-512 (Intel's cores since Alder Lake; __AVXVNNI__ in the kernels).
-AVX2_EXTENSIONS = {"-mavxvnni": "avx_vnni"}
+# Flags a level adds where the CPU has them (the kernels use them under the compiler's
+# macros: __AVXVNNI__, __AVX512BF16__, __AVX512VNNI__), as torch's check or /proc/cpuinfo's
+# flag says: AVX-VNNI is 256-bit VNNI without AVX-512 (Intel's cores since Alder Lake).
+EXTENSIONS = {"avx2": {"-mavxvnni": "avx_vnni"}, "avx512": {
+    "-mavx512bf16": "_is_avx512_bf16_supported", "-mavx512vnni": "_is_vnni_supported"}}
 # The C kernels come per element type, named with these suffixes.
 _SUFFIXES = {torch.float32: "f32", torch.bfloat16: "bf16"}
 P, INT, INT64, FLOAT = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
@@ -192,7 +190,8 @@ def build_level(level: str) -> ctypes.CDLL | None:
     here = Path(__file__).parent
     identity = "|".join([*((here / name).read_text() for name in SOURCES + HEADERS), compiler,
                          *flags, platform.machine(), _cpu_flags()])
-    target = cache_root() / "kernels" / f"cpu_kernels-{level}-{_digest(identity)}.so"
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
+    target = cache_root() / "kernels" / f"cpu_kernels-{level}-{digest}.so"
     try:
         if not target.is_file():
             with progress.task(f"compiling the C kernels for this CPU ({level}), once",
@@ -212,15 +211,10 @@ def build_level(level: str) -> ctypes.CDLL | None:
 
 
 def extensions_added(level: str) -> list[str]:
-    """The compiler flags of the extensions beyond ``level``'s that this CPU has and the
-    level's build adds (:data:`AVX2_EXTENSIONS`, :data:`AVX512_EXTENSIONS`)."""
-    if level == "avx2":
-        return [flag for flag, feature in AVX2_EXTENSIONS.items()
-                if feature in _cpu_flags().split()]
-    if level == "avx512":
-        return [flag for flag, check in AVX512_EXTENSIONS.items()
-                if getattr(torch.cpu, check, bool)()]
-    return []
+    """The flags of ``level``'s :data:`EXTENSIONS` that this CPU has."""
+    return [flag for flag, check in EXTENSIONS.get(level, {}).items()
+            if (getattr(torch.cpu, check, bool)() if check.startswith("_is_")
+                else check in _cpu_flags().split())]
 
 
 def _set_signatures(library: ctypes.CDLL, signatures: dict[str, tuple[object, list]]) -> None:
@@ -267,17 +261,10 @@ def _build(compiler: str, flags: list[str], target: Path, advance: progress.Adva
 
 
 def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
+    with contextlib.suppress(OSError):
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        return next((line for line in lines if line.startswith("flags")), platform.processor())
     return platform.processor()
-
-
-def _digest(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def kernel(name: str, *tensors: torch.Tensor | None):
