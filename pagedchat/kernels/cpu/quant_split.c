@@ -305,23 +305,29 @@ column_split(int type, const SplitX *x, int k_dim, const uint8_t *col, int64_t a
     for (int k = 0, at = 0; k < k_dim; k += 256, at += bytes) {
         const uint8_t *b = col + at;
         prefetch_lines_ahead(&col, 1, at, bytes, ahead);
-        int16_t words[16];
+        /* the block's integer scales as 16-bit words: Q4_K's 8 run scales, or Q6_K's 16 */
         uint64_t sc = 0, mn = 0;
+        __m256i words;
         if (type == Q4_K) {
             k_fields(b, &sc, &mn);
-            for (int j = 0; j < 8; j++) words[j] = (int16_t)(sc >> 8 * j & 0xFF);
+            words = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((int64_t)sc)));
         } else {
-            for (int j = 0; j < 16; j++) words[j] = (int8_t)b[192 + j];
+            words = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
         }
         __m256i dot[SPLIT_TERMS];
         for (int t = 0; t < SPLIT_TERMS; t++) dot[t] = _mm256_setzero_si256();
         acc = _mm256_add_ps(acc, k_offsets(type, b, mn, x->offsets + k / 16));
         for (int piece = 0; piece < 8; piece++) {
             const __m256i q = k_piece(type, b, piece);
+            /* Q4_K: word `piece` in every lane (both halves hold the 8); Q6_K: word 2 piece in
+             * the low 128 bits, word 2 piece + 1 in the high (the pair is 32-bit lane
+             * `piece`, spread, then each half keeps its word) */
             const __m256i sc = type == Q4_K
-                ? _mm256_set1_epi16(words[piece])
-                : _mm256_setr_m128i(_mm_set1_epi16(words[2 * piece]),
-                                    _mm_set1_epi16(words[2 * piece + 1]));
+                ? _mm256_shuffle_epi8(words, _mm256_set1_epi16((short)(0x0100 + 0x0202 * piece)))
+                : _mm256_shuffle_epi8(
+                      _mm256_permutevar8x32_epi32(words, _mm256_set1_epi32(piece)),
+                      _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
+                                       2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3));
             for (int t = 0; t < SPLIT_TERMS; t++)
                 dot[t] = dot_scaled(dot[t], q, _mm256_loadu_si256(
                     (const __m256i *)(x->term[t] + k + 32 * piece)), sc);
