@@ -347,6 +347,11 @@ put(const float *sums, int r_step, int c_step, const float *bias, void *out, int
     }
 }
 
+/* The output `at` elements on (float32, or bfloat16 where out_bf16). */
+static inline void *out_at(void *out, int out_bf16, int64_t at) {
+    return out_bf16 ? (void *)((bf16_t *)out + at) : (void *)((float *)out + at);
+}
+
 /* out rows [0, count) x columns [n0, n0 + cols) (+ bias) = x rows [0, count) . the tile's
  * columns, for fewer rows than a panel takes: dot products of MR rows by NCI columns. */
 static void dot_product(const float *x, const float *tile, const float *bias, void *out,
@@ -357,10 +362,8 @@ static void dot_product(const float *x, const float *tile, const float *bias, vo
         for (int c0 = 0; c0 < cols; c0 += NCI) {
             float sums[MR][NCI];
             dot_rows(x + (int64_t)m * k_dim, tile + (int64_t)c0 * k_dim, chunk, k_dim, sums);
-            const int64_t at = (int64_t)m * out_stride;
-            put(&sums[0][0], NCI, 1, bias,
-                out_bf16 ? (void *)((bf16_t *)out + at) : (void *)((float *)out + at), out_bf16,
-                chunk, n0 + c0, cols - c0 < NCI ? cols - c0 : NCI, out_stride);
+            put(&sums[0][0], NCI, 1, bias, out_at(out, out_bf16, (int64_t)m * out_stride),
+                out_bf16, chunk, n0 + c0, cols - c0 < NCI ? cols - c0 : NCI, out_stride);
         }
     }
 }
@@ -410,9 +413,7 @@ static int product_rows(const float *x, const uint8_t *w, const Format *f, const
             }
             for (int m = 0; m < rows; m += XR) {
                 const int count = rows - m < XR ? rows - m : XR;
-                const int64_t at = (int64_t)m * out_stride;
-                void *out_rows = out_bf16 ? (void *)((bf16_t *)out + at)
-                                          : (void *)((float *)out + at);
+                void *out_rows = out_at(out, out_bf16, (int64_t)m * out_stride);
                 for (int j = 0; j < wide; j++) {
                     const int first = (gg + j) * NC;
                     const int cols = n_dim - first < NC ? n_dim - first : NC;
@@ -460,10 +461,9 @@ int quant_product_part(const float *x, const uint8_t *w, int type, const float *
         const int passes = (rows + FEW_ROWS - 1) / FEW_ROWS;
         for (int p = 0, m = 0, count; p < passes; p++, m += count) {
             count = (rows - m) / (passes - p);
-            const int64_t at = (int64_t)m * out_stride;
             quant_rows_part(x + (int64_t)m * k_dim, w, &f, exact_offsets, bias,
-                            out_bf16 ? (void *)((bf16_t *)out + at) : (void *)((float *)out + at),
-                            out_bf16, count, k_dim, n_dim, out_stride, t, threads, bounds);
+                            out_at(out, out_bf16, (int64_t)m * out_stride), out_bf16, count,
+                            k_dim, n_dim, out_stride, t, threads, bounds);
         }
         return 0;
     }
@@ -479,10 +479,9 @@ int quant_product_part(const float *x, const uint8_t *w, int type, const float *
     const int status = product_rows(x, w, &f, bias, out, out_bf16, full, k_dim, n_dim,
                                     out_stride, g, end, step);
     if (status != 0 || full == rows) return status;
-    const int64_t at = (int64_t)full * out_stride;
     return product_rows(x + (int64_t)full * k_dim, w, &f, bias,
-                        out_bf16 ? (void *)((bf16_t *)out + at) : (void *)((float *)out + at),
-                        out_bf16, rows - full, k_dim, n_dim, out_stride, g, end, k_dim);
+                        out_at(out, out_bf16, (int64_t)full * out_stride), out_bf16,
+                        rows - full, k_dim, n_dim, out_stride, g, end, k_dim);
 }
 
 /* See kernels.h. */
