@@ -475,10 +475,11 @@ def test_int8_flag_follows_rows_shards_and_stacks():
     assert "int8 activations" in repr(weight)
 
 
-# One row of x times Q4_K / Q6_K on AVX2 and AVX-512 (quant_split.c): x split per group of
-# 256 into three 8-bit terms on power-of-two scales. Its contract: each value of x is kept to
-# 2^-21 of its group's largest, the rest exact integer arithmetic, so that the product stays
-# within float32's reach of the exact one, even where a group holds an outlier.
+# One row of x times Q4_K / Q6_K on AVX2 and AVX-512, and Q4_0 / Q5_0 / Q8_0 on AVX2
+# (quant_split.c): x split per group of 256 (32 for the formats of one scale per block) into
+# three 8-bit terms on power-of-two scales. Its contract: each value of x is kept to 2^-21 of
+# its group's largest, the rest exact integer arithmetic, so that the product stays within
+# float32's reach of the exact one, even where a group holds an outlier.
 
 SPLIT_WIDTH = 1024
 
@@ -487,7 +488,8 @@ def split_exact_product(x: torch.Tensor, weight) -> tuple[torch.Tensor, torch.Te
     """x . W in float64 from the reference's weights, and each output's error allowance:
     2^-21 of the group's largest |x| per weight (the split) plus float32 sums' rounding."""
     w = quant.dequantize(weight).double()
-    group_max = x.double().abs().reshape(-1, 256).amax(1).repeat_interleave(256)
+    group = 256 if weight.segments[0].format.block_size == 256 else 32
+    group_max = x.double().abs().reshape(-1, group).amax(1).repeat_interleave(group)
     allowance = 2.0 ** -21 * (w.abs() @ group_max) + 2e-6 * (w.abs() @ x.double().abs()[0])
     return x.double() @ w.T, allowance
 
@@ -504,9 +506,9 @@ def split_activations(kind: str) -> torch.Tensor:
     return x
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q4_0", "Q5_0", "Q8_0"])
 @pytest.mark.parametrize("kind", ["normal", "outliers", "wide", "zero group"])
-def test_one_row_k_quant_product_keeps_float32_precision(kernels, name, kind):
+def test_one_row_split_product_keeps_float32_precision(kernels, name, kind):
     weight = random_weight(name, 37, SPLIT_WIDTH, seed=3)
     x = split_activations(kind)
     expected, allowance = split_exact_product(x, weight)

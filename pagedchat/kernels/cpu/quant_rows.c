@@ -10,12 +10,12 @@
  * -0, which no sum begun at +0 can tell. The sums of the products are in another order
  * than quant.c's.
  *
- * On AVX2, one row of x times Q4_0, Q5_0, Q8_0, or Q4_1 with exact offsets (EXACT_OFFSETS)
- * is factored instead (tile_factored): a block's sum is d * (x . q) + m * sum(x), with
- * m = -8 d for Q4_0, -16 d for Q5_0 and 0 for Q8_0. Each weight d * q + m is then exact as a real number, so the
- * weights are still the reference's; only the rounding of the sums differs, as any order
- * of adding them does. It spares a multiply-add per weight, on the pipes that AVX2's
- * decoding of the weights keeps busy.
+ * On AVX2, one row of x times Q8_0, or Q4_1 with exact offsets (EXACT_OFFSETS), is factored
+ * instead (tile_factored): a block's sum is d * (x . q) + m * sum(x), with m = 0 for Q8_0.
+ * Each weight d * q + m is then exact as a real number, so the weights are still the
+ * reference's; only the rounding of the sums differs, as any order of adding them does. It
+ * spares a multiply-add per weight, on the pipes that AVX2's decoding of the weights keeps
+ * busy. (One row of Q4_0 and Q5_0 goes to quant_split.c.)
  */
 #include <omp.h>
 #include <stdint.h>
@@ -416,8 +416,7 @@ tile_one(int type, int cols, const float *x, int k_dim, const uint8_t *const col
 #error "tile_factored takes at most the four columns of a one-row tile"
 #endif
 /* Whether tile_factored takes this format (at one row). */
-#define FACTORED(type, rows) ((rows) == 1 && ((type) == Q4_0 || (type) == Q4_1 \
-                                              || (type) == Q5_0 || (type) == Q8_0))
+#define FACTORED(type, rows) ((rows) == 1 && ((type) == Q4_1 || (type) == Q8_0))
 
 /* 8 weights' integers q as float32, from the low or high nibbles of 8 widened bytes. */
 static inline __m256 low_nibbles(__m256i bytes) {
@@ -429,11 +428,8 @@ static inline __m256 high_nibbles(__m256i bytes) {
 
 /* sums[0][c] = x . column c for the `cols` (1 or 4) columns at col[c], one row of x;
  * xsum[b]: the sum of x's 32 values under block b. Per block and column: p = x . q (8
- * lanes), then acc += d * p; the offsets' terms m * xsum[b] of all columns go into one register
- * (the heads' lanes 2 c + 1: m of column c) and are added at the end. Q5_0's integers are
- * joined as bytes first (block32_bytes), 32 at a time, and widened from a buffer by loads
- * that widen as they load, where joining them 8 at a time in 32-bit lanes takes more
- * instructions. */
+ * lanes), then acc += d * p; Q4_1's offsets' terms m * xsum[b] of all columns go into one
+ * register (the heads' lanes 2 c + 1: m of column c) and are added at the end. */
 static inline __attribute__((always_inline)) void
 tile_factored(int type, int cols, const float *x, const float *xsum, int k_dim,
               const uint8_t *const col[], int64_t ahead,
@@ -444,31 +440,18 @@ tile_factored(int type, int cols, const float *x, const float *xsum, int k_dim,
     __m256 acc[4], offsets = _mm256_setzero_ps();
     for (int c = 0; c < 4; c++) acc[c] = _mm256_setzero_ps();
     const int bytes = block_bytes(type), skip = type == Q4_1 ? 4 : 2;
-    /* Q4_0's and Q5_0's heads hold weights where Q4_1's hold m: masked out, and -8 d or
-     * -16 d taken instead */
-    const __m256 kept = type == Q4_1 ? _mm256_castsi256_ps(_mm256_set1_epi32(-1))
-                                     : _mm256_castsi256_ps(_mm256_setr_epi32(
-                                           -1, 0, -1, 0, -1, 0, -1, 0));
     /* the heads widened a block ahead, into the other of two buffers (see tile) */
     float heads[2][8] __attribute__((aligned(32)));
     __m256 head = tile_heads4(col, cols, 0, 0);
     _mm256_store_ps(heads[0], head);
     for (int k = 0, at = 0, b = 0, i = 0; k < k_dim; k += 32, at += bytes, b++, i ^= 1) {
         prefetch_tile_ahead(col, cols, at, ahead);
-        if (type != Q8_0)
-            offsets = _mm256_fmadd_ps(_mm256_and_ps(head, kept),
-                                      _mm256_broadcast_ss(xsum + b), offsets);
+        if (type == Q4_1) offsets = _mm256_fmadd_ps(head, _mm256_broadcast_ss(xsum + b), offsets);
         if (k + 32 < k_dim) {
             head = tile_heads4(col, cols, at + bytes, 0);
             _mm256_store_ps(heads[i ^ 1], head);
         }
         __asm__("" : "+m"(heads));
-        uint8_t joined[4][32] __attribute__((aligned(32)));
-        if (type == Q5_0) {
-            for (int c = 0; c < cols; c++)
-                _mm256_store_si256((__m256i *)joined[c], block32_bytes(Q5_0, col[c] + at));
-            __asm__("" : "+m"(joined));  /* read back by the widening loads below */
-        }
         const __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8),
                      x2 = _mm256_loadu_ps(x + k + 16), x3 = _mm256_loadu_ps(x + k + 24);
         for (int c = 0; c < cols; c++) {
@@ -479,11 +462,6 @@ tile_factored(int type, int cols, const float *x, const float *xsum, int k_dim,
                 p = _mm256_fmadd_ps(x1, signed8(q + 8), p);
                 p = _mm256_fmadd_ps(x2, signed8(q + 16), p);
                 p = _mm256_fmadd_ps(x3, signed8(q + 24), p);
-            } else if (type == Q5_0) {
-                p = _mm256_mul_ps(x0, field8(joined[c], 0, 0xFF));
-                p = _mm256_fmadd_ps(x1, field8(joined[c] + 8, 0, 0xFF), p);
-                p = _mm256_fmadd_ps(x2, field8(joined[c] + 16, 0, 0xFF), p);
-                p = _mm256_fmadd_ps(x3, field8(joined[c] + 24, 0, 0xFF), p);
             } else {  /* byte j: weight j in its low nibble, weight j + 16 in its high */
                 const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q));
                 const __m256i b1 =
@@ -501,10 +479,7 @@ tile_factored(int type, int cols, const float *x, const float *xsum, int k_dim,
     _mm256_storeu_ps(offset, offsets);
     for (int c = 0; c < cols; c++)
         sums[0][c] = sum8(part_sum(&acc[parts * c], parts))
-                     + (type == Q4_1   ? offset[2 * c + 1]
-                        : type == Q4_0 ? -8.0f * offset[2 * c]
-                        : type == Q5_0 ? -16.0f * offset[2 * c]
-                                       : 0.0f);
+                     + (type == Q4_1 ? offset[2 * c + 1] : 0.0f);
 }
 #else
 #define FACTORED(type, rows) 0

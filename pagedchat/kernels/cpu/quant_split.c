@@ -76,6 +76,15 @@ static inline void split_lanes(const float *x, float s, float inverse,
 }
 #endif
 
+/* A group's scale s: a power of two with max|x| <= 127 s (at most twice the least), so that
+ * every scale is exact; 1 / s in *inverse (both 0 for a group of zeros). */
+static inline float split_scale(float amax, float *inverse) {
+    int e = 0;
+    frexpf(amax * (1.0f / 127.0f), &e);
+    *inverse = amax > 0.0f ? ldexpf(1.0f, -e) : 0.0f;
+    return amax > 0.0f ? ldexpf(1.0f, e) : 0.0f;
+}
+
 /* x's split terms (see the top of the file) and, per block of 256, the 16 values its
  * offsets multiply: Q4_K: 0 (8 lanes), then -X_j for its 8 runs of 32; Q6_K: -32 X_j for
  * its 16 runs of 16 (X_j: the run's float sum of x). Where `interleaved`, the second and
@@ -89,13 +98,8 @@ static void split_x(const float *x, int k_dim, int type, int interleaved,
             const vf v = vf_load(x + g + i);
             most = vf_max(most, vf_max(v, vf_sub(vf_zero(), v)));
         }
-        const float amax = vf_reduce_max(most);
-        /* s: a power of two with max|x| <= 127 s (at most twice the least), so that every
-         * scale is exact */
-        int e = 0;
-        frexpf(amax * (1.0f / 127.0f), &e);
-        const float s = amax > 0.0f ? ldexpf(1.0f, e) : 0.0f;
-        const float inverse = amax > 0.0f ? ldexpf(1.0f, -e) : 0.0f;
+        float inverse;
+        const float s = split_scale(vf_reduce_max(most), &inverse);
         for (int i = 0; i < SPLIT_GROUP; i += SPLIT_LANES) {
             const int of_128 = i / 32 % 4;
             const int at = g + i - 32 * of_128
@@ -339,6 +343,86 @@ column_split(int type, const SplitX *x, int k_dim, const uint8_t *col, int64_t a
     }
     return sum8(acc);
 }
+
+/* 128 (128 (q . a) + (q . b)) + (q . c) per 32-bit lane (four byte products each), exact in
+ * integers (below 2^31 for bytes q up to 255, as |a| <= 127 and |b|, |c| <= 64): AVX-VNNI's four-product sums shifted between the terms, or each
+ * term's byte products summed in pairs times its factor. */
+static inline __m256i terms_dot(__m256i q, const int8_t *a, const int8_t *b, const int8_t *c) {
+    const __m256i ta = _mm256_loadu_si256((const __m256i *)a),
+                  tb = _mm256_loadu_si256((const __m256i *)b),
+                  tc = _mm256_loadu_si256((const __m256i *)c);
+#if defined(__AVXVNNI__)
+    __m256i sum = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), q, ta);
+    sum = _mm256_dpbusd_avx_epi32(_mm256_slli_epi32(sum, 7), q, tb);
+    return _mm256_dpbusd_avx_epi32(_mm256_slli_epi32(sum, 7), q, tc);
+#else
+    const __m256i sum = _mm256_madd_epi16(_mm256_maddubs_epi16(q, ta),
+                                          _mm256_set1_epi16(128 * 128));
+    return dot_scaled(dot_scaled(sum, q, tb, _mm256_set1_epi16(128)), q, tc,
+                      _mm256_set1_epi16(1));
+#endif
+}
+
+/* The 32 unsigned integers q of a block in Q4_0, Q5_0 or Q8_0 (whose signed bytes are taken
+ * 128 up, as VNNI multiplies unsigned bytes by signed ones), and the offset of its weights
+ * d q + m in units of d. */
+static inline __m256i one_scale_bytes(int type, const uint8_t *b) {
+    if (type == Q8_0)
+        return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(b + 2)),
+                                _mm256_set1_epi8((char)0x80));
+    return block32_bytes(type, b);
+}
+#define ONE_SCALE_OFFSET(type) ((type) == Q4_0 ? -8.0f : (type) == Q5_0 ? -16.0f : -128.0f)
+
+/* sums[c] = x . column c for the `cols` (at most 4) columns at col[c], in Q4_0, Q5_0 or Q8_0
+ * with x split per block of 32 (x->offsets: each block's float sum of x): a block's sum is
+ * d s (128 (128 (q . a) + (q . b)) + (q . c)) + m X, every product of scales exact, so that
+ * a unit row of x picks each weight d q + m bit for bit. The columns'
+ * scales d are widened together (column c's in lane 2 c), their products d s left in memory
+ * for each column's broadcast to be a load, and the offsets' terms d X summed in one
+ * register. */
+static inline __attribute__((always_inline)) void
+columns_split32(int type, int cols, const SplitX *x, int k_dim, const uint8_t *const col[],
+                int64_t ahead, float sums[TILE_COLS_MAX]) {
+    const int bytes = block_bytes(type);
+    /* lanes 2 c + 1 hold two bytes of weights: masked out */
+    const __m256 scales_only = _mm256_castsi256_ps(_mm256_setr_epi32(-1, 0, -1, 0, -1, 0, -1, 0));
+    __m256 acc[4], offsets = _mm256_setzero_ps();
+    for (int c = 0; c < cols; c++) acc[c] = _mm256_setzero_ps();
+    for (int k = 0, at = 0; k < k_dim; k += 32, at += bytes) {
+        prefetch_tile_ahead(col, cols, at, ahead);
+        const __m256 d = _mm256_and_ps(tile_heads4(col, cols, at, 0), scales_only);
+        offsets = _mm256_fmadd_ps(d, _mm256_broadcast_ss(x->offsets + k / 32), offsets);
+        float ds[8] __attribute__((aligned(32)));
+        _mm256_store_ps(ds, _mm256_mul_ps(d, _mm256_broadcast_ss(x->scale + k / 32)));
+        for (int c = 0; c < cols; c++) {
+            const __m256i dots = terms_dot(one_scale_bytes(type, col[c] + at), x->term[0] + k,
+                                           x->term[1] + k, x->term[2] + k);
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots), _mm256_broadcast_ss(ds + 2 * c),
+                                     acc[c]);
+        }
+    }
+    float offset[8];
+    _mm256_storeu_ps(offset, offsets);
+    for (int c = 0; c < cols; c++)
+        sums[c] = sum8(acc[c]) + ONE_SCALE_OFFSET(type) * offset[2 * c];
+}
+
+/* x's terms per block of 32, each block's last-term scale s / 128^2 in scale[b] and its
+ * float sum of x in sums[b]. */
+static void split_x32(const float *x, int k_dim, int8_t *term[SPLIT_TERMS], float *scale,
+                      float *sums) {
+    for (int g = 0; g < k_dim; g += 32) {
+        const vf v0 = vf_load(x + g), v1 = vf_load(x + g + 16);
+        float inverse;
+        const float s = split_scale(vf_reduce_max(vf_max(vf_max(v0, vf_sub(vf_zero(), v0)),
+                                                         vf_max(v1, vf_sub(vf_zero(), v1)))),
+                                    &inverse);
+        for (int i = 0; i < 32; i += SPLIT_LANES) split_lanes(x + g + i, s, inverse, term, g + i);
+        scale[g / 32] = s * (1.0f / (SPLIT_RATIO * SPLIT_RATIO));
+        sums[g / 32] = vf_reduce_add(vf_add(v0, v1));
+    }
+}
 #endif
 
 /* Columns [first, end), one at a time: each one's weights are read as one stream, which the
@@ -354,6 +438,27 @@ split_columns_of(int type, const SplitX *x, const uint8_t *w, int64_t row_bytes,
     }
 }
 
+#if !defined(__AVX512BW__)
+/* Columns [first, end) in tiles of SPLIT32_COLS: x's terms, loaded once per block, serve the
+ * tile's columns; Q8_0's, longer, one column at a time, its weights read as one stream (see
+ * COLS8_FOR in quant_int8.c). */
+#define SPLIT32_COLS(type) ((type) == Q8_0 ? 1 : 4)
+static inline __attribute__((always_inline)) void
+split32_columns_of(int type, const SplitX *x, const uint8_t *w, int64_t row_bytes,
+                   const float *bias, void *out, int out_bf16, int k_dim, int first, int end) {
+    const int cols = SPLIT32_COLS(type);
+    const int64_t ahead = prefetch_distance(cols * row_bytes);
+    for (int n = first; n < end; n += cols) {
+        const int count = end - n < cols ? end - n : cols;
+        const uint8_t *col[TILE_COLS_MAX];
+        tile_columns(w, row_bytes, n, count, cols, col);
+        float sums[QUANT_ROWS_MAX][TILE_COLS_MAX];
+        columns_split32(type, cols, x, k_dim, col, ahead, sums[0]);
+        store_tile(1, count, sums, bias, n, out, out_bf16, 0);
+    }
+}
+#endif
+
 void split_row_columns(int type, const float *x, const uint8_t *w, int64_t row_bytes,
                        const float *bias, void *out, int out_bf16, int k_dim, int first,
                        int end) {
@@ -361,15 +466,25 @@ void split_row_columns(int type, const float *x, const uint8_t *w, int64_t row_b
     int8_t bytes[SPLIT_TERMS][k_dim];
     int8_t *term[SPLIT_TERMS];
     for (int t = 0; t < SPLIT_TERMS; t++) term[t] = bytes[t];
-    float scale[k_dim / SPLIT_GROUP], offsets[k_dim / 16];
+    float scale[k_dim / 32], offsets[k_dim / 16];
+    SplitX split = {.scale = scale, .offsets = offsets};
+    for (int t = 0; t < SPLIT_TERMS; t++) split.term[t] = term[t];
 #if defined(__AVX512BW__)
     const int interleaved = type == Q4_K;
 #else
     const int interleaved = 0;
+    if (type == Q4_0 || type == Q5_0 || type == Q8_0) {
+        split_x32(x, k_dim, term, scale, offsets);
+        if (type == Q4_0)
+            split32_columns_of(Q4_0, &split, w, row_bytes, bias, out, out_bf16, k_dim, first, end);
+        else if (type == Q5_0)
+            split32_columns_of(Q5_0, &split, w, row_bytes, bias, out, out_bf16, k_dim, first, end);
+        else
+            split32_columns_of(Q8_0, &split, w, row_bytes, bias, out, out_bf16, k_dim, first, end);
+        return;
+    }
 #endif
     split_x(x, k_dim, type, interleaved, term, scale, offsets);
-    SplitX split = {.scale = scale, .offsets = offsets};
-    for (int t = 0; t < SPLIT_TERMS; t++) split.term[t] = term[t];
     if (type == Q4_K)
         split_columns_of(Q4_K, &split, w, row_bytes, bias, out, out_bf16, k_dim, first, end);
     else
