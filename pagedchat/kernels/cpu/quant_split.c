@@ -1,5 +1,6 @@
 /* One row of x times Q4_K or Q6_K weights (a decode step) in integer products, on AVX2 and
- * AVX-512: decoding each weight to float32 leaves those products bound by instructions,
+ * AVX-512, and on AVX2 also Q4_0, Q5_0 and Q8_0 (their x split per block of 32: see
+ * columns_split32): decoding each weight to float32 leaves those products bound by instructions,
  * far from the memory's speed. x is split, per group of 256 values, into three rounded terms
  *     x ~ s (a + b / 128 + c / 128^2),  a = round(x / s),  b, c the rounded rests,
  * with s a power of two and |a| <= 127 (|b|, |c| <= 64), so that each value is off by at
