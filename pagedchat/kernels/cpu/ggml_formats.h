@@ -283,12 +283,15 @@ static inline __m256i block32_bytes(int type, const uint8_t *b) {
 #endif
 
 /* Output columns [first, end) of out[0][n] = x . W[n] (+ bias[n]) for one row of x and
- * W in Q4_K or Q6_K, on AVX2 also Q4_0, Q5_0 and with AVX-VNNI Q8_0 (row_bytes bytes a row), with x split into
- * three 8-bit terms (quant_split.c): where decode steps take them. */
+ * W in Q4_K or Q6_K, on AVX2 also Q4_0 and Q5_0, and Q8_0 where VNNI is (row_bytes bytes a
+ * row), with x split into three 8-bit terms (quant_split.c): where decode steps take them. */
 void split_row_columns(int type, const float *x, const uint8_t *w, int64_t row_bytes,
                        const float *bias, void *out, int out_bf16, int k_dim, int first,
                        int end);
-#if defined(__AVX512BW__)
+#if defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define SPLIT_ROW(type, rows) ((rows) == 1 && ((type) == Q4_K || (type) == Q6_K \
+                                               || (type) == Q8_0))
+#elif defined(__AVX512BW__)
 #define SPLIT_ROW(type, rows) ((rows) == 1 && ((type) == Q4_K || (type) == Q6_K))
 #elif defined(__AVXVNNI__)
 #define SPLIT_ROW(type, rows) ((rows) == 1 && ((type) == Q4_K || (type) == Q6_K \

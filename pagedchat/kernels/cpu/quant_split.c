@@ -1,7 +1,8 @@
 /* One row of x times Q4_K or Q6_K weights (a decode step) in integer products, on AVX2 and
- * AVX-512, and on AVX2 also Q4_0, Q5_0 and Q8_0 (their x split per block of 32: see
- * columns_split32): decoding each weight to float32 leaves those products bound by instructions,
- * far from the memory's speed. x is split, per group of 256 values, into three rounded terms
+ * AVX-512, and Q4_0 and Q5_0 on AVX2 and Q8_0 where VNNI is (their x split per block of 32:
+ * see columns_split32): decoding each weight to float32 leaves those products bound by
+ * instructions, far from the memory's speed. x is split, per group of 256 values, into three
+ * rounded terms
  *     x ~ s (a + b / 128 + c / 128^2),  a = round(x / s),  b, c the rounded rests,
  * with s a power of two and |a| <= 127 (|b|, |c| <= 64), so that each value is off by at
  * most 2^-21 of the group's largest: float32's reach, where llama.cpp's 8-bit activations
@@ -345,22 +346,30 @@ column_split(int type, const SplitX *x, int k_dim, const uint8_t *col, int64_t a
     return sum8(acc);
 }
 
+#endif
+
 /* 128 (128 (q . a) + (q . b)) + (q . c) per 32-bit lane (four byte products each), exact in
- * integers (below 2^31 for bytes q up to 255, as |a| <= 127 and |b|, |c| <= 64): AVX-VNNI's four-product sums shifted between the terms, or each
- * term's byte products summed in pairs times its factor. */
+ * integers (below 2^31 for bytes q up to 255, as |a| <= 127 and |b|, |c| <= 64): VNNI's
+ * four-product sums shifted between the terms, or each term's byte products summed in pairs
+ * times its factor. */
 static inline __m256i terms_dot(__m256i q, const int8_t *a, const int8_t *b, const int8_t *c) {
     const __m256i ta = _mm256_loadu_si256((const __m256i *)a),
                   tb = _mm256_loadu_si256((const __m256i *)b),
                   tc = _mm256_loadu_si256((const __m256i *)c);
-#if defined(__AVXVNNI__)
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    __m256i sum = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, ta);
+    sum = _mm256_dpbusd_epi32(_mm256_slli_epi32(sum, 7), q, tb);
+    return _mm256_dpbusd_epi32(_mm256_slli_epi32(sum, 7), q, tc);
+#elif defined(__AVXVNNI__)
     __m256i sum = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), q, ta);
     sum = _mm256_dpbusd_avx_epi32(_mm256_slli_epi32(sum, 7), q, tb);
     return _mm256_dpbusd_avx_epi32(_mm256_slli_epi32(sum, 7), q, tc);
 #else
-    const __m256i sum = _mm256_madd_epi16(_mm256_maddubs_epi16(q, ta),
-                                          _mm256_set1_epi16(128 * 128));
-    return dot_scaled(dot_scaled(sum, q, tb, _mm256_set1_epi16(128)), q, tc,
-                      _mm256_set1_epi16(1));
+    return _mm256_add_epi32(
+        _mm256_add_epi32(
+            _mm256_madd_epi16(_mm256_maddubs_epi16(q, ta), _mm256_set1_epi16(128 * 128)),
+            _mm256_madd_epi16(_mm256_maddubs_epi16(q, tb), _mm256_set1_epi16(128))),
+        _mm256_madd_epi16(_mm256_maddubs_epi16(q, tc), _mm256_set1_epi16(1)));
 #endif
 }
 
@@ -424,7 +433,6 @@ static void split_x32(const float *x, int k_dim, int8_t *term[SPLIT_TERMS], floa
         sums[g / 32] = vf_reduce_add(vf_add(v0, v1));
     }
 }
-#endif
 
 /* Columns [first, end), one at a time: each one's weights are read as one stream, which the
  * hardware's prefetcher follows (see COLS8_FOR in quant_int8.c). */
@@ -439,7 +447,6 @@ split_columns_of(int type, const SplitX *x, const uint8_t *w, int64_t row_bytes,
     }
 }
 
-#if !defined(__AVX512BW__)
 /* Columns [first, end) in tiles of SPLIT32_COLS: x's terms, loaded once per block, serve the
  * tile's columns; Q8_0's, longer, one column at a time, its weights read as one stream (see
  * COLS8_FOR in quant_int8.c). */
@@ -458,7 +465,6 @@ split32_columns_of(int type, const SplitX *x, const uint8_t *w, int64_t row_byte
         store_tile(1, count, sums, bias, n, out, out_bf16, 0);
     }
 }
-#endif
 
 void split_row_columns(int type, const float *x, const uint8_t *w, int64_t row_bytes,
                        const float *bias, void *out, int out_bf16, int k_dim, int first,
@@ -470,10 +476,6 @@ void split_row_columns(int type, const float *x, const uint8_t *w, int64_t row_b
     float scale[k_dim / 32], offsets[k_dim / 16];
     SplitX split = {.scale = scale, .offsets = offsets};
     for (int t = 0; t < SPLIT_TERMS; t++) split.term[t] = term[t];
-#if defined(__AVX512BW__)
-    const int interleaved = type == Q4_K;
-#else
-    const int interleaved = 0;
     if (type == Q4_0 || type == Q5_0 || type == Q8_0) {
         split_x32(x, k_dim, term, scale, offsets);
         if (type == Q4_0)
@@ -484,6 +486,10 @@ void split_row_columns(int type, const float *x, const uint8_t *w, int64_t row_b
             split32_columns_of(Q8_0, &split, w, row_bytes, bias, out, out_bf16, k_dim, first, end);
         return;
     }
+#if defined(__AVX512BW__)
+    const int interleaved = type == Q4_K;
+#else
+    const int interleaved = 0;
 #endif
     split_x(x, k_dim, type, interleaved, term, scale, offsets);
     if (type == Q4_K)
