@@ -149,14 +149,17 @@ def _sample(logits: torch.Tensor, rows: list[SampleRow], max_logsumexp: RowReduc
     if random:
         index = torch.tensor(random)
         probs = filter_logits(logits[index].float(), [rows[i] for i in random]).softmax(dim=1)
+        # The exponential race: each token's probability over an exponential draw, taken as
+        # -log(u) in one vectorised logarithm (torch's exponential_ takes a scalar one per
+        # value); a u of 0, an infinite draw, only leaves its token out of this race.
         noise = torch.empty_like(probs)
         shared = [j for j, i in enumerate(random) if rows[i].generator is None]
         if shared:
-            noise[shared] = torch.empty(len(shared), probs.shape[1]).exponential_()
+            noise[shared] = torch.rand(len(shared), probs.shape[1])
         for j, i in enumerate(random):
             if rows[i].generator is not None:
-                noise[j].exponential_(generator=rows[i].generator)
-        chosen[index] = (probs / noise).argmax(dim=1)
+                torch.rand(probs.shape[1], generator=rows[i].generator, out=noise[j])
+        chosen[index] = (probs / noise.log_().neg_()).argmax(dim=1)
         top = logits.gather(1, chosen.unsqueeze(1)).squeeze(1).float()
     picked = top - normaliser
     return chosen.tolist(), picked.tolist()
