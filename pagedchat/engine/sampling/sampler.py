@@ -85,23 +85,24 @@ def filter_logits(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
     return logits
 
 
-_TOP_P_CANDIDATES = 256
+# Candidate counts tried in turn for top-p (nearly every row's mass reaches it among the
+# first; a wider count costs a fraction of a full sort), then the whole vocabulary.
+_TOP_P_CANDIDATES = (256, 4096, 32768)
 
 
 def _outside_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Tokens outside the smallest most-likely set whose mass reaches ``top_p``: found among
-    the top 256 tokens where their mass reaches it (nearly always), sparing a sort of the
-    whole vocabulary; other rows are sorted in full."""
+    """Tokens outside the smallest most-likely set whose mass reaches ``top_p``, found among
+    each row's fewest candidates whose mass reaches it."""
     probs = logits.softmax(dim=1)
-    count = min(_TOP_P_CANDIDATES, probs.shape[1])
-    values, order = probs.topk(count, dim=1)
-    mass_before = values.cumsum(dim=1) - values
-    covered = mass_before[:, -1] + values[:, -1] >= top_p
-    if not bool(covered.all()):
-        values, order = probs.sort(dim=1, descending=True)
-        mass_before = values.cumsum(dim=1) - values
     keep = torch.zeros_like(probs, dtype=torch.bool)
-    keep.scatter_(1, order, mass_before < top_p.unsqueeze(1))
+    rows = torch.arange(probs.shape[0])
+    for count in (*_TOP_P_CANDIDATES, probs.shape[1]):
+        values, order = probs[rows].topk(min(count, probs.shape[1]), dim=1)
+        mass_before = values.cumsum(dim=1) - values
+        covered = (mass_before[:, -1] + values[:, -1] >= top_p[rows]) | (count >= probs.shape[1])
+        done, rows = rows[covered], rows[~covered]
+        keep[done] = torch.zeros(len(done), probs.shape[1], dtype=torch.bool).scatter_(
+            1, order[covered], mass_before[covered] < top_p[done].unsqueeze(1))
     return ~keep
 
 
@@ -149,16 +150,11 @@ def _sample(logits: torch.Tensor, rows: list[SampleRow], max_logsumexp: RowReduc
     if random:
         index = torch.tensor(random)
         probs = filter_logits(logits[index].float(), [rows[i] for i in random]).softmax(dim=1)
-        # The exponential race: each token's probability over an exponential draw, taken as
-        # -log(u) in one vectorised logarithm (torch's exponential_ takes a scalar one per
-        # value); a u of 0, an infinite draw, only leaves its token out of this race.
+        # The exponential race, its draws -log(u) in one vectorised logarithm (exponential_
+        # takes a scalar one per value); a u of 0 only leaves its token out of this race.
         noise = torch.empty_like(probs)
-        shared = [j for j, i in enumerate(random) if rows[i].generator is None]
-        if shared:
-            noise[shared] = torch.rand(len(shared), probs.shape[1])
-        for j, i in enumerate(random):
-            if rows[i].generator is not None:
-                torch.rand(probs.shape[1], generator=rows[i].generator, out=noise[j])
+        for j, i in enumerate(random):  # a row without a generator takes torch's own
+            torch.rand(probs.shape[1], generator=rows[i].generator, out=noise[j])
         chosen[index] = (probs / noise.log_().neg_()).argmax(dim=1)
         top = logits.gather(1, chosen.unsqueeze(1)).squeeze(1).float()
     picked = top - normaliser

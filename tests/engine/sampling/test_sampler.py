@@ -36,14 +36,18 @@ def test_top_p_keeps_the_smallest_set_reaching_p(top_p, expected):
 
 
 def test_top_p_over_a_wide_vocabulary_matches_a_full_sort():
+    """Rows whose nucleus lies within the top 256 candidates, within 4,096, and beyond both
+    (sorted in full) in one batch."""
     gen = torch.Generator().manual_seed(0)
     flat = torch.randn(3, 5000, generator=gen) * 0.3  # mass spread beyond 256 tokens
     peaked = torch.randn(3, 5000, generator=gen) * 6.0
-    logits = torch.cat([flat, peaked])
-    rows = [row(top_p=0.9) for _ in range(6)]
+    even = torch.randn(2, 5000, generator=gen) * 0.01  # beyond 4,096
+    logits = torch.cat([flat, peaked, even])
+    rows = [row(top_p=0.9) for _ in range(8)]
     out = filter_logits(logits.clone(), rows)
     probs = logits.softmax(dim=1)
-    for i in range(6):
+    assert int(torch.isfinite(out[6]).sum()) > 4096
+    for i in range(8):
         values, order = probs[i].sort(descending=True)
         expected = set(order[(values.cumsum(0) - values) < 0.9].tolist())
         assert set(torch.isfinite(out[i]).nonzero().flatten().tolist()) == expected
