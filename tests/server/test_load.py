@@ -46,8 +46,9 @@ async def hang_up(http: httpx.AsyncClient, index: int) -> int:
 
 
 async def give_up(url: str, index: int) -> None:
-    """A non-streamed request whose client stops waiting."""
-    async with httpx.AsyncClient(base_url=url, timeout=0.5) as http:
+    """A non-streamed request whose client stops waiting for the answer: only the read is
+    timed out, so that under load the request still reaches the server before it does."""
+    async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(30.0, read=0.5)) as http:
         with pytest.raises(httpx.TimeoutException):
             await http.post("/v1/chat/completions", json=chat_body(index, 850, stream=False))
 
