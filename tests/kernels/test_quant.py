@@ -516,6 +516,20 @@ def test_one_row_split_product_keeps_float32_precision(kernels, name, kind):
     assert bool((error <= allowance).all()), f"worst excess {(error / allowance).max():.2f}x"
 
 
+@pytest.mark.parametrize("byte", [127, -128])
+def test_one_row_q8_0_product_at_the_integer_sums_limit(kernels, byte):
+    """Every Q8_0 integer at an end of its range (127: 255 once taken 128 up, the largest
+    four-product sum the VNNI products hold below 2^31) against x at its group's largest:
+    the product stays exact where an overflow would wrap."""
+    blocks = torch.full((4 * SPLIT_WIDTH // 32, 34), byte & 0xFF, dtype=torch.uint8)
+    blocks[:, 0:2] = torch.tensor([1.0], dtype=torch.float16).view(torch.uint8)
+    weight = QuantizedWeight.from_blocks("Q8_0", blocks.reshape(4, -1), SPLIT_WIDTH)
+    x = torch.full((1, SPLIT_WIDTH), 127 * (1 - 2.0 ** -10) / 16)  # the first term 127
+    expected, allowance = split_exact_product(x, weight)
+    error = (kernels.quantized_linear(x, weight).double() - expected).abs()
+    assert bool((error <= allowance).all())
+
+
 def test_the_allowance_is_tight_enough_to_tell_two_terms_from_three():
     """The allowance above would not pass a split of two terms (2^-14 of a group's largest):
     rounding x so, as a two-term split would, exceeds it."""
