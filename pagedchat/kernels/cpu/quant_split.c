@@ -434,34 +434,23 @@ static void split_x32(const float *x, int k_dim, int8_t *term[SPLIT_TERMS], floa
     }
 }
 
-/* Columns [first, end), one at a time: each one's weights are read as one stream, which the
- * hardware's prefetcher follows (see COLS8_FOR in quant_int8.c). */
+/* Columns [first, end) in tiles of SPLIT_COLS: Q4_0's and Q5_0's four, which x's terms,
+ * loaded once per block, serve together; the K formats' and Q8_0's longer ones one at a
+ * time, each one's weights read as one stream, which the hardware's prefetcher follows (see
+ * COLS8_FOR in quant_int8.c). */
+#define SPLIT_COLS(type) ((type) == Q4_0 || (type) == Q5_0 ? 4 : 1)
 static inline __attribute__((always_inline)) void
 split_columns_of(int type, const SplitX *x, const uint8_t *w, int64_t row_bytes,
                  const float *bias, void *out, int out_bf16, int k_dim, int first, int end) {
-    const int64_t ahead = prefetch_distance(row_bytes);
-    for (int n = first; n < end; n++) {
-        float sums[QUANT_ROWS_MAX][TILE_COLS_MAX];
-        sums[0][0] = column_split(type, x, k_dim, w + (int64_t)n * row_bytes, ahead);
-        store_tile(1, 1, sums, bias, n, out, out_bf16, 0);
-    }
-}
-
-/* Columns [first, end) in tiles of SPLIT32_COLS: x's terms, loaded once per block, serve the
- * tile's columns; Q8_0's, longer, one column at a time, its weights read as one stream (see
- * COLS8_FOR in quant_int8.c). */
-#define SPLIT32_COLS(type) ((type) == Q8_0 ? 1 : 4)
-static inline __attribute__((always_inline)) void
-split32_columns_of(int type, const SplitX *x, const uint8_t *w, int64_t row_bytes,
-                   const float *bias, void *out, int out_bf16, int k_dim, int first, int end) {
-    const int cols = SPLIT32_COLS(type);
+    const int cols = SPLIT_COLS(type);
     const int64_t ahead = prefetch_distance(cols * row_bytes);
     for (int n = first; n < end; n += cols) {
         const int count = end - n < cols ? end - n : cols;
         const uint8_t *col[TILE_COLS_MAX];
         tile_columns(w, row_bytes, n, count, cols, col);
         float sums[QUANT_ROWS_MAX][TILE_COLS_MAX];
-        columns_split32(type, cols, x, k_dim, col, ahead, sums[0]);
+        if (type >= Q4_K) sums[0][0] = column_split(type, x, k_dim, col[0], ahead);
+        else columns_split32(type, cols, x, k_dim, col, ahead, sums[0]);
         store_tile(1, count, sums, bias, n, out, out_bf16, 0);
     }
 }
@@ -476,25 +465,22 @@ void split_row_columns(int type, const float *x, const uint8_t *w, int64_t row_b
     float scale[k_dim / 32], offsets[k_dim / 16];
     SplitX split = {.scale = scale, .offsets = offsets};
     for (int t = 0; t < SPLIT_TERMS; t++) split.term[t] = term[t];
-    if (type == Q4_0 || type == Q5_0 || type == Q8_0) {
-        split_x32(x, k_dim, term, scale, offsets);
-        if (type == Q4_0)
-            split32_columns_of(Q4_0, &split, w, row_bytes, bias, out, out_bf16, k_dim, first, end);
-        else if (type == Q5_0)
-            split32_columns_of(Q5_0, &split, w, row_bytes, bias, out, out_bf16, k_dim, first, end);
-        else
-            split32_columns_of(Q8_0, &split, w, row_bytes, bias, out, out_bf16, k_dim, first, end);
-        return;
-    }
 #if defined(__AVX512BW__)
     const int interleaved = type == Q4_K;
 #else
     const int interleaved = 0;
 #endif
-    split_x(x, k_dim, type, interleaved, term, scale, offsets);
-    if (type == Q4_K)
-        split_columns_of(Q4_K, &split, w, row_bytes, bias, out, out_bf16, k_dim, first, end);
-    else
-        split_columns_of(Q6_K, &split, w, row_bytes, bias, out, out_bf16, k_dim, first, end);
+    if (type < Q4_K) split_x32(x, k_dim, term, scale, offsets);
+    else split_x(x, k_dim, type, interleaved, term, scale, offsets);
+    /* each format's loops with its type a constant */
+#define SPLIT_CASE(TYPE)                                                                   \
+    case TYPE:                                                                             \
+        split_columns_of(TYPE, &split, w, row_bytes, bias, out, out_bf16, k_dim, first,   \
+                         end);                                                             \
+        break;
+    switch (type) {
+        SPLIT_CASE(Q4_0) SPLIT_CASE(Q5_0) SPLIT_CASE(Q8_0) SPLIT_CASE(Q4_K) SPLIT_CASE(Q6_K)
+    }
+#undef SPLIT_CASE
 }
 #endif
