@@ -85,8 +85,7 @@ def filter_logits(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
     return logits
 
 
-# Candidate counts tried in turn for top-p (nearly every row's mass reaches it among the
-# first; a wider count costs a fraction of a full sort), then the whole vocabulary.
+# Top-p's candidate counts in turn (most rows' mass reaches it in the first), then all.
 _TOP_P_CANDIDATES = (256, 4096, 32768)
 
 
@@ -103,6 +102,8 @@ def _outside_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
         done, rows = rows[covered], rows[~covered]
         keep[done] = torch.zeros(len(done), probs.shape[1], dtype=torch.bool).scatter_(
             1, order[covered], mass_before[covered] < top_p[done].unsqueeze(1))
+        if not len(rows):
+            break
     return ~keep
 
 
