@@ -27,7 +27,8 @@ class KernelBackend(Protocol):
                         v_cache: torch.Tensor, block_tables: torch.Tensor,
                         context_lens: torch.Tensor, query_start_loc: torch.Tensor,
                         scale: float, *, max_query_len: int | None = None,
-                        max_context_len: int | None = None) -> torch.Tensor: ...
+                        max_context_len: int | None = None,
+                        window: int | None = None) -> torch.Tensor: ...
 
     def copy_blocks(self, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
                     block_mapping: torch.Tensor) -> None: ...

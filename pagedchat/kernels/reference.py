@@ -49,21 +49,25 @@ def write_slots(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
     v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, value.to(v_cache.dtype))
 
 
-def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, context_len: int) -> torch.Tensor:
-    """The first ``context_len`` cached rows of one sequence, ``[context_len, kv_heads, dim]``
-    (de-quantized to float32 from an int8 cache)."""
+def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, context_len: int,
+              first: int = 0) -> torch.Tensor:
+    """The cached rows ``first .. context_len - 1`` of one sequence, ``[context_len - first,
+    kv_heads, dim]`` (de-quantized to float32 from an int8 cache); the table is read from
+    the block of ``first`` on."""
     block_size = cache.shape[1]
     num_blocks = (context_len + block_size - 1) // block_size
-    blocks = block_table[:num_blocks].long()
-    rows = cache[blocks].reshape(-1, *cache.shape[2:])[:context_len]
+    skipped = first // block_size
+    blocks = block_table[skipped:num_blocks].long()
+    rows = cache[blocks].reshape(-1, *cache.shape[2:])[first - skipped * block_size:
+                                                       context_len - skipped * block_size]
     return dequantize(rows) if cache.dtype == torch.int8 else rows
 
 
 def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     block_tables: torch.Tensor, context_lens: torch.Tensor,
                     query_start_loc: torch.Tensor, scale: float, *,
-                    max_query_len: int | None = None,
-                    max_context_len: int | None = None) -> torch.Tensor:
+                    max_query_len: int | None = None, max_context_len: int | None = None,
+                    window: int | None = None) -> torch.Tensor:
     """Causal attention of a chunk of new queries per sequence over its paged cache.
 
     ``query`` is ``[num_tokens, num_heads, head_dim]``; sequence ``i`` owns rows
@@ -76,6 +80,9 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     ``max_query_len`` / ``max_context_len``: the batch's largest query chunk and context
     where the caller knows them on the host, so that a device backend sizes its launch
     without reading the lengths back (a device sync); a host backend reads them itself.
+    ``window``: a sliding window (Gemma 3's local layers): the query at position ``p``
+    reads only the keys at ``p - window + 1 .. p``, and the block table's entries wholly
+    before its chunk's first window may be holes, never read.
     """
     num_heads = query.shape[1]
     num_kv_heads = k_cache.shape[2]
@@ -88,15 +95,19 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         q_len = q.shape[0]
         if q_len == 0:
             continue
-        k = gather_kv(k_cache, block_tables[i], context_len).float()
-        v = gather_kv(v_cache, block_tables[i], context_len).float()
+        first = 0 if window is None else max(context_len - q_len - window + 1, 0)
+        k = gather_kv(k_cache, block_tables[i], context_len, first).float()
+        v = gather_kv(v_cache, block_tables[i], context_len, first).float()
         if group > 1:
             k = k.repeat_interleave(group, dim=1)
             v = v.repeat_interleave(group, dim=1)
         scores = torch.einsum("qhd,khd->hqk", q.float(), k) * scale
         q_pos = torch.arange(context_len - q_len, context_len, device=query.device).unsqueeze(1)
-        k_pos = torch.arange(context_len, device=query.device).unsqueeze(0)
-        scores.masked_fill_(k_pos > q_pos, float("-inf"))
+        k_pos = torch.arange(first, context_len, device=query.device).unsqueeze(0)
+        hidden = k_pos > q_pos
+        if window is not None:
+            hidden |= k_pos <= q_pos - window
+        scores.masked_fill_(hidden, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         out[starts[i] : starts[i + 1]] = torch.einsum("hqk,khd->qhd", probs, v).to(query.dtype)
     return out

@@ -42,7 +42,7 @@ def _decode_kernel(
     out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
     query_start_loc_ptr, scale_log2,
     stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
-    stride_cb, stride_ct, stride_ch, stride_cd, stride_bt,
+    stride_cb, stride_ct, stride_ch, stride_cd, stride_bt, window,
     part_acc_ptr, part_m_ptr, part_l_ptr, num_splits, tokens_per_split,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -58,6 +58,7 @@ def _decode_kernel(
     context_len = tl.load(context_lens_ptr + seq).to(tl.int32)
     lo = split * tokens_per_split
     hi = tl.minimum(lo + tokens_per_split, context_len)
+    lo = tl.maximum(lo, context_len - window)  # the query's window; table holes before it
 
     g = tl.arange(0, GROUP_PAD)
     d = tl.arange(0, HEAD_DIM_PAD)
@@ -156,13 +157,14 @@ def paged_attention_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
                            block_tables: torch.Tensor, context_lens: torch.Tensor,
                            query_start_loc: torch.Tensor, scale: float, *, max_context_len: int,
                            out: torch.Tensor | None = None, num_splits: int | None = None,
-                           tile_n: int | None = None) -> torch.Tensor:
+                           tile_n: int | None = None, window: int | None = None
+                           ) -> torch.Tensor:
     """Decode attention: every sequence has at most one query row (``q_len`` 0 or 1).
 
     ``num_splits`` (default: ``choose_num_splits``) and ``tile_n`` (tokens per inner step)
     are tuning knobs; tests use them to reach the split-K and multi-tile paths cheaply."""
     call = attention_call(query, k_cache, v_cache, block_tables, context_lens, query_start_loc,
-                          scale, out)
+                          scale, out, window)
     out = call.out
     num_seqs, num_heads, num_kv_heads = block_tables.shape[0], query.shape[1], k_cache.shape[2]
     if num_seqs == 0 or query.shape[0] == 0:
@@ -205,7 +207,7 @@ def _prefill_kernel(
     out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
     query_start_loc_ptr, scale_log2,
     stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
-    stride_cb, stride_ct, stride_ch, stride_cd, stride_bt,
+    stride_cb, stride_ct, stride_ch, stride_cd, stride_bt, window,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
     KV8: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -233,13 +235,16 @@ def _prefill_kernel(
 
     m_i, l_i, acc = softmax_start(BLOCK_M, HEAD_DIM_PAD)
     table = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    # Keys after the last row of this tile are masked for every row: stop before them.
+    # Keys after the last row of this tile are masked for every row: stop before them; and
+    # start at its first row's window (the table may have holes before the chunk's).
     hi = tl.minimum(context_len, context_len - q_len + (m_tile + 1) * BLOCK_M)
+    lo = tl.maximum(context_len - q_len + m_tile * BLOCK_M - window + 1, 0)
     n = tl.arange(0, BLOCK_N)
-    for start in range(0, hi, BLOCK_N):
+    for start in range(lo, hi, BLOCK_N):
         tok = start + n
         valid = tok < hi
-        causal = valid[None, :] & (tok[None, :] <= q_pos[:, None])
+        causal = valid[None, :] & (tok[None, :] <= q_pos[:, None]) & (
+            tok[None, :] > q_pos[:, None] - window)
         m_i, l_i, acc = attend_tile(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, table, tok,
                                     valid, causal, kv_head, d, d_mask, scale_log2, stride_cb,
                                     stride_ct, stride_ch, stride_cd, BLOCK_SIZE, HEAD_DIM,
@@ -254,10 +259,11 @@ def paged_attention_prefill(query: torch.Tensor, k_cache: torch.Tensor, v_cache:
                             block_tables: torch.Tensor, context_lens: torch.Tensor,
                             query_start_loc: torch.Tensor, scale: float, *, max_query_len: int,
                             out: torch.Tensor | None = None, block_m: int | None = None,
-                            block_n: int | None = None) -> torch.Tensor:
+                            block_n: int | None = None, window: int | None = None
+                            ) -> torch.Tensor:
     """Prefill attention: a chunk of queries per sequence, causal over prefix and chunk."""
     call = attention_call(query, k_cache, v_cache, block_tables, context_lens, query_start_loc,
-                          scale, out)
+                          scale, out, window)
     num_seqs = block_tables.shape[0]
     if num_seqs == 0 or query.shape[0] == 0 or max_query_len == 0:
         return call.out
@@ -275,7 +281,7 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
                     block_tables: torch.Tensor, context_lens: torch.Tensor,
                     query_start_loc: torch.Tensor, scale: float, *,
                     max_query_len: int | None = None, max_context_len: int | None = None,
-                    out: torch.Tensor | None = None) -> torch.Tensor:
+                    window: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """The reference's paged attention (its contract, its host-side hints), written into
     ``out`` where given: the decode kernel when no sequence has more than one query row, the
     prefill kernel otherwise."""
@@ -286,5 +292,7 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     if max_query_len <= 1:
         if max_context_len is None:
             max_context_len = int(context_lens.max()) if context_lens.numel() else 0
-        return paged_attention_decode(*inputs, max_context_len=max_context_len, out=out)
-    return paged_attention_prefill(*inputs, max_query_len=max_query_len, out=out)
+        return paged_attention_decode(*inputs, max_context_len=max_context_len, out=out,
+                                      window=window)
+    return paged_attention_prefill(*inputs, max_query_len=max_query_len, out=out,
+                                   window=window)

@@ -98,9 +98,10 @@ class AttentionCall(NamedTuple):
 def attention_call(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    block_tables: torch.Tensor, context_lens: torch.Tensor,
                    query_start_loc: torch.Tensor, scale: float,
-                   out: torch.Tensor | None) -> AttentionCall:
+                   out: torch.Tensor | None, window: int | None = None) -> AttentionCall:
     """Check the inputs, move the batch metadata to the query's device and allocate ``out``
-    where not given."""
+    where not given. The kernels take ``window`` as the most keys a query reads (no window:
+    the largest int32)."""
     group = check_attention_inputs(query, k_cache, v_cache)
     block_tables, context_lens, query_start_loc = on_device(
         query.device, block_tables, context_lens, query_start_loc
@@ -111,7 +112,7 @@ def attention_call(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     head_dim = query.shape[2]
     args = (out, query, k_cache, v_cache, block_tables, context_lens, query_start_loc,
             scale * LOG2E, *query.stride(), *out.stride(), *k_cache.stride(),
-            block_tables.stride(0))
+            block_tables.stride(0), window or 2**31 - 1)
     constexprs = dict(GROUP=group, HEAD_DIM=head_dim,
                       HEAD_DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
                       BLOCK_SIZE=k_cache.shape[1], UPCAST=upcast, DOT_PRECISION=precision,
@@ -188,8 +189,10 @@ def attend_tile(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, table, tok, valid, m
     s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * scale_log2
     s = tl.where(mask, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
+    # a row that has seen no key yet (its window begins in a later tile) keeps zeros
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return m_new, l_i, acc

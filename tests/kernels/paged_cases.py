@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from pagedchat.engine.blocks import HOLE
 from pagedchat.kernels import reference as ref
 from pagedchat.kernels.kv_int8 import SCALE_BYTES
 
@@ -95,3 +96,26 @@ def guarded_blocks(batch: dict, contexts: list[int], block_size: int, edge: str)
             "block_tables": at_page_edge(renamed, edge),
             "context_lens": at_page_edge(batch["context_lens"], edge),
             "query_start_loc": at_page_edge(batch["query_start_loc"], edge)}
+
+
+def windowed(batch: dict, window: int) -> dict:
+    """``batch`` as a sliding-window layer group holds it: each sequence's blocks wholly
+    before its chunk's first window are holes in its table (``HOLE``), and NaN in a copy
+    of the pool, so that a kernel that reads one fails."""
+    batch = dict(batch)
+    block_size = batch["k_cache"].shape[1]
+    tables = batch["block_tables"].clone()
+    caches = [batch["k_cache"].clone(), batch["v_cache"].clone()]
+    starts = batch["query_start_loc"].tolist()
+    for i, context in enumerate(batch["context_lens"].tolist()):
+        first = max(context - (starts[i + 1] - starts[i]) - window + 1, 0)
+        gone = tables[i, :first // block_size].long()
+        for cache in caches:
+            if cache.dtype == torch.int8:  # a NaN scale (kv_int8.py)
+                cache[gone, ..., -SCALE_BYTES:] = torch.tensor(
+                    [float("nan")], dtype=torch.float16).view(torch.int8)
+            else:
+                cache[gone] = float("nan")
+        tables[i, :first // block_size] = HOLE
+    batch.update(block_tables=tables, k_cache=caches[0], v_cache=caches[1])
+    return batch

@@ -32,7 +32,7 @@ if not torch.cuda.is_available():
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 
-from paged_cases import DEVICE, TOL, paged_batch, rel_err  # noqa: E402
+from paged_cases import DEVICE, TOL, paged_batch, rel_err, windowed  # noqa: E402
 
 from pagedchat.kernels import reference as ref  # noqa: E402
 from pagedchat.kernels.kv_int8 import SCALE_BYTES  # noqa: E402
@@ -61,10 +61,16 @@ def covering(*axes) -> list[tuple]:
     return rows
 
 
-def run_and_compare(batch: dict, dtype: torch.dtype, fn, **kwargs) -> None:
+def run_and_compare(batch: dict, dtype: torch.dtype, fn, window: int | None = None,
+                    **kwargs) -> None:
+    """``fn`` against the reference; with ``window``, over the batch as a sliding-window
+    group holds it (holes and NaN blocks before each chunk's first window)."""
     scale = batch["query"].shape[-1] ** -0.5
     # The reference runs on CPU copies (it builds its causal mask on the CPU).
-    expected = ref.paged_attention(**{k: t.cpu() for k, t in batch.items()}, scale=scale)
+    expected = ref.paged_attention(**{k: t.cpu() for k, t in batch.items()}, scale=scale,
+                                   window=window)
+    if window is not None:
+        batch, kwargs = windowed(batch, window), kwargs | {"window": window}
     out = torch.full_like(batch["query"], float("nan"))
     result = fn(**batch, scale=scale, out=out, **kwargs)
     assert result.data_ptr() == out.data_ptr()
@@ -187,6 +193,24 @@ def test_random_batches_match_reference(seqs, block_size, head_dim, kv_heads, gr
         ctx, q_lens, block_size, kv_heads * group, kv_heads, head_dim, torch.float32, seed
     )
     run_and_compare(batch, torch.float32, tb.paged_attention)
+
+
+@pytest.mark.parametrize("window", [1, 6, 19])
+def test_sliding_windows_match_reference(window):
+    """Decode rows (split over programs too), chunks after a prefix, a chunk longer than
+    one query tile: each row reads only its window, never the holes before it."""
+    decode = paged_batch([1, 61, 100], [1, 1, 1], 8, 6, 2, 64, torch.float32, seed=window)
+    run_and_compare(decode, torch.float32, tb.paged_attention, window=window)
+    run_and_compare(decode, torch.float32, tb.paged_attention_decode, window=window,
+                    max_context_len=100, num_splits=4, tile_n=16)
+    chunks = paged_batch([45, 40, 9, 23], [20, 7, 1, 23], 8, 6, 2, 64, torch.float32,
+                         seed=window)
+    run_and_compare(chunks, torch.float32, tb.paged_attention_prefill, window=window,
+                    max_query_len=23, block_m=16, block_n=16)
+    # query tiles taller than key tiles: a row's window can begin a key tile later
+    chunks = paged_batch([70, 50], [70, 40], 8, 6, 2, 64, torch.bfloat16, seed=window)
+    run_and_compare(chunks, torch.bfloat16, tb.paged_attention_prefill, window=window,
+                    max_query_len=70, block_m=64, block_n=16)
 
 
 def test_hints_give_the_same_result():

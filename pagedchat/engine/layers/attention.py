@@ -26,6 +26,7 @@ class AttentionMetadata:
     # the largest query chunk and context_len, known on the host: the kernels' launch hints
     max_query_len: int
     max_context_len: int
+    window: int | None = None  # a local layer group's sliding window (Gemma 3)
 
 
 class Attention(nn.Module):
@@ -76,5 +77,6 @@ class Attention(nn.Module):
         the output projection and summed over the workers."""
         out = self.kernels.paged_attention(
             q, k_cache, v_cache, meta.block_tables, meta.context_lens, meta.query_start_loc,
-            self.scale, max_query_len=meta.max_query_len, max_context_len=meta.max_context_len)
+            self.scale, max_query_len=meta.max_query_len, max_context_len=meta.max_context_len,
+            window=meta.window)
         return self.tp.all_reduce(self.o_proj(out.reshape(-1, self.q_size)))

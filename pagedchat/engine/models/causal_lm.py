@@ -53,8 +53,8 @@ class CausalLM(nn.Module):
         else layer by layer, each with its rope and metadata of ``per_layer``."""
         stack = self.decoder_stack()
         stacked = None if stack is None else stack(
-            x, ropes, [(m.slot_mapping, m.block_tables, m.context_lens, m.query_start_loc)
-                       for m in metas])
+            x, ropes, [(m.slot_mapping, m.block_tables, m.context_lens, m.query_start_loc,
+                        m.window) for m in metas])
         if stacked is not None:
             x, residual = stacked
         else:

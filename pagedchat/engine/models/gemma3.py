@@ -8,6 +8,7 @@ and an optional soft cap on the final logits.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from types import ModuleType
 
@@ -19,7 +20,6 @@ from pagedchat.engine.layers.attention import Attention, AttentionMetadata
 from pagedchat.engine.layers.mlp import MLP
 from pagedchat.engine.layers.norm import OffsetRMSNorm
 from pagedchat.engine.layers.rotary import Rope, RotaryEmbedding, rope_parameters
-from pagedchat.engine.layers.sliding_window import single_token_blocks, window_metadata, window_rows
 from pagedchat.engine.model_config import ModelConfig
 from pagedchat.engine.models.causal_lm import CausalLM
 from pagedchat.engine.parallel.tensor_parallel import TensorParallel
@@ -27,24 +27,12 @@ from pagedchat.engine.parallel.tensor_parallel import TensorParallel
 
 class Gemma3Attention(Attention):
     """The engine's attention with the per-head norms of Q and K (``1 + w``) before rotary and
-    the K/V store, a query scale of its own, and over the window for a local layer (see
-    ``layers/sliding_window.py``)."""
+    the K/V store, and a query scale of its own; a local layer's metadata carries its
+    window."""
 
-    def __init__(self, config: ModelConfig, kernels: ModuleType, tp: TensorParallel,
-                 local: bool) -> None:
+    def __init__(self, config: ModelConfig, kernels: ModuleType, tp: TensorParallel) -> None:
         super().__init__(config, kernels, tp, OffsetRMSNorm)
-        self.local = local
         self.scale = float(config.query_pre_attn_scalar or self.head_dim) ** -0.5
-
-    def forward(self, x: torch.Tensor, rope: Rope, meta: AttentionMetadata) -> torch.Tensor:
-        return self.attend(self.rotate_store(x, rope, meta), *self.caches(), meta)
-
-    def caches(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The K and V caches as this layer reads them: a local layer's seen as the window's
-        single-token blocks."""
-        if not self.local:
-            return self.k_cache, self.v_cache
-        return single_token_blocks(self.k_cache), single_token_blocks(self.v_cache)
 
 
 class Gemma3DecoderLayer(nn.Module):
@@ -54,7 +42,7 @@ class Gemma3DecoderLayer(nn.Module):
         size, eps = config.hidden_size, config.rms_norm_eps
         self.local = local
         self.input_layernorm = OffsetRMSNorm(size, eps, kernels)
-        self.self_attn = Gemma3Attention(config, kernels, tp, local)
+        self.self_attn = Gemma3Attention(config, kernels, tp)
         self.post_attention_layernorm = OffsetRMSNorm(size, eps, kernels)
         self.pre_feedforward_layernorm = OffsetRMSNorm(size, eps, kernels)
         self.mlp = MLP(config, kernels, tp, "gelu_tanh_mul")
@@ -116,13 +104,8 @@ class Gemma3ForCausalLM(CausalLM):
         x = x * normalizer.to(x.dtype)
         full_rope = self.rotary["full"].lookup(positions, x.dtype)
         local_rope = self.rotary["local"].lookup(positions, x.dtype)
-        block_size = self.layers[0].self_attn.k_cache.shape[1]
-        metas = group_metas or [meta]
-        windows = self.kv_groups.windows
-        if any(window is not None for window in windows):
-            rows = window_rows(meta, positions, self.config.sliding_window)
-            metas = [m if w is None else window_metadata(rows, m, block_size)
-                     for m, w in zip(metas, windows, strict=True)]
+        metas = [dataclasses.replace(m, window=window) for m, window in
+                 zip(group_metas or [meta], self.kv_groups.windows, strict=True)]
         return self.run_layers(
             x, [full_rope, local_rope], metas,
             [(local_rope if layer.local else full_rope, metas[group])
@@ -137,11 +120,11 @@ class Gemma3ForCausalLM(CausalLM):
             self.layers[0].self_attn.scale, "gelu_tanh")
 
     def _layer_tensors(self, layer: Gemma3DecoderLayer, group: int):
-        """One layer as the stack takes it: its caches as it reads them, and its own rope table."""
+        """One layer as the stack takes it, with its own rope table and group."""
         attn, mlp = layer.self_attn, layer.mlp
         return self.kernels.LayerTensors(
             layer.input_layernorm.weight, attn.qkv_proj.stored, attn.qkv_proj.bias,
             attn.o_proj.stored, layer.pre_feedforward_layernorm.weight,
-            mlp.gate_up_proj.stored, mlp.down_proj.stored, *attn.caches(),
+            mlp.gate_up_proj.stored, mlp.down_proj.stored, attn.k_cache, attn.v_cache,
             attn.q_norm.weight, attn.k_norm.weight, layer.post_attention_layernorm.weight,
             layer.post_feedforward_layernorm.weight, rope=int(layer.local), group=group)

@@ -39,15 +39,15 @@ static inline int tile_rows(const char *cache, int64_t token_bytes, const int32_
  * little, that it is done at all matters. */
 #define PREFETCH_TILES 2
 
-/* Tile j of an item's walk (its K tiles 0..tiles-1, then its V tiles): find its rows,
- * keep them in the item's ring of tiles (used PREFETCH_TILES tiles later) and prefetch
- * them. Returns the count. */
+/* Tile j of an item's walk over tokens [lo, lo + n) (its K tiles 0..tiles-1, then its V
+ * tiles): find its rows, keep them in the item's ring of tiles (used PREFETCH_TILES tiles
+ * later) and prefetch them. Returns the count. */
 static inline int prefetch_tile(int j, int tiles, const char *k_first, const char *v_first,
                                 int64_t token_bytes, const int32_t *table, int block_size,
-                                int n, int row_bytes, const char *rows[TILE]) {
+                                int lo, int n, int row_bytes, const char *rows[TILE]) {
     if (j >= 2 * tiles) return 0;
     const int count = tile_rows(j < tiles ? k_first : v_first, token_bytes, table, block_size,
-                                (j % tiles) * TILE, n, rows);
+                                lo + (j % tiles) * TILE, lo + n, rows);
     for (int t = 0; t < count; t++)
         for (int b = 0; b < row_bytes; b += 64) __builtin_prefetch(rows[t] + b, 0, 1);
     return count;
@@ -138,6 +138,7 @@ typedef struct {
     const int32_t *block_tables, *context_lens, *query_start, *rows, *row_seqs;
     const int *run_starts;
     int max_blocks, num_heads, num_kv_heads, block_size, split;
+    int window;  /* a query at position p reads keys p - window + 1 .. p; 0: from key 0 */
     int64_t num_items;
     float scale;
 } Batch;
@@ -160,16 +161,19 @@ static inline int row_runs(const int32_t *rows, const int32_t *row_seqs, int num
 }
 
 /* What work item `item` reads: its sequence's block table, returned, its run of query rows
- * (*m of them from rows[*first]), the tokens its run's last row attends to (*n; row i of
- * the run attends to the first *n - (*m - 1 - i)) and its first KV head (*kv_first). */
+ * (*m of them from rows[*first]), the tokens its walk reads (*n from token *lo: the run's
+ * first row's window to its last row; row i of the run attends to tokens up to
+ * *lo + *n - (*m - 1 - i), exclusive) and its first KV head (*kv_first). */
 static inline const int32_t *item_walk(const Batch *b, int64_t item, int *first, int *m,
-                                       int *n, int *kv_first) {
+                                       int *lo, int *n, int *kv_first) {
     const int run = (int)(item / b->split);
     *first = b->run_starts[run];
     *m = b->run_starts[run + 1] - *first;
     const int row = b->rows[*first + *m - 1], seq = b->row_seqs[*first];
     const int q_len = b->query_start[seq + 1] - b->query_start[seq];
-    *n = b->context_lens[seq] - q_len + (row - b->query_start[seq]) + 1;
+    const int end = b->context_lens[seq] - q_len + (row - b->query_start[seq]) + 1;
+    *lo = b->window > 0 && end - (*m - 1) > b->window ? end - (*m - 1) - b->window : 0;
+    *n = end - *lo;
     *kv_first = (int)(item % b->split) * (b->num_kv_heads / b->split);
     return b->block_tables + (int64_t)seq * b->max_blocks;
 }
@@ -206,13 +210,14 @@ static inline __attribute__((always_inline)) int NAME##_item(                   
     const int heads_per_item = num_kv_heads / split;                                        \
     const int64_t head_bytes = HEAD_BYTES(head_dim);                                        \
     const int vector_path = head_dim % 16 == 0;                                            \
-    int first, m, n, kv_first;                                                              \
-    const int32_t *table = item_walk(b, item, &first, &m, &n, &kv_first);                   \
+    int first, m, lo, n, kv_first;                                                          \
+    const int32_t *table = item_walk(b, item, &first, &m, &lo, &n, &kv_first);              \
     /* the thread's next item (items go round-robin): its rows are prefetched, a slice per  \
      * tile of this walk, so that memory keeps streaming while this item computes */        \
-    int next_first, next_m, next_n = 0, next_kv = 0;                                        \
+    int next_first, next_m, next_lo = 0, next_n = 0, next_kv = 0;                           \
     const int32_t *next_table = item + stride < b->num_items                                \
-        ? item_walk(b, item + stride, &next_first, &next_m, &next_n, &next_kv) : NULL;      \
+        ? item_walk(b, item + stride, &next_first, &next_m, &next_lo, &next_n, &next_kv)    \
+        : NULL;                                                                             \
     const int head0 = kv_first * group;                                                     \
     /* one "head" per query head and row of the run: (KV head j, row i, query head g of     \
      * j's group) at (j * m + i) * group + g, so that a KV head's are consecutive and take \
@@ -248,28 +253,32 @@ static inline __attribute__((always_inline)) int NAME##_item(                   
     const int tiles = (n + TILE - 1) / TILE;                                                \
     for (int j = 0; j < PREFETCH_TILES; j++)                                                \
         counts[j % RING] = prefetch_tile(j, tiles, k_first, v_first, token_bytes, table,     \
-                                         block_size, n, row_bytes, ring[j % RING]);         \
+                                         block_size, lo, n, row_bytes, ring[j % RING]);     \
     /* one walk: tiles 0..tiles-1 score K, the softmax, tiles..2 tiles-1 sum V */           \
     const char *next_k = (const char *)k_cache + next_kv * head_bytes;                 \
     const char *next_v = (const char *)v_cache + next_kv * head_bytes;                 \
     for (int j = 0; j < 2 * tiles; j++) {                                                   \
         if (next_table != NULL)                                                             \
             prefetch_tokens(next_k, next_v, token_bytes, next_table, block_size,            \
-                            (int)((int64_t)j * next_n / (2 * tiles)),                       \
-                            (int)((int64_t)(j + 1) * next_n / (2 * tiles)), row_bytes);     \
+                            next_lo + (int)((int64_t)j * next_n / (2 * tiles)),             \
+                            next_lo + (int)((int64_t)(j + 1) * next_n / (2 * tiles)),       \
+                            row_bytes);                                                     \
         const int ahead = (j + PREFETCH_TILES) % RING;                                      \
         counts[ahead] = prefetch_tile(j + PREFETCH_TILES, tiles, k_first, v_first,          \
-                                      token_bytes, table, block_size, n, row_bytes,         \
+                                      token_bytes, table, block_size, lo, n, row_bytes,     \
                                       ring[ahead]);                                         \
         const char *const *rows = ring[j % RING];                                           \
         const int count = counts[j % RING];                                                 \
         const int start = (j % tiles) * TILE;                                               \
         if (j == tiles)                                                                     \
             for (int h = 0; h < heads; h++) {                                               \
-                /* a run's earlier rows see fewer tokens: weight 0 past their last */       \
+                /* a run's earlier rows see fewer tokens, its later rows' windows begin     \
+                 * later: weight 0 outside [from, seen) */                                  \
                 const int seen = n - (m - 1 - h % members / group);                         \
+                const int from = b->window > 0 && seen > b->window ? seen - b->window : 0;  \
                 float *sh = scores + (int64_t)h * n;                                        \
-                softmax_row(sh, seen);                                                      \
+                softmax_row(sh + from, seen - from);                                        \
+                for (int t = 0; t < from; t++) sh[t] = 0.0f;                                \
                 for (int t = seen; t < n; t++) sh[t] = 0.0f;                                \
             }                                                                               \
         if (vector_path) {                                                                  \
@@ -331,14 +340,14 @@ int NAME##_part(const T *query, const C *k_cache, const C *v_cache, T *out,     
                 const int32_t *block_tables, const int32_t *context_lens,                   \
                 const int32_t *query_start, const int32_t *rows, const int32_t *row_seqs,   \
                 int num_rows, int max_blocks, int num_heads, int num_kv_heads, int head_dim, \
-                int block_size, float scale, int t, int count) {                            \
+                int block_size, float scale, int window, int t, int count) {                \
     /* each sequence's consecutive rows as one item */                                      \
     int run_starts[num_rows + 1];                                                           \
     const int runs = row_runs(rows, row_seqs, num_rows, run_starts);                        \
     /* a lone long decode is split by KV head so that every thread has work */              \
     const int split = runs < 2 * count ? num_kv_heads : 1;                                  \
     const Batch b = {block_tables, context_lens, query_start, rows, row_seqs, run_starts,   \
-                     max_blocks, num_heads, num_kv_heads, block_size, split,                \
+                     max_blocks, num_heads, num_kv_heads, block_size, split, window,        \
                      (int64_t)runs * split, scale};                                         \
     int failed = 0;                                                                         \
     for (int64_t item = t; item < b.num_items; item += count) {                             \
@@ -358,13 +367,13 @@ int NAME(const T *query, const C *k_cache, const C *v_cache, T *out,            
          const int32_t *block_tables, const int32_t *context_lens,                          \
          const int32_t *query_start, const int32_t *rows, const int32_t *row_seqs,          \
          int num_rows, int max_blocks, int num_heads, int num_kv_heads, int head_dim,       \
-         int block_size, float scale, int num_threads) {                                    \
+         int block_size, float scale, int window, int num_threads) {                        \
     int failed = 0;                                                                         \
     _Pragma("omp parallel num_threads(num_threads) reduction(| : failed)")                  \
     failed |= NAME##_part(query, k_cache, v_cache, out, block_tables, context_lens,         \
                           query_start, rows, row_seqs, num_rows, max_blocks, num_heads,     \
-                          num_kv_heads, head_dim, block_size, scale, omp_get_thread_num(),  \
-                          omp_get_num_threads());                                           \
+                          num_kv_heads, head_dim, block_size, scale, window,                \
+                          omp_get_thread_num(), omp_get_num_threads());                     \
     return failed ? 2 : 0;                                                                  \
 }
 

@@ -21,19 +21,20 @@ from pagedchat.kernels.reference import gather_kv, write_slots
 PREFILL_MIN_QUERY_LEN = 8
 
 declare({
-    "paged_attention": (INT, [P] * 9 + [INT] * 6 + [FLOAT, INT]),
-    "paged_prefill": (INT, [P] * 8 + [INT] * 6 + [FLOAT, INT]),
+    # ... scale, window (0: none), num_threads
+    "paged_attention": (INT, [P] * 9 + [INT] * 6 + [FLOAT, INT, INT]),
+    "paged_prefill": (INT, [P] * 8 + [INT] * 6 + [FLOAT, INT, INT]),
     # over int8 caches (kv_int8.py), queries and outputs of the type the name ends with
-    "paged_attention_kv8": (INT, [P] * 9 + [INT] * 6 + [FLOAT, INT]),
-    "paged_prefill_kv8": (INT, [P] * 8 + [INT] * 6 + [FLOAT, INT]),
+    "paged_attention_kv8": (INT, [P] * 9 + [INT] * 6 + [FLOAT, INT, INT]),
+    "paged_prefill_kv8": (INT, [P] * 8 + [INT] * 6 + [FLOAT, INT, INT]),
 })
 
 
 def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     block_tables: torch.Tensor, context_lens: torch.Tensor,
                     query_start_loc: torch.Tensor, scale: float, *,
-                    max_query_len: int | None = None,
-                    max_context_len: int | None = None) -> torch.Tensor:
+                    max_query_len: int | None = None, max_context_len: int | None = None,
+                    window: int | None = None) -> torch.Tensor:
     """Same contract as :func:`pagedchat.kernels.reference.paged_attention`."""
     int8 = k_cache.dtype == torch.int8
     if int8:  # the queries' type names the kernel; the caches must be int8 on the CPU
@@ -43,7 +44,8 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         attention = kernel("paged_attention", query, k_cache, v_cache)
     if attention is None:
         return reference.paged_attention(
-            query, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale)
+            query, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale,
+            window=window)
     query = query.contiguous()
     out = torch.empty_like(query)
     plan = _plan(block_tables, context_lens, query_start_loc)
@@ -53,7 +55,7 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
             plan.tables.data_ptr(), plan.context_lens.data_ptr(),
             plan.query_start_loc.data_ptr(), plan.rows.data_ptr(), plan.row_seqs.data_ptr(),
             len(plan.rows), plan.tables.shape[1], query.shape[1], k_cache.shape[2],
-            query.shape[2], k_cache.shape[1], scale, torch.get_num_threads())
+            query.shape[2], k_cache.shape[1], scale, window or 0, torch.get_num_threads())
         if status != 0:
             raise MemoryError("paged attention: out of memory for the score buffer")
     long_chunks = plan.long_chunks
@@ -63,14 +65,14 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
             plan.tables.data_ptr(), plan.context_lens.data_ptr(),
             plan.query_start_loc.data_ptr(), plan.long_seqs.data_ptr(), len(long_chunks),
             plan.tables.shape[1], query.shape[1], k_cache.shape[2], query.shape[2],
-            k_cache.shape[1], scale, torch.get_num_threads())
+            k_cache.shape[1], scale, window or 0, torch.get_num_threads())
         if status == 2:
             raise MemoryError("paged attention: out of memory for the transposed keys")
         if status == 0:
             long_chunks = []
     for seq, begin, end, context_len in long_chunks:
         out[begin:end] = _sdpa(query[begin:end], k_cache, v_cache, block_tables[seq],
-                               context_len, scale)
+                               context_len, scale, window)
     return out
 
 
@@ -153,20 +155,26 @@ def _plan(block_tables: torch.Tensor, context_lens: torch.Tensor,
 
 
 def _sdpa(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-          block_table: torch.Tensor, context_len: int, scale: float) -> torch.Tensor:
-    """A long chunk of one sequence: gather its context once (de-quantized from int8
-    caches), then torch's fused SDPA (causal, aligned to the end of the context). The
-    inputs are 4-D on purpose: with 3-D ones torch falls back to its slow path on the CPU."""
+          block_table: torch.Tensor, context_len: int, scale: float,
+          window: int | None) -> torch.Tensor:
+    """A long chunk of one sequence: gather its context (from its first row's window on)
+    once (de-quantized from int8 caches), then torch's fused SDPA (causal, aligned to the
+    end of the context). The inputs are 4-D on purpose: with 3-D ones torch falls back to
+    its slow path on the CPU."""
     q_len = q.shape[0]
-    k = gather_kv(k_cache, block_table, context_len).to(q.dtype).transpose(0, 1).unsqueeze(0)
-    v = gather_kv(v_cache, block_table, context_len).to(q.dtype).transpose(0, 1).unsqueeze(0)
+    first = 0 if window is None else max(context_len - q_len - window + 1, 0)
+    k, v = (gather_kv(cache, block_table, context_len, first).to(q.dtype).transpose(0, 1)
+            .unsqueeze(0) for cache in (k_cache, v_cache))
     q4 = q.transpose(0, 1).unsqueeze(0)
-    if q_len == context_len:
+    if q_len == context_len and window is None:
         out = F.scaled_dot_product_attention(q4, k, v, is_causal=True, scale=scale,
                                              enable_gqa=True)
     else:
         q_pos = torch.arange(context_len - q_len, context_len).unsqueeze(1)
-        allowed = torch.arange(context_len).unsqueeze(0) <= q_pos
+        k_pos = torch.arange(first, context_len).unsqueeze(0)
+        allowed = k_pos <= q_pos
+        if window is not None:
+            allowed &= k_pos > q_pos - window
         out = F.scaled_dot_product_attention(q4, k, v, attn_mask=allowed, scale=scale,
                                              enable_gqa=True)
     return out[0].transpose(0, 1)

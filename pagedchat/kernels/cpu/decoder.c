@@ -3,7 +3,7 @@
  * A Llama-family layer is nine kernels: the two norms, four products, rotary-and-store,
  * attention and SiLU-and-multiply. Qwen 3 adds the per-head norms of Q and K; Gemma 3 those
  * and a norm after attention and after the MLP, takes GELU(tanh) for SiLU, and its local
- * layers read their window through metadata and a rope table of their own. Called one by
+ * layers read their window (their group's) with a rope table of their own. Called one by
  * one from Python, each kernel call pays for its dispatch, a large share of a
  * single-stream step once the products read the weights at the memory's speed. Here the
  * same kernels, with the same arguments, run back to back in C, so the result is bit for
@@ -33,8 +33,7 @@ typedef struct {
     int count;
 } Product;
 
-/* One layer's weights and KV caches (as its attention reads them: a local layer's seen
- * with blocks of one token, its block_size). Norms, caches and a blocked product's bias
+/* One layer's weights and KV caches (blocks of block_size tokens). Norms, caches and a blocked product's bias
  * are of the step's element type; a quantized product's bias is float32, as
  * quantized_linear passes it. post_norm is the norm that adds the residual before the
  * MLP. Norms a layer may lack (NULL): q_norm and k_norm over each head (Qwen 3, Gemma 3),
@@ -60,6 +59,7 @@ typedef struct {
     const int64_t *slots;
     const int32_t *block_tables, *context_lens, *query_start, *row_ids, *row_seqs;
     int attention_rows, max_blocks;
+    int window;  /* the group's sliding window, 0: none (see paged_attention in attention.h) */
 } AttentionGroup;
 
 /* The step: shapes, the rope tables and attention groups the layers name, scratch buffers
@@ -192,7 +192,7 @@ DEFINE_QK_NORM(bf16_t, bf16)
 #define ATTENTION_ARGS                                                                     \
     q, k_cache, v_cache, attention, g->block_tables, g->context_lens, g->query_start,     \
     g->row_ids, g->row_seqs, g->attention_rows, g->max_blocks, s->heads, s->kv_heads,     \
-    s->head_dim, l->block_size, s->scale, t, team
+    s->head_dim, l->block_size, s->scale, g->window, t, team
 
 #define DEFINE_DECODER(NAME, T, S)                                                         \
 int NAME(const DecoderLayer *layers, int count, const DecoderStep *s, T *x, T *residual) { \

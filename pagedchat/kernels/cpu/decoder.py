@@ -34,8 +34,8 @@ _FAILURES = {
 
 
 class LayerTensors(NamedTuple):
-    """One decoder layer's weights (packed or quantized, as the model holds them) and caches
-    as its attention reads them (a local layer's as blocks of one token). ``post_norm`` adds
+    """One decoder layer's weights (packed or quantized, as the model holds them) and
+    caches. ``post_norm`` adds
     the residual before the MLP. Norms a layer may lack (None): ``q_norm``/``k_norm`` (Qwen 3,
     Gemma 3), Gemma 3's ``attention_out_norm`` and ``mlp_out_norm`` on attention's and the
     MLP's outputs. ``rope`` and ``group``: the layer's rope table and attention group."""
@@ -58,8 +58,8 @@ class LayerTensors(NamedTuple):
 
 
 # One attention group's metadata for a step (see kv_groups.py): slot_mapping, block_tables,
-# context_lens and query_start_loc, as AttentionMetadata holds them.
-GroupMetadata = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+# context_lens, query_start_loc and window, as AttentionMetadata holds them.
+GroupMetadata = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int | None]
 # a norm a layer may lack, in _DecoderLayer's order after the caches
 _OPTIONAL_NORMS = ("q_norm", "k_norm", "attention_out_norm", "mlp_out_norm")
 ACTIVATIONS = ("silu", "gelu_tanh")
@@ -99,7 +99,7 @@ class _AttentionGroup(ctypes.Structure):
 
     _fields_ = [(name, P) for name in ("slots", "block_tables", "context_lens", "query_start",
                                         "row_ids", "row_seqs")] + \
-               [("attention_rows", INT), ("max_blocks", INT)]
+               [("attention_rows", INT), ("max_blocks", INT), ("window", INT)]
 
 
 class _DecoderStep(ctypes.Structure):
@@ -189,7 +189,7 @@ class DecoderStack:
                 or any(cos.dtype != self.dtype for cos, _ in ropes)):
             return None
         plans = [_plan(tables, context_lens, starts)
-                 for _, tables, context_lens, starts in groups]
+                 for _, tables, context_lens, starts, _ in groups]
         if any(plan.long_chunks for plan in plans):
             return None
         x = x.contiguous()
@@ -211,8 +211,8 @@ class DecoderStack:
             _AttentionGroup(group_slots.data_ptr(), plan.tables.data_ptr(),
                             plan.context_lens.data_ptr(), plan.query_start_loc.data_ptr(),
                             plan.rows.data_ptr(), plan.row_seqs.data_ptr(), len(plan.rows),
-                            plan.tables.shape[1])
-            for group_slots, plan in zip(slots, plans, strict=True)))
+                            plan.tables.shape[1], group[4] or 0)
+            for group_slots, plan, group in zip(slots, plans, groups, strict=True)))
         step = _DecoderStep(
             rows, self.hidden, self.heads, self.kv_heads, self.head_dim, self.intermediate,
             threads, self.gelu, self.kv8, self.eps, self.scale, rope_rows, attention_groups,

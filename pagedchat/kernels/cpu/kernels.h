@@ -35,14 +35,14 @@
                             const int32_t *query_start, const int32_t *rows,               \
                             const int32_t *row_seqs, int num_rows, int max_blocks,         \
                             int num_heads, int num_kv_heads, int head_dim, int block_size, \
-                            float scale, int num_threads);                                 \
+                            float scale, int window, int num_threads);                     \
     int paged_attention_##S##_part(const T *query, const T *k_cache, const T *v_cache,     \
                                    T *out, const int32_t *block_tables,                    \
                                    const int32_t *context_lens, const int32_t *query_start,\
                                    const int32_t *rows, const int32_t *row_seqs,           \
                                    int num_rows, int max_blocks, int num_heads,            \
                                    int num_kv_heads, int head_dim, int block_size,         \
-                                   float scale, int t, int count);                         \
+                                   float scale, int window, int t, int count);             \
     void linear_blocked_##S(const T *x, const T *w, const T *bias, T *out, int rows,       \
                             int k_dim, int k_padded, int n_dim, int num_threads);          \
     void linear_blocked_##S##_part(const T *x, const T *w, const T *bias, T *out,          \
@@ -69,8 +69,8 @@ DECLARE_LAYER_KERNELS(bf16_t, bf16)
                                        const int32_t *query_start, const int32_t *rows,    \
                                        const int32_t *row_seqs, int num_rows,              \
                                        int max_blocks, int num_heads, int num_kv_heads,    \
-                                       int head_dim, int block_size, float scale, int t,   \
-                                       int count);
+                                       int head_dim, int block_size, float scale,          \
+                                       int window, int t, int count);
 
 DECLARE_KV8_KERNELS(float, f32)
 DECLARE_KV8_KERNELS(bf16_t, bf16)

@@ -59,7 +59,7 @@
     const void *query, const void *k_cache, const void *v_cache, void *out,               \
     const int32_t *block_tables, const int32_t *context_lens, const int32_t *query_start, \
     const int32_t *seqs, int num_seqs, int max_blocks, int num_heads, int num_kv_heads,   \
-    int head_dim, int block_size, float scale, int num_threads
+    int head_dim, int block_size, float scale, int window, int num_threads
 
 typedef struct {
     const void *query;  /* float or bf16_t: see the bf16 flag below */
@@ -69,6 +69,7 @@ typedef struct {
     const int64_t *keys_at;  /* where each listed sequence's starts in both */
     const int32_t *block_tables, *context_lens, *query_start;
     int max_blocks, num_heads, num_kv_heads, block_size, group;
+    int window;  /* a query at position p reads keys p - window + 1 .. p; 0: from key 0 */
     float scale;
 } Prefill;
 
@@ -113,18 +114,20 @@ static inline __attribute__((always_inline)) float kv_at(const void *cache, int6
 }
 
 /* keys_t[kv][d][t] = K of token t, head kv, dimension d, and values[kv][t][d] = V of it
- * (as float32, de-quantized from an int8 cache), for t < context (then zeros up to
- * key_width), read once per call through the block table: the items then read both
- * contiguously, with no slot arithmetic. */
+ * (as float32, de-quantized from an int8 cache), for from <= t < context (zeros from the
+ * tile of `from` up to it and from context up to key_width; tiles before it are never
+ * read), read once per call through the block table: the items then read both
+ * contiguously, with no slot arithmetic. The table's entries before `from` (the chunk's
+ * first window) may be holes. */
 static inline __attribute__((always_inline)) void gather_kv(
         const void *k_cache, const void *v_cache, const int32_t *table, int block_size,
-        int context, int num_kv_heads, int head_dim, float *keys_t, float *values,
+        int from, int context, int num_kv_heads, int head_dim, float *keys_t, float *values,
         const int bf16, const int kv8) {
     const int64_t width = key_width(context);
     const int64_t head_bytes = kv8 ? kv8_head_bytes(head_dim)
                                    : (int64_t)head_dim * (bf16 ? 2 : 4);
-    for (int t = 0; t < width; t++) {
-        const int64_t k = t < context
+    for (int t = from / KEY_TILE * KEY_TILE; t < width; t++) {
+        const int64_t k = t >= from && t < context
             ? slot_of(table, block_size, t) * num_kv_heads * head_bytes : -1;
         for (int kv = 0; kv < num_kv_heads; kv++)
             for (int d = 0; d < head_dim; d++) {
@@ -137,13 +140,22 @@ static inline __attribute__((always_inline)) void gather_kv(
     }
 }
 
+/* Which of the 16 keys from `start` the query at `position` sees: up to its own, and within
+ * its window (window > 0). */
+static inline vmask seen_keys(int position, int start, int window) {
+    const vmask causal = tail_mask(position - start + 1);
+    return window > 0 ? causal & (vmask)~tail_mask(position - window + 1 - start) : causal;
+}
+
 /* Scores of the rows of an item against the 16 keys of the tile at `start`: row r (at
  * position first + r / group, past `seen_from` = the cached prefix plus first) sees keys up
- * to its own position, the rest get -3e38 (finite: -ffast-math assumes no infinities), so
- * that their weight is 0. Each row's scores go to scores + r * width + start. */
+ * to its own position (and within its window), the rest get -3e38 (finite: -ffast-math
+ * assumes no infinities), so that their weight is 0. Each row's scores go to
+ * scores + r * width + start. */
 static inline __attribute__((always_inline)) void tile_scores(
         float q[][MAX_HEAD_DIM], const float *keys_t, int64_t width, int start,
-        int seen_from, int group, const int rows, const int head_dim, float *scores) {
+        int seen_from, int group, int window, const int rows, const int head_dim,
+        float *scores) {
 #if defined(VF_AVX2)
     /* SCORE_ROWS rows a pass: their 16 scores take 8 of the 16 registers, the tile's keys
      * for one dimension 2 and a broadcast query value 1 (a vf per row spilled) */
@@ -164,7 +176,7 @@ static inline __attribute__((always_inline)) void tile_scores(
             }
         }
         for (int r = 0; r < n; r++) {
-            const vmask seen = tail_mask(seen_from + (r0 + r) / group - start + 1);
+            const vmask seen = seen_keys(seen_from + (r0 + r) / group, start, window);
             vf_store(scores + (r0 + r) * width + start,
                      vf_blend(seen, vf_set1(-3.0e38f), (vf){lo[r], hi[r]}));
         }
@@ -179,20 +191,20 @@ static inline __attribute__((always_inline)) void tile_scores(
         for (int r = 0; r < rows; r++) s[r] = vf_fmadd(vf_set1(q[r][d]), k, s[r]);
     }
     for (int r = 0; r < rows; r++) {
-        const vmask seen = tail_mask(seen_from + r / group - start + 1);
+        const vmask seen = seen_keys(seen_from + r / group, start, window);
         vf_store(scores + r * width + start, vf_blend(seen, vf_set1(-3.0e38f), s[r]));
     }
 #endif
 }
 
 /* out = probs V for the item's first `valid` rows (their probabilities in scores, a row
- * every `width` floats, over `keys` keys): a slice of each row's output for a few rows at a
+ * every `width` floats, over keys `from` to `keys`): a slice of each row's output for a few rows at a
  * time, the slices' accumulators in registers, each key's V slice loaded once for those
  * rows. A head wider than a slice takes several. */
 static inline __attribute__((always_inline)) void weighted_sum(
-        const Prefill *p, const float *values, const float *scores, int64_t width, int keys,
-        int q_start, int first, int kv, const int rows, int valid, const int head_dim,
-        const int bf16) {
+        const Prefill *p, const float *values, const float *scores, int64_t width, int from,
+        int keys, int q_start, int first, int kv, const int rows, int valid,
+        const int head_dim, const int bf16) {
     const int group = p->group;
 #if defined(VF_AVX2)
     /* SUM_ROWS rows by SUM_WIDTH registers of 8 dimensions (an even number): their sums
@@ -210,7 +222,7 @@ static inline __attribute__((always_inline)) void weighted_sum(
                 UNROLLED
                 for (int c = 0; c < cols; c++) a[r][c] = _mm256_setzero_ps();
             }
-            for (int t = 0; t < keys; t++) {
+            for (int t = from; t < keys; t++) {
                 const float *v = values + (int64_t)t * head_dim + 8 * c0;
                 UNROLLED
                 for (int r = 0; r < n; r++) {
@@ -241,7 +253,7 @@ static inline __attribute__((always_inline)) void weighted_sum(
             vf a[SUM_VECTORS];
             UNROLLED
             for (int j = 0; j < n * cols; j++) a[j] = vf_zero();
-            for (int t = 0; t < keys; t++) {
+            for (int t = from; t < keys; t++) {
                 const float *v = values + (int64_t)t * head_dim + 16 * c0;
                 UNROLLED
                 for (int r = 0; r < n; r++) {
@@ -280,6 +292,9 @@ static inline __attribute__((always_inline)) void prefill_item(
     const float *keys_t = p->keys_t + p->keys_at[i] + (int64_t)kv * head_dim * width;
     const float *values = p->values + p->keys_at[i] + (int64_t)kv * width * head_dim;
     const int keys = prefix + first + valid / group;  /* keys any row of the item sees */
+    /* the tile of the first key its first row's window sees */
+    const int lowest = p->window > 0 && prefix + first >= p->window
+        ? (prefix + first - p->window + 1) / KEY_TILE * KEY_TILE : 0;
     float q[MAX_ROWS][MAX_HEAD_DIM] __attribute__((aligned(64)));
     for (int r = 0; r < rows; r++) {
         const int position = first + r / group, head = kv * group + r % group;
@@ -287,25 +302,27 @@ static inline __attribute__((always_inline)) void prefill_item(
         for (int d = 0; d < head_dim; d++)
             q[r][d] = r < valid ? load_at(p->query, src + d, bf16) * p->scale : 0.0f;
     }
-    for (int start = 0; start < keys; start += KEY_TILE)
-        tile_scores(q, keys_t, width, start, prefix + first, group, rows, head_dim, scores);
+    for (int start = lowest; start < keys; start += KEY_TILE)
+        tile_scores(q, keys_t, width, start, prefix + first, group, p->window, rows, head_dim,
+                    scores);
     const int64_t span = padded(keys);
     for (int r = 0; r < valid; r++) {  /* softmax over the row's keys */
         float *row = scores + r * width;
         vf peak = vf_set1(-3.0e38f);
-        for (int t = 0; t < span; t += 16) peak = vf_max(peak, vf_load(row + t));
+        for (int t = lowest; t < span; t += 16) peak = vf_max(peak, vf_load(row + t));
         const vf top = vf_set1(vf_reduce_max(peak));
         vf sum = vf_zero();
-        for (int t = 0; t < span; t += 16) {
+        for (int t = lowest; t < span; t += 16) {
             const vf e = vf_exp(vf_sub(vf_load(row + t), top));
             vf_store(row + t, e);
             sum = vf_add(sum, e);
         }
         const vf inverse = vf_set1(1.0f / vf_reduce_add(sum));
-        for (int t = 0; t < span; t += 16) vf_store(row + t, vf_mul(vf_load(row + t), inverse));
+        for (int t = lowest; t < span; t += 16)
+            vf_store(row + t, vf_mul(vf_load(row + t), inverse));
     }
-    weighted_sum(p, values, scores, width, keys, q_start, first, kv, rows, valid, head_dim,
-                 bf16);
+    weighted_sum(p, values, scores, width, lowest, keys, q_start, first, kv, rows, valid,
+                 head_dim, bf16);
 }
 
 /* head_dim as a literal where it is a common size, and `rows` computed as a literal
@@ -332,8 +349,8 @@ static inline __attribute__((always_inline)) int paged_prefill(
         const void *query, const void *k_cache, const void *v_cache, void *out,
         const int32_t *block_tables, const int32_t *context_lens, const int32_t *query_start,
         const int32_t *seqs, int num_seqs, int max_blocks, int num_heads, int num_kv_heads,
-        int head_dim, int block_size, float scale, int num_threads, const int bf16,
-        const int kv8) {
+        int head_dim, int block_size, float scale, int window, int num_threads,
+        const int bf16, const int kv8) {
     const int group = num_heads / num_kv_heads;
     if (head_dim % 16 != 0 || head_dim > MAX_HEAD_DIM || group > MAX_ROWS) return 1;
     const int positions = MAX_ROWS / group;  /* query positions per item */
@@ -357,7 +374,7 @@ static inline __attribute__((always_inline)) int paged_prefill(
     float *values = keys_t + keys_at[num_seqs];
     const Prefill p = {query, out, keys_t, values, keys_at, block_tables, context_lens,
                        query_start, max_blocks, num_heads, num_kv_heads, block_size, group,
-                       scale};
+                       window, scale};
     const int64_t items = first_item[num_seqs];
     int64_t widest = 0;
     for (int i = 0; i < num_seqs; i++)
@@ -368,10 +385,14 @@ static inline __attribute__((always_inline)) int paged_prefill(
         float *scores = aligned_alloc(64, sizeof(float) * MAX_ROWS * (size_t)widest);
         if (scores == NULL) failed = 1;
         #pragma omp for schedule(dynamic, 1)
-        for (int i = 0; i < num_seqs; i++)
-            gather_kv(k_cache, v_cache, block_tables + (int64_t)seqs[i] * max_blocks,
-                      block_size, context_lens[seqs[i]], num_kv_heads, head_dim,
-                      keys_t + keys_at[i], values + keys_at[i], bf16, kv8);
+        for (int i = 0; i < num_seqs; i++) {
+            const int seq = seqs[i], context = context_lens[seq];
+            const int prefix = context - (query_start[seq + 1] - query_start[seq]);
+            gather_kv(k_cache, v_cache, block_tables + (int64_t)seq * max_blocks, block_size,
+                      window > 0 && prefix >= window ? prefix - window + 1 : 0, context,
+                      num_kv_heads, head_dim, keys_t + keys_at[i], values + keys_at[i], bf16,
+                      kv8);
+        }
         /* the last tiles of a chunk see the most keys: hand them out first */
         #pragma omp for schedule(dynamic, 1)
         for (int64_t back = 0; back < items; back++) {
@@ -404,7 +425,7 @@ static inline __attribute__((always_inline)) int paged_prefill(
 #define PREFILL_CALL(BF16, KV8)                                                            \
     paged_prefill(query, k_cache, v_cache, out, block_tables, context_lens, query_start,  \
                   seqs, num_seqs, max_blocks, num_heads, num_kv_heads, head_dim,          \
-                  block_size, scale, num_threads, BF16, KV8)
+                  block_size, scale, window, num_threads, BF16, KV8)
 
 int paged_prefill_f32(PREFILL_ARGS) { return PREFILL_CALL(0, 0); }
 int paged_prefill_bf16(PREFILL_ARGS) { return PREFILL_CALL(1, 0); }

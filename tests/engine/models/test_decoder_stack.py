@@ -117,7 +117,7 @@ def test_stack_gives_the_layers_result_bit_for_bit(tiny_model_dir, monkeypatch, 
         caches = [(layer.self_attn.k_cache.clone(), layer.self_attn.v_cache.clone())
                   for layer in model.layers]
         stacked = stack(x.clone(), [rope], [(meta.slot_mapping, meta.block_tables,
-                                             meta.context_lens, meta.query_start_loc)])
+                                             meta.context_lens, meta.query_start_loc, None)])
         stacked_caches = [(layer.self_attn.k_cache.clone(), layer.self_attn.v_cache.clone())
                           for layer in model.layers]
         for layer, (k, v) in zip(model.layers, caches, strict=True):
@@ -197,7 +197,7 @@ def test_quantized_stack_takes_steps_past_the_blocked_rows(tiny_model_dir, dtype
     tables = torch.arange(rows, dtype=torch.int32)[:, None]
     context = torch.ones(rows, dtype=torch.int32)
     starts = torch.arange(rows + 1, dtype=torch.int32)
-    stacked = stack(x.clone(), [rope], [(slots, tables, context, starts)])
+    stacked = stack(x.clone(), [rope], [(slots, tables, context, starts, None)])
     assert stacked is not None
     stacked_caches = [layer.self_attn.k_cache.clone() for layer in model.layers]
     for layer in model.layers:
@@ -235,6 +235,6 @@ def test_a_quantization_the_kernel_does_not_know_is_named(tiny_model_dir):
     one = torch.ones(1, dtype=torch.int32)
     with pytest.raises(ValueError, match="linear: a quantization the kernel does not know"):
         stack(x, [(cos, sin)], [(one - 1, one[:, None] - 1, one,
-                                 torch.tensor([0, 1], dtype=torch.int32))])
+                                 torch.tensor([0, 1], dtype=torch.int32), None)])
     with pytest.raises(ValueError, match="linear: a quantization the kernel does not know"):
         o_proj(torch.zeros(1, o_proj.quantized.in_features))
