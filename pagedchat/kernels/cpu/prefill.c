@@ -38,15 +38,19 @@
  * its 16 registers of 8 floats instead. */
 #if VF_REGISTERS >= 32
 #define SUM_VECTORS MAX_ROWS
-#define SUM_SLICE MAX_ROWS
+#define SUM_SLICE 4
+/* its passes unrolled, so that each pass's rows and columns are literals and its
+ * accumulators registers (else GCC keeps them in memory) */
+#define PASSES_UNROLLED UNROLLED
 #else
 #define SUM_VECTORS 6
 #define SUM_SLICE 2
+#define PASSES_UNROLLED
 #endif
 #if defined(VF_AVX2)
 #define SCORE_ROWS 4
-#define SUM_ROWS 2
-#define SUM_WIDTH 4
+#define SUM_ROWS 4
+#define SUM_WIDTH 2
 #endif
 #define KEY_TILE 16
 #define MAX_HEAD_DIM 256
@@ -246,9 +250,12 @@ static inline __attribute__((always_inline)) void weighted_sum(
     const int chunks = head_dim / 16;
     const int slice = chunks < SUM_SLICE ? chunks : SUM_SLICE;
     const int per_pass = SUM_VECTORS / slice;
+    PASSES_UNROLLED
     for (int c0 = 0; c0 < chunks; c0 += slice) {
         const int cols = chunks - c0 < slice ? chunks - c0 : slice;  /* this slice's */
-        for (int r0 = 0; r0 < valid; r0 += per_pass) {
+        PASSES_UNROLLED
+        for (int r0 = 0; r0 < rows; r0 += per_pass) {
+            if (r0 >= valid) break;
             const int n = rows - r0 < per_pass ? rows - r0 : per_pass;
             vf a[SUM_VECTORS];
             UNROLLED
