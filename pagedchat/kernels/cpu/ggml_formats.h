@@ -283,8 +283,9 @@ static inline __m256i block32_bytes(int type, const uint8_t *b) {
 #endif
 
 /* Output columns [first, end) of out[0][n] = x . W[n] (+ bias[n]) for one row of x and
- * W in Q4_K or Q6_K, on AVX2 also Q4_0 and Q5_0, and Q8_0 where VNNI is (row_bytes bytes a
- * row), with x split into three 8-bit terms (quant_split.c): where decode steps take them. */
+ * W in Q4_K or Q6_K, on AVX2 also Q4_0, Q5_0 and Q8_0, on AVX-512 Q8_0 where VNNI is
+ * (row_bytes bytes a row), with x split into three 8-bit terms (quant_split.c): where
+ * decode steps take them. */
 void split_row_columns(int type, const float *x, const uint8_t *w, int64_t row_bytes,
                        const float *bias, void *out, int out_bf16, int k_dim, int first,
                        int end);
@@ -297,9 +298,10 @@ void split_row_columns(int type, const float *x, const uint8_t *w, int64_t row_b
 #define SPLIT_ROW(type, rows) ((rows) == 1 && ((type) == Q4_K || (type) == Q6_K \
                                                || (type) == Q4_0 || (type) == Q5_0 \
                                                || (type) == Q8_0))
-#elif defined(__AVX2__)  /* Q8_0's bytes taken 128 up overflow maddubs' pairs */
+#elif defined(__AVX2__)
 #define SPLIT_ROW(type, rows) ((rows) == 1 && ((type) == Q4_K || (type) == Q6_K \
-                                               || (type) == Q4_0 || (type) == Q5_0))
+                                               || (type) == Q4_0 || (type) == Q5_0 \
+                                               || (type) == Q8_0))
 #else
 #define SPLIT_ROW(type, rows) 0
 #endif

@@ -10,12 +10,12 @@
  * -0, which no sum begun at +0 can tell. The sums of the products are in another order
  * than quant.c's.
  *
- * On AVX2, one row of x times Q8_0, or Q4_1 with exact offsets (EXACT_OFFSETS), is factored
- * instead (tile_factored): a block's sum is d * (x . q) + m * sum(x), with m = 0 for Q8_0.
- * Each weight d * q + m is then exact as a real number, so the weights are still the
- * reference's; only the rounding of the sums differs, as any order of adding them does. It
- * spares a multiply-add per weight, on the pipes that AVX2's decoding of the weights keeps
- * busy. (One row of Q4_0 and Q5_0 goes to quant_split.c.)
+ * On AVX2, one row of x times Q4_1 with exact offsets (EXACT_OFFSETS) is factored instead
+ * (tile_factored): a block's sum is d * (x . q) + m * sum(x). Each weight d * q + m is then
+ * exact as a real number, so the weights are still the reference's; only the rounding of
+ * the sums differs, as any order of adding them does. It spares a multiply-add per weight,
+ * on the pipes that AVX2's decoding of the weights keeps busy. (One row of Q4_0, Q5_0 and
+ * Q8_0 goes to quant_split.c.)
  */
 #include <omp.h>
 #include <stdint.h>
@@ -416,7 +416,7 @@ tile_one(int type, int cols, const float *x, int k_dim, const uint8_t *const col
 #error "tile_factored takes at most the four columns of a one-row tile"
 #endif
 /* Whether tile_factored takes this format (at one row). */
-#define FACTORED(type, rows) ((rows) == 1 && ((type) == Q4_1 || (type) == Q8_0))
+#define FACTORED(type, rows) ((rows) == 1 && (type) == Q4_1)
 
 /* 8 weights' integers q as float32, from the low or high nibbles of 8 widened bytes. */
 static inline __m256 low_nibbles(__m256i bytes) {
@@ -426,12 +426,12 @@ static inline __m256 high_nibbles(__m256i bytes) {
     return _mm256_cvtepi32_ps(_mm256_srli_epi32(bytes, 4));
 }
 
-/* sums[0][c] = x . column c for the `cols` (1 or 4) columns at col[c], one row of x;
- * xsum[b]: the sum of x's 32 values under block b. Per block and column: p = x . q (8
- * lanes), then acc += d * p; Q4_1's offsets' terms m * xsum[b] of all columns go into one
+/* sums[0][c] = x . column c for the `cols` (1 or 4) columns at col[c] in Q4_1, one row of
+ * x; xsum[b]: the sum of x's 32 values under block b. Per block and column: p = x . q (8
+ * lanes), then acc += d * p; the offsets' terms m * xsum[b] of all columns go into one
  * register (the heads' lanes 2 c + 1: m of column c) and are added at the end. */
 static inline __attribute__((always_inline)) void
-tile_factored(int type, int cols, const float *x, const float *xsum, int k_dim,
+tile_factored(int cols, const float *x, const float *xsum, int k_dim,
               const uint8_t *const col[], int64_t ahead,
               float sums[QUANT_ROWS_MAX][TILE_COLS_MAX]) {
     /* column c's sum in parts acc[parts c ...]: block b adds to part b % parts, so that
@@ -439,14 +439,14 @@ tile_factored(int type, int cols, const float *x, const float *xsum, int k_dim,
     const int parts = 4 / cols;
     __m256 acc[4], offsets = _mm256_setzero_ps();
     for (int c = 0; c < 4; c++) acc[c] = _mm256_setzero_ps();
-    const int bytes = block_bytes(type), skip = type == Q4_1 ? 4 : 2;
+    const int bytes = block_bytes(Q4_1);
     /* the heads widened a block ahead, into the other of two buffers (see tile) */
     float heads[2][8] __attribute__((aligned(32)));
     __m256 head = tile_heads4(col, cols, 0, 0);
     _mm256_store_ps(heads[0], head);
     for (int k = 0, at = 0, b = 0, i = 0; k < k_dim; k += 32, at += bytes, b++, i ^= 1) {
         prefetch_tile_ahead(col, cols, at, ahead);
-        if (type == Q4_1) offsets = _mm256_fmadd_ps(head, _mm256_broadcast_ss(xsum + b), offsets);
+        offsets = _mm256_fmadd_ps(head, _mm256_broadcast_ss(xsum + b), offsets);
         if (k + 32 < k_dim) {
             head = tile_heads4(col, cols, at + bytes, 0);
             _mm256_store_ps(heads[i ^ 1], head);
@@ -455,22 +455,14 @@ tile_factored(int type, int cols, const float *x, const float *xsum, int k_dim,
         const __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8),
                      x2 = _mm256_loadu_ps(x + k + 16), x3 = _mm256_loadu_ps(x + k + 24);
         for (int c = 0; c < cols; c++) {
-            const uint8_t *q = col[c] + at + skip;
-            __m256 p;
-            if (type == Q8_0) {
-                p = _mm256_mul_ps(x0, signed8(q));
-                p = _mm256_fmadd_ps(x1, signed8(q + 8), p);
-                p = _mm256_fmadd_ps(x2, signed8(q + 16), p);
-                p = _mm256_fmadd_ps(x3, signed8(q + 24), p);
-            } else {  /* byte j: weight j in its low nibble, weight j + 16 in its high */
-                const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q));
-                const __m256i b1 =
-                    _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8)));
-                p = _mm256_mul_ps(x0, low_nibbles(b0));
-                p = _mm256_fmadd_ps(x1, low_nibbles(b1), p);
-                p = _mm256_fmadd_ps(x2, high_nibbles(b0), p);
-                p = _mm256_fmadd_ps(x3, high_nibbles(b1), p);
-            }
+            /* byte j: weight j in its low nibble, weight j + 16 in its high */
+            const uint8_t *q = col[c] + at + 4;
+            const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q));
+            const __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8)));
+            __m256 p = _mm256_mul_ps(x0, low_nibbles(b0));
+            p = _mm256_fmadd_ps(x1, low_nibbles(b1), p);
+            p = _mm256_fmadd_ps(x2, high_nibbles(b0), p);
+            p = _mm256_fmadd_ps(x3, high_nibbles(b1), p);
             acc[parts * c + b % parts] = _mm256_fmadd_ps(_mm256_broadcast_ss(&heads[i][2 * c]),
                                                          p, acc[parts * c + b % parts]);
         }
@@ -478,8 +470,7 @@ tile_factored(int type, int cols, const float *x, const float *xsum, int k_dim,
     float offset[8];
     _mm256_storeu_ps(offset, offsets);
     for (int c = 0; c < cols; c++)
-        sums[0][c] = sum8(part_sum(&acc[parts * c], parts))
-                     + (type == Q4_1 ? offset[2 * c + 1] : 0.0f);
+        sums[0][c] = sum8(part_sum(&acc[parts * c], parts)) + offset[2 * c + 1];
 }
 #else
 #define FACTORED(type, rows) 0
@@ -500,7 +491,7 @@ columns(int type, int rows, const float *x, const uint8_t *w, int64_t row_bytes,
         float sums[QUANT_ROWS_MAX][TILE_COLS_MAX];
 #if defined(VF_AVX2)
         if (FACTORED(type, rows) && xsum != NULL)
-            tile_factored(type, cols, x, xsum, k_dim, col, ahead, sums);
+            tile_factored(cols, x, xsum, k_dim, col, ahead, sums);
         else if (rows > 1)
             tile8(type, rows, cols, x, k_dim, col, ahead, sums);
         else
@@ -563,7 +554,7 @@ void quant_rows_part(const float *x, const uint8_t *w, const Format *f, int exac
                           end * cols < n_dim ? end * cols : n_dim);
         return;
     }
-    const int factored = FACTORED(f->type, rows) && (f->type != Q4_1 || exact_offsets);
+    const int factored = FACTORED(f->type, rows) && exact_offsets;
     float xsum[factored ? k_dim / 32 : 1];
     if (factored)
         for (int b = 0; b < k_dim / 32; b++) {

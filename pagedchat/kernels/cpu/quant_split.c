@@ -1,6 +1,6 @@
 /* One row of x times Q4_K or Q6_K weights (a decode step) in integer products, on AVX2 and
- * AVX-512, and Q4_0 and Q5_0 on AVX2 and Q8_0 where VNNI is (their x split per block of 32:
- * see columns_split32): decoding each weight to float32 leaves those products bound by
+ * AVX-512, and Q4_0, Q5_0 and Q8_0 on AVX2 and Q8_0 on AVX-512 where VNNI is (their x split
+ * per block of 32: see columns_split32): decoding each weight to float32 leaves those products bound by
  * instructions, far from the memory's speed. x is split, per group of 256 values, into three
  * rounded terms
  *     x ~ s (a + b / 128 + c / 128^2),  a = round(x / s),  b, c the rounded rests,
@@ -373,16 +373,39 @@ static inline __m256i terms_dot(__m256i q, const int8_t *a, const int8_t *b, con
 #endif
 }
 
-/* The 32 unsigned integers q of a block in Q4_0, Q5_0 or Q8_0 (whose signed bytes are taken
- * 128 up, as VNNI multiplies unsigned bytes by signed ones), and the offset of its weights
- * d q + m in units of d. */
-static inline __m256i one_scale_bytes(int type, const uint8_t *b) {
-    if (type == Q8_0)
-        return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(b + 2)),
-                                _mm256_set1_epi8((char)0x80));
-    return block32_bytes(type, b);
+#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
+/* terms_dot of the block at b: its 32 unsigned integers q in Q4_0, Q5_0 or Q8_0 (whose
+ * signed bytes are taken 128 up, as VNNI multiplies unsigned bytes by signed ones); its
+ * weights are d q + m, m = ONE_SCALE_OFFSET d. */
+static inline __m256i block_terms_dot(int type, const uint8_t *b, const int8_t *ta,
+                                      const int8_t *tb, const int8_t *tc) {
+    const __m256i q = type == Q8_0
+        ? _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(b + 2)),
+                           _mm256_set1_epi8((char)0x80))
+        : block32_bytes(type, b);
+    return terms_dot(q, ta, tb, tc);
 }
 #define ONE_SCALE_OFFSET(type) ((type) == Q4_0 ? -8.0f : (type) == Q5_0 ? -16.0f : -128.0f)
+#else
+/* The same without VNNI, where Q8_0's bytes taken 128 up would overflow maddubs' pairs
+ * (2 * 255 * 127): its signed bytes w are multiplied as |w| (at most 128) by each term
+ * with w's sign, the pairs below 2^15, and its weights have no offset. */
+static inline __m256i block_terms_dot(int type, const uint8_t *b, const int8_t *ta,
+                                      const int8_t *tb, const int8_t *tc) {
+    if (type != Q8_0) return terms_dot(block32_bytes(type, b), ta, tb, tc);
+    const __m256i w = _mm256_loadu_si256((const __m256i *)(b + 2));
+    const __m256i q = _mm256_sign_epi8(w, w);
+    const __m256i sa = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)ta), w),
+                  sb = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)tb), w),
+                  sc = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)tc), w);
+    return _mm256_add_epi32(
+        _mm256_add_epi32(
+            _mm256_madd_epi16(_mm256_maddubs_epi16(q, sa), _mm256_set1_epi16(128 * 128)),
+            _mm256_madd_epi16(_mm256_maddubs_epi16(q, sb), _mm256_set1_epi16(128))),
+        _mm256_madd_epi16(_mm256_maddubs_epi16(q, sc), _mm256_set1_epi16(1)));
+}
+#define ONE_SCALE_OFFSET(type) ((type) == Q4_0 ? -8.0f : (type) == Q5_0 ? -16.0f : 0.0f)
+#endif
 
 /* sums[c] = x . column c for the `cols` (at most 4) columns at col[c], in Q4_0, Q5_0 or Q8_0
  * with x split per block of 32 (x->offsets: each block's float sum of x): a block's sum is
@@ -406,8 +429,8 @@ columns_split32(int type, int cols, const SplitX *x, int k_dim, const uint8_t *c
         float ds[8] __attribute__((aligned(32)));
         _mm256_store_ps(ds, _mm256_mul_ps(d, _mm256_broadcast_ss(x->scale + k / 32)));
         for (int c = 0; c < cols; c++) {
-            const __m256i dots = terms_dot(one_scale_bytes(type, col[c] + at), x->term[0] + k,
-                                           x->term[1] + k, x->term[2] + k);
+            const __m256i dots = block_terms_dot(type, col[c] + at, x->term[0] + k,
+                                                 x->term[1] + k, x->term[2] + k);
             acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots), _mm256_broadcast_ss(ds + 2 * c),
                                      acc[c]);
         }
