@@ -18,10 +18,11 @@ import torch.nn.functional as F
 from pagedchat.kernels.kv_int8 import dequantize, quantize
 from pagedchat.kernels.quant import quantized_embedding, quantized_linear
 
-__all__ = ["copy_blocks", "embedding", "gather_kv", "gelu_tanh_mul", "linear", "max_logsumexp",
-           "pack_embedding", "pack_linear", "paged_attention", "prepare", "quantized_embedding",
-           "quantized_linear", "rms_norm", "rotary", "rotary_store", "screen_candidates",
-           "silu_mul", "split_rotary", "store_kv", "swap_blocks", "write_slots"]
+__all__ = ["copy_blocks", "embedding", "first_key", "gather_kv", "gelu_tanh_mul", "linear",
+           "max_logsumexp", "pack_embedding", "pack_linear", "paged_attention", "prepare",
+           "quantized_embedding", "quantized_linear", "rms_norm", "rotary", "rotary_store",
+           "screen_candidates", "silu_mul", "split_rotary", "store_kv", "swap_blocks",
+           "write_slots"]
 
 
 def prepare() -> None:
@@ -63,6 +64,12 @@ def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, context_len: int,
     return dequantize(rows) if cache.dtype == torch.int8 else rows
 
 
+def first_key(context_len: int, q_len: int, window: int | None) -> int:
+    """The first key a chunk of ``q_len`` queries ending the context reads: its first
+    query's window's (0 without a window)."""
+    return 0 if window is None else max(context_len - q_len - window + 1, 0)
+
+
 def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     block_tables: torch.Tensor, context_lens: torch.Tensor,
                     query_start_loc: torch.Tensor, scale: float, *,
@@ -95,7 +102,7 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         q_len = q.shape[0]
         if q_len == 0:
             continue
-        first = 0 if window is None else max(context_len - q_len - window + 1, 0)
+        first = first_key(context_len, q_len, window)
         k = gather_kv(k_cache, block_tables[i], context_len, first).float()
         v = gather_kv(v_cache, block_tables[i], context_len, first).float()
         if group > 1:

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from pagedchat.kernels import reference
 from pagedchat.kernels.cpu.build import FLOAT, INT, P, declare, kernel
-from pagedchat.kernels.reference import gather_kv, write_slots
+from pagedchat.kernels.reference import first_key, gather_kv, write_slots
 
 # Chunks of at least this many queries go to the chunked-prefill kernel, which reads each
 # tile of K and V once for a tile of query rows (from 8 rows on it beats the row-by-row
@@ -162,7 +162,7 @@ def _sdpa(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     end of the context). The inputs are 4-D on purpose: with 3-D ones torch falls back to
     its slow path on the CPU."""
     q_len = q.shape[0]
-    first = 0 if window is None else max(context_len - q_len - window + 1, 0)
+    first = first_key(context_len, q_len, window)
     k, v = (gather_kv(cache, block_table, context_len, first).to(q.dtype).transpose(0, 1)
             .unsqueeze(0) for cache in (k_cache, v_cache))
     q4 = q.transpose(0, 1).unsqueeze(0)

@@ -33,9 +33,9 @@ typedef struct {
     int count;
 } Product;
 
-/* One layer's weights and KV caches (blocks of block_size tokens). Norms, caches and a blocked product's bias
- * are of the step's element type; a quantized product's bias is float32, as
- * quantized_linear passes it. post_norm is the norm that adds the residual before the
+/* One layer's weights and KV caches (blocks of block_size tokens). Norms, caches and a
+ * blocked product's bias are of the step's element type; a quantized product's bias is
+ * float32, as quantized_linear passes it. post_norm is the norm that adds the residual before the
  * MLP. Norms a layer may lack (NULL): q_norm and k_norm over each head (Qwen 3, Gemma 3),
  * attention_out_norm on attention's output and mlp_out_norm on the MLP's (Gemma 3).
  * rope and group: the layer's entries in the step's rope tables and attention groups.

@@ -294,10 +294,6 @@ void split_row_columns(int type, const float *x, const uint8_t *w, int64_t row_b
                                                || (type) == Q8_0))
 #elif defined(__AVX512BW__)
 #define SPLIT_ROW(type, rows) ((rows) == 1 && ((type) == Q4_K || (type) == Q6_K))
-#elif defined(__AVXVNNI__)
-#define SPLIT_ROW(type, rows) ((rows) == 1 && ((type) == Q4_K || (type) == Q6_K \
-                                               || (type) == Q4_0 || (type) == Q5_0 \
-                                               || (type) == Q8_0))
 #elif defined(__AVX2__)
 #define SPLIT_ROW(type, rows) ((rows) == 1 && ((type) == Q4_K || (type) == Q6_K \
                                                || (type) == Q4_0 || (type) == Q5_0 \

@@ -202,9 +202,9 @@ static inline __attribute__((always_inline)) void tile_scores(
 }
 
 /* out = probs V for the item's first `valid` rows (their probabilities in scores, a row
- * every `width` floats, over keys `from` to `keys`): a slice of each row's output for a few rows at a
- * time, the slices' accumulators in registers, each key's V slice loaded once for those
- * rows. A head wider than a slice takes several. */
+ * every `width` floats, over keys `from` to `keys`): a slice of each row's output for a
+ * few rows at a time, the slices' accumulators in registers, each key's V slice loaded
+ * once for those rows. A head wider than a slice takes several. */
 static inline __attribute__((always_inline)) void weighted_sum(
         const Prefill *p, const float *values, const float *scores, int64_t width, int from,
         int keys, int q_start, int first, int kv, const int rows, int valid,

@@ -1,8 +1,8 @@
 /* One row of x times Q4_K or Q6_K weights (a decode step) in integer products, on AVX2 and
  * AVX-512, and Q4_0, Q5_0 and Q8_0 on AVX2 and Q8_0 on AVX-512 where VNNI is (their x split
- * per block of 32: see columns_split32): decoding each weight to float32 leaves those products bound by
- * instructions, far from the memory's speed. x is split, per group of 256 values, into three
- * rounded terms
+ * per block of 32: see columns_split32): decoding each weight to float32 leaves those
+ * products bound by instructions, far from the memory's speed. x is split, per group of
+ * 256 values, into three rounded terms
  *     x ~ s (a + b / 128 + c / 128^2),  a = round(x / s),  b, c the rounded rests,
  * with s a power of two and |a| <= 127 (|b|, |c| <= 64), so that each value is off by at
  * most 2^-21 of the group's largest: float32's reach, where llama.cpp's 8-bit activations
@@ -104,8 +104,8 @@ static void split_x(const float *x, int k_dim, int type, int interleaved,
         const float s = split_scale(vf_reduce_max(most), &inverse);
         for (int i = 0; i < SPLIT_GROUP; i += SPLIT_LANES) {
             const int of_128 = i / 32 % 4;
-            const int at = g + i - 32 * of_128
-                           + 32 * (interleaved && (of_128 == 1 || of_128 == 2) ? 3 - of_128 : of_128);
+            const int swapped = interleaved && (of_128 == 1 || of_128 == 2);
+            const int at = g + i - 32 * of_128 + 32 * (swapped ? 3 - of_128 : of_128);
             split_lanes(x + g + i, s, inverse, term, at);
         }
         float last = s;
@@ -352,10 +352,7 @@ column_split(int type, const SplitX *x, int k_dim, const uint8_t *col, int64_t a
  * integers (below 2^31 for bytes q up to 255, as |a| <= 127 and |b|, |c| <= 64): VNNI's
  * four-product sums shifted between the terms, or each term's byte products summed in pairs
  * times its factor. */
-static inline __m256i terms_dot(__m256i q, const int8_t *a, const int8_t *b, const int8_t *c) {
-    const __m256i ta = _mm256_loadu_si256((const __m256i *)a),
-                  tb = _mm256_loadu_si256((const __m256i *)b),
-                  tc = _mm256_loadu_si256((const __m256i *)c);
+static inline __m256i terms_dot(__m256i q, __m256i ta, __m256i tb, __m256i tc) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
     __m256i sum = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, ta);
     sum = _mm256_dpbusd_epi32(_mm256_slli_epi32(sum, 7), q, tb);
@@ -373,39 +370,33 @@ static inline __m256i terms_dot(__m256i q, const int8_t *a, const int8_t *b, con
 #endif
 }
 
+/* Q8_0's offset in units of d: with VNNI its signed bytes are taken 128 up (VNNI multiplies
+ * unsigned bytes by signed ones); without, that would overflow maddubs' pairs (2 * 255 *
+ * 127), so its bytes w are multiplied as |w| (at most 128) by each term with w's sign, the
+ * pairs below 2^15, and its weights have no offset. */
 #if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
-/* terms_dot of the block at b: its 32 unsigned integers q in Q4_0, Q5_0 or Q8_0 (whose
- * signed bytes are taken 128 up, as VNNI multiplies unsigned bytes by signed ones); its
- * weights are d q + m, m = ONE_SCALE_OFFSET d. */
-static inline __m256i block_terms_dot(int type, const uint8_t *b, const int8_t *ta,
-                                      const int8_t *tb, const int8_t *tc) {
-    const __m256i q = type == Q8_0
-        ? _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(b + 2)),
-                           _mm256_set1_epi8((char)0x80))
-        : block32_bytes(type, b);
-    return terms_dot(q, ta, tb, tc);
-}
+#define Q8_0_TAKEN_UP 1
 #define ONE_SCALE_OFFSET(type) ((type) == Q4_0 ? -8.0f : (type) == Q5_0 ? -16.0f : -128.0f)
 #else
-/* The same without VNNI, where Q8_0's bytes taken 128 up would overflow maddubs' pairs
- * (2 * 255 * 127): its signed bytes w are multiplied as |w| (at most 128) by each term
- * with w's sign, the pairs below 2^15, and its weights have no offset. */
-static inline __m256i block_terms_dot(int type, const uint8_t *b, const int8_t *ta,
-                                      const int8_t *tb, const int8_t *tc) {
-    if (type != Q8_0) return terms_dot(block32_bytes(type, b), ta, tb, tc);
-    const __m256i w = _mm256_loadu_si256((const __m256i *)(b + 2));
-    const __m256i q = _mm256_sign_epi8(w, w);
-    const __m256i sa = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)ta), w),
-                  sb = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)tb), w),
-                  sc = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)tc), w);
-    return _mm256_add_epi32(
-        _mm256_add_epi32(
-            _mm256_madd_epi16(_mm256_maddubs_epi16(q, sa), _mm256_set1_epi16(128 * 128)),
-            _mm256_madd_epi16(_mm256_maddubs_epi16(q, sb), _mm256_set1_epi16(128))),
-        _mm256_madd_epi16(_mm256_maddubs_epi16(q, sc), _mm256_set1_epi16(1)));
-}
+#define Q8_0_TAKEN_UP 0
 #define ONE_SCALE_OFFSET(type) ((type) == Q4_0 ? -8.0f : (type) == Q5_0 ? -16.0f : 0.0f)
 #endif
+
+/* terms_dot of the block at b in Q4_0, Q5_0 or Q8_0 and the terms at ta, tb, tc: its
+ * weights are d q + m, m = ONE_SCALE_OFFSET d, q its 32 unsigned integers (Q8_0: see
+ * above). */
+static inline __m256i block_terms_dot(int type, const uint8_t *b, const int8_t *ta,
+                                      const int8_t *tb, const int8_t *tc) {
+    __m256i a = _mm256_loadu_si256((const __m256i *)ta),
+            bb = _mm256_loadu_si256((const __m256i *)tb),
+            c = _mm256_loadu_si256((const __m256i *)tc);
+    if (type != Q8_0) return terms_dot(block32_bytes(type, b), a, bb, c);
+    const __m256i w = _mm256_loadu_si256((const __m256i *)(b + 2));
+    if (Q8_0_TAKEN_UP)
+        return terms_dot(_mm256_xor_si256(w, _mm256_set1_epi8((char)0x80)), a, bb, c);
+    a = _mm256_sign_epi8(a, w), bb = _mm256_sign_epi8(bb, w), c = _mm256_sign_epi8(c, w);
+    return terms_dot(_mm256_sign_epi8(w, w), a, bb, c);
+}
 
 /* sums[c] = x . column c for the `cols` (at most 4) columns at col[c], in Q4_0, Q5_0 or Q8_0
  * with x split per block of 32 (x->offsets: each block's float sum of x): a block's sum is
