@@ -19,7 +19,7 @@ from typing import IO
 
 from pagedchat.chat.batch_output import BatchError, key, load_done, write_record
 from pagedchat.chat.prompt import render
-from pagedchat.engine.errors import RequestError
+from pagedchat.engine.errors import RequestError, invalid_text
 from pagedchat.engine.llm_engine import LLMEngine
 from pagedchat.engine.outputs import RequestOutput
 from pagedchat.engine.sampling_params import SamplingParams
@@ -98,6 +98,8 @@ def parse_line(text: str, line: int, tokenizer, system: str | None,
     request_id = data.get("id", line)
     if request_id is None or isinstance(request_id, (dict, list)):
         raise LineError(line, "id must be a string or a number")
+    if problem := invalid_text(data):
+        raise LineError(request_id, problem[1], problem[0])
     if unknown := sorted(set(data) - PROMPT_FIELDS - SAMPLING_FIELDS):
         raise LineError(request_id, f"unknown field {unknown[0]!r}", unknown[0])
     if ("prompt" in data) == ("messages" in data):

@@ -40,6 +40,7 @@ def batch(
         from pagedchat.engine.config import EngineConfig
         from pagedchat.engine.llm_engine import LLMEngine
 
+    opt.check_text(system, "--system")
     with opt.user_errors():
         if input_path != "-" and not Path(input_path).is_file():
             raise FileNotFoundError(f"{input_path}: no such file")

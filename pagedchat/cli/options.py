@@ -11,7 +11,7 @@ import typer
 import typer.core
 
 from pagedchat import console, progress
-from pagedchat.engine.errors import PagedChatError
+from pagedchat.engine.errors import PagedChatError, invalid_text
 
 
 class _Group(typer.core.TyperGroup):
@@ -99,3 +99,10 @@ def user_errors() -> Iterator[None]:
         console.note(f"[red]error:[/red] {escape(str(error))}")  # no markup in the text
         raise typer.Exit(1) from error
 
+
+
+def check_text(text: str | None, param_hint: str) -> None:
+    """Refuse (exit 2, as a bad option) text a tokenizer cannot encode: bytes from the shell
+    or a pipe that are not UTF-8."""
+    if problem := invalid_text(text):
+        raise typer.BadParameter(problem[1] + ": give UTF-8 text", param_hint=param_hint)

@@ -53,7 +53,9 @@ def run(
     if prompt is None or prompt == "-":
         if sys.stdin.isatty() and prompt is None:
             raise typer.BadParameter("give a prompt, or pipe one in", param_hint="PROMPT")
-        prompt = sys.stdin.read()
+        prompt = sys.stdin.buffer.read().decode("utf-8", errors="surrogateescape")
+    opt.check_text(prompt, "PROMPT")
+    opt.check_text(system, "--system")
     try:
         with opt.user_errors():
             params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,

@@ -20,3 +20,24 @@ class RequestError(PagedChatError, ValueError):
 
 class WorkerError(PagedChatError):
     """A tensor-parallel worker process died or failed; the engine cannot go on."""
+
+
+def invalid_text(value: object, path: str = "") -> tuple[str, str] | None:
+    """Where ``value`` (a string, or JSON's lists and objects of them) holds what no tokenizer
+    encodes, a lone UTF-16 surrogate (JSON's ``"\\ud800"``, or bytes a command line could not
+    decode): the string's path (``messages.0.content``) and a message naming it; None where
+    every string is Unicode text."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as error:
+            where = f"{path}: " if path else ""
+            return path, (f"{where}the text is not valid Unicode (a lone surrogate "
+                          f"U+{ord(value[error.start]):04X} at character {error.start})")
+        return None
+    items = (value.items() if isinstance(value, dict)
+             else enumerate(value) if isinstance(value, list) else ())
+    for key, item in items:
+        if found := invalid_text(item, f"{path}.{key}" if path else str(key)):
+            return found
+    return None

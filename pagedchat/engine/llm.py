@@ -7,6 +7,7 @@ import itertools
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from pagedchat.engine.config import EngineConfig
+from pagedchat.engine.errors import RequestError, invalid_text
 from pagedchat.engine.llm_engine import LLMEngine
 from pagedchat.engine.outputs import RequestOutput
 from pagedchat.engine.sampling_params import SamplingParams
@@ -69,6 +70,8 @@ class LLM:
         return self.generate(prompts, sampling_params, use_progress)
 
     def encode_chat(self, messages: list[Message]) -> list[int]:
+        if problem := invalid_text(messages, "messages"):
+            raise RequestError(problem[1], "messages")
         encoded = self.tokenizer.apply_chat_template(
             messages, tokenize=True, add_generation_prompt=True)
         return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)

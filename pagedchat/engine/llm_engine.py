@@ -16,7 +16,7 @@ import torch
 
 from pagedchat.engine.block_manager import BlockManager
 from pagedchat.engine.config import EngineConfig, parse_bytes
-from pagedchat.engine.errors import ModelLoadError, RequestError
+from pagedchat.engine.errors import ModelLoadError, RequestError, invalid_text
 from pagedchat.engine.kv_store import KVStore
 from pagedchat.engine.loading.loader import ModelFiles
 from pagedchat.engine.opening import OpenedModel, eos_token_ids, open_model
@@ -79,6 +79,8 @@ class LLMEngine:
         if self.scheduler.find(request_id) is not None:
             raise RequestError(f"request id {request_id!r} is already in use", "request_id")
         text = prompt if isinstance(prompt, str) else None
+        if problem := invalid_text(text, "prompt"):
+            raise RequestError(problem[1], "prompt")
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         self._check_request(token_ids, params)
         if self.kv_store is not None:

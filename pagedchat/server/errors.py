@@ -33,6 +33,8 @@ def _validation_message(error: RequestValidationError) -> tuple[str, str | None]
     param = ".".join(where) or None
     if first.get("type") == "json_invalid":
         return "the request body is not valid JSON", None
+    if first.get("type") == "invalid_text":  # the field is deeper than pydantic's location
+        return str(first.get("msg")), first["ctx"]["param"]
     return (f"{param}: {first.get('msg')}" if param else str(first.get("msg"))), param
 
 

@@ -7,6 +7,9 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
+
+from pagedchat.engine.errors import invalid_text
 
 
 class _Body(BaseModel):
@@ -18,6 +21,17 @@ class _Body(BaseModel):
         """OpenAI's clients send null for "not set": the field's default applies."""
         if isinstance(data, dict):
             return {key: value for key, value in data.items() if value is not None}
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_is_unicode(cls, data: Any) -> Any:
+        """A lone surrogate (JSON's ``"\\ud800"``) is refused by its field's name, before any
+        tokenizer meets it."""
+        if problem := invalid_text(data):
+            param, message = problem
+            raise PydanticCustomError("invalid_text", "{message}",
+                                      {"message": message, "param": param})
         return data
 
 

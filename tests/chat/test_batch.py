@@ -80,6 +80,7 @@ def test_bad_lines_get_error_records_and_the_rest_runs(opts, tmp_path):
                     {"id": "huge", "prompt": "word " * 1100},
                     {"id": "both", "prompt": "x", "messages": []},
                     {"id": "hot", "prompt": "x", "temperature": -1},
+                    r'{"id": "lone", "messages": [{"role": "user", "content": "a\ud800"}]}',
                     "",
                     {"id": "ok2", "prompt": "Bye", "max_tokens": 2})
     out = tmp_path / "out.jsonl"
@@ -92,6 +93,8 @@ def test_bad_lines_get_error_records_and_the_rest_runs(opts, tmp_path):
     assert "context is 1024 tokens" in errors[5]["error"]
     assert "exactly one of" in errors[6]["error"]
     assert "temperature" in errors[7]["error"]
+    assert errors[8]["id"] == "lone" and errors[8]["param"] == "messages.0.content"
+    assert "lone surrogate U+D800 at character 1" in errors[8]["error"]
     assert {r["id"] for r in _records(out) if "text" in r} == {"ok", "ok2"}
     assert "line 2: malformed JSON" in result.stderr
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from typer.testing import CliRunner
 
 from pagedchat.cli import app
@@ -48,6 +49,17 @@ def test_run_names_a_missing_model():
     result = runner.invoke(app, ["run", "--model", "/no/such/model.gguf", "hi"])
     assert result.exit_code == 1
     assert "/no/such/model.gguf: no such file or folder" in result.output
+
+
+@pytest.mark.parametrize("args, stdin, hint", [
+    (["bad \udcff byte"], None, "PROMPT"),  # argv bytes that are not UTF-8, as Python has them
+    (["-"], b"piped \xfe", "PROMPT"),  # a pipe's bytes
+    (["--system", "\udcff", "hi"], None, "--system"),
+])
+def test_run_refuses_text_that_is_not_utf8(tiny_model_dir, args, stdin, hint):
+    result = runner.invoke(app, ["run", "--model", str(tiny_model_dir), *args], input=stdin)
+    assert result.exit_code == 2
+    assert hint in result.output and "lone surrogate" in result.output
 
 
 def test_run_rejects_impossible_sampling(tiny_model_dir):

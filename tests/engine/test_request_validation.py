@@ -11,7 +11,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 
-from pagedchat.engine.errors import RequestError
+from pagedchat.engine.errors import RequestError, invalid_text
 from pagedchat.engine.sampling_params import SamplingParams
 
 FIELDS = ["n", "best_of", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
@@ -85,6 +85,32 @@ def test_token_ids_outside_the_vocabulary_are_refused_at_the_door(tiny_llm):
         engine.add_request("far", [1, 2, 3], params)
     assert caught.value.param == "stop_token_ids"
     assert not engine.has_unfinished_requests()
+
+
+@pytest.mark.parametrize("value, path, character", [
+    ("\ud800", "", 0),  # JSON's "\ud800"
+    ("bad \udcff byte", "", 4),  # a byte 0xff a command line could not decode
+    ({"prompt": ["ok", "x\udfff"]}, "prompt.1", 1),
+    ([{"role": "user", "content": [{"type": "text", "text": "\udc00"}]}], "0.content.0.text", 0),
+])
+def test_lone_surrogates_are_found_by_their_path(value, path, character):
+    where, message = invalid_text(value)
+    assert where == path and f"at character {character}" in message
+    assert message.startswith(f"{path}: ") if path else message.startswith("the text")
+
+
+def test_text_that_is_unicode_passes():
+    assert invalid_text({"prompt": ["ok \U0001f600", 5, None], "n": {"é": "ü"}}) is None
+
+
+def test_text_no_tokenizer_encodes_is_refused_at_the_door(tiny_llm):
+    with pytest.raises(RequestError, match="lone surrogate U\\+D800 at character 3") as caught:
+        tiny_llm.engine.add_request("surrogate", "abc\ud800", SamplingParams(max_tokens=2))
+    assert caught.value.param == "prompt"
+    with pytest.raises(RequestError, match="messages.0.content: the text is not valid") as chat:
+        tiny_llm.chat([{"role": "user", "content": "\udcff"}], SamplingParams(max_tokens=2))
+    assert chat.value.param == "messages"
+    assert not tiny_llm.engine.has_unfinished_requests()
 
 
 class FailsAfter:

@@ -62,6 +62,22 @@ def test_malformed_json_is_400(live_server):
     assert "not valid JSON" in error["message"]
 
 
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/completions", r'{"prompt": "abc\ud800"}', "prompt"),
+    ("/v1/completions", r'{"prompt": ["ok", "\udfff"], "max_tokens": 2}', "prompt.1"),
+    ("/v1/completions", r'{"prompt": "ok", "stop": ["\udc00"]}', "stop.0"),
+    ("/v1/chat/completions", r'{"messages": [{"role": "user", "content": [{"type": "text", '
+                             r'"text": "\ud800"}]}]}', "messages.0.content.0.text"),
+    ("/tokenize", r'{"prompt": "\udbff"}', "prompt"),
+])
+def test_text_that_is_not_unicode_is_400_naming_its_field(live_server, path, body, param):
+    """JSON's escapes can carry a lone UTF-16 surrogate, which no tokenizer encodes."""
+    error = error_of(post(live_server.url, path, body), 400)
+    assert error["param"] == param and "lone surrogate" in error["message"]
+    pair = post(live_server.url, "/v1/completions", r'{"prompt": "\ud83d\ude00", "max_tokens": 1}')
+    assert pair.status_code == 200, pair.text  # an escaped pair is one character
+
+
 def test_unknown_model_is_404(live_server):
     error = error_of(post(live_server.url, "/v1/chat/completions",
                           {"model": "gpt-9", "messages": HELLO}), 404)
