@@ -93,6 +93,8 @@ def parse_line(text: str, line: int, tokenizer, system: str | None,
         data = json.loads(text)
     except json.JSONDecodeError as error:
         raise LineError(line, f"malformed JSON ({error.msg} at column {error.colno})") from None
+    except RecursionError:  # Python's parser recurses per level of nesting
+        raise LineError(line, "malformed JSON (nested too deeply)") from None
     if not isinstance(data, dict):
         raise LineError(line, "a line must be a JSON object")
     request_id = data.get("id", line)

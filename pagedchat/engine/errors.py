@@ -23,21 +23,24 @@ class WorkerError(PagedChatError):
 
 
 def invalid_text(value: object, path: str = "") -> tuple[str, str] | None:
-    """Where ``value`` (a string, or JSON's lists and objects of them) holds what no tokenizer
-    encodes, a lone UTF-16 surrogate (JSON's ``"\\ud800"``, or bytes a command line could not
-    decode): the string's path (``messages.0.content``) and a message naming it; None where
-    every string is Unicode text."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as error:
-            where = f"{path}: " if path else ""
-            return path, (f"{where}the text is not valid Unicode (a lone surrogate "
-                          f"U+{ord(value[error.start]):04X} at character {error.start})")
-        return None
-    items = (value.items() if isinstance(value, dict)
-             else enumerate(value) if isinstance(value, list) else ())
-    for key, item in items:
-        if found := invalid_text(item, f"{path}.{key}" if path else str(key)):
-            return found
+    """Where ``value`` (a string, or JSON's lists and objects of them, nested to any depth)
+    holds what no tokenizer encodes, a lone UTF-16 surrogate (JSON's ``"\\ud800"``, or bytes
+    a command line could not decode): the string's path (``messages.0.content``) and a
+    message naming it; None where every string is Unicode text."""
+    pending = [(path, value)]  # a stack, not recursion: a body may nest thousands deep
+    while pending:
+        where, item = pending.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as error:
+                named = f"{where}: " if where else ""
+                return where, (f"{named}the text is not valid Unicode (a lone surrogate "
+                               f"U+{ord(item[error.start]):04X} at character {error.start})")
+            continue
+        items = (item.items() if isinstance(item, dict)
+                 else enumerate(item) if isinstance(item, list) else ())
+        # reversed onto the stack: the first string in reading order is the one named
+        pending.extend((f"{where}.{key}" if where else str(key), inner)
+                       for key, inner in reversed(list(items)))
     return None

@@ -81,6 +81,7 @@ def test_bad_lines_get_error_records_and_the_rest_runs(opts, tmp_path):
                     {"id": "both", "prompt": "x", "messages": []},
                     {"id": "hot", "prompt": "x", "temperature": -1},
                     r'{"id": "lone", "messages": [{"role": "user", "content": "a\ud800"}]}',
+                    '{"prompt": "x", "stop": ' + "[" * 50_000 + "]" * 50_000 + "}",
                     "",
                     {"id": "ok2", "prompt": "Bye", "max_tokens": 2})
     out = tmp_path / "out.jsonl"
@@ -95,6 +96,7 @@ def test_bad_lines_get_error_records_and_the_rest_runs(opts, tmp_path):
     assert "temperature" in errors[7]["error"]
     assert errors[8]["id"] == "lone" and errors[8]["param"] == "messages.0.content"
     assert "lone surrogate U+D800 at character 1" in errors[8]["error"]
+    assert errors[9]["error"] == "malformed JSON (nested too deeply)"  # not the run's end
     assert {r["id"] for r in _records(out) if "text" in r} == {"ok", "ok2"}
     assert "line 2: malformed JSON" in result.stderr
 
