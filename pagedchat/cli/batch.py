@@ -43,7 +43,8 @@ def batch(
     opt.check_text(system, "--system")
     with opt.user_errors():
         if input_path != "-" and not Path(input_path).is_file():
-            raise FileNotFoundError(f"{input_path}: no such file")
+            raise FileNotFoundError(f"{input_path}: " + ("a folder, not a file of requests"
+                                    if Path(input_path).is_dir() else "no such file"))
         done = load_done(Path(output)) if output != "-" else {}
         raw = sys.stdin.buffer.read() if input_path == "-" else Path(input_path).read_bytes()
         # a line that is not UTF-8 becomes that line's error record, not the run's end

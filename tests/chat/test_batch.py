@@ -105,6 +105,8 @@ def test_missing_input_and_bad_option_value(opts, tmp_path):
     result = runner.invoke(app, ["batch", str(tmp_path / "nope.jsonl"), *opts])
     assert result.exit_code == 1
     assert "nope.jsonl: no such file" in result.stderr
+    folder = runner.invoke(app, ["batch", str(tmp_path), *opts])
+    assert folder.exit_code == 1 and "a folder, not a file of requests" in folder.stderr
     source = _jsonl(tmp_path / "in.jsonl", {"prompt": "x"})
     assert runner.invoke(app, ["batch", str(source), "--temperature", "-1", *opts]).exit_code == 2
 
