@@ -44,7 +44,7 @@ def load_done(path: Path) -> list[dict[str, object]]:
             continue
         try:
             record = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past the parser's reach
             if number == len(raws):  # cut short by a kill: never counts
                 continue
             raise BatchError(f"{path}: line {number} is not JSON; is this the output file of "

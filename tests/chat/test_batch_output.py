@@ -53,6 +53,7 @@ def test_a_file_with_nothing_to_drop_is_left_alone(tmp_path):
     ('{"id": "q", "prompt": "an input line, not a result"}', "is neither an answer nor an error"),
     ("[1, 2]", "is neither an answer nor an error"),
     ("{not json", "is not JSON"),
+    ("[" * 100_000 + "]" * 100_000, "is not JSON"),  # past the parser's recursion
 ])
 def test_a_line_that_is_no_record_stops_before_anything_changes(tmp_path, bad, why):
     out = tmp_path / "out.jsonl"

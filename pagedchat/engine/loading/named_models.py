@@ -120,6 +120,8 @@ def named_model_path(name: str) -> Path:
         known = json.loads(record.read_text())
     except (OSError, ValueError):
         known = {}  # no record, or one cut short: assemble
+    if not isinstance(known, dict):
+        known = {}
     parts = [_identity(path) for path in paths]
     intact = (known.get("sha256") == model.sha256 and target.is_file()
               and known.get("file") == _identity(target))

@@ -72,6 +72,15 @@ def test_a_verified_file_is_not_hashed_again(tmp_path, monkeypatch):
     assert named_model_path("fake-model") == first
 
 
+@pytest.mark.parametrize("record", ["[1, 2]", '{"sha256": ', "null"])
+def test_a_damaged_record_means_assembling_again(tmp_path, monkeypatch, record):
+    content = b"0123456789" * 100
+    _install_fake_model(tmp_path, monkeypatch, content)
+    path = named_model_path("fake-model")
+    path.with_name(path.name + ".verified.json").write_text(record)
+    assert named_model_path("fake-model").read_bytes() == content
+
+
 def test_parts_installed_twice_are_hashed_once_each_and_the_file_kept(tmp_path, monkeypatch):
     """A second virtualenv with the same packages, sharing the cache, checks its parts
     once without rewriting the file (so what was converted from it stays valid); after
