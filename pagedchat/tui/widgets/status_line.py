@@ -1,14 +1,24 @@
-"""One line under the chat: the model's state on the left, the engine's load on the right."""
+"""One line under the chat: the model's state on the left, the engine's load on the right.
+
+While a one-time job runs (compiling the CPU kernels, converting a model: what a first
+start waits for), the line names it and counts its steps: it reports :mod:`pagedchat.progress`
+for the app, from whichever thread does the work."""
 
 from __future__ import annotations
 
+import itertools
 import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 
 from textual.app import ComposeResult
 from textual.containers import Horizontal
+from textual.message import Message
 from textual.reactive import reactive
 from textual.timer import Timer
 from textual.widgets import Static
+
+from pagedchat import progress
 
 
 class StatusLine(Horizontal):
@@ -16,9 +26,30 @@ class StatusLine(Horizontal):
     load: reactive[str] = reactive("")
     _loading: Timer | None = None
 
+    class TaskShown(Message):
+        """A one-time job's progress (``text``), or its end (None), posted from its thread."""
+
+        def __init__(self, key: int, text: str | None) -> None:
+            super().__init__()
+            self.key = key
+            self.text = text
+
+    def __init__(self, **options) -> None:
+        super().__init__(**options)
+        self._state = ""  # the model's: loading, loaded or failed
+        self._tasks: dict[int, str] = {}  # the jobs running now, in the order they began
+        self._keys = itertools.count()
+        self._reporting = ExitStack()
+
     def compose(self) -> ComposeResult:
         yield Static(id="model-state", markup=False)
         yield Static(id="engine-load", markup=False)
+
+    def on_mount(self) -> None:
+        self._reporting.enter_context(progress.reporting(self._report))
+
+    def on_unmount(self) -> None:
+        self._reporting.close()
 
     def watch_model_state(self, text: str) -> None:
         self.query_one("#model-state", Static).update(text)
@@ -30,8 +61,8 @@ class StatusLine(Horizontal):
         """Count the seconds since ``started`` (``time.monotonic``) until :meth:`show_state`, on
         this widget's timer: it ends with the widget (an app's could fire during teardown)."""
         def tick() -> None:
-            self.model_state = (f"◌ loading {model_name}… {time.monotonic() - started:.0f}s "
-                                "(you can type already)")
+            self._show(f"◌ loading {model_name}… {time.monotonic() - started:.0f}s "
+                       "(you can type already)")
 
         tick()
         self._loading = self.set_interval(1.0, tick)
@@ -40,4 +71,33 @@ class StatusLine(Horizontal):
         """The model's state for good: loaded or failed."""
         if self._loading is not None:
             self._loading.stop()
-        self.model_state = text
+        self._show(text)
+
+    def _show(self, state: str | None = None) -> None:
+        if state is not None:
+            self._state = state
+        self.model_state = " · ".join([self._state, *self._tasks.values()])
+
+    @contextmanager
+    def _report(self, description: str, total: int | None) -> Iterator[progress.Advance]:
+        key, done = next(self._keys), 0
+
+        def advance(steps: int = 1) -> None:
+            nonlocal done
+            done += steps
+            counted = f" ({done}/{total})" if total else ""
+            self.post_message(self.TaskShown(key, f"{description}{counted}"))
+
+        advance(0)
+        try:
+            yield advance
+        finally:
+            self.post_message(self.TaskShown(key, None))
+
+    def on_status_line_task_shown(self, event: TaskShown) -> None:
+        event.stop()
+        if event.text is None:
+            self._tasks.pop(event.key, None)
+        else:
+            self._tasks[event.key] = event.text
+        self._show()
