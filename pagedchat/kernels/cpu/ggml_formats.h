@@ -303,12 +303,8 @@ void split_row_columns(int type, const float *x, const uint8_t *w, int64_t row_b
 #endif
 
 /* The most rows the 8-bit products take in registers (quant_int8.c); more go to byte tiles
- * (quant_int8_tile.c), which with VNNI are already the faster ones at 3 rows. */
-#if defined(__AVX512VNNI__)
-#define INT8_ROWS_MAX 2
-#else
+ * (quant_int8_tile.c), which only more rows pay for packing. */
 #define INT8_ROWS_MAX 4
-#endif
 
 /* quant_rows_part's contract, with x rounded to 8 bits (quant_int8.c); type without the
  * flag. Returns 0, 1 for an unknown type, 2 when out of memory. */

@@ -15,12 +15,16 @@
 #include "vector.h"
 
 #if defined(__AVX2__)
-/* Eight int32 sums of four byte products each: lanes 0-3 the run's first 16 weights. */
+/* Eight int32 sums of four byte products each: lanes 0-3 the run's first 16 weights. Q8_0's
+ * signed weights multiply as |w| times x with w's sign. */
 static inline __m256i run_dot(int type, __m256i w, __m256i x) {
-    const __m256i pairs = type == Q8_0
-        ? _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
-        : _mm256_maddubs_epi16(w, x);
-    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+    const __m256i u = type == Q8_0 ? _mm256_sign_epi8(w, w) : w;
+    const __m256i s = type == Q8_0 ? _mm256_sign_epi8(x, w) : x;
+#if defined(DPBUSD256)
+    return DPBUSD256(_mm256_setzero_si256(), u, s);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
 }
 
 #endif

@@ -22,6 +22,14 @@
 #include <immintrin.h>
 #endif
 
+/* VNNI's 256-bit sums of four byte products (unsigned by signed) into 32-bit lanes, in the
+ * AVX-512 or the AVX-VNNI encoding, where the CPU has either. */
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define DPBUSD256(sum, u, s) _mm256_dpbusd_epi32(sum, u, s)
+#elif defined(__AVXVNNI__)
+#define DPBUSD256(sum, u, s) _mm256_dpbusd_avx_epi32(sum, u, s)
+#endif
+
 /* x rounded: q [rows, k_dim]; per run of 32, scale[rows, k_dim / 32] and the run's
  * d * sum(q) in run_sums; per 16, d * sum(q) in half_sums [rows, k_dim / 16]. */
 typedef struct {

@@ -9,12 +9,13 @@
  *   scale and offset per column (a run: the values that share them, 32, or 16 in Q6_K);
  * - each step of four values broadcasts them from a row of x and multiplies them with the
  *   NCOLS columns at once: byte products summed in pairs to 16 bits, the sums of as many
- *   steps as cannot overflow added in 16 bits, then widened to 32 in pairs (with AVX512-VNNI,
- *   four products summed into 32 bits in one instruction). The integer sum of a run is
- *   exact; it is then scaled in float.
+ *   steps as cannot overflow added in 16 bits, then widened to 32 in pairs (with VNNI,
+ *   AVX512-VNNI's or AVX-VNNI's, four products summed into 32 bits in one instruction). The
+ *   integer sum of a run is exact; it is then scaled in float.
  * The byte products take one unsigned operand. The weights' integers are unsigned but
  * Q8_0's, whose signs move onto x (|w| times x with w's sign); with VNNI, Q8_0's products
- * take x + 128 instead, and each run's sum starts at -128 times the sum of its weights.
+ * take x + 128 instead (x's bytes taken up once per call), and each run's sum starts at
+ * -128 times the sum of its weights.
  */
 #include <omp.h>
 #include <stdint.h>
@@ -65,9 +66,15 @@ typedef __m256 fvec;
 #define i_load(p) _mm256_loadu_si256((const __m256i *)(p))
 #define i_zero() _mm256_setzero_si256()
 #define i_set1(v) _mm256_set1_epi32(v)
+#if defined(DPBUSD256)  /* AVX-VNNI */
+#define i_dot(sum, u, s) DPBUSD256(sum, u, s)
+#define i_widen(v) (v)
+#define SHIFTED_X 1
+#else
 #define i_dot(sum, u, s) _mm256_add_epi16(sum, _mm256_maddubs_epi16(u, s))
-#define i_add32(a, b) _mm256_add_epi32(a, b)
 #define i_widen(v) _mm256_madd_epi16(v, _mm256_set1_epi16(1))
+#endif
+#define i_add32(a, b) _mm256_add_epi32(a, b)
 #define i_abs8(v) _mm256_abs_epi8(v)
 #define i_signed(x, w) _mm256_sign_epi8(x, w)
 #define f_zero() _mm256_setzero_ps()
@@ -83,7 +90,13 @@ typedef __m256 fvec;
 #define WIDE 8
 #endif
 #define NCOLS (NV * LANES)  /* output columns in a group */
-#define MR 4                /* rows of x multiplied at a time */
+/* rows of x multiplied at a time: with VNNI a run's sums take one register per row and
+ * vector of columns, and AVX-512's 32 registers hold six rows' (and their float sums) */
+#if defined(__AVX512VNNI__)
+#define MR 6
+#else
+#define MR 4
+#endif
 
 /* The values that share a scale and an offset. */
 static inline int run_length(int type) { return type == Q6_K ? 16 : 32; }
@@ -93,7 +106,7 @@ static inline int run_length(int type) { return type == Q6_K ? 16 : 32; }
  * overflow 16 bits, where a pair of products is at most 2 * 127 * the largest integer (15,
  * 31, 63, or 127 for Q8_0's magnitudes). */
 static inline int depth(int type) {
-#if defined(__AVX512VNNI__)
+#if defined(SHIFTED_X)
     return run_length(type) / 4;
 #endif
     switch (type) {
@@ -164,7 +177,7 @@ pack_tile(int type, const uint8_t *w, int64_t row_bytes, int first, int count, i
                 if (type == Q8_0) {  /* -128 * each column's sum of the run's weights */
                     __m256i sum = _mm256_setzero_si256();
                     for (int i = 0; i < 8; i++)
-                        sum = _mm256_dpbusd_epi32(sum, _mm256_set1_epi8(1), words[i]);
+                        sum = DPBUSD256(sum, _mm256_set1_epi8(1), words[i]);
                     _mm256_storeu_si256((__m256i *)(tile->start + (int64_t)(k / 32 + s) * NCOLS + c0),
                                         _mm256_sub_epi32(_mm256_setzero_si256(),
                                                          _mm256_slli_epi32(sum, 7)));
@@ -223,9 +236,8 @@ tile_sums(int type, int rows, const X8 *x, int row0, int k_dim, const Tile *tile
                     memcpy(&four, xq[r] + 4 * step, 4);
                     const ivec xv = i_set1(four);
 #if defined(SHIFTED_X)
-                    const ivec shifted = i_set1(four ^ (int32_t)0x80808080u);
-                    for (int v = 0; v < NV; v++)
-                        sum16[r][v] = type == Q8_0 ? i_dot(sum16[r][v], shifted, wv[v])
+                    for (int v = 0; v < NV; v++)  /* Q8_0: x was taken 128 up (below) */
+                        sum16[r][v] = type == Q8_0 ? i_dot(sum16[r][v], xv, wv[v])
                                                    : i_dot(sum16[r][v], wv[v], xv);
 #else
                     for (int v = 0; v < NV; v++)
@@ -278,10 +290,15 @@ tile_sums(int type, int rows, const X8 *x, int row0, int k_dim, const Tile *tile
 
 #define ROWS_CASE(TYPE, ROWS) \
     case ROWS: tile_sums(TYPE, ROWS, x, row0, k_dim, tile, sums); break;
+#if MR == 6
+#define ROWS_PAST_4(TYPE) ROWS_CASE(TYPE, 5) ROWS_CASE(TYPE, 6)
+#else
+#define ROWS_PAST_4(TYPE)
+#endif
 #define TYPE_CASE(TYPE)                                                                    \
     case TYPE:                                                                             \
         switch (rows) { ROWS_CASE(TYPE, 1) ROWS_CASE(TYPE, 2) ROWS_CASE(TYPE, 3)           \
-                        ROWS_CASE(TYPE, 4) }                                               \
+                        ROWS_CASE(TYPE, 4) ROWS_PAST_4(TYPE) }                             \
         break;
 
 /* tile_sums with the format and the row count as constants. */
@@ -323,6 +340,10 @@ int quant8_tile_part(const float *x, const uint8_t *w, int type, const float *bi
         free(memory);
         return 2;
     }
+#if defined(SHIFTED_X)
+    if (type == Q8_0)  /* its products take x + 128, unsigned: once here, not per step */
+        for (int64_t i = 0; i < (int64_t)rows * k_dim; i++) x8.q[i] ^= (int8_t)0x80;
+#endif
     Tile tiles[WIDE];
     for (int i = 0; i < WIDE; i++) {
         tiles[i].q = (int8_t *)(memory + i * tile_bytes);
