@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -79,12 +80,27 @@ TensorParallelSize = Annotated[int, typer.Option(
     help="Workers that split the model's heads (one process each).")]
 
 
+# Set by the installed command (cli.main), whose process serves one command: what the
+# engine's imports make (torch's objects, alive to the end) is then frozen out of the
+# collector's reach, so that no full collection walks it in the middle of an answer. A test
+# running commands in its own process keeps its collector whole.
+freeze_imports = False
+
+
+def freeze_imported() -> None:
+    """Hand every object alive now to gc.freeze, where the installed command runs."""
+    if freeze_imports:
+        gc.freeze()
+
+
 @contextmanager
 def starting() -> Iterator[None]:
     """A spinner while a command imports torch and the engine (seconds before a first
-    start's own progress, converting or compiling, can show)."""
+    start's own progress, converting or compiling, can show); then those imports frozen
+    (:func:`freeze_imported`)."""
     with progress.task("starting: loading torch and the engine"):
         yield
+    freeze_imported()
 
 
 @contextmanager
