@@ -48,11 +48,10 @@ def bench(ctx: typer.Context) -> None:
 
 def main() -> None:
     """The installed command: ``app``, with what importing it made (alive for the whole
-    process) frozen out of the collector's reach, and so what the engine's imports make once
-    they are in (``options.freeze_imports``), so that a streaming answer shows no collector
-    pause. Not in the library: a long-lived caller (a test session) keeps its collector."""
+    process) frozen out of the collector's reach, so that a streaming answer shows no
+    collector pause. Not in the library: a long-lived caller (a test session) keeps its
+    collector."""
     gc.freeze()
-    opt.freeze_imports = True
     app()
 
 

@@ -96,5 +96,4 @@ def chat(
              engine_options={"num_kv_blocks": chosen(kv_blocks, "kv_blocks", CHAT.num_kv_blocks),
                              "tensor_parallel_size": tensor_parallel_size, "weights": weights,
                              "kv_cache_dtype": kv_cache_dtype, "speculative": speculative,
-                             "num_speculative_tokens": num_speculative_tokens, **store_options},
-             imported=opt.freeze_imported)
+                             "num_speculative_tokens": num_speculative_tokens, **store_options})

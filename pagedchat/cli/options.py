@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -80,27 +79,12 @@ TensorParallelSize = Annotated[int, typer.Option(
     help="Workers that split the model's heads (one process each).")]
 
 
-# Set by the installed command (cli.main), whose process serves one command: what the
-# engine's imports make (torch's objects, alive to the end) is then frozen out of the
-# collector's reach, so that no full collection walks it in the middle of an answer. A test
-# running commands in its own process keeps its collector whole.
-freeze_imports = False
-
-
-def freeze_imported() -> None:
-    """Hand every object alive now to gc.freeze, where the installed command runs."""
-    if freeze_imports:
-        gc.freeze()
-
-
 @contextmanager
 def starting() -> Iterator[None]:
     """A spinner while a command imports torch and the engine (seconds before a first
-    start's own progress, converting or compiling, can show); then those imports frozen
-    (:func:`freeze_imported`)."""
+    start's own progress, converting or compiling, can show)."""
     with progress.task("starting: loading torch and the engine"):
         yield
-    freeze_imported()
 
 
 @contextmanager
@@ -116,9 +100,7 @@ def user_errors() -> Iterator[None]:
         raise typer.Exit(1) from error
 
 
-
 def check_text(text: str | None, param_hint: str) -> None:
-    """Refuse (exit 2, as a bad option) text a tokenizer cannot encode: bytes from the shell
-    or a pipe that are not UTF-8."""
+    """Refuse (exit 2) shell or pipe bytes that are not UTF-8: no tokenizer encodes them."""
     if problem := invalid_text(text):
         raise typer.BadParameter(problem[1] + ": give UTF-8 text", param_hint=param_hint)

@@ -23,24 +23,20 @@ class WorkerError(PagedChatError):
 
 
 def invalid_text(value: object, path: str = "") -> tuple[str, str] | None:
-    """Where ``value`` (a string, or JSON's lists and objects of them, nested to any depth)
-    holds what no tokenizer encodes, a lone UTF-16 surrogate (JSON's ``"\\ud800"``, or bytes
-    a command line could not decode): the string's path (``messages.0.content``) and a
-    message naming it; None where every string is Unicode text."""
-    pending = [(path, value)]  # a stack, not recursion: a body may nest thousands deep
+    """The path (``messages.0.content``) of the first string in ``value`` (JSON's strings,
+    lists and objects, at any depth) that no tokenizer encodes, one with a lone surrogate (from
+    JSON's ``"\\ud800"`` or undecodable command-line bytes), and a message naming it."""
+    pending = [(path, value)]  # a stack: a body may nest deeper than Python recurses
     while pending:
         where, item = pending.pop()
         if isinstance(item, str):
             try:
-                item.encode("utf-8")
+                item.encode()
             except UnicodeEncodeError as error:
-                named = f"{where}: " if where else ""
-                return where, (f"{named}the text is not valid Unicode (a lone surrogate "
-                               f"U+{ord(item[error.start]):04X} at character {error.start})")
-            continue
-        items = (item.items() if isinstance(item, dict)
-                 else enumerate(item) if isinstance(item, list) else ())
-        # reversed onto the stack: the first string in reading order is the one named
-        pending.extend((f"{where}.{key}" if where else str(key), inner)
-                       for key, inner in reversed(list(items)))
+                return where, (f"{where}: " if where else "") + (
+                    f"the text is not valid Unicode (a lone surrogate "
+                    f"U+{ord(item[error.start]):04X} at character {error.start})")
+        elif isinstance(item, (dict, list)):  # pushed reversed: the first found is named
+            keys = list(item if isinstance(item, dict) else range(len(item)))
+            pending.extend((f"{where}.{k}" if where else str(k), item[k]) for k in keys[::-1])
     return None

@@ -25,13 +25,10 @@ class _Body(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _text_is_unicode(cls, data: Any) -> Any:
-        """A lone surrogate (JSON's ``"\\ud800"``) is refused by its field's name, before any
-        tokenizer meets it."""
+    def _text_is_unicode(cls, data: Any) -> Any:  # JSON's "\ud800" named before a tokenizer
         if problem := invalid_text(data):
-            param, message = problem
             raise PydanticCustomError("invalid_text", "{message}",
-                                      {"message": message, "param": param})
+                                      {"message": problem[1], "param": problem[0]})
         return data
 
 

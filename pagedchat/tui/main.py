@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -21,12 +20,9 @@ CHAT = PRESETS["chat"]
 
 def run_chat(*, model: str | None, db: Path | None, continue_last: bool, session_id: int | None,
              context_window: int, raw: bool, settings: SamplingSettings, system_prompt: str,
-             engine_options: dict[str, object],
-             imported: Callable[[], None] = lambda: None) -> None:
+             engine_options: dict[str, object]) -> None:
     """``settings`` and ``system_prompt`` are those of new sessions; ``engine_options``: the
-    engine's options by EngineConfig's names (KV blocks, weights, speculation, the KV store);
-    ``imported`` is called once torch and the engine are imported (on the loading thread),
-    before the first engine is built."""
+    engine's options by EngineConfig's names (KV blocks, weights, speculation, the KV store)."""
     from pagedchat.tui.app import ChatApp  # Textual loads only when the app runs
 
     try:
@@ -37,18 +33,8 @@ def run_chat(*, model: str | None, db: Path | None, continue_last: bool, session
     except StoreError as error:
         raise typer.BadParameter(str(error), param_hint="--db") from error
     name = Path(model).name if model else DEFAULT_MODEL_NAME
-    engine_imported = False
-
-    def load_model(spec: str | None):
-        nonlocal engine_imported
-        if not engine_imported:
-            import pagedchat.engine.llm_engine  # noqa: F401  torch and the engine, here
-
-            imported()
-            engine_imported = True
-        return load_engine(spec, max_num_seqs=CHAT.max_num_seqs,
-                           swap_space=swap_space("recompute"), **engine_options)
-
+    load_model = partial(load_engine, max_num_seqs=CHAT.max_num_seqs,
+                         swap_space=swap_space("recompute"), **engine_options)
     app = ChatApp(store, partial(load_model, model), name, context_window=context_window,
                   raw=raw, session_id=session_id, continue_last=continue_last,
                   settings=settings, system_prompt=system_prompt, load_model=load_model)

@@ -1,8 +1,6 @@
 """One line under the chat: the model's state on the left, the engine's load on the right.
-
-While a one-time job runs (compiling the CPU kernels, converting a model: what a first
-start waits for), the line names it and counts its steps: it reports :mod:`pagedchat.progress`
-for the app, from whichever thread does the work."""
+Beside the state, the one-time jobs a first start waits for (compiling the kernels,
+converting a model) with their steps, as :mod:`pagedchat.progress` reports them."""
 
 from __future__ import annotations
 
@@ -27,19 +25,16 @@ class StatusLine(Horizontal):
     _loading: Timer | None = None
 
     class TaskShown(Message):
-        """A one-time job's progress (``text``), or its end (None), posted from its thread."""
+        """A job's progress, or its end (``text`` None), posted from the thread doing it."""
 
         def __init__(self, key: int, text: str | None) -> None:
             super().__init__()
-            self.key = key
-            self.text = text
+            self.key, self.text = key, text
 
     def __init__(self, **options) -> None:
         super().__init__(**options)
-        self._state = ""  # the model's: loading, loaded or failed
-        self._tasks: dict[int, str] = {}  # the jobs running now, in the order they began
-        self._keys = itertools.count()
-        self._reporting = ExitStack()
+        self._state, self._tasks = "", {}  # the model's state; the jobs running, by key
+        self._keys, self._reporting = itertools.count(), ExitStack()
 
     def compose(self) -> ComposeResult:
         yield Static(id="model-state", markup=False)
@@ -74,8 +69,7 @@ class StatusLine(Horizontal):
         self._show(text)
 
     def _show(self, state: str | None = None) -> None:
-        if state is not None:
-            self._state = state
+        self._state = self._state if state is None else state
         self.model_state = " · ".join([self._state, *self._tasks.values()])
 
     @contextmanager
@@ -86,7 +80,7 @@ class StatusLine(Horizontal):
             nonlocal done
             done += steps
             counted = f" ({done}/{total})" if total else ""
-            self.post_message(self.TaskShown(key, f"{description}{counted}"))
+            self.post_message(self.TaskShown(key, description + counted))
 
         advance(0)
         try:
