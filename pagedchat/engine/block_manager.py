@@ -29,14 +29,9 @@ from pagedchat.engine.step_input import KEPT_ROWS
 
 
 class BlockManager(PrefixCache):
-    def __init__(
-        self,
-        num_blocks: int,
-        block_size: int,
-        num_host_blocks: int = 0,
-        enable_prefix_caching: bool = True,
-        windows: tuple[int | None, ...] = (None,),
-    ) -> None:
+    def __init__(self, num_blocks: int, block_size: int, num_host_blocks: int = 0,
+                 enable_prefix_caching: bool = True,
+                 windows: tuple[int | None, ...] = (None,)) -> None:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.enable_prefix_caching = enable_prefix_caching
@@ -96,10 +91,8 @@ class BlockManager(PrefixCache):
     def is_hashed(self, block_id: int) -> bool:  # a full block others can find by its prefix
         return self.blocks[block_id].hash != NO_HASH
 
-    def blocks_needed(
-        self, seq: Sequence, num_new_tokens: int, hit: PrefixHit = NO_HIT,
-        refs: dict[int, int] | None = None,
-    ) -> int:
+    def blocks_needed(self, seq: Sequence, num_new_tokens: int, hit: PrefixHit = NO_HIT,
+                      refs: dict[int, int] | None = None) -> int:
         """Fresh blocks ``allocate_slots`` would pop for ``seq`` (cached hits not counted).
         ``refs`` (block id -> ref count) counts several sequences sharing blocks as if they
         were allocated one after another."""

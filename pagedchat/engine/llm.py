@@ -31,12 +31,9 @@ class LLM:
         """Stop the tensor-parallel workers, if any (also done at exit)."""
         self.engine.shutdown()
 
-    def generate(
-        self,
-        prompts: str | list[int] | list[str] | list[list[int]],
-        sampling_params: SamplingParams | list[SamplingParams] | None = None,
-        use_progress: bool = False,
-    ) -> list[RequestOutput]:
+    def generate(self, prompts: str | list[int] | list[str] | list[list[int]],
+                 sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 use_progress: bool = False) -> list[RequestOutput]:
         """Run every prompt to the end, continuously batched; outputs in input order."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
@@ -58,12 +55,9 @@ class LLM:
                         bar.advance(task)
         return [finished[request_id] for request_id in ids]
 
-    def chat(
-        self,
-        messages: list[Message] | list[list[Message]],
-        sampling_params: SamplingParams | None = None,
-        use_progress: bool = False,
-    ) -> list[RequestOutput]:
+    def chat(self, messages: list[Message] | list[list[Message]],
+             sampling_params: SamplingParams | None = None,
+             use_progress: bool = False) -> list[RequestOutput]:
         """Apply the model's chat template to one conversation or a list of them."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts = [self.encode_chat(conversation) for conversation in conversations]

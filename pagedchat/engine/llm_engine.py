@@ -67,13 +67,9 @@ class LLMEngine:
         self.model_config = model_config
         self.load_seconds = time.perf_counter() - start
 
-    def add_request(
-        self,
-        request_id: str,
-        prompt: str | list[int],
-        params: SamplingParams | None = None,
-        arrival_time: float | None = None,
-    ) -> None:
+    def add_request(self, request_id: str, prompt: str | list[int],
+                    params: SamplingParams | None = None,
+                    arrival_time: float | None = None) -> None:
         """Queue a request; a request that can never be served raises RequestError now."""
         params = params or SamplingParams()
         if self.scheduler.find(request_id) is not None:

@@ -116,14 +116,8 @@ class BeamHypothesis:
 class SequenceGroup:
     """All sequences of one request, scheduled, preempted and resumed together."""
 
-    def __init__(
-        self,
-        request_id: str,
-        prompt: str | None,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        arrival_time: float | None = None,
-    ) -> None:
+    def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
+                 params: SamplingParams, arrival_time: float | None = None) -> None:
         self.request_id = request_id
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)

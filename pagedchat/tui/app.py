@@ -70,20 +70,12 @@ class ChatApp(App):
                 priority=True, tooltip="Switch to the session below"),
     ]
 
-    def __init__(
-        self,
-        store: Store,
-        load_engine: Callable[[], LLMEngine],
-        model_name: str,
-        *,
-        context_window: int = DEFAULT_CONTEXT_WINDOW,
-        raw: bool = False,
-        session_id: int | None = None,
-        continue_last: bool = False,
-        settings: SamplingSettings | None = None,
-        system_prompt: str = DEFAULT_SYSTEM_PROMPT,
-        load_model: Callable[[str | None], LLMEngine] | None = None,
-    ) -> None:
+    def __init__(self, store: Store, load_engine: Callable[[], LLMEngine], model_name: str, *,
+                 context_window: int = DEFAULT_CONTEXT_WINDOW, raw: bool = False,
+                 session_id: int | None = None, continue_last: bool = False,
+                 settings: SamplingSettings | None = None,
+                 system_prompt: str = DEFAULT_SYSTEM_PROMPT,
+                 load_model: Callable[[str | None], LLMEngine] | None = None) -> None:
         """``settings`` and ``system_prompt`` are those of new sessions; ``load_model``
         makes the engine of another model for ``/model`` (None: the app cannot switch)."""
         super().__init__()

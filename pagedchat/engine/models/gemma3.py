@@ -48,9 +48,8 @@ class Gemma3DecoderLayer(nn.Module):
         self.mlp = MLP(config, kernels, tp, "gelu_tanh_mul")
         self.post_feedforward_layernorm = OffsetRMSNorm(size, eps, kernels)
 
-    def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None, rope: Rope, meta: AttentionMetadata
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, rope: Rope,
+                meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
         """transformers' ``r + post(attn(pre(r)))`` then the same for the MLP, each residual
         add folded into the norm after it, as in Llama's layer: it takes and returns its
         last sublayer's (post-normed) output and the residual stream still to be added."""
@@ -93,10 +92,8 @@ class Gemma3ForCausalLM(CausalLM):
             "local": RotaryEmbedding(*rope_parameters(
                 self.config, self.config.local_rope_parameters, LOCAL))}
 
-    def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-        group_metas: list[AttentionMetadata] | None = None,
-    ) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                group_metas: list[AttentionMetadata] | None = None) -> torch.Tensor:
         """``group_metas``: per layer group (see ``engine/kv_groups.py``) the slots and block
         tables its layers store and read through; None when there is one group (``meta``)."""
         x = self.embed_tokens(input_ids)
