@@ -301,6 +301,16 @@ void split_row_columns(int type, const float *x, const uint8_t *w, int64_t row_b
 #else
 #define SPLIT_ROW(type, rows) 0
 #endif
+/* Two rows of x that the one-row integer products take one at a time: reading the weights
+ * twice at the memory's speed beats the register tiles, which decode each weight to float
+ * (on AVX-512, Q4_K's tiles already keep pace). */
+#if defined(__AVX512BW__)
+#define SPLIT_ROWS_APART(type, rows) ((rows) == 2 && (type) == Q6_K)
+#elif defined(__AVX2__)
+#define SPLIT_ROWS_APART(type, rows) ((rows) == 2 && ((type) == Q4_K || (type) == Q6_K))
+#else
+#define SPLIT_ROWS_APART(type, rows) 0
+#endif
 
 /* The most rows the 8-bit products take in registers (quant_int8.c); more go to byte tiles
  * (quant_int8_tile.c), which only more rows pay for packing. */

@@ -546,12 +546,15 @@ void quant_rows_part(const float *x, const uint8_t *w, const Format *f, int exac
                      const float *bias, void *out, int out_bf16, int rows, int k_dim,
                      int n_dim, int64_t out_stride, int t, int count, const float *bounds) {
     const int64_t row_bytes = (int64_t)k_dim / f->block_size * f->type_size;
-    const int cols = COLS_FOR(f->type, rows), tiles = (n_dim + cols - 1) / cols;
+    const int apart = SPLIT_ROWS_APART(f->type, rows);
+    const int cols = COLS_FOR(f->type, apart ? 1 : rows), tiles = (n_dim + cols - 1) / cols;
     int first, end;
     thread_run(tiles, t, count, bounds, &first, &end);
-    if (SPLIT_ROW(f->type, rows)) {
-        split_row_columns(f->type, x, w, row_bytes, bias, out, out_bf16, k_dim, first * cols,
-                          end * cols < n_dim ? end * cols : n_dim);
+    if (SPLIT_ROW(f->type, rows) || apart) {
+        for (int r = 0; r < rows; r++)
+            split_row_columns(f->type, x + (int64_t)r * k_dim, w, row_bytes, bias,
+                              (char *)out + r * out_stride * (out_bf16 ? 2 : 4), out_bf16,
+                              k_dim, first * cols, end * cols < n_dim ? end * cols : n_dim);
         return;
     }
     const int factored = FACTORED(f->type, rows) && exact_offsets;
