@@ -23,9 +23,8 @@ class WorkerError(PagedChatError):
 
 
 def invalid_text(value: object, path: str = "") -> tuple[str, str] | None:
-    """The path (``messages.0.content``) of the first string in ``value`` (JSON's strings,
-    lists and objects, at any depth) that no tokenizer encodes, one with a lone surrogate (from
-    JSON's ``"\\ud800"`` or undecodable command-line bytes), and a message naming it."""
+    """The path (``messages.0.content``) and a message naming it, of the first string in
+    ``value`` (JSON, any depth) with a lone surrogate (JSON's ``"\\ud800"``, undecodable bytes)."""
     pending = [(path, value)]  # a stack: a body may nest deeper than Python recurses
     while pending:
         where, item = pending.pop()

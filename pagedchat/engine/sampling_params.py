@@ -161,8 +161,6 @@ class SamplingParams:
 
 
 def _bad(param: str, reason: str) -> RequestError:
-    if len(reason) > 160:  # the value echoed back, cut: a line's error stays one line
-        reason = reason[:157] + "..."
     return RequestError(f"invalid sampling parameters: {param} {reason}", param)
 
 

@@ -18,17 +18,13 @@ class _Body(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _null_is_default(cls, data: Any) -> Any:
-        """OpenAI's clients send null for "not set": the field's default applies."""
-        if isinstance(data, dict):
-            return {key: value for key, value in data.items() if value is not None}
-        return data
-
-    @model_validator(mode="before")
-    @classmethod
-    def _text_is_unicode(cls, data: Any) -> Any:  # JSON's "\ud800" named before a tokenizer
+        """OpenAI's clients send null for "not set": the field's default applies. Text no
+        tokenizer encodes (JSON's "\\ud800") is refused here, by its field's path."""
         if problem := invalid_text(data):
             raise PydanticCustomError("invalid_text", "{message}",
                                       {"message": problem[1], "param": problem[0]})
+        if isinstance(data, dict):
+            return {key: value for key, value in data.items() if value is not None}
         return data
 
 

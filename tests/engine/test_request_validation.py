@@ -103,14 +103,11 @@ def test_text_that_is_unicode_passes():
     assert invalid_text({"prompt": ["ok \U0001f600", 5, None], "n": {"é": "ü"}}) is None
 
 
-def test_any_depth_is_searched_and_an_echoed_value_is_cut():
+def test_any_depth_is_searched():
     deep: object = "\ud800"
     for _ in range(20_000):  # far past Python's recursion limit
         deep = [deep]
     assert invalid_text({"x": deep})[0] == "x" + ".0" * 20_000
-    with pytest.raises(RequestError) as caught:
-        SamplingParams(stop=[[[]]] * 1000)
-    assert len(str(caught.value)) < 240 and str(caught.value).endswith("...")
 
 
 def test_text_no_tokenizer_encodes_is_refused_at_the_door(tiny_llm):
