@@ -516,6 +516,20 @@ def test_one_row_split_product_keeps_float32_precision(kernels, name, kind):
     assert bool((error <= allowance).all()), f"worst excess {(error / allowance).max():.2f}x"
 
 
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("rows", [2, 3, 4])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_few_rows_cover_every_column_run(kernels, name, rows, threads):
+    """A few rows that the one-row products take apart (SPLIT_ROWS_APART) go over each
+    thread's columns in runs of about 256 KiB of weights, every row over a run before the
+    next run: 600 columns of 2,048 values are two to four runs a thread, the last part-filled."""
+    weight = random_weight(name, 600, 2048, seed=rows)
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 2048, generator=g)
+    close(product_on_threads(kernels, threads, x, weight), quant.quantized_linear(x, weight),
+          1e-5)
+
+
 @pytest.mark.parametrize("byte", [127, -128])
 def test_one_row_q8_0_product_at_the_integer_sums_limit(kernels, byte):
     """Every Q8_0 integer at an end of its range (127: 255 once taken 128 up, the largest

@@ -282,13 +282,13 @@ static inline __m256i block32_bytes(int type, const uint8_t *b) {
 }
 #endif
 
-/* Output columns [first, end) of out[0][n] = x . W[n] (+ bias[n]) for one row of x and
- * W in Q4_K or Q6_K, on AVX2 also Q4_0, Q5_0 and Q8_0, on AVX-512 Q8_0 where VNNI is
- * (row_bytes bytes a row), with x split into three 8-bit terms (quant_split.c): where
- * decode steps take them. */
-void split_row_columns(int type, const float *x, const uint8_t *w, int64_t row_bytes,
-                       const float *bias, void *out, int out_bf16, int k_dim, int first,
-                       int end);
+/* Output columns [first, end) of out[m][n] = x[m] . W[n] (+ bias[n]) for `rows` rows of x
+ * taken one at a time (one, or a few: SPLIT_ROWS_APART) and W in Q4_K or Q6_K, on AVX2 also
+ * Q4_0, Q5_0 and Q8_0, on AVX-512 Q8_0 where VNNI is (row_bytes bytes a row), with x split
+ * into three 8-bit terms (quant_split.c): where decode steps take them. */
+void split_row_columns(int type, int rows, const float *x, const uint8_t *w,
+                       int64_t row_bytes, const float *bias, void *out, int out_bf16,
+                       int64_t out_stride, int k_dim, int first, int end);
 #if defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define SPLIT_ROW(type, rows) ((rows) == 1 && ((type) == Q4_K || (type) == Q6_K \
                                                || (type) == Q8_0))
@@ -301,13 +301,14 @@ void split_row_columns(int type, const float *x, const uint8_t *w, int64_t row_b
 #else
 #define SPLIT_ROW(type, rows) 0
 #endif
-/* Two rows of x that the one-row integer products take one at a time: reading the weights
- * twice at the memory's speed beats the register tiles, which decode each weight to float
- * (on AVX-512, Q4_K's tiles already keep pace). */
+/* A few rows of x that the one-row integer products take one at a time, over runs of
+ * columns that stay in the cache for the rows after the first: where that beats the register
+ * tiles, which decode each weight to float (on AVX-512, Q4_K's tiles already keep pace). */
 #if defined(__AVX512BW__)
-#define SPLIT_ROWS_APART(type, rows) ((rows) == 2 && (type) == Q6_K)
+#define SPLIT_ROWS_APART(type, rows) ((rows) >= 2 && (rows) <= 3 && (type) == Q6_K)
 #elif defined(__AVX2__)
-#define SPLIT_ROWS_APART(type, rows) ((rows) == 2 && ((type) == Q4_K || (type) == Q6_K))
+#define SPLIT_ROWS_APART(type, rows) \
+    ((rows) >= 2 && (rows) <= ((type) == Q4_K ? 4 : (type) == Q6_K ? 2 : 0))
 #else
 #define SPLIT_ROWS_APART(type, rows) 0
 #endif

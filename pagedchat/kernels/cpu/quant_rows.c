@@ -551,10 +551,8 @@ void quant_rows_part(const float *x, const uint8_t *w, const Format *f, int exac
     int first, end;
     thread_run(tiles, t, count, bounds, &first, &end);
     if (SPLIT_ROW(f->type, rows) || apart) {
-        for (int r = 0; r < rows; r++)
-            split_row_columns(f->type, x + (int64_t)r * k_dim, w, row_bytes, bias,
-                              (char *)out + r * out_stride * (out_bf16 ? 2 : 4), out_bf16,
-                              k_dim, first * cols, end * cols < n_dim ? end * cols : n_dim);
+        split_row_columns(f->type, rows, x, w, row_bytes, bias, out, out_bf16, out_stride,
+                          k_dim, first * cols, end * cols < n_dim ? end * cols : n_dim);
         return;
     }
     const int factored = FACTORED(f->type, rows) && exact_offsets;

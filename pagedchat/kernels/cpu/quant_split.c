@@ -469,32 +469,46 @@ split_columns_of(int type, const SplitX *x, const uint8_t *w, int64_t row_bytes,
     }
 }
 
-void split_row_columns(int type, const float *x, const uint8_t *w, int64_t row_bytes,
-                       const float *bias, void *out, int out_bf16, int k_dim, int first,
-                       int end) {
+void split_row_columns(int type, int rows, const float *x, const uint8_t *w,
+                       int64_t row_bytes, const float *bias, void *out, int out_bf16,
+                       int64_t out_stride, int k_dim, int first, int end) {
     if (first >= end) return;
-    int8_t bytes[SPLIT_TERMS][k_dim];
-    int8_t *term[SPLIT_TERMS];
-    for (int t = 0; t < SPLIT_TERMS; t++) term[t] = bytes[t];
-    float scale[k_dim / 32], offsets[k_dim / 16];
-    SplitX split = {.scale = scale, .offsets = offsets};
-    for (int t = 0; t < SPLIT_TERMS; t++) split.term[t] = term[t];
+    int8_t bytes[rows][SPLIT_TERMS][k_dim];
+    float scale[rows][k_dim / 32], offsets[rows][k_dim / 16];
+    SplitX split[rows];
 #if defined(__AVX512BW__)
     const int interleaved = type == Q4_K;
 #else
     const int interleaved = 0;
 #endif
-    if (type < Q4_K) split_x32(x, k_dim, term, scale, offsets);
-    else split_x(x, k_dim, type, interleaved, term, scale, offsets);
-    /* each format's loops with its type a constant */
-#define SPLIT_CASE(TYPE)                                                                   \
-    case TYPE:                                                                             \
-        split_columns_of(TYPE, &split, w, row_bytes, bias, out, out_bf16, k_dim, first,   \
-                         end);                                                             \
-        break;
-    switch (type) {
-        SPLIT_CASE(Q4_0) SPLIT_CASE(Q5_0) SPLIT_CASE(Q8_0) SPLIT_CASE(Q4_K) SPLIT_CASE(Q6_K)
+    for (int r = 0; r < rows; r++) {
+        int8_t *term[SPLIT_TERMS];
+        for (int t = 0; t < SPLIT_TERMS; t++) split[r].term[t] = term[t] = bytes[r][t];
+        split[r].scale = scale[r];
+        split[r].offsets = offsets[r];
+        if (type < Q4_K) split_x32(x + (int64_t)r * k_dim, k_dim, term, scale[r], offsets[r]);
+        else split_x(x + (int64_t)r * k_dim, k_dim, type, interleaved, term, scale[r],
+                     offsets[r]);
     }
+    /* more rows than one go over the columns in runs of about 256 KiB of weights, so that
+     * the rows after the first read them from the cache rather than from memory */
+    const int run = rows > 1 ? (int)((256 << 10) / row_bytes) + 1 : end - first;
+    for (int n = first; n < end; n += run) {
+        const int stop = n + run < end ? n + run : end;
+        for (int r = 0; r < rows; r++) {
+            void *row_out = (char *)out + r * out_stride * (out_bf16 ? 2 : 4);
+            /* each format's loops with its type a constant */
+#define SPLIT_CASE(TYPE)                                                                   \
+            case TYPE:                                                                     \
+                split_columns_of(TYPE, &split[r], w, row_bytes, bias, row_out, out_bf16,   \
+                                 k_dim, n, stop);                                          \
+                break;
+            switch (type) {
+                SPLIT_CASE(Q4_0) SPLIT_CASE(Q5_0) SPLIT_CASE(Q8_0) SPLIT_CASE(Q4_K)
+                SPLIT_CASE(Q6_K)
+            }
 #undef SPLIT_CASE
+        }
+    }
 }
 #endif
