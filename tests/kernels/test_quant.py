@@ -516,7 +516,7 @@ def test_one_row_split_product_keeps_float32_precision(kernels, name, kind):
     assert bool((error <= allowance).all()), f"worst excess {(error / allowance).max():.2f}x"
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q5_0"])
 @pytest.mark.parametrize("rows", [2, 3, 4])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_a_few_rows_cover_every_column_run(kernels, name, rows, threads):

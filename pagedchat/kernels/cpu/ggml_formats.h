@@ -302,16 +302,21 @@ void split_row_columns(int type, int rows, const float *x, const uint8_t *w,
 #define SPLIT_ROW(type, rows) 0
 #endif
 /* A few rows of x that the one-row integer products take one at a time, over runs of
- * columns that stay in the cache for the rows after the first: where that beats the register
- * tiles, which decode each weight to float (on AVX-512, Q4_K's tiles already keep pace). */
-#if defined(__AVX512BW__)
-#define SPLIT_ROWS_APART(type, rows) ((rows) >= 2 && (rows) <= 3 && (type) == Q6_K)
+ * columns that stay in the cache for the rows after the first: up to APART_MAX(type) rows,
+ * where that beats the register tiles, which decode each weight to float (0: never; on
+ * AVX-512, Q4_K's tiles already keep pace). */
+#if defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define APART_MAX(type) ((type) == Q6_K ? 3 : 0)
+#elif defined(__AVX512BW__)
+#define APART_MAX(type) ((type) == Q6_K ? 2 : 0)
+#elif defined(__AVX2__) && defined(__AVXVNNI__)
+#define APART_MAX(type) ((type) == Q4_K ? 4 : (type) == Q6_K || (type) == Q5_0 ? 2 : 0)
 #elif defined(__AVX2__)
-#define SPLIT_ROWS_APART(type, rows) \
-    ((rows) >= 2 && (rows) <= ((type) == Q4_K ? 4 : (type) == Q6_K ? 2 : 0))
+#define APART_MAX(type) ((type) == Q4_K || (type) == Q6_K || (type) == Q5_0 ? 2 : 0)
 #else
-#define SPLIT_ROWS_APART(type, rows) 0
+#define APART_MAX(type) 0
 #endif
+#define SPLIT_ROWS_APART(type, rows) ((rows) >= 2 && (rows) <= APART_MAX(type))
 
 /* The most rows the 8-bit products take in registers (quant_int8.c); more go to byte tiles
  * (quant_int8_tile.c), which only more rows pay for packing. */
