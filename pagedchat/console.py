@@ -120,16 +120,11 @@ def run_metadata(engine_config, model_source: str) -> dict[str, object]:
     from pagedchat.kernels.cpu import isa
 
     return {
-        "model": model_source,
-        "dtype": engine_config.dtype,
-        "weights": engine_config.weights,
-        "block_size": engine_config.block_size,
-        "num_kv_blocks": engine_config.num_kv_blocks,
+        "model": model_source, "dtype": engine_config.dtype, "weights": engine_config.weights,
+        "block_size": engine_config.block_size, "num_kv_blocks": engine_config.num_kv_blocks,
         "versions": {"python": platform.python_version(),
                      **{name: _version(name) for name in ("pagedchat", "torch", "transformers")}},
-        "git_commit": _git_commit(),
-        "cpu_count": os.cpu_count(),
-        "cpu": cpu_description(),
+        "git_commit": _git_commit(), "cpu_count": os.cpu_count(), "cpu": cpu_description(),
         "cpu_kernels": isa(),
     }
 

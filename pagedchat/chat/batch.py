@@ -211,11 +211,8 @@ def result_record(job: BatchJob, out: RequestOutput) -> dict[str, object]:
     reasons = [c.finish_reason for c in out.outputs]
     single = len(out.outputs) == 1
     return {
-        "id": job.request_id,
-        "line": job.line,
-        "line_hash": job.digest,
-        "text": texts[0] if single else texts,
-        "finish_reason": reasons[0] if single else reasons,
+        "id": job.request_id, "line": job.line, "line_hash": job.digest,
+        "text": texts[0] if single else texts, "finish_reason": reasons[0] if single else reasons,
         "usage": {"prompt_tokens": len(out.prompt_token_ids),
                   "completion_tokens": sum(len(c.token_ids) for c in out.outputs),
                   "cached_tokens": out.num_cached_tokens},
@@ -224,8 +221,7 @@ def result_record(job: BatchJob, out: RequestOutput) -> dict[str, object]:
 
 def run_batch(engine: LLMEngine, lines: Iterable[str], sink: IO[str],
               done: Collection[dict[str, object]], system: str | None = None,
-              defaults: dict[str, object] | None = None,
-              warn: Callable[[str], None] = print,
+              defaults: dict[str, object] | None = None, warn: Callable[[str], None] = print,
               progress: Callable[[int], None] = lambda steps: None) -> Summary:
     """Run every line not answered in ``done`` (from ``load_done``); one record per line
     goes to ``sink``: an answer, or an error record for a rejected line. Requests admitted

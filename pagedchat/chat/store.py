@@ -159,8 +159,7 @@ class Store:
             " AND s.parent_id IS m.parent_id AND s.role = m.role AND s.id <= m.id) AS place,"
             " (SELECT COUNT(*) FROM messages AS s WHERE s.session_id = m.session_id"
             " AND s.parent_id IS m.parent_id AND s.role = m.role) AS places "
-            "FROM messages AS m JOIN branch ON m.id = branch.id ORDER BY m.id",
-            (session_id,),
+            "FROM messages AS m JOIN branch ON m.id = branch.id ORDER BY m.id", (session_id,),
         ).fetchall()
         return [Message(id=row["id"], branch=(row["place"], row["places"]),
                         **{name: row[name] for name in _MESSAGE_FIELDS}) for row in rows]

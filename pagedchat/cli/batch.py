@@ -28,11 +28,8 @@ def batch(
     = BATCH.max_tokens,
     temperature: Annotated[float | None, typer.Option(
         "--temperature", min=0.0, help="Default temperature of a line (0 = greedy).")] = None,
-    kv_blocks: opt.KvBlocks = None,
-    kv_memory: opt.KvMemory = None,
-    tp: opt.TensorParallelSize = 1,
-    weights: opt.Weights = None,
-    kv_cache_dtype: opt.KvCacheDtype = "auto",
+    kv_blocks: opt.KvBlocks = None, kv_memory: opt.KvMemory = None, tp: opt.TensorParallelSize = 1,
+    weights: opt.Weights = None, kv_cache_dtype: opt.KvCacheDtype = "auto",
 ) -> None:
     """Run a JSONL file of prompts through the engine; resumable (a rerun skips answered lines)."""
     with opt.starting():

@@ -27,10 +27,8 @@ def chat(
                      f"(default: {DEFAULT_CONTEXT_WINDOW}).")] = None,
     kv_blocks: Annotated[int | None, typer.Option(
         min=1, help=f"Blocks in the KV cache pool (default: {CHAT.num_kv_blocks}).")] = None,
-    tensor_parallel_size: opt.TensorParallelSize = 1,
-    weights: opt.Weights = None,
-    kv_cache_dtype: opt.KvCacheDtype = "auto",
-    speculative: opt.Speculative = None,
+    tensor_parallel_size: opt.TensorParallelSize = 1, weights: opt.Weights = None,
+    kv_cache_dtype: opt.KvCacheDtype = "auto", speculative: opt.Speculative = None,
     num_speculative_tokens: opt.NumSpeculativeTokens = SPECULATIVE_TOKENS,
     kv_store: Annotated[Path | None, typer.Option(
         help="Folder where the sessions' KV blocks are kept, so that a session reopened "

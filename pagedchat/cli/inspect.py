@@ -41,10 +41,8 @@ def inspect(
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1,
                                             help="Tokens to generate per request.")]
     = INSPECT.max_tokens,
-    max_steps: Annotated[int, typer.Option("--max-steps", min=1)] = 500,
-    model: opt.Model = None,
-    weights: opt.Weights = None,
-    kv_cache_dtype: opt.KvCacheDtype = "auto",
+    max_steps: Annotated[int, typer.Option("--max-steps", min=1)] = 500, model: opt.Model = None,
+    weights: opt.Weights = None, kv_cache_dtype: opt.KvCacheDtype = "auto",
     speculative: opt.Speculative = None,
     num_speculative_tokens: opt.NumSpeculativeTokens = SPECULATIVE_TOKENS,
 ) -> None:

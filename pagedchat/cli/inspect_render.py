@@ -94,12 +94,10 @@ def figures(stats: EngineStats) -> dict[str, object]:
     """The numbers under the picture, by stable names."""
     return {
         "used_blocks": f"{stats.used_blocks}/{stats.total_blocks}",
-        "kv_cache_dtype": stats.kv_cache_dtype,
-        "cached_blocks": stats.cached_blocks,
+        "kv_cache_dtype": stats.kv_cache_dtype, "cached_blocks": stats.cached_blocks,
         "utilization": f"{stats.utilization:.1%}",
         "internal_fragmentation": f"{stats.internal_fragmentation:.1%}",
-        "shared_blocks": stats.shared_blocks,
-        "blocks_saved_by_sharing": stats.saved_blocks,
+        "shared_blocks": stats.shared_blocks, "blocks_saved_by_sharing": stats.saved_blocks,
         "prefix_hits": f"{stats.prefix_hits}/{stats.prefix_queries}",
         "preemptions": stats.preemptions,
         "swapped_out_in": f"{stats.swapped_out}/{stats.swapped_in}",

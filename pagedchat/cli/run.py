@@ -26,11 +26,8 @@ def run(
     seed: Annotated[int | None, typer.Option(help="Makes a sampled answer repeat.")] = None,
     raw: Annotated[bool, typer.Option(help="Send the prompt as is, no chat template.")] = False,
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
-    weights: opt.Weights = None,
-    kv_blocks: opt.KvBlocks = None,
-    kv_memory: opt.KvMemory = None,
-    kv_cache_dtype: opt.KvCacheDtype = "auto",
-    speculative: opt.Speculative = None,
+    weights: opt.Weights = None, kv_blocks: opt.KvBlocks = None, kv_memory: opt.KvMemory = None,
+    kv_cache_dtype: opt.KvCacheDtype = "auto", speculative: opt.Speculative = None,
     num_speculative_tokens: opt.NumSpeculativeTokens = SPECULATIVE_TOKENS,
     tensor_parallel_size: opt.TensorParallelSize = 1,
     verbose: Annotated[bool, typer.Option(

@@ -33,16 +33,14 @@ def serve(
     max_num_batched_tokens: Annotated[int, typer.Option(
         min=1, help="Most tokens per step.")] = 1024,
     dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16.")] = "float32",
-    weights: opt.Weights = None,
-    kv_cache_dtype: opt.KvCacheDtype = "auto",
+    weights: opt.Weights = None, kv_cache_dtype: opt.KvCacheDtype = "auto",
     speculative: opt.Speculative = None,
     num_speculative_tokens: opt.NumSpeculativeTokens = SPECULATIVE_TOKENS,
     kv_store: Annotated[Path | None, typer.Option(
         help="Folder where finished requests' KV blocks are kept, read back by later prompts "
              "that start with them, after a restart too (a shared system prompt stays "
              "warm); default: none kept.")] = None,
-    kv_store_cap: opt.KvStoreCap = "2GiB",
-    tensor_parallel_size: opt.TensorParallelSize = 1,
+    kv_store_cap: opt.KvStoreCap = "2GiB", tensor_parallel_size: opt.TensorParallelSize = 1,
     drain_timeout: Annotated[float, typer.Option(
         min=0, help="Seconds running requests get to finish after SIGTERM.")] = 30.0,
     log_prompts: Annotated[bool, typer.Option(

@@ -70,9 +70,7 @@ class BlockManager(PrefixCache):
         without a window): blocks before it are never read again once ``position`` is
         the next token to compute."""
         window = self.windows[group]
-        if window is None:
-            return 0
-        return max(position - window + 1, 0) // self.block_size
+        return 0 if window is None else max(position - window + 1, 0) // self.block_size
 
     def max_blocks(self, num_tokens: int, chunk: int) -> int:
         """:func:`.kv_groups.max_blocks` for this pool's groups and block size."""

@@ -75,11 +75,9 @@ class ModelConfig:
             rope, optional["local_rope_parameters"] = _gemma3_rope_parameters(raw)
             optional["layer_types"] = tuple(raw.get("layer_types") or _gemma3_layer_types(raw))
         return cls(
-            folder=Path(folder),
-            **{key: raw[key] for key in required},
+            folder=Path(folder), **{key: raw[key] for key in required},
             num_key_value_heads=raw.get("num_key_value_heads") or heads,
-            head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
-            rope_parameters=rope,
+            head_dim=raw.get("head_dim") or raw["hidden_size"] // heads, rope_parameters=rope,
             # Qwen2 has biases on q, k and v without saying so in its config
             attention_bias=bool(raw.get("attention_bias")) or raw["model_type"] == "qwen2",
             **optional,

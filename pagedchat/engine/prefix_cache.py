@@ -128,9 +128,7 @@ class PrefixCache:
         if block_id is None:
             return HOLE
         block = self.blocks[block_id]
-        if block.token_ids != tokens or block.parent_hash != parent:
-            return HOLE
-        return block_id
+        return HOLE if block.token_ids != tokens or block.parent_hash != parent else block_id
 
     def cache_full_blocks(self, seq: Sequence, num_tokens: int | None = None) -> None:
         """Give every completed block of ``seq`` its hash so others can find it. ``num_tokens``

@@ -62,8 +62,7 @@ class SamplingParams:
             self.stop = list(self.stop or [])
         if self.stop_token_ids is None or isinstance(self.stop_token_ids, (list, tuple)):
             self.stop_token_ids = list(self.stop_token_ids or [])
-        if self.best_of is None:
-            self.best_of = self.n
+        self.best_of = self.n if self.best_of is None else self.best_of
         self._check_types()
         self._check()
 

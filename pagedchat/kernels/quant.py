@@ -44,15 +44,9 @@ class QFormat:
 
 
 FORMATS: dict[str, QFormat] = {f.name: f for f in (
-    QFormat("Q4_0", 2, 32, 18),
-    QFormat("Q4_1", 3, 32, 20),
-    QFormat("Q5_0", 6, 32, 22),
-    QFormat("Q5_1", 7, 32, 24),
-    QFormat("Q8_0", 8, 32, 34),
-    QFormat("Q4_K", 12, 256, 144),
-    QFormat("Q5_K", 13, 256, 176),
-    QFormat("Q6_K", 14, 256, 210),
-)}
+    QFormat("Q4_0", 2, 32, 18), QFormat("Q4_1", 3, 32, 20), QFormat("Q5_0", 6, 32, 22),
+    QFormat("Q5_1", 7, 32, 24), QFormat("Q8_0", 8, 32, 34), QFormat("Q4_K", 12, 256, 144),
+    QFormat("Q5_K", 13, 256, 176), QFormat("Q6_K", 14, 256, 210))}
 
 
 # flags the C kernels take on a type number: a product with 8-bit activations; a Q4_1

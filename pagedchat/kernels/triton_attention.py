@@ -88,9 +88,7 @@ def _decode_kernel(
         tl.store(part_m_ptr + part, m_i, mask=g_mask)
         tl.store(part_l_ptr + part, l_i, mask=g_mask)
         tl.store(
-            part_acc_ptr + part[:, None] * HEAD_DIM_PAD + d[None, :],
-            acc,
-            mask=g_mask[:, None],
+            part_acc_ptr + part[:, None] * HEAD_DIM_PAD + d[None, :], acc, mask=g_mask[:, None],
         )
     else:
         store_output(
@@ -125,8 +123,7 @@ def _reduce_kernel(out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, query_start_lo
     out = tl.sum(w[:, None] * acc, 0) / total
     tl.store(
         out_ptr + q_row * stride_ot + head * stride_oh + d * stride_od,
-        out.to(out_ptr.dtype.element_ty),
-        mask=d < HEAD_DIM,
+        out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM,
     )
 
 
@@ -148,9 +145,7 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context_len: int, nu
         return 1
     wanted = triton.cdiv(2 * num_cores, programs)
     splits = min(wanted, max_context_len // _MIN_TOKENS_PER_SPLIT, _MAX_SPLITS)
-    if splits <= 1:
-        return 1
-    return 1 << (splits.bit_length() - 1)
+    return 1 if splits <= 1 else 1 << (splits.bit_length() - 1)
 
 
 def paged_attention_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -270,8 +265,7 @@ def paged_attention_prefill(query: torch.Tensor, k_cache: torch.Tensor, v_cache:
     if block_m is None:
         cap = 32 if query.dtype == torch.float32 else 64
         block_m = min(cap, max(16, triton.next_power_of_2(max_query_len)))
-    if block_n is None:
-        block_n = 32
+    block_n = 32 if block_n is None else block_n
     grid = (num_seqs, triton.cdiv(max_query_len, block_m), query.shape[1])
     _prefill_kernel[grid](*call.args, **call.constexprs, BLOCK_M=block_m, BLOCK_N=block_n)
     return call.out

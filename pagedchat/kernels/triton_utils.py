@@ -106,8 +106,7 @@ def attention_call(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     block_tables, context_lens, query_start_loc = on_device(
         query.device, block_tables, context_lens, query_start_loc
     )
-    if out is None:
-        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+    out = torch.empty(query.shape, dtype=query.dtype, device=query.device) if out is None else out
     upcast, precision = dot_settings(query.dtype)
     head_dim = query.shape[2]
     args = (out, query, k_cache, v_cache, block_tables, context_lens, query_start_loc,

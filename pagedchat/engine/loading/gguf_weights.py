@@ -111,9 +111,7 @@ def hf_name(name: str, architecture: str = "llama") -> str | None:
     if (match := _LAYER.match(name)) is not None:
         layer, part, kind = match.groups()
         names = _ARCHITECTURE_LAYER_NAMES.get(architecture, _LAYER_NAMES)
-        if part not in names:
-            return None
-        return f"model.layers.{layer}.{names[part]}.{kind}"
+        return f"model.layers.{layer}.{names[part]}.{kind}" if part in names else None
     stem, _, kind = name.rpartition(".")
     return f"{_GLOBAL_NAMES[stem]}.{kind}" if stem in _GLOBAL_NAMES else None
 

@@ -201,9 +201,7 @@ class ModelRunner:
         if wanted:
             logits = self.model.compute_logits(self._rows(source, wanted),
                                                self._logits_buffer(len(wanted)))
-        if self.tp.rank != 0:
-            return None
-        return StepOutput(to_host(logits), tokens.tolist())
+        return StepOutput(to_host(logits), tokens.tolist()) if self.tp.rank == 0 else None
 
     def _sampled_hidden(self, hidden: torch.Tensor,
                         step: StepInput) -> tuple[torch.Tensor, list[int]]:

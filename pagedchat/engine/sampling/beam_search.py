@@ -73,8 +73,7 @@ def beam_step(
         if c.ends:
             seq = beams[c.beam]
             hypotheses.append(BeamHypothesis(
-                [*seq.output_token_ids, c.token], c.logprob,
-                penalised(c.logprob, length, penalty),
+                [*seq.output_token_ids, c.token], c.logprob, penalised(c.logprob, length, penalty),
                 "stop" if c.token in eos_ids else "length"))
     hypotheses.sort(key=lambda h: -h.score)  # stable: older first on a tie
     del hypotheses[width:]

@@ -40,7 +40,6 @@ __all__ = ["BLOCKED_ROWS", "ISAS", "ISA_VARIABLE", "LINEAR_ROWS", "PREFILL_MIN_Q
            "copy_blocks", "decoder_stack", "embedding", "gelu_tanh_mul", "isa",
            "kernel_library", "linear",
            "max_logsumexp", "onednn_rows", "pack_embedding", "pack_linear", "paged_attention",
-           "prepare",
-           "quantized_embedding", "quantized_linear", "rms_norm", "rotary_store",
+           "prepare", "quantized_embedding", "quantized_linear", "rms_norm", "rotary_store",
            "runnable_isas", "screen_candidates", "set_isa", "silu_mul", "store_kv",
            "swap_blocks"]
