@@ -1,28 +1,76 @@
-"""A tokenizer read with the ``tokenizers`` library alone, for folders pagedchat writes from a
-GGUF (their ``tokenizer.json`` is what transformers saved, so encoding and decoding match);
-the chat template renders as transformers' (:mod:`.chat_template`). Offers what pagedchat
-calls, with transformers' signatures."""
+"""The tokenizer of a folder pagedchat writes from a GGUF, without transformers: its
+tokenizer.json (what transformers saved) read by bpe.c where it is a SentencePiece-style BPE
+(Gemma's), with the tokenizers library's ids and text in a fraction of its memory, else by that
+library; the chat template rendered as transformers' (:mod:`.chat_template`). Offers what
+pagedchat calls, with transformers' signatures."""
 
 from __future__ import annotations
 
+import ctypes
 import json
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 from tokenizers import Tokenizer
 
 from pagedchat.engine.loading.chat_template import Message, render_chat
+from pagedchat.kernels.cpu.build import INT, INT64, P, plain_library
+
+_SIGNATURES = {"bpe_load": (P, [ctypes.c_char_p]), "bpe_free": (None, [P]),
+               "bpe_encode": (INT64, [P, ctypes.c_char_p, INT64, INT, P]),
+               "bpe_decode": (INT64, [P, P, INT64, INT, P, INT64]), "bpe_size": (INT, [P]),
+               "bpe_token": (P, [P, INT, P]), "bpe_token_id": (INT, [P, ctypes.c_char_p, INT64])}
+
+
+class CompactTokenizer:
+    """What :class:`TextTokenizer` calls of a ``tokenizers.Tokenizer``, from bpe.c."""
+
+    def __init__(self, library: ctypes.CDLL, handle: int) -> None:
+        self._library, self._handle = library, handle
+        weakref.finalize(self, library.bpe_free, handle)
+
+    @classmethod
+    def load(cls, path: Path) -> CompactTokenizer | None:
+        """The tokenizer.json at ``path``; None where bpe.c cannot be built or refuses it."""
+        library = plain_library(Path(__file__).with_name("bpe.c"))
+        for name, (restype, argtypes) in _SIGNATURES.items() if library else ():
+            getattr(library, name).restype, getattr(library, name).argtypes = restype, argtypes
+        handle = library.bpe_load(str(path).encode()) if library else None
+        return None if handle is None else cls(library, handle)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> SimpleNamespace:
+        data = text.encode()
+        out = (ctypes.c_int32 * (len(data) + 1))()
+        count = self._library.bpe_encode(self._handle, data, len(data), add_special_tokens, out)
+        if count < 0:
+            raise MemoryError("the tokenizer ran out of memory")
+        return SimpleNamespace(ids=out[:count])
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        array = (ctypes.c_int32 * len(ids))(*ids)
+        arguments = (self._handle, array, len(ids), skip_special_tokens)
+        out = ctypes.create_string_buffer(self._library.bpe_decode(*arguments, None, 0))
+        self._library.bpe_decode(*arguments, out, len(out))
+        return out.raw.decode()
+
+    def id_to_token(self, token_id: int) -> str | None:
+        length = ctypes.c_int32()
+        where = self._library.bpe_token(self._handle, token_id, ctypes.byref(length))
+        return None if where is None else ctypes.string_at(where, length.value).decode()
+
+    def token_to_id(self, token: str) -> int | None:
+        found = self._library.bpe_token_id(self._handle, token.encode(), len(token.encode()))
+        return None if found < 0 else found
+
+    def get_vocab_size(self, with_added_tokens: bool = True) -> int:
+        return self._library.bpe_size(self._handle)  # every added token is in the vocabulary
+
 
 # transformers' named special tokens, the variables a chat template sees
 _SPECIAL = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
             "mask_token")
-
-
-def _read_on_a_thread(path: Path) -> Tokenizer:
-    """``path`` read by the tokenizers library on a thread of its own, whose glibc arena keeps
-    the small buffers the JSON parse frees away from the heap the model's loading reuses."""
-    with ThreadPoolExecutor(1, thread_name_prefix="tokenizer-read") as reader:
-        return reader.submit(Tokenizer.from_file, str(path)).result()
 
 
 class TextTokenizer:
@@ -36,9 +84,13 @@ class TextTokenizer:
     def from_folder(cls, folder: Path) -> TextTokenizer:
         """``folder``'s tokenizer.json, tokenizer_config.json and chat template (its .jinja or
         the config); OSError or ValueError for a missing or malformed file."""
-        backend = _read_on_a_thread(folder / "tokenizer.json")
-        backend.no_truncation()
-        backend.no_padding()
+        path = folder / "tokenizer.json"
+        backend = CompactTokenizer.load(path)
+        if backend is None:  # on a thread whose glibc arena keeps what the parse frees away
+            with ThreadPoolExecutor(1) as reader:  # from the heap the weights' loading reuses
+                backend = reader.submit(Tokenizer.from_file, str(path)).result()
+            backend.no_truncation()
+            backend.no_padding()
         config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
         special = {}
         for name in _SPECIAL:
@@ -80,17 +132,10 @@ class TextTokenizer:
         token = self.special_tokens_map.get(name)
         return None if token is None else self.backend.token_to_id(token)
 
-    @property
-    def bos_token_id(self) -> int | None:
-        return self._token_id("bos_token")
-
-    @property
-    def eos_token_id(self) -> int | None:
-        return self._token_id("eos_token")
-
-    @property
-    def pad_token_id(self) -> int | None:
-        return self._token_id("pad_token")
+    # transformers' names for the special tokens' ids (None for a tokenizer without one)
+    bos_token_id = property(lambda self: self._token_id("bos_token"))
+    eos_token_id = property(lambda self: self._token_id("eos_token"))
+    pad_token_id = property(lambda self: self._token_id("pad_token"))
 
     def __len__(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)

@@ -188,16 +188,14 @@ def build_level(level: str) -> ctypes.CDLL | None:
     flags = [*COMPILE_FLAGS, *_ISA_FLAGS[level]]
     flags += extensions_added(level)
     here = Path(__file__).parent
-    identity = "|".join([*((here / name).read_text() for name in SOURCES + HEADERS), compiler,
-                         *flags, platform.machine(), _cpu_flags()])
-    digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
-    target = cache_root() / "kernels" / f"cpu_kernels-{level}-{digest}.so"
+    target = _target(f"cpu_kernels-{level}", [here / name for name in SOURCES + HEADERS],
+                     compiler, flags)
     try:
         if not target.is_file():
             with progress.task(f"compiling the C kernels for this CPU ({level}), once",
                                len(SOURCES) + 1) as advance, _one_builder(target):
                 if not target.is_file():  # not built by the process this one waited for
-                    _build(compiler, flags, target, advance)
+                    _build(compiler, flags, target, advance, [here / name for name in SOURCES])
         library = ctypes.CDLL(str(target))
         _set_signatures(library, _SIGNATURES)
     except (OSError, AttributeError, subprocess.CalledProcessError) as error:
@@ -208,6 +206,30 @@ def build_level(level: str) -> ctypes.CDLL | None:
                     if detail.strip() else "", lower or "the torch reference")
         return None if lower is None else _library(lower)
     return library
+
+
+@functools.cache
+def plain_library(source: Path) -> ctypes.CDLL | None:
+    """``source`` alone as plain C (no level's flags), built once into the cache folder like
+    the kernels and loaded; None where it cannot be built (after a warning)."""
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or "cc"
+    flags = ["-O2", "-fPIC", "-std=c11"]
+    try:
+        target = _target(source.stem, [source], compiler, flags)
+        with _one_builder(target):
+            if not target.is_file():
+                _build(compiler, flags, target, lambda done: None, [source])
+        return ctypes.CDLL(str(target))
+    except (OSError, subprocess.CalledProcessError) as error:
+        log.warning("could not build or load %s (%s)", source.name, error)
+        return None
+
+
+def _target(name: str, files: list[Path], compiler: str, flags: list[str]) -> Path:
+    identity = "|".join([*(file.read_text() for file in files), compiler, *flags,
+                         platform.machine(), _cpu_flags()])
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
+    return cache_root() / "kernels" / f"{name}-{digest}.so"
 
 
 def extensions_added(level: str) -> list[str]:
@@ -235,12 +257,12 @@ def _one_builder(target: Path) -> Iterator[None]:
         yield  # closing the file releases the lock
 
 
-def _build(compiler: str, flags: list[str], target: Path, advance: progress.Advance) -> None:
+def _build(compiler: str, flags: list[str], target: Path, advance: progress.Advance,
+           sources: list[Path]) -> None:
     """Compile every source, one compiler per core at a time (more only share the cores and
     their caches), then link; ``advance`` is called once per compiled source and once for
     the link. Called inside :func:`_one_builder`, which made ``target``'s folder."""
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        sources = [Path(__file__).with_name(name) for name in SOURCES]
         objects = [Path(tmp) / f"{source.stem}.o" for source in sources]
         lib = Path(tmp) / "kernels.so"
         # -ffast-math only when compiling: linking with it would set flush-to-zero for

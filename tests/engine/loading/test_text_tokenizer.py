@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import pytest
+from tokenizers import Tokenizer
 
 from pagedchat.engine.loading.chat_template import render_chat
 from pagedchat.engine.loading.loader import prepare_model
 from pagedchat.engine.loading.named_models import NAMED_MODELS, is_installed
-from pagedchat.engine.loading.text_tokenizer import TextTokenizer
+from pagedchat.engine.loading.text_tokenizer import CompactTokenizer, TextTokenizer
 from pagedchat.engine.loading.tokenizer import load_hf_tokenizer, load_tokenizer
 from pagedchat.engine.model_config import ModelConfig
+from pagedchat_lab.sharegpt import conversations
 
 TEXTS = ["Hello world", " leading space", "Ünïcödé 😀 日本語\n\n  x",
          "def f(x):\n    return x**2\n",
@@ -111,4 +113,12 @@ def test_the_default_model_tokenizes_as_transformers(real_model_dir):
 def test_named_models_tokenize_as_transformers(name):
     if not is_installed(NAMED_MODELS[name]):
         pytest.skip(f"{name} is not installed")
-    assert_same_as_transformers(prepare_model(name, weights="gguf").folder)
+    folder = prepare_model(name, weights="gguf").folder
+    assert_same_as_transformers(folder)
+    # Gemma's tokenizer.json has the shape of the compact tokenizer (bpe.c); Qwen's has not
+    ours = load_tokenizer(ModelConfig.from_folder(folder))
+    assert isinstance(ours.backend, CompactTokenizer) == (name == "gemma-3-270m")
+    library = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    for conversation in conversations()[:300]:
+        for message in conversation.messages:
+            assert ours.encode(message["content"]) == library.encode(message["content"]).ids
