@@ -568,15 +568,12 @@ static void push_pair(const Bpe *t, Merge *heap, int64_t *size, const int32_t *s
 }
 
 /* One piece of text between added tokens as ids into ``out``; returns their count, or -1
- * where memory ran out. ``symbol`` and the links hold at most 3 entries per byte. */
+ * where memory ran out. A byte of text makes at most 3 symbols (a space without its own
+ * token, as U+2581's bytes). */
 static int64_t encode_piece(const Bpe *t, const char *text, int64_t len, int32_t *out) {
     if (len == 0) return 0;
     int32_t *symbol = malloc(sizeof(int32_t) * 3 * (size_t)len);
-    int64_t *prev = malloc(sizeof(int64_t) * 3 * (size_t)len);
-    int64_t *next = malloc(sizeof(int64_t) * 3 * (size_t)len);
-    Merge *heap = malloc(sizeof(Merge) * 9 * (size_t)len);
-    int64_t count = 0, size = 0;
-    if (!symbol || !prev || !next || !heap) count = -1;
+    int64_t count = symbol == NULL ? -1 : 0, size = 0;
     for (int64_t i = 0; count >= 0 && i < len;) {
         uint8_t lead = (uint8_t)text[i];
         int64_t width = lead < 0x80 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4;
@@ -593,6 +590,11 @@ static int64_t encode_piece(const Bpe *t, const char *text, int64_t len, int32_t
         }
         i += width;
     }
+    /* each merge pushes at most two pairs: 3 entries a symbol hold every push */
+    int64_t *prev = malloc(sizeof(int64_t) * (size_t)(count + 1));
+    int64_t *next = malloc(sizeof(int64_t) * (size_t)(count + 1));
+    Merge *heap = malloc(sizeof(Merge) * 3 * (size_t)(count + 1));
+    if (!prev || !next || !heap) count = -1;
     for (int64_t i = 0; i < count; i++) prev[i] = i - 1, next[i] = i + 1 < count ? i + 1 : -1;
     for (int64_t i = 0; i + 1 < count; i++) push_pair(t, heap, &size, symbol, i, i + 1);
     while (size > 0) {
