@@ -282,12 +282,13 @@ static const char NORMALIZER[] = "{\"type\":\"Replace\",\"pattern\":{\"String\":
 static int32_t bos_of(Json *j, Buf *scratch, Buf *bos) {
     scratch->size = 0;
     value(j, scratch, 0);
-    const char *text = scratch->data, *name, *name_end;
+    const char *text = scratch->data;
     int64_t len = scratch->size;
-    if (!j->ok || len < (int64_t)sizeof SINGLE || memcmp(text, SINGLE, sizeof SINGLE - 1) != 0 ||
-        (name = text + sizeof SINGLE - 1) == NULL ||
-        (name_end = find(name, text + len - name, SINGLE_END, sizeof SINGLE_END - 1)) == NULL)
+    if (!j->ok || len < (int64_t)sizeof SINGLE || memcmp(text, SINGLE, sizeof SINGLE - 1) != 0)
         return -1;
+    const char *name = text + sizeof SINGLE - 1;
+    const char *name_end = find(name, text + len - name, SINGLE_END, sizeof SINGLE_END - 1);
+    if (name_end == NULL) return -1;
     bos->size = 0;  /* then "special_tokens":{..."NAME":{"id":"NAME","ids":[ID] */
     if (!push(bos, name, name_end - name)) return -1;
     Buf needle = {0};
@@ -405,7 +406,8 @@ static void read_model(Json *j, Bpe *t, Buf *key, Buf *scratch, Buf *merges) {
     int required = 0;  /* "type": "BPE" and "byte_fallback": true */
     for (int first = 1; next_key(j, key, first); first = 0) {
         if (is_key(key, "type") || is_key(key, "byte_fallback")) {
-            required += value_is(j, scratch, is_key(key, "type") ? "\"BPE\"" : "true");
+            if (value_is(j, scratch, is_key(key, "type") ? "\"BPE\"" : "true")) required++;
+            else j->ok = 0;  /* refused before the vocabulary is read */
         } else if (is_key(key, "dropout") || is_key(key, "continuing_subword_prefix") ||
                    is_key(key, "end_of_word_suffix") || is_key(key, "ignore_merges")) {
             if (!value_is(j, scratch, is_key(key, "ignore_merges") ? "false" : "null")) j->ok = 0;
