@@ -106,7 +106,7 @@ def test_two_starts_on_an_empty_cache_compile_once(monkeypatch, tmp_path):
     compiled = build.kernel_library(level)._name
     compiles = []
 
-    def slow_build(compiler, flags, target, advance, sources) -> None:
+    def slow_build(compiler, flags, target, advance) -> None:
         compiles.append(target)
         time.sleep(0.5)
         part = target.with_name(f"{target.name}.{len(compiles)}")

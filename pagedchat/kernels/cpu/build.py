@@ -195,7 +195,7 @@ def build_level(level: str) -> ctypes.CDLL | None:
             with progress.task(f"compiling the C kernels for this CPU ({level}), once",
                                len(SOURCES) + 1) as advance, _one_builder(target):
                 if not target.is_file():  # not built by the process this one waited for
-                    _build(compiler, flags, target, advance, [here / name for name in SOURCES])
+                    _build(compiler, flags, target, advance)
         library = ctypes.CDLL(str(target))
         _set_signatures(library, _SIGNATURES)
     except (OSError, AttributeError, subprocess.CalledProcessError) as error:
@@ -258,10 +258,12 @@ def _one_builder(target: Path) -> Iterator[None]:
 
 
 def _build(compiler: str, flags: list[str], target: Path, advance: progress.Advance,
-           sources: list[Path]) -> None:
-    """Compile every source, one compiler per core at a time (more only share the cores and
-    their caches), then link; ``advance`` is called once per compiled source and once for
-    the link. Called inside :func:`_one_builder`, which made ``target``'s folder."""
+           sources: list[Path] | None = None) -> None:
+    """Compile every source (by default the kernels'), one compiler per core at a time (more
+    only share the cores and their caches), then link; ``advance`` is called once per
+    compiled source and once for the link. Called inside :func:`_one_builder`, which made
+    ``target``'s folder."""
+    sources = sources or [Path(__file__).with_name(name) for name in SOURCES]
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         objects = [Path(tmp) / f"{source.stem}.o" for source in sources]
         lib = Path(tmp) / "kernels.so"
