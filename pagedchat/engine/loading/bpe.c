@@ -77,13 +77,17 @@ int32_t bpe_token_id(const Bpe *t, const char *text, int64_t len) {
     return added >= 0 ? t->added[added] : vocab_id(t, text, len);
 }
 
-/* The rank of the merge of (left, right), -1 for none; the later listing of a pair wins, as
- * in the library's map. */
-static int32_t merge_rank(const Bpe *t, int32_t left, int32_t right) {
+/* The slot holding the merge of (left, right), or the empty slot ending its probe. */
+static uint32_t merge_slot(const Bpe *t, int32_t left, int32_t right) {
     uint32_t mask = (1u << t->merge_bits) - 1, slot = hash_pair(left, right, t->merge_bits);
     for (int32_t rank; (rank = t->merge_slots[slot]) >= 0; slot = (slot + 1) & mask)
-        if (t->merges[3 * rank] == left && t->merges[3 * rank + 1] == right) return rank;
-    return -1;
+        if (t->merges[3 * rank] == left && t->merges[3 * rank + 1] == right) break;
+    return slot;
+}
+
+/* The rank of the merge of (left, right), -1 for none. */
+static int32_t merge_rank(const Bpe *t, int32_t left, int32_t right) {
+    return t->merge_slots[merge_slot(t, left, right)];
 }
 
 void bpe_free(Bpe *t) {
@@ -477,14 +481,9 @@ Bpe *bpe_load(const char *path) {
     if (ok) {
         memset(t->merge_slots, -1, sizeof(int32_t) << t->merge_bits);
         memset(t->added_slots, -1, sizeof(int32_t) << t->added_bits);
-        for (int32_t rank = 0; rank < t->n_merges; rank++) {  /* a pair's later listing wins */
-            int32_t left = t->merges[3 * rank], right = t->merges[3 * rank + 1];
-            uint32_t mask = (1u << t->merge_bits) - 1, slot = hash_pair(left, right, t->merge_bits);
-            while (t->merge_slots[slot] >= 0 && (t->merges[3 * t->merge_slots[slot]] != left ||
-                                                 t->merges[3 * t->merge_slots[slot] + 1] != right))
-                slot = (slot + 1) & mask;
-            t->merge_slots[slot] = rank;
-        }
+        /* a pair's later listing wins, as in the library's map */
+        for (int32_t rank = 0; rank < t->n_merges; rank++)
+            t->merge_slots[merge_slot(t, t->merges[3 * rank], t->merges[3 * rank + 1])] = rank;
     }
     for (int32_t i = 0; ok && i < t->n_added; i++) {
         const int32_t *entry = (const int32_t *)added.data + 4 * i;
