@@ -12,7 +12,7 @@ import typer
 from pagedchat.chat.conversation import SamplingSettings
 from pagedchat.chat.driver import load_engine
 from pagedchat.chat.store import Store, StoreError
-from pagedchat.engine.loading.loader import DEFAULT_MODEL_NAME
+from pagedchat.engine.loading.named_models import DEFAULT_MODEL_NAME
 from pagedchat.engine.presets import PRESETS, swap_space
 
 CHAT = PRESETS["chat"]

@@ -245,8 +245,7 @@ class Replies:
                 self._take_ready(ready)
             case EngineFailed(error=error):
                 app.query_one(StatusLine).show_state(f"✗ {app.model_name}: failed to load")
-                app.notify(error, title="The model failed to load", severity="error",
-                           timeout=15)
+                app.notify(error, title="The model failed to load", severity="error", timeout=15)
 
     def _box(self, turn: Turn) -> MessageBox | None:
         view = self.app.view(turn.session.id)

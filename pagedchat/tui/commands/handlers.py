@@ -7,8 +7,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from pagedchat.chat.conversation import DEFAULT_TITLE, Session
-from pagedchat.engine.loading.loader import DEFAULT_MODEL_NAME
-from pagedchat.engine.loading.named_models import NAMED_MODELS, is_installed, part_path
+from pagedchat.engine.loading import named_models
 from pagedchat.tui.commands.registry import CommandHost, command
 from pagedchat.tui.screens.confirm import ConfirmScreen
 
@@ -56,9 +55,9 @@ DEFAULT = "default"  # the name /model takes for the default model
 
 def model_list(current: str) -> str:
     """One line per model /model takes by name: installed or not, the one in use marked."""
-    rows = [(DEFAULT, DEFAULT_MODEL_NAME, True)]
+    rows = [(DEFAULT, named_models.DEFAULT_MODEL_NAME, True)]
     rows += [(m.name, f"{m.title}, {m.quantization}, {m.size / 2**20:,.0f} MiB",
-              is_installed(m)) for m in NAMED_MODELS.values()]
+              named_models.is_installed(m)) for m in named_models.NAMED_MODELS.values()]
     lines = [f"{'●' if current in (name, title) else ' '} {name}: {title}"
              f"{'' if installed else ' (not installed)'}" for name, title, installed in rows]
     return "\n".join([*lines, "/model NAME switches; /model PATH takes an HF folder or "
@@ -79,12 +78,12 @@ async def model(app: CommandHost, argument: str) -> bool:
         app.notify("Replies are being written: wait, or press Esc to stop them, then "
                    "switch", severity="warning")
         return False
-    if argument.lower() in (DEFAULT, DEFAULT_MODEL_NAME.lower()):
-        spec, name = None, DEFAULT_MODEL_NAME
-    elif argument in NAMED_MODELS:
-        named = NAMED_MODELS[argument]
-        if not is_installed(named):
-            missing = tuple(p for p in named.parts if part_path(p) is None)
+    if argument.lower() in (DEFAULT, named_models.DEFAULT_MODEL_NAME.lower()):
+        spec, name = None, named_models.DEFAULT_MODEL_NAME
+    elif argument in named_models.NAMED_MODELS:
+        named = named_models.NAMED_MODELS[argument]
+        if not named_models.is_installed(named):
+            missing = tuple(p for p in named.parts if named_models.part_path(p) is None)
             app.notify(f"{argument} is not installed; install it with "
                        f"'{named.install_command(missing)}' and restart, or /model "
                        f"another one", title="Not installed", severity="error", timeout=15)
