@@ -39,12 +39,21 @@ guarded = APIRouter(dependencies=[Depends(admit)])
 open_routes = APIRouter()
 
 
+def _card(state: ServerState, name: str) -> dict:
+    return {"id": name, "object": "model", "created": state.created, "owned_by": "pagedchat",
+            "max_model_len": state.config.max_model_len}
+
+
 @guarded.get("/v1/models")
 async def models(request: Request) -> dict:
-    state = _state(request)
-    return {"object": "list", "data": [{
-        "id": name, "object": "model", "created": state.created, "owned_by": "pagedchat",
-        "max_model_len": state.config.max_model_len} for name in state.settings.model_names]}
+    return {"object": "list", "data": [_card(_state(request), name)
+                                       for name in _state(request).settings.model_names]}
+
+
+@guarded.get("/v1/models/{name:path}")
+async def model(name: str, request: Request) -> dict:
+    _state(request).check_model(name)  # 404 for a name /v1/models does not list
+    return _card(_state(request), name)
 
 
 @guarded.post("/tokenize")

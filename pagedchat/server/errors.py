@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -10,6 +12,7 @@ from starlette.exceptions import HTTPException
 _TYPES = {400: "invalid_request_error", 401: "authentication_error",
           404: "invalid_request_error", 413: "invalid_request_error",
           500: "server_error", 503: "service_unavailable"}
+_MEMBER = re.compile(r"str|int|float|bool|\w+\[.*\]")
 
 
 class APIError(Exception):
@@ -27,15 +30,22 @@ class APIError(Exception):
 
 
 def _validation_message(error: RequestValidationError) -> tuple[str, str | None]:
-    """The first problem pydantic found, as ``field.path: what is wrong``."""
-    first = error.errors()[0]
-    where = [str(part) for part in first.get("loc", ()) if part != "body"]
-    param = ".".join(where) or None
+    """The first problem pydantic found, as ``field.path: what is wrong``; a value that fits
+    none of a union's members (pydantic's ``str``, ``list[int]`` in the location) names them."""
+    locs = [[part for part in e.get("loc", ()) if part != "body"] for e in error.errors()]
+    first, loc = error.errors()[0], locs[0]
+    cut = next((i for i, part in enumerate(loc) if _MEMBER.fullmatch(str(part))), len(loc))
+    param = ".".join(map(str, loc[:cut])) or None
     if first.get("type") == "json_invalid":
         return "the request body is not valid JSON", None
     if first.get("type") == "invalid_text":  # the field is deeper than pydantic's location
         return str(first.get("msg")), first["ctx"]["param"]
-    return (f"{param}: {first.get('msg')}" if param else str(first.get("msg"))), param
+    if param is None:
+        return "the request body must be a JSON object (Content-Type: application/json)", None
+    if cut == len(loc):
+        return f"{param}: {first.get('msg')}", param
+    members = dict.fromkeys(str(other[cut]) for other in locs if other[:cut] == loc[:cut])
+    return f"{param}: should be one of {', '.join(members)}", param
 
 
 def install_handlers(app: FastAPI) -> None:

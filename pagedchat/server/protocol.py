@@ -13,7 +13,8 @@ from pagedchat.engine.errors import invalid_text
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    # strict: a value of the wrong JSON type is refused, not converted ("8", true, "yes")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, strict=True)
 
     @model_validator(mode="before")
     @classmethod

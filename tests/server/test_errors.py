@@ -78,6 +78,50 @@ def test_text_that_is_not_unicode_is_400_naming_its_field(live_server, path, bod
     assert pair.status_code == 200, pair.text  # an escaped pair is one character
 
 
+@pytest.mark.parametrize("field, value", [
+    ("stream", "yes"), ("max_tokens", True), ("max_tokens", "8"), ("max_tokens", 8.0),
+    ("n", "2"), ("temperature", "0.5"), ("temperature", True), ("logprobs", "on"),
+    ("ignore_eos", 1), ("seed", 1.5), ("stop_token_ids", ["2"])])
+def test_a_value_of_the_wrong_json_type_is_400_not_converted(live_server, field, value):
+    error = error_of(post(live_server.url, "/v1/chat/completions",
+                          {"messages": HELLO, "max_tokens": 2, field: value}), 400)
+    assert error["param"].split(".")[0] == field and error["message"].startswith(field)
+
+
+@pytest.mark.parametrize("path, body, param, members", [
+    ("/v1/completions", {"prompt": "hi", "stop": [1, 2]}, "stop", "str, list[str]"),
+    ("/v1/completions", {"prompt": 5}, "prompt",
+     "str, list[str], list[int], list[list[int]]"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]},
+     "messages.0.content", "str, list[dict[str,any]]"),
+])
+def test_a_value_fitting_none_of_a_fields_shapes_names_the_field_and_its_shapes(
+        live_server, path, body, param, members):
+    error = error_of(post(live_server.url, path, body), 400)
+    assert error["param"] == param
+    assert error["message"] == f"{param}: should be one of {members}"
+
+
+@pytest.mark.parametrize("content, headers", [
+    ("messages=hi", {"content-type": "application/x-www-form-urlencoded"}),
+    ("", {"content-type": "application/json"}), ("[1, 2]", {"content-type": "application/json"}),
+])
+def test_a_body_that_is_no_json_object_is_400_saying_so(live_server, content, headers):
+    with httpx.Client(base_url=live_server.url, timeout=30) as http:
+        error = error_of(http.post("/v1/chat/completions", content=content, headers=headers), 400)
+    assert error["message"] == ("the request body must be a JSON object (Content-Type: "
+                                "application/json)") and error["param"] is None
+
+
+def test_one_model_is_retrieved_by_its_name_as_the_sdk_asks(live_server):
+    with httpx.Client(base_url=live_server.url, timeout=30) as http:
+        listed = http.get("/v1/models").json()["data"]
+        for card in listed:
+            assert http.get(f"/v1/models/{card['id']}").json() == card
+        error = error_of(http.get("/v1/models/gpt-9"), 404)
+    assert error["code"] == "model_not_found" and "gpt-9" in error["message"]
+
+
 def test_unknown_model_is_404(live_server):
     error = error_of(post(live_server.url, "/v1/chat/completions",
                           {"model": "gpt-9", "messages": HELLO}), 404)
