@@ -17,11 +17,12 @@ LogitsProcessor = Callable[[list[int], "torch.Tensor"], "torch.Tensor"]
 MAX_LOGPROBS = 20
 INT_MIN, INT_MAX = -(1 << 63), (1 << 63) - 1  # what a torch int64 tensor holds
 SEED_MIN, SEED_MAX = INT_MIN, (1 << 64) - 1  # what torch.Generator.manual_seed takes
+GREEDY_BELOW = 1e-5  # a lower temperature is greedy (vLLM's): logits / 1e-38 overflow
 
 
 @dataclass
 class SamplingParams:
-    """vLLM-shaped sampling parameters (API.md lists them). ``temperature=0`` means greedy.
+    """vLLM-shaped sampling parameters (API.md lists them). A temperature 0 is greedy.
 
     ``best_of`` (>= n, default ``n``) sequences are generated and ``n`` returned; with
     ``use_beam_search``, ``best_of`` is the beam width and the ``n`` best are ranked as
@@ -133,7 +134,7 @@ class SamplingParams:
         if any(not s for s in self.stop):
             raise _bad("stop", "must not hold an empty string")
         if self.use_beam_search:
-            if self.temperature != 0:
+            if not self.greedy:
                 raise _bad("temperature", "beam search is deterministic: set temperature=0")
             if self.early_stopping not in (True, False, "never"):
                 raise _bad("early_stopping", "must be True, False or 'never', "
@@ -145,7 +146,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW
 
     @property
     def argmax_only(self) -> bool:

@@ -38,8 +38,9 @@ def apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor
         if p.repetition_penalty != 1.0:
             seen = torch.tensor(sorted(set(row.prompt_token_ids) | set(row.output_token_ids)))
             scores = logits[i, seen]
-            logits[i, seen] = torch.where(
-                scores > 0, scores / p.repetition_penalty, scores * p.repetition_penalty)
+            logits[i, seen] = torch.where(  # bounded: a tiny penalty must not reach inf
+                scores > 0, scores / p.repetition_penalty, scores * p.repetition_penalty,
+            ).clamp(-1e30, 1e30)
         if (p.presence_penalty or p.frequency_penalty) and row.output_token_ids:
             ids, counts = torch.tensor(row.output_token_ids).unique(return_counts=True)
             logits[i, ids] -= p.frequency_penalty * counts.float() + p.presence_penalty

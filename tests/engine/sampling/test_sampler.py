@@ -70,6 +70,29 @@ def test_greedy_takes_the_argmax_and_reports_its_logprob():
     assert tokens == [0] and logprobs[0] == pytest.approx(math.log(0.5), abs=1e-6)
 
 
+@pytest.mark.parametrize("temperature", [1e-45, 1e-38, 1e-6])
+def test_a_temperature_too_small_to_divide_by_is_greedy(temperature):
+    """vLLM's rule: below 1e-5 a temperature is 0; logits / 1e-38 would overflow to inf and
+    the softmax to NaN."""
+    logits = torch.tensor([[3.0, 9.0, 8.5, -1.0]])
+    assert SamplingParams(temperature=temperature).greedy
+    tokens, logprobs = sample(logits, [row(temperature=temperature, seed=3)])
+    assert tokens == [1] and logprobs[0] == pytest.approx(float(logits.log_softmax(1)[0, 1]))
+    assert not SamplingParams(temperature=1e-5).greedy
+
+
+@pytest.mark.parametrize("penalty", [1e-40, 1e-300, 1e300])
+def test_an_extreme_repetition_penalty_keeps_every_logit_finite(penalty):
+    logits = torch.tensor([[3.0, -9.0, 8.5, -1.0]])
+    seen = SampleRow(SamplingParams(repetition_penalty=penalty, temperature=0.5, seed=1),
+                     [0, 1], [], torch.Generator().manual_seed(1))
+    penalised = apply_penalties(logits.clone(), [seen])
+    assert bool(torch.isfinite(penalised).all())
+    assert bool(torch.isfinite(filter_logits(penalised, [seen]).softmax(dim=1)).all())
+    tokens, _ = sample(logits.clone(), [seen])
+    assert tokens == [0 if penalty < 1 else 2]  # a tiny penalty lifts the seen, positive 3.0
+
+
 def test_draws_follow_the_distribution():
     params = SamplingParams(temperature=1.0, seed=1)
     generator = torch.Generator().manual_seed(1)
