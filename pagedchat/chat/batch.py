@@ -92,7 +92,8 @@ def parse_line(text: str, line: int, tokenizer, system: str | None,
     try:
         data = json.loads(text)
     except json.JSONDecodeError as error:
-        raise LineError(line, f"malformed JSON ({error.msg} at column {error.colno})") from None
+        raise LineError(line, f"malformed JSON ({error.msg.removesuffix(' at')} at column "
+                              f"{error.colno})") from None
     except RecursionError:  # Python's parser recurses per level of nesting
         raise LineError(line, "malformed JSON (nested too deeply)") from None
     if not isinstance(data, dict):

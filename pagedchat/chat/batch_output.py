@@ -27,8 +27,8 @@ def write_record(sink: IO[str], record: dict[str, object]) -> None:
 def load_done(path: Path) -> list[dict[str, object]]:
     """The answer records in the output file ``path``, for a rerun to skip their requests.
     The file keeps only those: error records, repeated answers, blank lines and a last line
-    cut short by a kill are taken out at once (a kill leaves the old file or the new one). A
-    line that is no record of ``pagedchat batch`` is BatchError, before anything changes."""
+    cut short by a kill are taken out at once (a kill leaves the old file or the new one). Any
+    other line that is no record of ``pagedchat batch`` is BatchError, before anything changes."""
     if not path.is_file():  # nothing written yet, or a device or pipe: nothing to resume
         return []
     data = path.read_bytes()
@@ -45,7 +45,7 @@ def load_done(path: Path) -> list[dict[str, object]]:
         try:
             record = json.loads(raw)
         except (ValueError, RecursionError):  # not JSON, or nested past the parser's reach
-            if number == len(raws):  # cut short by a kill: never counts
+            if number == len(raws) and b'{"id": '.startswith(raw[:7]):  # a record cut short
                 continue
             raise BatchError(f"{path}: line {number} is not JSON; is this the output file of "
                              "pagedchat batch?") from None

@@ -44,8 +44,9 @@ def batch(
                                     if Path(input_path).is_dir() else "no such file"))
         done = load_done(Path(output)) if output != "-" else {}
         raw = sys.stdin.buffer.read() if input_path == "-" else Path(input_path).read_bytes()
-        # a line that is not UTF-8 becomes that line's error record, not the run's end
-        lines = raw.decode("utf-8", errors="surrogateescape").splitlines()
+        # lines end at \n only (U+2028 may be in a JSON string); bad UTF-8 is its line's error
+        text = raw.removeprefix(b"\xef\xbb\xbf").decode("utf-8", errors="surrogateescape")
+        lines = text.replace("\r\n", "\n").removesuffix("\n").split("\n") if text else []
         engine = LLMEngine(EngineConfig(
             model=model, num_kv_blocks=kv_blocks, kv_cache_memory=kv_memory,
             max_num_seqs=BATCH.max_num_seqs, tensor_parallel_size=tp, weights=weights,

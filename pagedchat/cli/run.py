@@ -51,6 +51,8 @@ def run(
         if sys.stdin.isatty() and prompt is None:
             raise typer.BadParameter("give a prompt, or pipe one in", param_hint="PROMPT")
         prompt = sys.stdin.buffer.read().decode("utf-8", errors="surrogateescape")
+    if not prompt.strip():
+        raise typer.BadParameter("the prompt is empty", param_hint="PROMPT")
     opt.check_text(prompt, "PROMPT")
     opt.check_text(system, "--system")
     try:
@@ -78,8 +80,7 @@ def run(
                 blocks = opened.config.request_kv_blocks(
                     len(prompt_ids), params.max_tokens, params.best_of,
                     kv_groups(opened.model_config).windows)
-                positions = min(opened.config.max_model_len,
-                                len(prompt_ids) + params.max_tokens)
+                positions = min(opened.config.max_model_len, len(prompt_ids) + params.max_tokens)
                 opened = replace(opened, config=replace(opened.config, num_kv_blocks=blocks,
                                                         max_model_len=positions))
             engine = LLMEngine(opened)

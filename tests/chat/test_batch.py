@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from pagedchat.chat.batch import LineError, parse_line
 from pagedchat.cli import app
 from pagedchat.engine.llm_engine import LLMEngine
 
@@ -54,6 +55,30 @@ def test_prompts_and_messages_to_a_file(opts, tmp_path):
     assert isinstance(records["7"]["text"], list) and len(records["7"]["text"]) == 2
     assert records["7"]["usage"]["completion_tokens"] == 4
     assert "3 done, 0 failed" in result.stderr
+
+
+@pytest.mark.parametrize("text, reason", [
+    ('{"id": "a", "prompt": "open', "Unterminated string starting at column 23"),
+    ("{not json", "Expecting property name enclosed in double quotes at column 2"),
+])
+def test_malformed_json_says_where_once(text, reason):
+    with pytest.raises(LineError, match=f"^malformed JSON \\({reason}\\)$"):
+        parse_line(text, 1, None, None, {})
+
+
+def test_lines_end_at_newlines_only_after_a_byte_order_mark(opts, tmp_path):
+    """A BOM is no part of line 1; CRLF ends a line; U+2028 and U+0085, legal inside a
+    JSON string (``ensure_ascii=False`` writes them raw), split none."""
+    lines = [{"id": "sep", "prompt": "a\u2028b\u0085c", "max_tokens": 2},
+             {"id": "after", "prompt": "Hi", "max_tokens": 2}]
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(b"\xef\xbb\xbf" + b"".join(
+        json.dumps(line, ensure_ascii=False).encode() + b"\r\n" for line in lines))
+    out = tmp_path / "out.jsonl"
+    result = runner.invoke(app, ["batch", str(source), "-o", str(out), *opts])
+    assert result.exit_code == 0, result.output
+    assert {(r["id"], r["line"]) for r in _records(out)} == {("sep", 1), ("after", 2)}
+    assert "2 lines: 2 done, 0 failed" in result.stderr
 
 
 def test_stdin_to_stdout_with_a_shared_system_prompt(opts):

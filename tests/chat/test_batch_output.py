@@ -33,6 +33,18 @@ def test_a_line_cut_by_a_kill_never_counts(tmp_path, cut):
     assert out.read_text() == f"{ANSWER_A}\n"
 
 
+@pytest.mark.parametrize("before", ["", f"{ANSWER_A}\n"])
+@pytest.mark.parametrize("last", ["My notes, do not lose", "col1,col2", '{"x": 1', "1"])
+def test_a_last_line_that_no_record_begins_with_is_refused_not_dropped(tmp_path, before, last):
+    """Only a record's beginning (``{"id": ``) can be a record a kill cut short: a file of
+    the user's whose last line has no newline is refused, never rewritten."""
+    out = tmp_path / "notes.txt"
+    out.write_text(before + last)
+    with pytest.raises(BatchError, match="is not JSON|neither an answer"):
+        load_done(out)
+    assert out.read_text() == before + last
+
+
 def test_a_whole_last_line_whose_newline_was_cut_counts(tmp_path):
     out = tmp_path / "out.jsonl"
     out.write_text(f"{ANSWER_A}\n{ANSWER_C}")

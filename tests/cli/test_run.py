@@ -45,6 +45,13 @@ def test_run_reads_the_prompt_from_stdin(tiny_model_dir):
     assert result.exit_code == 0, result.output
 
 
+@pytest.mark.parametrize("args, stdin", [([""], None), (["  \n"], None), (["-"], b""),
+                                         (["-"], b"\n")])
+def test_run_refuses_an_empty_prompt_before_loading(args, stdin):
+    result = runner.invoke(app, ["run", "--model", "/no/such/model.gguf", *args], input=stdin)
+    assert result.exit_code == 2 and "the prompt is empty" in result.output
+
+
 def test_run_names_a_missing_model():
     result = runner.invoke(app, ["run", "--model", "/no/such/model.gguf", "hi"])
     assert result.exit_code == 1
