@@ -23,8 +23,7 @@ def cache_root() -> Path:
 def staged_file(target: Path, mode: str, suffix: str = "") -> Iterator[IO]:
     """A new file beside ``target`` (named ``.<target's name>-<random><suffix>``) that takes
     its place when the block ends without an error, and is removed otherwise."""
-    handle, staging = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}-",
-                                       suffix=suffix)
+    handle, staging = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}-", suffix=suffix)
     try:
         with os.fdopen(handle, mode) as out:
             yield out

@@ -190,8 +190,7 @@ class EngineDriver(EngineThread):
         rid = command.request_id
         try:
             prompt = build_prompt(engine.tokenizer, command.system_prompt, command.messages,
-                                  command.context_window, command.raw,
-                                  command.continue_reply)
+                                  command.context_window, command.raw, command.continue_reply)
             params = command.params
             if not command.raw and not has_chat_template(engine.tokenizer):
                 params = replace(params, stop=[*params.stop, PLAIN_STOP])

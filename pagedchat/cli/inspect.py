@@ -31,8 +31,7 @@ def inspect(
     step: Annotated[bool, typer.Option("--step", help="Wait for Enter between steps "
                                                       "(q + Enter quits).")] = False,
     json_path: opt.JsonPath = None,
-    kv_blocks: Annotated[int, typer.Option("--kv-blocks", min=1,
-                                           help="KV pool size in blocks.")]
+    kv_blocks: Annotated[int, typer.Option("--kv-blocks", min=1, help="KV pool size in blocks.")]
     = INSPECT.num_kv_blocks,
     block_size: opt.BlockSize = 16,
     preemption_mode: Annotated[Preemption, typer.Option(

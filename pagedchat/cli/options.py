@@ -40,8 +40,7 @@ MODEL_HELP = ("HF folder, GGUF file or named model (see pagedchat models); defau
 Model = Annotated[str | None, typer.Option("--model", "-m", help=MODEL_HELP)]
 JsonPath = Annotated[Path | None, typer.Option("--json", help="Write figures + metadata.")]
 BlockSize = Annotated[int, typer.Option("--block-size", help="Tokens per KV block.")]
-KvBlocks = Annotated[int | None, typer.Option("--kv-blocks", min=1,
-                                              help="KV pool size in blocks.")]
+KvBlocks = Annotated[int | None, typer.Option("--kv-blocks", min=1, help="KV pool size in blocks.")]
 KvMemory = Annotated[str | None, typer.Option("--kv-memory",
                                               help="KV pool size in bytes, e.g. 1GiB.")]
 Weights = Annotated[str | None, typer.Option(

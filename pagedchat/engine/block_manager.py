@@ -121,8 +121,7 @@ class BlockManager(PrefixCache):
         blocks ran out. Takes the prefix ``hit``'s blocks first (their tokens count as
         computed), copies a shared, partly filled last block before it is written
         (copy-on-write), then appends fresh blocks (``HOLE`` before a windowed group's window)."""
-        need = self.blocks_needed(seq, num_new_tokens, hit) + self.evictable_taken(
-            hit.block_ids())
+        need = self.blocks_needed(seq, num_new_tokens, hit) + self.evictable_taken(hit.block_ids())
         if need > self.num_free_blocks:
             return False
         if not seq.block_tables:
@@ -283,8 +282,7 @@ class BlockManager(PrefixCache):
         block_id = self._pop_free(saved.group)
         key = (saved.group, saved.hash)
         if saved.hash != NO_HASH and key not in self.hash_to_block:
-            self._publish(block_id, saved.group, saved.hash, saved.parent_hash,
-                          saved.token_ids)
+            self._publish(block_id, saved.group, saved.hash, saved.parent_hash, saved.token_ids)
         return block_id
 
     def _take(self, block_id: int) -> None:

@@ -126,8 +126,7 @@ class KeptRows:
             elif len(self.slots) < self.num_slots:  # slots are only dropped all at once
                 slot = len(self.slots)
             else:
-                victim = next((old for old, held in self.slots.items() if held not in given),
-                              None)
+                victim = next((old for old, held in self.slots.items() if held not in given), None)
                 slot = None if victim is None else self.slots.pop(victim)
             if slot is not None:
                 self.slots[key] = slot

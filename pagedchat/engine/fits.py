@@ -30,8 +30,7 @@ class RequestFit:
         tokens = num_prompt_tokens + max_tokens
         if self.max_model_len is not None:
             tokens = min(tokens, self.max_model_len)
-        return sequences * kv_groups.max_blocks(self.windows, self.block_size, tokens,
-                                                self.chunk)
+        return sequences * kv_groups.max_blocks(self.windows, self.block_size, tokens, self.chunk)
 
     def longest(self, sequences: int) -> int:
         """The most tokens (prompt and reply) each of ``sequences`` sequences may reach with

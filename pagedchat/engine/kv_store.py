@@ -170,8 +170,7 @@ class KVStore:
             header = json.loads(raw[start:start + length])
             payload = raw[start + length:]
             if header["fingerprint"] != self.fingerprint:
-                log.warning("KV store: ignoring %s, written for another model or settings",
-                            path)
+                log.warning("KV store: ignoring %s, written for another model or settings", path)
                 return None
             if xxhash.xxh3_64_hexdigest(payload) != header["checksum"]:
                 raise ValueError("its K/V do not match their checksum")

@@ -298,8 +298,7 @@ class LLMEngine:
             group_rows, group_logits = [rows[i] for i in indices], logits[indices]
             try:
                 tokens, logprobs = sample(group_logits, group_rows, max_logsumexp)
-                self._record_logprobs(group_logits, group_rows, [seqs[i] for i in indices],
-                                      tokens)
+                self._record_logprobs(group_logits, group_rows, [seqs[i] for i in indices], tokens)
             except Exception as error:
                 self._fail(seqs[indices[0]][0], error)
                 continue

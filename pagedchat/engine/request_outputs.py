@@ -43,8 +43,7 @@ def _beam_output(group: SequenceGroup, tokenizer) -> RequestOutput:
     else:
         for i, seq in enumerate(group.seqs[:n]):
             text = tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
-            outputs.append(CompletionOutput(i, text, seq.output_token_ids,
-                                            seq.cumulative_logprob))
+            outputs.append(CompletionOutput(i, text, seq.output_token_ids, seq.cumulative_logprob))
     return _output(group, outputs, group.is_finished, scores)
 
 

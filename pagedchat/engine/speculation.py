@@ -69,8 +69,7 @@ def verify_drafts(engine: Engine, items: list[ScheduledSeq], argmax: list[bool],
                 if greedy_head:
                     token, logprob = chosen[j], None
                 else:
-                    token, logprob = _choose(engine, group, item, item_logits[j : j + 1],
-                                             proposed)
+                    token, logprob = _choose(engine, group, item, item_logits[j : j + 1], proposed)
                 seq.append_token(token, logprob)
                 appended += 1
                 engine._after_token(group, seq)

@@ -288,5 +288,4 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
             max_context_len = int(context_lens.max()) if context_lens.numel() else 0
         return paged_attention_decode(*inputs, max_context_len=max_context_len, out=out,
                                       window=window)
-    return paged_attention_prefill(*inputs, max_query_len=max_query_len, out=out,
-                                   window=window)
+    return paged_attention_prefill(*inputs, max_query_len=max_query_len, out=out, window=window)

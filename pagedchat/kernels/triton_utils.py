@@ -147,8 +147,7 @@ def store_output(out_ptr, offsets, mask, l_i, acc):
 
 
 @triton.jit
-def load_int8_rows(cache_ptr, row, valid, HEAD_DIM: tl.constexpr,
-                   HEAD_DIM_PAD: tl.constexpr, like):
+def load_int8_rows(cache_ptr, row, valid, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, like):
     """The int8 rows at ``cache_ptr + row`` ``[tokens]`` as ``[tokens, HEAD_DIM_PAD]`` in
     ``like``'s dtype, each multiplied by its float16 scale (``HEAD_DIM`` bytes in). A row is
     read as 16-bit pairs, the widest its alignment allows (``head_dim + 2`` bytes apart),

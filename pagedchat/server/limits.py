@@ -73,8 +73,7 @@ class RequestLimits:
 
     def _too_large(self, size: int, at_least: bool = False) -> tuple[int, str, str]:
         return (413, f"the request body has {'over ' if at_least else ''}{size} bytes; this "
-                f"server takes at most {self.max_bytes} (--max-request-bytes)",
-                "request_too_large")
+                f"server takes at most {self.max_bytes} (--max-request-bytes)", "request_too_large")
 
 
 def _content_length(scope: Scope) -> int | None:

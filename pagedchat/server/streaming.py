@@ -118,8 +118,7 @@ class EventStream(StreamingResponse):
     media_type = "text/event-stream"
 
     def __init__(self, content: AsyncIterator[str], cleanup: Callable[[], None]) -> None:
-        super().__init__(content, headers={"Cache-Control": "no-cache",
-                                           "X-Accel-Buffering": "no"})
+        super().__init__(content, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self.cleanup = cleanup
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

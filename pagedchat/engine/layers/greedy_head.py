@@ -95,8 +95,7 @@ class GreedyHead:
         ``[rows, out_features]`` buffer for the 8-bit logits."""
         x = x.contiguous()
         approx = self.kernels.quantized_linear(x, self.int8_weight, out=out)
-        found, counts = self.kernels.screen_candidates(approx, self.norms, self.slack(x),
-                                                       CAPACITY)
+        found, counts = self.kernels.screen_candidates(approx, self.norms, self.slack(x), CAPACITY)
         del approx
         tokens = torch.empty(x.shape[0], dtype=torch.int64)
         overflow = (counts > CAPACITY).nonzero().flatten()

@@ -42,8 +42,7 @@ def render_chat(template: str, messages: list[Message], add_generation_prompt: b
                              'accepted field in the chat_template')
         chat[-1] = {**chat[-1], "content": final + _CONTINUE_TAG}
     rendered = _compiled(template).render(messages=chat, tools=None, documents=None,
-                                          add_generation_prompt=add_generation_prompt,
-                                          **variables)
+                                          add_generation_prompt=add_generation_prompt, **variables)
     if continue_final_message:
         tag = _CONTINUE_TAG.strip()
         if final.strip() not in rendered or tag not in rendered:

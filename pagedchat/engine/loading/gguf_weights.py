@@ -135,8 +135,7 @@ def read_gguf_weights(path: Path, num_heads: int, num_kv_heads: int) -> dict[str
     for tensor in header.tensors:
         if (name := hf_name(tensor.name, architecture)) is None:
             continue
-        weight = _read_tensor(header, tensor,
-                              mapped=untied and tensor.name == "token_embd.weight")
+        weight = _read_tensor(header, tensor, mapped=untied and tensor.name == "token_embd.weight")
         if architecture == "llama" and (".q_proj." in name or ".k_proj." in name):
             heads = num_heads if ".q_proj." in name else num_kv_heads
             order = unpermute_rows(weight.shape[0], heads)

@@ -167,8 +167,7 @@ def _sdpa(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             .unsqueeze(0) for cache in (k_cache, v_cache))
     q4 = q.transpose(0, 1).unsqueeze(0)
     if q_len == context_len and window is None:
-        out = F.scaled_dot_product_attention(q4, k, v, is_causal=True, scale=scale,
-                                             enable_gqa=True)
+        out = F.scaled_dot_product_attention(q4, k, v, is_causal=True, scale=scale, enable_gqa=True)
     else:
         q_pos = torch.arange(context_len - q_len, context_len).unsqueeze(1)
         k_pos = torch.arange(first, context_len).unsqueeze(0)

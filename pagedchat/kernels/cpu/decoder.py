@@ -198,8 +198,7 @@ class DecoderStack:
         residual = torch.empty_like(x)
         q_size = self.heads * self.head_dim
         scratch = [torch.empty(rows, width, dtype=self.dtype) for width in (
-            self.hidden, self.qkv_width, q_size, q_size, 2 * self.intermediate,
-            self.intermediate)]
+            self.hidden, self.qkv_width, q_size, q_size, 2 * self.intermediate, self.intermediate)]
         # the inputs of quantized products, widened, in a bfloat16 step
         wide = (torch.empty(rows, max(self.hidden, q_size, self.intermediate))
                 if self.dtype == torch.bfloat16 else None)
@@ -219,8 +218,7 @@ class DecoderStack:
             *(buffer.data_ptr() for buffer in scratch), _pointer(wide),
             ctypes.addressof(self.bounds))
         status = self._decoder(
-            self._layers, len(self._layers), ctypes.byref(step), x.data_ptr(),
-            residual.data_ptr())
+            self._layers, len(self._layers), ctypes.byref(step), x.data_ptr(), residual.data_ptr())
         if status != 0:
             error, message = _FAILURES[status]
             raise error(message)

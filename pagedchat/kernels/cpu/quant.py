@@ -78,8 +78,7 @@ def quantized_linear(x: torch.Tensor, weight: QuantizedWeight,
         status = product(x_at, segment.data.data_ptr(),
                          segment.kernel_type(weight.int8_activations),
                          None if bias_at is None else bias_at + 4 * first,
-                         out_at + size * first, rows, width, segment.rows, n_dim, threads,
-                         bounds)
+                         out_at + size * first, rows, width, segment.rows, n_dim, threads, bounds)
         _check(status, "linear")
         first += segment.rows
     return out

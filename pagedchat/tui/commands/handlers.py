@@ -64,15 +64,13 @@ def model_list(current: str) -> str:
                               "a GGUF file"])
 
 
-@command("/model [NAME|PATH]", "switch the model (alone: list the models)",
-         needs_session=False)
+@command("/model [NAME|PATH]", "switch the model (alone: list the models)", needs_session=False)
 async def model(app: CommandHost, argument: str) -> bool:
     if not argument:
         app.notify(model_list(app.model_name), title=f"Model: {app.model_name}", timeout=15)
         return True
     if app.load_model is None:
-        app.notify("This app was started without a way to load other models",
-                   severity="error")
+        app.notify("This app was started without a way to load other models", severity="error")
         return False
     if app.replies.turns:
         app.notify("Replies are being written: wait, or press Esc to stop them, then "
