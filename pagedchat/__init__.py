@@ -1,8 +1,7 @@
 """pagedchat: a terminal chatbot on a from-scratch PagedAttention engine.
 
 ``LLM`` and ``SamplingParams`` load on first use, so that importing a submodule (the
-app, the CLI) does not pay for torch and transformers before anything is on screen.
-"""
+app, the CLI) does not pay for torch and transformers before anything is on screen."""
 
 from __future__ import annotations
 

@@ -4,8 +4,7 @@ Every valid line goes into the engine at once; each answer is appended and flush
 request finishes, so a killed run loses nothing finished. A rerun with the same output file
 skips the requests answered there (an answer names its line number, id and a hash of the
 line's text) and runs the rest, the lines it rejected before too (error records are no
-answers). If the input changed under an answer, the rerun runs nothing and names the line.
-"""
+answers). If the input changed under an answer, the rerun runs nothing and names the line."""
 
 from __future__ import annotations
 

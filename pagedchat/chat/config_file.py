@@ -6,8 +6,7 @@
     temperature = 0.3
     max_tokens = 256
     repetition_penalty = 1.1
-    loop_guard = true
-"""
+    loop_guard = true"""
 
 from __future__ import annotations
 

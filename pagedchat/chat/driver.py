@@ -2,8 +2,7 @@
 
 A UI queues ``Submit`` and ``Cancel``; events come back through a callback on the driver thread,
 where the model loads too (a UI starts at once, its first message queued). Outputs are coalesced
-per request and handed over every ``flush_interval`` seconds at most (a finished one at once).
-"""
+per request and handed over every ``flush_interval`` seconds at most (a finished one at once)."""
 
 from __future__ import annotations
 

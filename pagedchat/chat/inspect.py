@@ -2,8 +2,7 @@
 after each. The default one shows each kind of sharing: two chats with the same system prompt
 (the second finds the first's prompt blocks in the prefix cache), one request with n = 3
 samples (sharing the prompt's blocks, copy-on-write), and one beam search of width 2 (its
-beams share their common history; a pruned beam frees its blocks at once).
-"""
+beams share their common history; a pruned beam frees its blocks at once)."""
 
 from __future__ import annotations
 

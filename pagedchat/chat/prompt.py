@@ -5,8 +5,7 @@ system prompt always stays, then the newest messages that fit. Only a newest mes
 long alone is cut, keeping its end (where the question usually is).
 
 A model without a chat template (a base model) gets plain "User: ... / Assistant: ..." lines
-and stops where the user's next line would begin; ``raw`` gives no markup at all.
-"""
+and stops where the user's next line would begin; ``raw`` gives no markup at all."""
 
 from __future__ import annotations
 

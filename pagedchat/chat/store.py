@@ -1,8 +1,7 @@
 """Sessions and messages in SQLite, in the user's data folder.
 
 The schema carries a version (``PRAGMA user_version``); ``MIGRATIONS`` brings any
-older database up to date in order, each step in one transaction.
-"""
+older database up to date in order, each step in one transaction."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """The `pagedchat` command: one Typer app, each command a thin shell in a module of its own.
 
-Adding a command is one module here plus one registration line below.
-"""
+Adding a command is one module here plus one registration line below."""
 
 from __future__ import annotations
 

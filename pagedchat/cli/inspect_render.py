@@ -1,8 +1,7 @@
 """An engine stats snapshot as pictures: the block pool, the block tables, the figures.
 
 ``owner_letters`` is plain data any front end can draw; the rest builds rich renderables for
-``pagedchat inspect``, each state with its own character, readable without colours (piped).
-"""
+``pagedchat inspect``, each state with its own character, readable without colours (piped)."""
 
 from __future__ import annotations
 

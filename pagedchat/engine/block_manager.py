@@ -5,8 +5,7 @@ position in the sequence, all drawing on this pool. In a windowed group, a block
 before the window of the next token to compute is never read again: it goes back to the
 pool and its entry becomes ``HOLE``, so the holes are always a prefix. Every block is
 referenced, cached-evictable or free (``blocks.Block``); ``prefix_cache.py`` is the half of
-the class that finds and publishes full blocks by their chained hash.
-"""
+the class that finds and publishes full blocks by their chained hash."""
 
 from __future__ import annotations
 

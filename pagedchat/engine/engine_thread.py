@@ -2,8 +2,7 @@
 
 Callers put commands on this thread's queue; it takes every queued command between two steps
 (waiting for one only while there is nothing to step), then runs one step; ``STOP`` ends it.
-A subclass says what a command does, what a step hands back, and what stopping leaves behind.
-"""
+A subclass says what a command does, what a step hands back, and what stopping leaves behind."""
 
 from __future__ import annotations
 

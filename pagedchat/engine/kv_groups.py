@@ -7,8 +7,7 @@ needs tables of its own. Every page has the same size, so any free page serves a
 page holds ``layers_per_page`` layers (the greatest common divisor of the two kinds' layer
 counts), each kind is split into groups of that many layers, and groups of one kind fill
 and free their tables in lockstep. The pool is one tensor per page slot; a layer keeps its
-K/V in its slot's tensor, at the pages its group's table names.
-"""
+K/V in its slot's tensor, at the pages its group's table names."""
 
 from __future__ import annotations
 

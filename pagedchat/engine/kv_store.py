@@ -9,8 +9,7 @@ ones, which the scheduler's prefix lookup then finds, so the prompt is not compu
 A file carries its fingerprint, chain hash, parent hash, token ids and a checksum of its K/V:
 one that does not match all of them is a miss, never a wrong answer; a corrupt or foreign
 one is ignored with a log line (a corrupt one removed). Past the folder's size cap the least
-recently used files go first.
-"""
+recently used files go first."""
 
 from __future__ import annotations
 

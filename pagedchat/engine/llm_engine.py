@@ -3,8 +3,7 @@
 ``add_request`` queues a SequenceGroup; each ``step`` asks the scheduler who runs, hands the
 runner that step as a StepInput, and the logits it gives back are sampled, appended,
 detokenized, checked for stops and returned as RequestOutputs. Block tables change only in
-the scheduler (forks and endings included): the engine never touches the block manager.
-"""
+the scheduler (forks and endings included): the engine never touches the block manager."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """The model's shape, read straight from its ``config.json``: transformers' config classes
 import the rope helpers, and with them torch._dynamo, sympy and accelerate, a large resident
 cost for a few integers. Only a rope type other than the default asks transformers (its own
-formulas for scaled rope, see ``layers/rotary.py``).
-"""
+formulas for scaled rope, see ``layers/rotary.py``)."""
 
 from __future__ import annotations
 

@@ -12,8 +12,7 @@ as pays for its rows. Acceptance depends most on the length of the match behind 
 first token is the doubtful one: per match length, the proposer estimates how often a first
 token and a later one are accepted (``_Fortune``), and takes the length with the most
 expected tokens per unit of step cost (``StepCosts``). Each lookup of a match length decays
-its estimate towards the prior, so a length whose drafts stopped being proposed is retried.
-"""
+its estimate towards the prior, so a length whose drafts stopped being proposed is retried."""
 
 from __future__ import annotations
 

@@ -6,8 +6,7 @@ makes a request read another's K/V. A prompt that ends inside a block another se
 filled (a regenerated reply) finds that block among the children of its last full block and
 starts from a copy of it (``PrefixHit.tail``): only its last token is computed, and not even
 that one when the runner kept the prompt's last row (``kept_rows``) and the block holds the
-last token too: the first new token is sampled from the kept row.
-"""
+last token too: the first new token is sampled from the kept row."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """What each command builds its engine with: one table, so that no two entry points decide
 the pool, the batch limit, the swap pool or a reply's default length apart. A command's
-flags default to its row; the library (``LLM``, ``LLMEngine``) keeps ``EngineConfig``'s own.
-"""
+flags default to its row; the library (``LLM``, ``LLMEngine``) keeps ``EngineConfig``'s own."""
 
 from __future__ import annotations
 

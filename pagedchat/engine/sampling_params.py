@@ -31,8 +31,7 @@ class SamplingParams:
     distribution (before penalties, bias, constraints and temperature). ``min_tokens``: EOS
     and stop tokens are masked and stop strings ignored until that many tokens are out.
     ``logit_bias`` adds to a token's logit; ``logits_processors`` change a row of logits
-    before sampling, called for every sequence of the request.
-    """
+    before sampling, called for every sequence of the request."""
 
     n: int = 1
     best_of: int | None = None

@@ -5,8 +5,7 @@ spends a token budget on running groups first (oldest first), then swapped ones,
 waiting ones, first come first served; a long prompt is prefilled in chunks beside running
 decodes. When blocks run out, the newest running group is preempted, all or nothing, and
 nothing new is admitted that step. First, every running sequence gives back the blocks that
-slid out of its local layers' windows.
-"""
+slid out of its local layers' windows."""
 
 from __future__ import annotations
 

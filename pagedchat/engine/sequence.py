@@ -1,8 +1,7 @@
 """Sequence and SequenceGroup: one request's token ids, status and block table.
 
 A request is a SequenceGroup. It starts with one Sequence (the prompt is prefilled
-once); parallel samples and beams are forks of it that share its blocks.
-"""
+once); parallel samples and beams are forks of it that share its blocks."""
 
 from __future__ import annotations
 

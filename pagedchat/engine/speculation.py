@@ -8,8 +8,7 @@ are exactly the tokens appended before row j is read: so greedy choices are the 
 decode makes, and a sampled row draws from the same target distribution (penalties,
 constraints and min_tokens see the same history). A drafted row's sampled token goes through
 the acceptance test of speculative sampling (``sampling/rejection.py``); the last row, after
-a fully accepted draft, is sampled plainly.
-"""
+a fully accepted draft, is sampled plainly."""
 
 from __future__ import annotations
 

@@ -5,8 +5,7 @@ share each decoding of a weight; past the few-row products' limit a step costs m
 so drafts are sized by timed steps, not by a constant. Only a lone decoding sequence's
 steps are timed; an untimed row count is estimated from the nearest timed count below it
 (else the fewest timed) by the prior (``row_cost``). A count untimed for ``EXPIRY`` steps
-goes back to that estimate, so one timed dear in a passing burst of load is tried again.
-"""
+goes back to that estimate, so one timed dear in a passing burst of load is tried again."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@
 Built from the scheduler's output (``SchedulerOutput.step_input``) for the runner, it is all
 a worker needs to run a step: under tensor parallelism, the one message rank 0 sends every
 worker each step. A token's cache slot in a layer group (``engine/kv_groups.py``) is
-``block_table[pos // block_size] * block_size + pos % block_size``.
-"""
+``block_table[pos // block_size] * block_size + pos % block_size``."""
 
 from __future__ import annotations
 

@@ -6,8 +6,7 @@ layouts or a GGUF's quantized blocks) and the layer's small operations. The CPU 
 - ``triton``: Triton kernels, picked on CUDA;
 - ``cpu``: compiled C kernels (:mod:`.cpu`), picked on the CPU (the reference without a C
   compiler);
-- ``torch``: the reference itself.
-"""
+- ``torch``: the reference itself."""
 
 from __future__ import annotations
 

@@ -10,8 +10,7 @@ differs from transformers' only in the order of its sums.
 
 A :class:`QuantizedWeight` is a stack of row segments, each in one format (llama.cpp may
 quantize the parts of a fused weight differently; none is re-quantized); adjacent segments
-of one format are merged, so the usual fused weight is one segment.
-"""
+of one format are merged, so the usual fused weight is one segment."""
 
 from __future__ import annotations
 

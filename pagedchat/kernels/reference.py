@@ -7,8 +7,7 @@ KV cache layout (shared by every kernel), per layer:
 in the activations' type, or int8 rows with their scales, ``head_dim + 2`` wide (see
 ``kv_int8.py``), which every operation here reads and writes through the same functions.
 A token's slot is ``block_id * block_size + offset``. Block tables are int32
-``[num_seqs, max_blocks_per_seq]`` padded with -1.
-"""
+``[num_seqs, max_blocks_per_seq]`` padded with -1."""
 
 from __future__ import annotations
 
@@ -89,8 +88,7 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     without reading the lengths back (a device sync); a host backend reads them itself.
     ``window``: a sliding window (Gemma 3's local layers): the query at position ``p``
     reads only the keys at ``p - window + 1 .. p``, and the block table's entries wholly
-    before its chunk's first window may be holes, never read.
-    """
+    before its chunk's first window may be holes, never read."""
     num_heads = query.shape[1]
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads

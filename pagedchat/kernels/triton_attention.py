@@ -13,8 +13,7 @@ merges the partial results. Prefill (some q_len > 1): one program per (sequence,
 query rows, query head), causal over the cached prefix and the chunk itself.
 
 The Triton interpreter (``TRITON_INTERPRET=1``) computes bfloat16 ``tl.dot`` on the raw
-bit patterns (triton-lang/triton#11584), so under it every dot runs in float32.
-"""
+bit patterns (triton-lang/triton#11584), so under it every dot runs in float32."""
 
 from __future__ import annotations
 

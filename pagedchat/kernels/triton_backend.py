@@ -3,8 +3,7 @@
 Importing it requires Triton; without a GPU it works only under ``TRITON_INTERPRET=1`` (set
 before its first import), as the tests run it. Attention and the K/V store and copies are
 Triton kernels; the rest is the reference's (torch runs each as a few kernels already), whose
-products on quantized weights serve the Triton kernels interpreted on the CPU.
-"""
+products on quantized weights serve the Triton kernels interpreted on the CPU."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@
 Same signatures and semantics as ``pagedchat.kernels.reference``, int8 caches included: a
 row stored in one is byte for byte the row ``kv_int8.quantize`` makes (the same float32
 operations in the same order, division and rounding to nearest even included). Importing
-this module needs Triton; on CPU it only runs under ``TRITON_INTERPRET=1``.
-"""
+this module needs Triton; on CPU it only runs under ``TRITON_INTERPRET=1``."""
 
 from __future__ import annotations
 

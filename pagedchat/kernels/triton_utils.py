@@ -1,8 +1,7 @@
 """What the Triton kernel modules share: whether Triton interprets, device and shape checks of
 the attention inputs, the dot settings that keep float32 exact, the arguments both attention
 kernels take, and their inner step over a tile of cached tokens. An int8 cache
-(``kv_int8.py``) is de-quantized in registers as a tile is read.
-"""
+(``kv_int8.py``) is de-quantized in registers as a tile is read."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """The chat app: sessions on the left, the chat in the middle, the engine inspector on the right.
 
 The app owns the sessions and the layout, ``Replies`` the turns and the engine's events,
-``commands/`` the slash commands; calls go down to the widgets, messages come up from them.
-"""
+``commands/`` the slash commands; calls go down to the widgets, messages come up from them."""
 
 from __future__ import annotations
 

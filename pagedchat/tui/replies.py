@@ -2,8 +2,7 @@
 
 The ``EngineDriver`` thread's events reach the UI thread as ``EngineEvent`` messages, handed
 to ``Replies.take``, so every widget is touched from the UI thread only. A reply's text is
-saved while it streams and when it ends: quitting or a crash loses at most its last moment.
-"""
+saved while it streams and when it ends: quitting or a crash loses at most its last moment."""
 
 from __future__ import annotations
 

@@ -15,8 +15,7 @@ k terms). Only Q8_0 heads are screened: their 8-bit product is one integer sum t
 scale per block, which that rounding term covers; other formats take the whole head, as
 do soft-capped heads (the model does not build one: see CausalLM.pack). Where the screen
 is not faster (few rows; CPUs whose 8-bit product gains little), the model takes the whole
-head: see FasterWay.
-"""
+head: see FasterWay."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@
 What sets it apart from Llama: RMSNorm with ``1 + w``, norms before and after both attention
 and MLP, QK-norm, GeGLU with tanh GELU, embeddings scaled by ``sqrt(hidden)``, a query scale
 of its own, a head_dim that is not hidden / heads, two rope tables (local and global bases)
-and an optional soft cap on the final logits.
-"""
+and an optional soft cap on the final logits."""
 
 from __future__ import annotations
 

@@ -5,8 +5,7 @@ attention metadata passed in, so one forward serves prefill chunks and decodes o
 sequences at once; so do the small operations between the products (RMSNorm with its
 residual add, rotary embedding with the K/V store, SiLU-and-multiply). Under tensor
 parallelism each worker builds the same model with its share of the heads, MLP columns and
-vocabulary (:mod:`pagedchat.engine.parallel`).
-"""
+vocabulary (:mod:`pagedchat.engine.parallel`)."""
 
 from __future__ import annotations
 

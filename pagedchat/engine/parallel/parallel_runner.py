@@ -2,8 +2,7 @@
 own shard, and turns a dead worker into a clear error instead of a hang.
 
 The engine process is rank 0: it keeps the one scheduler and block manager, broadcasts each
-step's :class:`StepInput`, runs its shard like every worker, and alone gets the logits.
-"""
+step's :class:`StepInput`, runs its shard like every worker, and alone gets the logits."""
 
 from __future__ import annotations
 

@@ -5,8 +5,7 @@ Each of the ``size`` workers holds its share of every layer's attention heads (a
 KV block, for those heads), MLP intermediate columns and vocabulary. Column-parallel layers
 (fused QKV, gate/up) need no communication; row-parallel ones (attention output, MLP down)
 and the vocabulary-parallel embedding end with an all-reduce. The sampled rows' logits are
-gathered on rank 0, the only rank that samples.
-"""
+gathered on rank 0, the only rank that samples."""
 
 from __future__ import annotations
 

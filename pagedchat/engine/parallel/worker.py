@@ -1,8 +1,7 @@
 """A tensor-parallel worker process (ranks 1..k-1): load a shard, then run every step
 rank 0 broadcasts until it sends the stop message (None). It samples nothing and holds no
 scheduler state: the step arrives as flat arrays (:class:`~pagedchat.engine.step_input.StepInput`)
-and its logits go to rank 0 inside the model's gather.
-"""
+and its logits go to rank 0 inside the model's gather."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Runs the model over the paged KV cache for one step and returns the sampled rows' logits.
 
 The step arrives as a :class:`StepInput`, so the same runner serves the single-process engine
-and every worker of a tensor-parallel group, each holding its share of the heads and blocks.
-"""
+and every worker of a tensor-parallel group, each holding its share of the heads and blocks."""
 
 from __future__ import annotations
 

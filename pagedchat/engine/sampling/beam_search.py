@@ -16,8 +16,7 @@ The selection is transformers' (5.x ``_beam_search``), so results match
 - the search stops when every candidate ends, when ``k`` hypotheses exist and
   ``early_stopping is True``, or when ``k`` exist and the best live beam cannot beat
   the worst of them (its score at the current length, or at the length limit when
-  ``early_stopping == "never"`` and ``length_penalty > 0``).
-"""
+  ``early_stopping == "never"`` and ``length_penalty > 0``)."""
 
 from __future__ import annotations
 

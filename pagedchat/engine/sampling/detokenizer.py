@@ -2,8 +2,7 @@
 
 Each step decodes a short window (a few tokens already shown plus the new ones) and
 emits only the part past what was shown; text ending in U+FFFD means a character is
-still incomplete, so nothing is emitted until the next token completes it.
-"""
+still incomplete, so nothing is emitted until the next token completes it."""
 
 from __future__ import annotations
 

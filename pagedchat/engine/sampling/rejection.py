@@ -4,8 +4,7 @@ Chen et al., 2023), for a draft that proposes one token with certainty (n-gram d
 With a point-mass draft q = [t], the rule "keep t with probability min(1, p(t) / q(t)),
 else draw from max(p - q, 0) renormalised" becomes: keep t with probability p(t), else
 draw from p with t removed and renormalised. Either way the token returned is distributed
-as p, the target distribution the sampler would draw from.
-"""
+as p, the target distribution the sampler would draw from."""
 
 from __future__ import annotations
 

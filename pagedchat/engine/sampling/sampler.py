@@ -2,8 +2,7 @@
 the per-token log-probabilities of requests that ask for them (SamplingParams.logprobs).
 
 All rows are processed together; only rows with their own seed draw their noise from their
-own generator, so a seeded answer does not depend on what else is in the batch.
-"""
+own generator, so a seeded answer does not depend on what else is in the batch."""
 
 from __future__ import annotations
 

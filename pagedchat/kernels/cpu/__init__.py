@@ -4,8 +4,7 @@ RMSNorm, rotary-and-store and SiLU- and GELU-and-multiply (float32 and bfloat16)
 layers on weights packed once into oneDNN's layout (:mod:`.linear`), a small decode batch
 through all the layers in one call, the reference for everything else. The kernels are built
 for the best instruction-set level the CPU runs (``PAGEDCHAT_CPU_ISA`` forces one; see
-:mod:`.build`); without a C compiler the backend is the torch reference, after one warning.
-"""
+:mod:`.build`); without a C compiler the backend is the torch reference, after one warning."""
 
 from pagedchat.kernels.cpu.attention import PREFILL_MIN_QUERY_LEN, paged_attention, store_kv
 from pagedchat.kernels.cpu.build import (

@@ -4,8 +4,7 @@ ctypes (which releases the GIL), and the choice of the level in use.
 
 Each kernel module declares its C functions' signatures (:func:`declare`) and finds them
 through :func:`kernel`. Without a compiler every kernel is None and the modules fall back
-to the torch reference, after one warning.
-"""
+to the torch reference, after one warning."""
 
 from __future__ import annotations
 

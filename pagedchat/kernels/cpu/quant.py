@@ -1,7 +1,6 @@
 """The CPU's products and embedding lookups on quantized weights (``quant.c``), with the
 contracts of :func:`pagedchat.kernels.quant.quantized_linear` and ``quantized_embedding``;
-the torch reference where the kernels are not built.
-"""
+the torch reference where the kernels are not built."""
 
 from __future__ import annotations
 

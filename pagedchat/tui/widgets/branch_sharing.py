@@ -3,8 +3,7 @@
 A regenerated reply or an edited message starts a branch whose prompt begins like the other
 branches': the prefix cache hands it their blocks. This remembers the block tables of this
 run's requests (from the engine's snapshots), and names the earlier requests of a session
-whose blocks the live one holds again, by where their conversations part ("reply 1/3").
-"""
+whose blocks the live one holds again, by where their conversations part ("reply 1/3")."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """One message of the chat: who, the text as Markdown, and the figures of its turn.
 
 A streaming reply is flushed to the Markdown widget on a timer, as appends of what is new (a
-widget takes about 20 updates a second at most), and rendered once in full when it ends.
-"""
+widget takes about 20 updates a second at most), and rendered once in full when it ends."""
 
 from __future__ import annotations
 
