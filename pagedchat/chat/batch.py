@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
@@ -81,6 +82,16 @@ class Summary:
         return 1 if self.failed or self.engine_error else 0
 
 
+def _not_json(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    if not math.isfinite(value := float(text)):
+        raise ValueError(f"{text} is beyond what a float holds")
+    return value
+
+
 def parse_line(text: str, line: int, tokenizer, system: str | None,
                defaults: dict[str, object]) -> BatchJob:
     """One input line -> a BatchJob, or LineError naming what is wrong with it."""
@@ -89,10 +100,12 @@ def parse_line(text: str, line: int, tokenizer, system: str | None,
     except UnicodeEncodeError:
         raise LineError(line, "the line is not valid UTF-8") from None
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_constant=_not_json, parse_float=_finite)
     except json.JSONDecodeError as error:
         raise LineError(line, f"malformed JSON ({error.msg.removesuffix(' at')} at column "
                               f"{error.colno})") from None
+    except ValueError as error:  # NaN, Infinity or 1e400: no JSON number, nor writable back
+        raise LineError(line, f"malformed JSON ({error})") from None
     except RecursionError:  # Python's parser recurses per level of nesting
         raise LineError(line, "malformed JSON (nested too deeply)") from None
     if not isinstance(data, dict):

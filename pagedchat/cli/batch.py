@@ -36,6 +36,7 @@ def batch(
         from pagedchat.chat.batch import describe, load_done, run_batch
         from pagedchat.engine.config import EngineConfig
         from pagedchat.engine.llm_engine import LLMEngine
+        from pagedchat.engine.sampling_params import SamplingParams
 
     opt.check_text(system, "--system")
     with opt.user_errors():
@@ -47,13 +48,14 @@ def batch(
         # lines end at \n only (U+2028 may be in a JSON string); bad UTF-8 is its line's error
         text = raw.removeprefix(b"\xef\xbb\xbf").decode("utf-8", errors="surrogateescape")
         lines = text.replace("\r\n", "\n").removesuffix("\n").split("\n") if text else []
+        defaults: dict[str, object] = {"max_tokens": max_tokens}
+        if temperature is not None:
+            defaults["temperature"] = temperature
+        SamplingParams(**defaults)  # a bad default ends the run before the model loads
         engine = LLMEngine(EngineConfig(
             model=model, num_kv_blocks=kv_blocks, kv_cache_memory=kv_memory,
             max_num_seqs=BATCH.max_num_seqs, tensor_parallel_size=tp, weights=weights,
             kv_cache_dtype=kv_cache_dtype, swap_space=swap_space("recompute")))
-        defaults: dict[str, object] = {"max_tokens": max_tokens}
-        if temperature is not None:
-            defaults["temperature"] = temperature
         sink = sys.stdout if output == "-" else open(output, "a", encoding="utf-8")
         try:
             with console.progress("batch", sum(1 for t in lines if t.strip())) as advance:

@@ -56,8 +56,15 @@ def inspect(
         prompts = list(prompt or [])
         if file is not None:
             if not file.is_file():
-                raise FileNotFoundError(f"{file}: no such file")
-            prompts += [t for t in file.read_text(encoding="utf-8").splitlines() if t.strip()]
+                raise FileNotFoundError(f"{file}: " + ("a folder, not a file of prompts"
+                                        if file.is_dir() else "no such file"))
+            try:
+                lines = file.read_text(encoding="utf-8").splitlines()
+            except UnicodeDecodeError as error:
+                raise ValueError(f"{file}: not UTF-8 text ({error.reason} at byte "
+                                 f"{error.start})") from None
+            if not (prompts := prompts + [t for t in lines if t.strip()]):
+                raise ValueError(f"{file}: no prompts in it (one a line)")
         mode = Preemption(preemption_mode).value
         engine = LLMEngine(EngineConfig(
             model=model, block_size=block_size, num_kv_blocks=kv_blocks,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -91,6 +93,9 @@ def user_errors() -> Iterator[None]:
     """A problem the user can fix becomes one line on stderr and exit code 1."""
     try:
         yield
+    except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as pipes do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing to flush
+        raise typer.Exit(141) from None
     except (PagedChatError, ValueError, OSError) as error:
         # OSError covers a missing file as well as a full disk while writing results.
         from rich.markup import escape

@@ -78,7 +78,7 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> dict:
     return {"prompt": state.tokenizer.decode(body.tokens)}
 
 
-@open_routes.get("/health")
+@open_routes.api_route("/health", methods=["GET", "HEAD"])  # HEAD: load balancers' probes
 async def health(request: Request) -> Response:
     """200 once the engine has warmed up and while it runs; 503 with the reason otherwise."""
     state = _state(request)

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error",
-          404: "invalid_request_error", 413: "invalid_request_error",
+          404: "invalid_request_error", 405: "invalid_request_error", 413: "invalid_request_error",
           500: "server_error", 503: "service_unavailable"}
 _MEMBER = re.compile(r"str|int|float|bool|\w+\[.*\]")
 

@@ -134,6 +134,8 @@ class ServerState:
         best_of = (body.best_of if isinstance(body, protocol.CompletionRequest) else None) or body.n
         if best_of < body.n:
             raise APIError(400, f"best_of ({best_of}) must be >= n ({body.n})", "best_of")
+        if body.stream_options is not None and not body.stream:  # OpenAI's and vLLM's 400
+            raise APIError(400, "stream_options needs stream: true", "stream_options")
         if body.stream and best_of > body.n:
             raise APIError(400, "best_of > n cannot stream", "best_of")
         for prompt in prompts:

@@ -60,6 +60,9 @@ def test_prompts_and_messages_to_a_file(opts, tmp_path):
 @pytest.mark.parametrize("text, reason", [
     ('{"id": "a", "prompt": "open', "Unterminated string starting at column 23"),
     ("{not json", "Expecting property name enclosed in double quotes at column 2"),
+    ('{"id": NaN, "prompt": "x"}', "NaN is not a JSON number"),
+    ('{"id": "a", "prompt": "x", "temperature": -Infinity}', "-Infinity is not a JSON number"),
+    ('{"id": 1e400, "prompt": "x"}', "1e400 is beyond what a float holds"),
 ])
 def test_malformed_json_says_where_once(text, reason):
     with pytest.raises(LineError, match=f"^malformed JSON \\({reason}\\)$"):
@@ -79,6 +82,13 @@ def test_lines_end_at_newlines_only_after_a_byte_order_mark(opts, tmp_path):
     assert result.exit_code == 0, result.output
     assert {(r["id"], r["line"]) for r in _records(out)} == {("sep", 1), ("after", 2)}
     assert "2 lines: 2 done, 0 failed" in result.stderr
+
+
+def test_a_bad_default_ends_the_run_before_the_model_loads(tmp_path):
+    source = _jsonl(tmp_path / "in.jsonl", {"id": "a", "prompt": "x"})
+    result = runner.invoke(app, ["batch", str(source), "--model", "/no/such.gguf",
+                                 "--temperature", "inf"])
+    assert result.exit_code == 1 and "temperature must be a finite number" in result.output
 
 
 def test_stdin_to_stdout_with_a_shared_system_prompt(opts):

@@ -63,6 +63,17 @@ def test_errors(model, tmp_path):
     assert runner.invoke(app, ["inspect", *model, "--preemption", "drop"]).exit_code == 2
 
 
+@pytest.mark.parametrize("content, words", [
+    (None, "a folder, not a file of prompts"), (b"", "no prompts in it"),
+    (b"  \n\n", "no prompts in it"),
+    (b"hello\n\xff\n", "not UTF-8 text (invalid start byte at byte 6)")])
+def test_a_file_of_no_prompts_is_named_before_the_model_loads(tmp_path, content, words):
+    path = tmp_path / "prompts"
+    path.mkdir() if content is None else path.write_bytes(content)
+    result = runner.invoke(app, ["inspect", "--model", "/no/such.gguf", "--file", str(path)])
+    assert result.exit_code == 1 and f"{path}: {words}" in result.output.replace("\n", "")
+
+
 def test_pool_grid_letters_and_states():
     from pagedchat.engine.outputs import BlockEntry, EngineStats, SeqBlockTable
 

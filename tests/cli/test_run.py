@@ -52,6 +52,17 @@ def test_run_refuses_an_empty_prompt_before_loading(args, stdin):
     assert result.exit_code == 2 and "the prompt is empty" in result.output
 
 
+def test_run_stops_quietly_when_its_reader_goes_away(tiny_model_dir):
+    """`pagedchat run ... | head`: the closed pipe ends the run with no error message."""
+    process = subprocess.Popen([sys.executable, "-m", "pagedchat.cli", "run", "--model",
+                                str(tiny_model_dir), "--max-tokens", "8", "hi"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process.stdout.close()  # before the model has loaded: its first token finds no reader
+    _, errors = process.communicate(timeout=120)
+    assert process.returncode == 141, errors.decode()
+    assert b"error" not in errors.lower() and b"Traceback" not in errors
+
+
 def test_run_names_a_missing_model():
     result = runner.invoke(app, ["run", "--model", "/no/such/model.gguf", "hi"])
     assert result.exit_code == 1

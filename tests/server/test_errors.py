@@ -122,6 +122,18 @@ def test_one_model_is_retrieved_by_its_name_as_the_sdk_asks(live_server):
     assert error["code"] == "model_not_found" and "gpt-9" in error["message"]
 
 
+def test_stream_options_without_stream_is_400(live_server):
+    error = error_of(post(live_server.url, "/v1/chat/completions", {
+        "messages": HELLO, "max_tokens": 2, "stream_options": {"include_usage": True}}), 400)
+    assert error["param"] == "stream_options" and "stream: true" in error["message"]
+
+
+def test_a_wrong_method_is_405_in_openais_shape_and_health_answers_head(live_server):
+    with httpx.Client(base_url=live_server.url, timeout=30) as http:
+        assert error_of(http.get("/v1/chat/completions"), 405)["type"] == "invalid_request_error"
+        assert http.head("/health").status_code == 200
+
+
 def test_unknown_model_is_404(live_server):
     error = error_of(post(live_server.url, "/v1/chat/completions",
                           {"model": "gpt-9", "messages": HELLO}), 404)
