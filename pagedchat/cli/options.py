@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -83,9 +85,20 @@ TensorParallelSize = Annotated[int, typer.Option(
 @contextmanager
 def starting() -> Iterator[None]:
     """A spinner while a command imports torch and the engine (seconds before a first
-    start's own progress, converting or compiling, can show)."""
-    with progress.task("starting: loading torch and the engine"):
-        yield
+    start's own progress, converting or compiling, can show). A Ctrl+C meanwhile stops the
+    command once the imports end: one inside an import can leave a module half made (a
+    traceback later) or be swallowed by a library's bare ``except``."""
+    held = threading.current_thread() is threading.main_thread()
+    interrupted: list[object] = []
+    previous = signal.signal(signal.SIGINT, lambda *_: interrupted.append(1)) if held else None
+    try:
+        with progress.task("starting: loading torch and the engine"):
+            yield
+    finally:
+        if held:
+            signal.signal(signal.SIGINT, previous)
+    if interrupted:
+        raise KeyboardInterrupt
 
 
 @contextmanager

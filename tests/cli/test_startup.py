@@ -6,8 +6,14 @@ pydantic that typer's rich help brings, load only when a command runs."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+
+import pytest
+
+from pagedchat.cli import options as opt
 
 HEAVY = ("torch", "transformers", "numpy")
 RICH_HELP = ("rich", "markdown_it", "pydantic")
@@ -59,3 +65,18 @@ def test_every_bench_help_loads_no_torch():
     loaded = _loaded(_HELP_ALL % (True, HEAVY + RICH_HELP))
     assert "pagedchat_lab.cli.throughput" in loaded  # the bench's own --help did run
     _check(loaded, HEAVY + RICH_HELP)
+
+
+def test_a_ctrl_c_while_starting_lets_the_imports_end_then_stops_the_command():
+    """An interrupt inside an import can leave a module half made or be swallowed by a bare
+    ``except``: while a command starts it is held, then raised once the block ends."""
+    before = signal.getsignal(signal.SIGINT)
+    went_on = []
+    with pytest.raises(KeyboardInterrupt):
+        with opt.starting():
+            os.kill(os.getpid(), signal.SIGINT)
+            went_on.append("the imports went on")
+    assert went_on == ["the imports went on"]
+    assert signal.getsignal(signal.SIGINT) is before
+    with opt.starting():  # no interrupt: nothing raised
+        pass
