@@ -82,16 +82,6 @@ class Summary:
         return 1 if self.failed or self.engine_error else 0
 
 
-def _not_json(name: str) -> float:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def _finite(text: str) -> float:
-    if not math.isfinite(value := float(text)):
-        raise ValueError(f"{text} is beyond what a float holds")
-    return value
-
-
 def parse_line(text: str, line: int, tokenizer, system: str | None,
                defaults: dict[str, object]) -> BatchJob:
     """One input line -> a BatchJob, or LineError naming what is wrong with it."""
@@ -100,19 +90,19 @@ def parse_line(text: str, line: int, tokenizer, system: str | None,
     except UnicodeEncodeError:
         raise LineError(line, "the line is not valid UTF-8") from None
     try:
-        data = json.loads(text, parse_constant=_not_json, parse_float=_finite)
+        data = json.loads(text)
     except json.JSONDecodeError as error:
         raise LineError(line, f"malformed JSON ({error.msg.removesuffix(' at')} at column "
                               f"{error.colno})") from None
-    except ValueError as error:  # NaN, Infinity or 1e400: no JSON number, nor writable back
-        raise LineError(line, f"malformed JSON ({error})") from None
     except RecursionError:  # Python's parser recurses per level of nesting
         raise LineError(line, "malformed JSON (nested too deeply)") from None
     if not isinstance(data, dict):
         raise LineError(line, "a line must be a JSON object")
     request_id = data.get("id", line)
-    if request_id is None or isinstance(request_id, (dict, list)):
-        raise LineError(line, "id must be a string or a number")
+    # NaN, Infinity or 1e400 would be written back as no JSON reader takes them
+    if request_id is None or isinstance(request_id, (dict, list)) or (
+            isinstance(request_id, float) and not math.isfinite(request_id)):
+        raise LineError(line, "id must be a string or a finite number")
     if problem := invalid_text(data):
         raise LineError(request_id, problem[1], problem[0])
     if unknown := sorted(set(data) - PROMPT_FIELDS - SAMPLING_FIELDS):

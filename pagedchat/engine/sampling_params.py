@@ -134,7 +134,7 @@ class SamplingParams:
             raise _bad("stop", "must not hold an empty string")
         if self.use_beam_search:
             if not self.greedy:
-                raise _bad("temperature", "must be 0 with beam search, which is deterministic")
+                raise _bad("temperature", "must be 0: beam search is deterministic (temperature=0)")
             if self.early_stopping not in (True, False, "never"):
                 raise _bad("early_stopping", "must be True, False or 'never', "
                            f"got {self.early_stopping!r}")

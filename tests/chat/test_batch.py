@@ -60,13 +60,18 @@ def test_prompts_and_messages_to_a_file(opts, tmp_path):
 @pytest.mark.parametrize("text, reason", [
     ('{"id": "a", "prompt": "open', "Unterminated string starting at column 23"),
     ("{not json", "Expecting property name enclosed in double quotes at column 2"),
-    ('{"id": NaN, "prompt": "x"}', "NaN is not a JSON number"),
-    ('{"id": "a", "prompt": "x", "temperature": -Infinity}', "-Infinity is not a JSON number"),
-    ('{"id": 1e400, "prompt": "x"}', "1e400 is beyond what a float holds"),
 ])
 def test_malformed_json_says_where_once(text, reason):
     with pytest.raises(LineError, match=f"^malformed JSON \\({reason}\\)$"):
         parse_line(text, 1, None, None, {})
+
+
+@pytest.mark.parametrize("text", ['{"id": NaN, "prompt": "x"}', '{"id": -Infinity}',
+                                  '{"id": 1e400, "prompt": "x"}'])
+def test_an_id_no_json_reader_could_read_back_is_refused_under_the_line_number(text):
+    with pytest.raises(LineError, match="^id must be a string or a finite number$") as error:
+        parse_line(text, 3, None, None, {})
+    assert error.value.request_id == 3
 
 
 def test_lines_end_at_newlines_only_after_a_byte_order_mark(opts, tmp_path):
