@@ -78,7 +78,8 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> dict:
     return {"prompt": state.tokenizer.decode(body.tokens)}
 
 
-@open_routes.api_route("/health", methods=["GET", "HEAD"])  # HEAD: load balancers' probes
+@open_routes.head("/health", include_in_schema=False)  # load balancers' probes
+@open_routes.get("/health")
 async def health(request: Request) -> Response:
     """200 once the engine has warmed up and while it runs; 503 with the reason otherwise."""
     state = _state(request)
