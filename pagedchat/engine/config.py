@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pagedchat.engine.errors import RequestError
 from pagedchat.engine.fits import RequestFit
 from pagedchat.engine.presets import SPECULATIVE_TOKENS
+from pagedchat.machine import memory_bytes
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
@@ -100,8 +101,11 @@ class EngineConfig:
             raise RequestError("a KV store (kv_store) needs the prefix cache "
                                "(enable_prefix_caching is off)")
         parse_bytes(self.kv_store_cap)
-        if self.kv_cache_memory is not None:
-            parse_bytes(self.kv_cache_memory)
+        # the pool is allocated whole: more than the machine's memory cannot be
+        if self.kv_cache_memory is not None and not (
+                0 < parse_bytes(self.kv_cache_memory) <= memory_bytes()):
+            raise RequestError(f"kv_cache_memory {self.kv_cache_memory!r} must be above 0 and "
+                               f"at most this machine's memory ({memory_bytes():,.0f} bytes)")
         parse_bytes(self.swap_space)
 
     def request_kv_blocks(self, num_prompt_tokens: int, max_tokens: int,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pagedchat.engine.config import EngineConfig
+from pagedchat.engine.errors import RequestError
 
 
 def test_pool_holds_prompt_and_answer_in_whole_blocks():
@@ -39,3 +40,11 @@ def test_pool_fits_what_the_scheduler_admits(tiny_model_dir):
     smaller = LLM(model=str(tiny_model_dir), num_kv_blocks=blocks - 1).engine
     with pytest.raises(RequestError, match="needs up to"):
         smaller.add_request("a", prompt, params)
+
+
+@pytest.mark.parametrize("memory", ["0", "0GiB", 0, "100000TiB"])
+def test_a_kv_pool_of_nothing_or_of_more_than_the_machine_is_refused_by_name(memory):
+    with pytest.raises(RequestError, match="kv_cache_memory .* must be above 0 and at most "
+                                           "this machine's memory"):
+        EngineConfig(kv_cache_memory=memory)
+    assert EngineConfig(kv_cache_memory="64MiB").kv_cache_memory == "64MiB"
