@@ -27,7 +27,8 @@ def batch(
                                             help="Default max_tokens of a line.")]
     = BATCH.max_tokens,
     temperature: Annotated[float | None, typer.Option(
-        "--temperature", min=0.0, help="Default temperature of a line (0 = greedy).")] = None,
+        "--temperature", min=0.0,
+        help="Default temperature of a line (0 = greedy; unset: 1.0, as vLLM).")] = None,
     kv_blocks: opt.KvBlocks = None, kv_memory: opt.KvMemory = None, tp: opt.TensorParallelSize = 1,
     weights: opt.Weights = None, kv_cache_dtype: opt.KvCacheDtype = "auto",
 ) -> None:

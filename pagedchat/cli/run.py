@@ -50,7 +50,8 @@ def run(
     if prompt is None or prompt == "-":
         if sys.stdin.isatty() and prompt is None:
             raise typer.BadParameter("give a prompt, or pipe one in", param_hint="PROMPT")
-        prompt = sys.stdin.buffer.read().decode("utf-8", errors="surrogateescape")
+        prompt = sys.stdin.buffer.read().removeprefix(b"\xef\xbb\xbf").decode(  # BOM: no text
+            "utf-8", errors="surrogateescape")
     if not prompt.strip():
         raise typer.BadParameter("the prompt is empty", param_hint="PROMPT")
     opt.check_text(prompt, "PROMPT")

@@ -63,6 +63,16 @@ def test_run_stops_quietly_when_its_reader_goes_away(tiny_model_dir):
     assert b"error" not in errors.lower() and b"Traceback" not in errors
 
 
+def test_a_byte_order_mark_on_stdin_is_no_part_of_the_prompt(tiny_model_dir):
+    def prompt_tokens(stdin: bytes) -> str:
+        result = runner.invoke(app, ["run", "--model", str(tiny_model_dir), "--max-tokens", "1",
+                                     "-v", "-"], input=stdin)
+        assert result.exit_code == 0, result.output
+        return next(line for line in result.output.splitlines() if "prompt eval count" in line)
+
+    assert prompt_tokens(b"\xef\xbb\xbfHello there\n") == prompt_tokens(b"Hello there\n")
+
+
 def test_run_names_a_missing_model():
     result = runner.invoke(app, ["run", "--model", "/no/such/model.gguf", "hi"])
     assert result.exit_code == 1
