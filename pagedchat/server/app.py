@@ -46,14 +46,15 @@ def _card(state: ServerState, name: str) -> dict:
 
 @guarded.get("/v1/models")
 async def models(request: Request) -> dict:
-    return {"object": "list", "data": [_card(_state(request), name)
-                                       for name in _state(request).settings.model_names]}
+    state = _state(request)
+    return {"object": "list", "data": [_card(state, name) for name in state.settings.model_names]}
 
 
 @guarded.get("/v1/models/{name:path}")
 async def model(name: str, request: Request) -> dict:
-    _state(request).check_model(name)  # 404 for a name /v1/models does not list
-    return _card(_state(request), name)
+    state = _state(request)
+    state.check_model(name)  # 404 for a name /v1/models does not list
+    return _card(state, name)
 
 
 @guarded.post("/tokenize")

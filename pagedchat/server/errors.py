@@ -32,8 +32,9 @@ class APIError(Exception):
 def _validation_message(error: RequestValidationError) -> tuple[str, str | None]:
     """The first problem pydantic found, as ``field.path: what is wrong``; a value that fits
     none of a union's members (pydantic's ``str``, ``list[int]`` in the location) names them."""
-    locs = [[part for part in e.get("loc", ()) if part != "body"] for e in error.errors()]
-    first, loc = error.errors()[0], locs[0]
+    errors = error.errors()
+    locs = [[part for part in e.get("loc", ()) if part != "body"] for e in errors]
+    first, loc = errors[0], locs[0]
     cut = next((i for i, part in enumerate(loc) if _MEMBER.fullmatch(str(part))), len(loc))
     param = ".".join(map(str, loc[:cut])) or None
     if first.get("type") == "json_invalid":
@@ -44,7 +45,7 @@ def _validation_message(error: RequestValidationError) -> tuple[str, str | None]
         return "the request body must be a JSON object (Content-Type: application/json)", None
     if cut == len(loc):
         return f"{param}: {first.get('msg')}", param
-    members = dict.fromkeys(str(other[cut]) for other in locs if other[:cut] == loc[:cut])
+    members = dict.fromkeys(str(o[cut]) for o in locs if len(o) > cut and o[:cut] == loc[:cut])
     return f"{param}: should be one of {', '.join(members)}", param
 
 
