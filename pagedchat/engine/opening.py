@@ -15,6 +15,7 @@ from pagedchat.engine.model_config import ModelConfig
 from pagedchat.engine.parallel.tensor_parallel import check_size
 from pagedchat.engine.runner.memory import hand_back_freed_memory
 from pagedchat.engine.runner.model_runner import resolve_device
+from pagedchat.kernels import select_backend
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,8 @@ def open_model(config: EngineConfig) -> OpenedModel:
     """Everything the engine reads of a model before its weights, so that a caller can size
     the engine from it (``pagedchat run`` fits the pool to its request) before LLMEngine."""
     config = resolve_weights(config)
+    # a first start's kernel compile begins here, beside the files' preparation
+    select_backend(resolve_device(config.device), config.attention_backend).prepare()
     files = prepare_model(config.model, config.weights)
     try:
         model_config = replace(ModelConfig.from_folder(files.folder), gguf=files.gguf,

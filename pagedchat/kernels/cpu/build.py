@@ -38,13 +38,13 @@ log = logging.getLogger("pagedchat.kernels.cpu")
 
 # The C sources, built into one library per level: a new kernel file is one name here.
 # Longest to compile first, so that compilers taking them one per core end together.
-SOURCES = ("quant_rows.c", "prefill.c", "quant_int8.c", "attention.c", "attention_kv8.c",
-           "linear.c", "quant_int8_tile.c", "layer.c", "quant.c", "quant_split.c", "sampling.c",
-           "decoder.c")
+SOURCES = ("quant_rows.c", "attention.c", "attention_kv8.c", "prefill.c", "linear.c",
+           "quant_int8.c", "quant_int8_tile.c", "quant.c", "layer.c", "quant_split.c",
+           "sampling.c", "decoder.c")
 HEADERS = ("vector.h", "kernels.h", "ggml_formats.h", "quant_int8.h", "attention.h", "kv8.h")
-# a function called without its declaration is an error here as in GCC 14 and later
+# calls without a declaration are errors (as in GCC 14); split loops only bloat the tiles
 COMPILE_FLAGS = ["-O3", "-ffast-math", "-fopenmp", "-fPIC", "-std=c11",
-                 "-Werror=implicit-function-declaration"]
+                 "-Werror=implicit-function-declaration", "-fno-split-loops"]
 # The instruction-set levels the kernels are built for, from the least to the most the CPU
 # must have: plain C (x86-64's baseline, or the compiler's default elsewhere), AVX2 with
 # FMA, AVX-512 (F, BW, VL, DQ). PAGEDCHAT_CPU_ISA picks one; else the best the CPU runs.

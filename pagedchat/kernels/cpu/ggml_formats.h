@@ -203,27 +203,14 @@ static inline void prefetch_lines_ahead(const uint8_t *const col[], int cols, in
             __builtin_prefetch(col[c] + at + ahead + line, 0, 2);
 }
 
-/* The cases of a switch on `type` that call COLUMNS(TYPE, ROWS, x, w, row_bytes, bias, out,
- * out_bf16, k_dim, out_stride, first, end) for every format and for `rows` from 1 to
- * 4, each as constants, so that both fold into the tile's loops (quant_rows.c and
- * quant_int8.c); a source using them defines QUANT_WIDE_ROW_CASES(COLUMNS, TYPE), its cases
- * for 5 rows and more (empty where it takes at most 4). */
-#define QUANT_ROW_CASE(COLUMNS, TYPE, ROWS)                                                \
-    case ROWS: COLUMNS(TYPE, ROWS, x, w, row_bytes, bias, out, out_bf16, k_dim, out_stride, \
-                       first, end); break;
-#define QUANT_TYPE_CASE(COLUMNS, TYPE)                                                     \
-    case TYPE:                                                                             \
-        switch (rows) {                                                                    \
-            QUANT_ROW_CASE(COLUMNS, TYPE, 1) QUANT_ROW_CASE(COLUMNS, TYPE, 2)              \
-            QUANT_ROW_CASE(COLUMNS, TYPE, 3) QUANT_ROW_CASE(COLUMNS, TYPE, 4)              \
-            QUANT_WIDE_ROW_CASES(COLUMNS, TYPE)                                            \
-        }                                                                                  \
-        break;
-#define QUANT_TYPE_CASES(COLUMNS)                                                          \
-    QUANT_TYPE_CASE(COLUMNS, Q4_0) QUANT_TYPE_CASE(COLUMNS, Q4_1)                          \
-    QUANT_TYPE_CASE(COLUMNS, Q5_0) QUANT_TYPE_CASE(COLUMNS, Q5_1)                          \
-    QUANT_TYPE_CASE(COLUMNS, Q8_0) QUANT_TYPE_CASE(COLUMNS, Q4_K)                          \
-    QUANT_TYPE_CASE(COLUMNS, Q5_K) QUANT_TYPE_CASE(COLUMNS, Q6_K)
+/* F(TYPE) for every format the products take; F(TYPE, ROWS) for `rows` from 1 to 4, or 8.
+ * The few-row products (quant_rows.c, quant_int8.c) have a function per format and row
+ * count, both constants that fold into the tile's loops, called from a switch on both: one
+ * function holding every case's inlined tiles takes GCC several times as long to compile,
+ * as its passes grow faster than a function's size. */
+#define QUANT_FORMATS(F) F(Q4_0) F(Q4_1) F(Q5_0) F(Q5_1) F(Q8_0) F(Q4_K) F(Q5_K) F(Q6_K)
+#define QUANT_ROWS_TO_4(F, TYPE) F(TYPE, 1) F(TYPE, 2) F(TYPE, 3) F(TYPE, 4)
+#define QUANT_ROWS_TO_8(F, TYPE) QUANT_ROWS_TO_4(F, TYPE) F(TYPE, 5) F(TYPE, 6) F(TYPE, 7) F(TYPE, 8)
 
 /* A flag on a type number: x is rounded to 8-bit integers per run of 32 and multiplied in
  * integers (quant_int8.h), at any row count. */

@@ -265,14 +265,25 @@ columns8(int type, int rows, const X8 *x, const uint8_t *w, int64_t row_bytes,
 }
 
 /* at most INT8_ROWS_MAX (4) rows */
-#define QUANT_WIDE_ROW_CASES(COLUMNS, TYPE)
+#define COLUMNS8_FUNCTION(TYPE, ROWS)                                                      \
+    static __attribute__((noinline)) void columns8_##TYPE##_##ROWS(                        \
+            const X8 *x, const uint8_t *w, int64_t row_bytes, const float *bias, void *out, \
+            int out_bf16, int k_dim, int64_t out_stride, int first, int end) {             \
+        columns8(TYPE, ROWS, x, w, row_bytes, bias, out, out_bf16, k_dim, out_stride,      \
+                 first, end);                                                              \
+    }
+#define FORMAT_FUNCTIONS(TYPE) QUANT_ROWS_TO_4(COLUMNS8_FUNCTION, TYPE)
+QUANT_FORMATS(FORMAT_FUNCTIONS)
+#define COLUMNS8_CASE(TYPE, ROWS)                                                          \
+    case ROWS: columns8_##TYPE##_##ROWS(x, w, row_bytes, bias, out, out_bf16, k_dim,       \
+                                        out_stride, first, end); break;
+#define FORMAT_CASE(TYPE)                                                                  \
+    case TYPE: switch (rows) { QUANT_ROWS_TO_4(COLUMNS8_CASE, TYPE) } break;
 
 static void columns8_of(int type, int rows, const X8 *x, const uint8_t *w, int64_t row_bytes,
                         const float *bias, void *out, int out_bf16, int k_dim,
                         int64_t out_stride, int first, int end) {
-    switch (type) {
-        QUANT_TYPE_CASES(columns8)
-    }
+    switch (type) { QUANT_FORMATS(FORMAT_CASE) }
 }
 
 int quant8_rows_part(const float *x, const uint8_t *w, int type, const float *bias,

@@ -295,19 +295,20 @@ tile_sums(int type, int rows, const X8 *x, int row0, int k_dim, const Tile *tile
 #else
 #define ROWS_PAST_4(TYPE)
 #endif
-#define TYPE_CASE(TYPE)                                                                    \
-    case TYPE:                                                                             \
+/* tile_sums with the format and the row count as constants: a function per format. */
+#define FORMAT_TILE_SUMS(TYPE)                                                             \
+    static __attribute__((noinline)) void tile_sums_##TYPE(                                \
+            int rows, const X8 *x, int row0, int k_dim, const Tile *tile,                  \
+            float sums[MR][NCOLS]) {                                                       \
         switch (rows) { ROWS_CASE(TYPE, 1) ROWS_CASE(TYPE, 2) ROWS_CASE(TYPE, 3)           \
                         ROWS_CASE(TYPE, 4) ROWS_PAST_4(TYPE) }                             \
-        break;
+    }
+QUANT_FORMATS(FORMAT_TILE_SUMS)
+#define TILE_SUMS_CASE(TYPE) case TYPE: tile_sums_##TYPE(rows, x, row0, k_dim, tile, sums); break;
 
-/* tile_sums with the format and the row count as constants. */
 static void tile_sums_of(int type, int rows, const X8 *x, int row0, int k_dim,
                          const Tile *tile, float sums[MR][NCOLS]) {
-    switch (type) {
-        TYPE_CASE(Q4_0) TYPE_CASE(Q4_1) TYPE_CASE(Q5_0) TYPE_CASE(Q5_1)
-        TYPE_CASE(Q8_0) TYPE_CASE(Q4_K) TYPE_CASE(Q5_K) TYPE_CASE(Q6_K)
-    }
+    switch (type) { QUANT_FORMATS(TILE_SUMS_CASE) }
 }
 
 #define PACK_CASE(TYPE) \
@@ -316,10 +317,7 @@ static void tile_sums_of(int type, int rows, const X8 *x, int row0, int k_dim,
 /* pack_tile with the format as a constant. */
 static void pack_tile_of(int type, const uint8_t *w, int64_t row_bytes, int first, int count,
                          int k_dim, const Tile *tile) {
-    switch (type) {
-        PACK_CASE(Q4_0) PACK_CASE(Q4_1) PACK_CASE(Q5_0) PACK_CASE(Q5_1)
-        PACK_CASE(Q8_0) PACK_CASE(Q4_K) PACK_CASE(Q5_K) PACK_CASE(Q6_K)
-    }
+    switch (type) { QUANT_FORMATS(PACK_CASE) }
 }
 
 int quant8_tile_part(const float *x, const uint8_t *w, int type, const float *bias,

@@ -506,40 +506,32 @@ columns(int type, int rows, const float *x, const uint8_t *w, int64_t row_bytes,
     }
 }
 
-#define COLUMNS_FACTORED_WHERE_XSUM(...) columns(__VA_ARGS__, xsum)
-
-#if defined(VF_AVX2)
-/* Output columns [first, end) for 5 to 8 rows of x, tile8's alone (a speculative step's
- * rows): their sums still fit the registers, one column at a time. */
-static inline __attribute__((always_inline)) void
-wide_columns(int type, int rows, const float *x, const uint8_t *w, int64_t row_bytes,
-             const float *bias, void *out, int out_bf16, int k_dim, int64_t out_stride,
-             int first, int end) {
-    const int64_t ahead = prefetch_distance(row_bytes);
-    for (int n = first; n < end; n++) {
-        const uint8_t *col[TILE_COLS_MAX] = {w + (int64_t)n * row_bytes};
-        float sums[QUANT_ROWS_MAX][TILE_COLS_MAX];
-        tile8(type, rows, 1, x, k_dim, col, ahead, sums);
-        store_tile(rows, 1, sums, bias, n, out, out_bf16, out_stride);
-    }
-}
-#define QUANT_WIDE_ROW_CASES(COLUMNS, TYPE)                                                \
-    QUANT_ROW_CASE(wide_columns, TYPE, 5) QUANT_ROW_CASE(wide_columns, TYPE, 6)            \
-    QUANT_ROW_CASE(wide_columns, TYPE, 7) QUANT_ROW_CASE(wide_columns, TYPE, 8)
-#elif defined(VF_AVX512)
-#define QUANT_WIDE_ROW_CASES(COLUMNS, TYPE)                                                \
-    QUANT_ROW_CASE(COLUMNS, TYPE, 5) QUANT_ROW_CASE(COLUMNS, TYPE, 6)                      \
-    QUANT_ROW_CASE(COLUMNS, TYPE, 7) QUANT_ROW_CASE(COLUMNS, TYPE, 8)
+/* the row counts quant.c sends here: QUANT_ROWS_MAX where the tiles' sums fit the
+ * registers (AVX2, AVX-512), else 4 */
+#if defined(VF_AVX2) || defined(VF_AVX512)
+#define ROW_COUNTS QUANT_ROWS_TO_8
 #else
-#define QUANT_WIDE_ROW_CASES(COLUMNS, TYPE)
+#define ROW_COUNTS QUANT_ROWS_TO_4
 #endif
+#define COLUMNS_FUNCTION(TYPE, ROWS)                                                       \
+    static __attribute__((noinline)) void columns_##TYPE##_##ROWS(                         \
+            const float *x, const uint8_t *w, int64_t row_bytes, const float *bias,        \
+            void *out, int out_bf16, int k_dim, int64_t out_stride, int first, int end,    \
+            const float *xsum) {                                                           \
+        columns(TYPE, ROWS, x, w, row_bytes, bias, out, out_bf16, k_dim, out_stride, first, \
+                end, xsum);                                                                \
+    }
+#define FORMAT_FUNCTIONS(TYPE) ROW_COUNTS(COLUMNS_FUNCTION, TYPE)
+QUANT_FORMATS(FORMAT_FUNCTIONS)
+#define COLUMNS_CASE(TYPE, ROWS)                                                           \
+    case ROWS: columns_##TYPE##_##ROWS(x, w, row_bytes, bias, out, out_bf16, k_dim,        \
+                                       out_stride, first, end, xsum); break;
+#define FORMAT_CASE(TYPE) case TYPE: switch (rows) { ROW_COUNTS(COLUMNS_CASE, TYPE) } break;
 
 static void columns_of(int type, int rows, const float *x, const uint8_t *w,
                        int64_t row_bytes, const float *bias, void *out, int out_bf16,
                        int k_dim, int64_t out_stride, int first, int end, const float *xsum) {
-    switch (type) {
-        QUANT_TYPE_CASES(COLUMNS_FACTORED_WHERE_XSUM)
-    }
+    switch (type) { QUANT_FORMATS(FORMAT_CASE) }
 }
 
 void quant_rows_part(const float *x, const uint8_t *w, const Format *f, int exact_offsets,
