@@ -32,9 +32,9 @@ class OpenedModel:
 def open_model(config: EngineConfig) -> OpenedModel:
     """Everything the engine reads of a model before its weights, so that a caller can size
     the engine from it (``pagedchat run`` fits the pool to its request) before LLMEngine."""
-    config = resolve_weights(config)
     # a first start's kernel compile begins here, beside the files' preparation
     select_backend(resolve_device(config.device), config.attention_backend).prepare()
+    config = resolve_weights(config)
     files = prepare_model(config.model, config.weights)
     try:
         model_config = replace(ModelConfig.from_folder(files.folder), gguf=files.gguf,
