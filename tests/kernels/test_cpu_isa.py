@@ -119,3 +119,29 @@ def test_two_starts_on_an_empty_cache_compile_once(monkeypatch, tmp_path):
         libraries = list(pool.map(build.build_level, [level, level]))
     assert len(compiles) == 1
     assert all(library.kernels_isa().decode() == level for library in libraries)
+
+
+def test_int8_cache_attention_is_built_apart_at_the_level_in_use_on_first_use(monkeypatch,
+                                                                               tmp_path):
+    """A first start compiles no int8-cache attention (build.APART): the kernels' library
+    lacks it, and the first lookup builds attention_kv8.c into a library of its own, with
+    the level's flags, whose functions carry their signatures."""
+    import torch
+
+    monkeypatch.setenv("PAGEDCHAT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(build, "_LOADED", {})
+    monkeypatch.setattr(build, "_FUNCTIONS", {})
+    build.plain_library.cache_clear()
+    library = build.kernel_library()
+    assert not hasattr(library, "paged_attention_kv8_f32")
+    assert not list((tmp_path / "kernels").glob("attention_kv8-*.so"))
+    for dtype in (torch.float32, torch.bfloat16):
+        whole = build.typed_kernel("paged_attention_kv8", dtype)
+        part = build.typed_kernel("paged_attention_kv8_part", dtype)
+        assert whole is not None and part is not None and whole.restype is build.INT
+    apart = build.plain_library(build.Path(build.__file__).with_name("attention_kv8.c"),
+                                library.kernels_isa().decode())
+    assert [file.name for file in (tmp_path / "kernels").glob("attention_kv8-*.so")] == [
+        build.Path(apart._name).name]
+    assert build.typed_kernel("paged_attention_kv8", torch.float32) is not None
+    build.plain_library.cache_clear()

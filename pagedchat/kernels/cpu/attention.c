@@ -112,7 +112,9 @@ DEFINE_VALUE_TILE(value_tile_bf16, bf16_t, load16_bf16_all, NO_SCALE)
 #define F32_HEAD_BYTES(head_dim) ((int64_t)(head_dim) * (int64_t)sizeof(float))
 #define BF16_HEAD_BYTES(head_dim) ((int64_t)(head_dim) * (int64_t)sizeof(bf16_t))
 
-DEFINE_PAGED_ATTENTION(paged_attention_f32, float, float, F32_HEAD_BYTES, F32_LOAD, F32_STORE,
-                       F32_LOAD, NO_SCALE, score_tile_f32, value_tile_f32)
-DEFINE_PAGED_ATTENTION(paged_attention_bf16, bf16_t, bf16_t, BF16_HEAD_BYTES, BF16_LOAD,
-                       BF16_STORE, BF16_LOAD, NO_SCALE, score_tile_bf16, value_tile_bf16)
+DEFINE_PAGED_ATTENTION(paged_attention_f32, paged_attention_f32_part, float, float,
+                       F32_HEAD_BYTES, F32_LOAD, F32_STORE, F32_LOAD, NO_SCALE, score_tile_f32,
+                       value_tile_f32)
+DEFINE_PAGED_ATTENTION(paged_attention_bf16, paged_attention_bf16_part, bf16_t, bf16_t,
+                       BF16_HEAD_BYTES, BF16_LOAD, BF16_STORE, BF16_LOAD, NO_SCALE,
+                       score_tile_bf16, value_tile_bf16)

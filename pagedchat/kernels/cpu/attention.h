@@ -193,13 +193,14 @@ static inline void prefetch_tokens(const char *k_first, const char *v_first,
     }
 }
 
-/* NAME##_item, one work item, is always inlined where head_dim is a literal (64, 128), so
+/* NAME: the kernel (a parallel region); PART: thread t's share of it, for a caller's team.
+ * NAME##_item, one work item, is always inlined where head_dim is a literal (64, 128), so
  * its loops over head_dim unroll into straight-line vector code; other sizes take the
  * general path. T: the query's and output's element type; C: the caches', whose KV heads
  * are HEAD_BYTES(head_dim) bytes apart, element d of one read as KV_LOAD(head, d) times
  * KV_SCALE(head, head_dim) (the scalar path's; the tile functions do the same). */
-#define DEFINE_PAGED_ATTENTION(NAME, T, C, HEAD_BYTES, LOAD, STORE, KV_LOAD, KV_SCALE,      \
-                               SCORE_TILE, VALUE_TILE)                                      \
+#define DEFINE_PAGED_ATTENTION(NAME, PART, T, C, HEAD_BYTES, LOAD, STORE, KV_LOAD,        \
+                               KV_SCALE, SCORE_TILE, VALUE_TILE)                            \
 static inline __attribute__((always_inline)) int NAME##_item(                               \
         const Batch *b, const T *query, const C *k_cache, const C *v_cache, T *out,         \
         int64_t item, int stride, const int head_dim) {                                     \
@@ -336,7 +337,7 @@ static inline __attribute__((always_inline)) int NAME##_item(                   
 }                                                                                           \
                                                                                             \
 /* Thread t of a team of `count`: its items (round-robin), 0 or 1 when out of memory. */   \
-int NAME##_part(const T *query, const C *k_cache, const C *v_cache, T *out,                 \
+int PART(const T *query, const C *k_cache, const C *v_cache, T *out,                        \
                 const int32_t *block_tables, const int32_t *context_lens,                   \
                 const int32_t *query_start, const int32_t *rows, const int32_t *row_seqs,   \
                 int num_rows, int max_blocks, int num_heads, int num_kv_heads, int head_dim, \
@@ -370,7 +371,7 @@ int NAME(const T *query, const C *k_cache, const C *v_cache, T *out,            
          int block_size, float scale, int window, int num_threads) {                        \
     int failed = 0;                                                                         \
     _Pragma("omp parallel num_threads(num_threads) reduction(| : failed)")                  \
-    failed |= NAME##_part(query, k_cache, v_cache, out, block_tables, context_lens,         \
+    failed |= PART(query, k_cache, v_cache, out, block_tables, context_lens,                \
                           query_start, rows, row_seqs, num_rows, max_blocks, num_heads,     \
                           num_kv_heads, head_dim, block_size, scale, window,                \
                           omp_get_thread_num(), omp_get_num_threads());                     \

@@ -43,7 +43,12 @@ static inline __attribute__((always_inline)) void score_tile_kv8(
 
 DEFINE_VALUE_TILE(value_tile_kv8, int8_t, vf_load_i8, kv8_scale)
 
-DEFINE_PAGED_ATTENTION(paged_attention_kv8_f32, float, int8_t, kv8_head_bytes, F32_LOAD,
-                       F32_STORE, KV8_LOAD, kv8_scale, score_tile_kv8, value_tile_kv8)
-DEFINE_PAGED_ATTENTION(paged_attention_kv8_bf16, bf16_t, int8_t, kv8_head_bytes, BF16_LOAD,
-                       BF16_STORE, KV8_LOAD, kv8_scale, score_tile_kv8, value_tile_kv8)
+/* Built into a library of its own (build.APART), whose team shares decoder.c calls through
+ * DecoderStep.kv8_attention: they are named as build.py's lookup of a kernel per type names
+ * them (paged_attention_kv8_part_f32). */
+DEFINE_PAGED_ATTENTION(paged_attention_kv8_f32, paged_attention_kv8_part_f32, float, int8_t,
+                       kv8_head_bytes, F32_LOAD, F32_STORE, KV8_LOAD, kv8_scale, score_tile_kv8,
+                       value_tile_kv8)
+DEFINE_PAGED_ATTENTION(paged_attention_kv8_bf16, paged_attention_kv8_part_bf16, bf16_t, int8_t,
+                       kv8_head_bytes, BF16_LOAD, BF16_STORE, KV8_LOAD, kv8_scale,
+                       score_tile_kv8, value_tile_kv8)

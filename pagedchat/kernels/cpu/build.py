@@ -38,9 +38,10 @@ log = logging.getLogger("pagedchat.kernels.cpu")
 
 # The C sources, built into one library per level: a new kernel file is one name here.
 # Longest to compile first, so that compilers taking them one per core end together.
-SOURCES = ("quant_rows.c", "attention.c", "attention_kv8.c", "prefill.c", "linear.c",
-           "quant_int8.c", "quant_int8_tile.c", "quant.c", "layer.c", "quant_split.c",
-           "sampling.c", "decoder.c")
+SOURCES = ("quant_rows.c", "attention.c", "prefill.c", "linear.c", "quant_int8.c",
+           "quant_int8_tile.c", "quant.c", "layer.c", "quant_split.c", "sampling.c", "decoder.c")
+# kernel -> its source, built apart when first asked for: only int8 KV caches call these
+APART = {"paged_attention_kv8": "attention_kv8.c", "paged_attention_kv8_part": "attention_kv8.c"}
 HEADERS = ("vector.h", "kernels.h", "ggml_formats.h", "quant_int8.h", "attention.h", "kv8.h")
 # calls without a declaration are errors (as in GCC 14); split loops only bloat the tiles
 COMPILE_FLAGS = ["-O3", "-ffast-math", "-fopenmp", "-fPIC", "-std=c11",
@@ -195,8 +196,7 @@ def build_level(level: str) -> ctypes.CDLL | None:
                                len(SOURCES) + 1) as advance, _one_builder(target):
                 if not target.is_file():  # not built by the process this one waited for
                     _build(compiler, flags, target, advance)
-        library = ctypes.CDLL(str(target))
-        _set_signatures(library, _SIGNATURES)
+        library = _set_signatures(ctypes.CDLL(str(target)), _SIGNATURES)
     except (OSError, AttributeError, subprocess.CalledProcessError) as error:
         lower = ISAS[ISAS.index(level) - 1] if level != ISAS[0] else None
         detail = getattr(error, "stderr", b"") or b""
@@ -208,17 +208,21 @@ def build_level(level: str) -> ctypes.CDLL | None:
 
 
 @functools.cache
-def plain_library(source: Path) -> ctypes.CDLL | None:
-    """``source`` alone as plain C (no level's flags), built once into the cache folder like
-    the kernels and loaded; None where it cannot be built (after a warning)."""
+def plain_library(source: Path, level: str | None = None) -> ctypes.CDLL | None:
+    """``source`` alone (the headers beside it included), as plain C or as ``level``'s
+    kernels are built, once into the cache folder like the kernels, and loaded; None where
+    it cannot be built (after a warning)."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or "cc"
-    flags = ["-O2", "-fPIC", "-std=c11"]
+    flags = ([*COMPILE_FLAGS, *_ISA_FLAGS[level], *extensions_added(level)] if level
+             else ["-O2", "-fPIC", "-std=c11"])
     try:
-        target = _target(source.stem, [source], compiler, flags)
+        target = _target(source.stem, [source, *sorted(source.parent.glob("*.h"))], compiler,
+                         flags)
         with _one_builder(target):
             if not target.is_file():
-                _build(compiler, flags, target, lambda done: None, [source])
-        return ctypes.CDLL(str(target))
+                with progress.task(f"compiling {source.name} for this CPU, once") as advance:
+                    _build(compiler, flags, target, advance, [source])
+        return _set_signatures(ctypes.CDLL(str(target)), _SIGNATURES)
     except (OSError, subprocess.CalledProcessError) as error:
         log.warning("could not build or load %s (%s)", source.name, error)
         return None
@@ -238,10 +242,11 @@ def extensions_added(level: str) -> list[str]:
                 else check in _cpu_flags().split())]
 
 
-def _set_signatures(library: ctypes.CDLL, signatures: dict[str, tuple[object, list]]) -> None:
+def _set_signatures(library: ctypes.CDLL, signatures: dict) -> ctypes.CDLL:
     for name, (restype, argtypes) in signatures.items():
-        function = getattr(library, name)
-        function.restype, function.argtypes = restype, argtypes
+        if (function := getattr(library, name, None)) is not None:  # APART's are apart
+            function.restype, function.argtypes = restype, argtypes
+    return library
 
 
 @contextlib.contextmanager
@@ -311,5 +316,8 @@ def typed_kernel(name: str, dtype: torch.dtype):
         suffix = _SUFFIXES.get(dtype)
         function = f"{name}_{suffix}"
         library = kernel_library() if suffix is not None and function in _SIGNATURES else None
+        if library is not None and name in APART:  # built apart, at the level in use
+            library = plain_library(Path(__file__).with_name(APART[name]),
+                                    library.kernels_isa().decode())
         _FUNCTIONS[key] = None if library is None else getattr(library, function)
     return _FUNCTIONS[key]

@@ -70,7 +70,9 @@ typedef struct {
 typedef struct {
     int rows, hidden, heads, kv_heads, head_dim, intermediate;
     int num_threads, gelu;
-    int kv8;  /* the caches hold int8 rows with their scales (kv8.h) */
+    /* where the caches hold int8 rows with their scales (kv8.h), their attention:
+     * paged_attention_kv8_part_S of attention_kv8.c, a library of its own; else NULL */
+    const void *kv8_attention;
     float eps, scale;
     const RopeRows *ropes;
     const AttentionGroup *groups;
@@ -185,7 +187,7 @@ DEFINE_QK_NORM(bf16_t, bf16)
     } while (0)
 
 /* The arguments of rotary-and-store and of attention in a layer of DEFINE_DECODER, the same
- * for float caches and int8 ones (s->kv8). */
+ * for float caches and int8 ones (s->kv8_attention). */
 #define ROTARY_ARGS                                                                        \
     qkv, qkv_width, rope->cos, rope->sin, g->slots, q, k_cache, v_cache, rows, s->heads,  \
     s->kv_heads, s->head_dim, t, team
@@ -226,11 +228,11 @@ int NAME(const DecoderLayer *layers, int count, const DecoderStep *s, T *x, T *r
             if (l->q_norm != NULL)                                                         \
                 STEP((qk_norm_##S(qkv, l->q_norm, l->k_norm, rows, qkv_width, s->heads,    \
                                   s->kv_heads, s->head_dim, s->eps, t, team), 0));         \
-            STEP((s->kv8 ? rotary_store_kv8_##S##_part(ROTARY_ARGS)                        \
-                         : rotary_store_##S##_part(ROTARY_ARGS), 0));                      \
-            STEP((s->kv8 ? paged_attention_kv8_##S##_part(ATTENTION_ARGS)                  \
-                         : paged_attention_##S##_part(ATTENTION_ARGS))                     \
-                 ? ATTENTION_NO_MEMORY : 0);                                               \
+            STEP((s->kv8_attention ? rotary_store_kv8_##S##_part(ROTARY_ARGS)              \
+                                   : rotary_store_##S##_part(ROTARY_ARGS), 0));            \
+            STEP((s->kv8_attention                                                         \
+                      ? ((Kv8Attention_##S)s->kv8_attention)(ATTENTION_ARGS)               \
+                      : paged_attention_##S##_part(ATTENTION_ARGS)) ? ATTENTION_NO_MEMORY : 0); \
             PRODUCT_STEP(product_##S(&l->o, attention, wide, NULL, x, rows, q_size, hidden, \
                                      t, team, bounds));                                    \
             if (l->attention_out_norm != NULL)  /* in place: each row read, then written */ \

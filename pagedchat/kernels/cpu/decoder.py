@@ -9,7 +9,7 @@ from typing import NamedTuple
 import torch
 
 from pagedchat.kernels.cpu.attention import _plan
-from pagedchat.kernels.cpu.build import FLOAT, INT, P, declare, kernel
+from pagedchat.kernels.cpu.build import FLOAT, INT, P, declare, kernel, typed_kernel
 from pagedchat.kernels.cpu.linear import BLOCKED_ROWS, blocked_width
 from pagedchat.kernels.cpu.quant import thread_split
 from pagedchat.kernels.kv_int8 import head_dim_of
@@ -106,8 +106,8 @@ class _DecoderStep(ctypes.Structure):
     """``DecoderStep`` in ``decoder.c``."""
 
     _fields_ = [(name, INT) for name in ("rows", "hidden", "heads", "kv_heads", "head_dim",
-                                          "intermediate", "num_threads", "gelu", "kv8")] + \
-               [("eps", FLOAT), ("scale", FLOAT)] + \
+                                          "intermediate", "num_threads", "gelu")] + \
+               [("kv8_attention", P), ("eps", FLOAT), ("scale", FLOAT)] + \
                [("ropes", ctypes.POINTER(_RopeRows)),
                 ("groups", ctypes.POINTER(_AttentionGroup))] + \
                [(name, P) for name in ("h", "qkv", "q", "attention", "gate_up", "act", "wide",
@@ -151,7 +151,9 @@ class DecoderStack:
         self.heads = num_heads
         self.kv_heads = first.k_cache.shape[2]
         self.head_dim = head_dim_of(first.k_cache)
-        self.kv8 = first.k_cache.dtype == torch.int8
+        int8 = first.k_cache.dtype == torch.int8  # its attention apart (build.APART)
+        part = typed_kernel("paged_attention_kv8_part", first.input_norm.dtype) if int8 else None
+        self.kv8 = None if part is None else ctypes.cast(part, P).value
         self.qkv_width = first.qkv.shape[0]
         self.intermediate = first.gate_up.shape[0] // 2
         self.eps, self.scale = eps, scale
@@ -246,6 +248,8 @@ def decoder_stack(layers: list[LayerTensors], num_heads: int, eps: float,
     dtype = layers[0].input_norm.dtype
     hidden = layers[0].input_norm.shape[0]
     cache_dtype = layers[0].k_cache.dtype if layers[0].k_cache.dtype == torch.int8 else dtype
+    if cache_dtype == torch.int8 and typed_kernel("paged_attention_kv8_part", dtype) is None:
+        return None
     shape = (layers[0].k_cache.shape[2], head_dim_of(layers[0].k_cache),
              layers[0].gate_up.shape[0], layers[0].qkv.shape[0])
     for layer in layers:

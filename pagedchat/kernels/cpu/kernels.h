@@ -55,14 +55,16 @@
 DECLARE_LAYER_KERNELS(float, f32)
 DECLARE_LAYER_KERNELS(bf16_t, bf16)
 
-/* The same store and attention over int8 KV caches (kv8.h), queries and outputs of T. */
+/* The same store and attention over int8 KV caches (kv8.h), queries and outputs of T. The
+ * attention is attention_kv8.c's, built into a library of its own (build.APART): decoder.c
+ * calls it through a pointer of type Kv8Attention_S. */
 #define DECLARE_KV8_KERNELS(T, S)                                                          \
     void rotary_store_kv8_##S##_part(const T *qkv, int64_t row_stride, const T *cos,       \
                                      const T *sin, const int64_t *slots, T *q_out,         \
                                      int8_t *k_cache, int8_t *v_cache, int tokens,         \
                                      int heads, int kv_heads, int head_dim, int t,         \
                                      int count);                                           \
-    int paged_attention_kv8_##S##_part(const T *query, const int8_t *k_cache,              \
+    int paged_attention_kv8_part_##S(const T *query, const int8_t *k_cache,              \
                                        const int8_t *v_cache, T *out,                      \
                                        const int32_t *block_tables,                        \
                                        const int32_t *context_lens,                        \
@@ -70,7 +72,8 @@ DECLARE_LAYER_KERNELS(bf16_t, bf16)
                                        const int32_t *row_seqs, int num_rows,              \
                                        int max_blocks, int num_heads, int num_kv_heads,    \
                                        int head_dim, int block_size, float scale,          \
-                                       int window, int t, int count);
+                                       int window, int t, int count);              \
+    typedef __typeof__(paged_attention_kv8_part_##S) *Kv8Attention_##S;
 
 DECLARE_KV8_KERNELS(float, f32)
 DECLARE_KV8_KERNELS(bf16_t, bf16)
