@@ -55,8 +55,7 @@ class LLMEngine:
         self.config = replace(self.config, num_kv_blocks=self.runner.num_blocks)
         self.scheduler = Scheduler(self.config, BlockManager(
             self.runner.num_blocks, config.block_size, self.runner.num_host_blocks,
-            config.enable_prefix_caching, self.runner.kv_groups.windows,
-        ))
+            config.enable_prefix_caching, self.runner.kv_groups.windows))
         self.kv_store = None if config.kv_store is None else KVStore(
             self, config.kv_store, parse_bytes(config.kv_store_cap))
         # whether a request fits this engine's context and pool (the scheduler's rule)

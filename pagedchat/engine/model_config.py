@@ -79,8 +79,7 @@ class ModelConfig:
             head_dim=raw.get("head_dim") or raw["hidden_size"] // heads, rope_parameters=rope,
             # Qwen2 has biases on q, k and v without saying so in its config
             attention_bias=bool(raw.get("attention_bias")) or raw["model_type"] == "qwen2",
-            **optional,
-        )
+            **optional)
 
     @property
     def rope_type(self) -> str:

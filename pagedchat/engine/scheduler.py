@@ -96,8 +96,7 @@ class SchedulerOutput:
             query_start_loc=np.asarray(query_start, dtype=np.int32),
             sample_rows=sample_rows + draft_rows,
             copies=self.copies, swap_out=self.swap_out, swap_in=self.swap_in,
-            keep=keep, from_kept=from_kept,
-        )
+            keep=keep, from_kept=from_kept)
 
 
 class Scheduler:

@@ -61,5 +61,4 @@ def engine_stats(scheduler: Scheduler, kv_cache_dtype: str = "float32") -> Engin
         accepted_tokens=scheduler.accepted_tokens, num_running=len(scheduler.running),
         num_waiting=len(scheduler.waiting), num_swapped=len(scheduler.swapped),
         block_tables=tables, groups=groups, pool=pool, owners=owners,
-        kv_cache_dtype=kv_cache_dtype,
-    )
+        kv_cache_dtype=kv_cache_dtype)

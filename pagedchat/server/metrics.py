@@ -40,8 +40,7 @@ class _Snapshot:
                                          100.0 * s.cached_blocks / max(s.total_blocks, 1)),
             "kv_blocks_free_percent": ("Share of KV blocks free, in percent.",
                                        100.0 * s.free_blocks / max(s.total_blocks, 1)),
-            "kv_blocks_shared": ("KV blocks held by more than one sequence.", s.shared_blocks),
-        }
+            "kv_blocks_shared": ("KV blocks held by more than one sequence.", s.shared_blocks)}
         counters = {
             "prefix_cache_queries": ("Prompt tokens looked up in the prefix cache.",
                                      s.prefix_queries),
@@ -50,8 +49,7 @@ class _Snapshot:
             "spec_decode_draft_tokens": ("Tokens proposed by speculative decoding.",
                                          s.draft_tokens),
             "spec_decode_accepted_tokens": ("Proposed tokens that verification accepted.",
-                                            s.accepted_tokens),
-        }
+                                            s.accepted_tokens)}
         for kind, figures in ((GaugeMetricFamily, gauges), (CounterMetricFamily, counters)):
             for name, (text, value) in figures.items():
                 family = kind(f"pagedchat_{name}", text)

@@ -54,8 +54,7 @@ class ParallelRunner:
             context.Process(target=run_worker, name=f"pagedchat-tp-rank{rank}", daemon=True,
                             args=(rank, size, store.port, config, model_config, self.threads,
                                   ready))
-            for rank in range(1, size)
-        ]
+            for rank in range(1, size)]
         for process in self.workers:
             process.start()
         self.watchdog = Watchdog(self.workers)

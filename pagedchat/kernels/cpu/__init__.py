@@ -35,10 +35,8 @@ from pagedchat.kernels.cpu.sampling import max_logsumexp, screen_candidates
 from pagedchat.kernels.reference import copy_blocks, swap_blocks
 
 __all__ = ["BLOCKED_ROWS", "ISAS", "ISA_VARIABLE", "LINEAR_ROWS", "PREFILL_MIN_QUERY_LEN",
-           "DecoderStack", "LayerTensors", "_onednn", "blocked_width", "chosen_isa",
-           "copy_blocks", "decoder_stack", "embedding", "gelu_tanh_mul", "isa",
-           "kernel_library", "linear",
+           "DecoderStack", "LayerTensors", "_onednn", "blocked_width", "chosen_isa", "copy_blocks",
+           "decoder_stack", "embedding", "gelu_tanh_mul", "isa", "kernel_library", "linear",
            "max_logsumexp", "onednn_rows", "pack_embedding", "pack_linear", "paged_attention",
            "prepare", "quantized_embedding", "quantized_linear", "rms_norm", "rotary_store",
-           "runnable_isas", "screen_candidates", "set_isa", "silu_mul", "store_kv",
-           "swap_blocks"]
+           "runnable_isas", "screen_candidates", "set_isa", "silu_mul", "store_kv", "swap_blocks"]

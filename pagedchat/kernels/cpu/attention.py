@@ -151,8 +151,7 @@ def _plan(block_tables: torch.Tensor, context_lens: torch.Tensor,
         context_lens=context_lens.to(torch.int32).contiguous(),
         query_start_loc=query_start_loc.to(torch.int32).contiguous(),
         long_chunks=[(seq, starts[seq], starts[seq + 1], lens[seq]) for seq in long],
-        long_seqs=torch.tensor(long, dtype=torch.int32),
-    )
+        long_seqs=torch.tensor(long, dtype=torch.int32))
 
 
 def _sdpa(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -51,11 +51,8 @@ COMPILE_FLAGS = ["-O3", "-ffast-math", "-fopenmp", "-fPIC", "-std=c11",
 # FMA, AVX-512 (F, BW, VL, DQ). PAGEDCHAT_CPU_ISA picks one; else the best the CPU runs.
 ISAS = ("portable", "avx2", "avx512")
 ISA_VARIABLE = "PAGEDCHAT_CPU_ISA"
-_ISA_FLAGS = {
-    "portable": [],
-    "avx2": ["-march=x86-64-v3", "-mtune=generic"],
-    "avx512": ["-march=x86-64-v4", "-mtune=native", "-mprefer-vector-width=512"],
-}
+_ISA_FLAGS = {"portable": [], "avx2": ["-march=x86-64-v3", "-mtune=generic"],
+              "avx512": ["-march=x86-64-v4", "-mtune=native", "-mprefer-vector-width=512"]}
 # Flags a level adds where the CPU has them (the kernels use them under the compiler's
 # macros: __AVXVNNI__, __AVX512BF16__, __AVX512VNNI__), as torch's check or /proc/cpuinfo's
 # flag says: AVX-VNNI is 256-bit VNNI without AVX-512 (Intel's cores since Alder Lake).

@@ -29,8 +29,7 @@ QUANTIZED_ROWS = range(1, 257)
 _FAILURES = {
     2: (MemoryError, "paged attention: out of memory for the score buffer"),
     3: (MemoryError, "linear: out of memory for the decoded weights"),
-    4: (ValueError, "linear: a quantization the kernel does not know"),
-}
+    4: (ValueError, "linear: a quantization the kernel does not know")}
 
 
 class LayerTensors(NamedTuple):
