@@ -232,7 +232,8 @@ int NAME(const DecoderLayer *layers, int count, const DecoderStep *s, T *x, T *r
                                    : rotary_store_##S##_part(ROTARY_ARGS), 0));            \
             STEP((s->kv8_attention                                                         \
                       ? ((Kv8Attention_##S)s->kv8_attention)(ATTENTION_ARGS)               \
-                      : paged_attention_##S##_part(ATTENTION_ARGS)) ? ATTENTION_NO_MEMORY : 0); \
+                      : paged_attention_##S##_part(ATTENTION_ARGS))                        \
+                 ? ATTENTION_NO_MEMORY : 0);                                               \
             PRODUCT_STEP(product_##S(&l->o, attention, wide, NULL, x, rows, q_size, hidden, \
                                      t, team, bounds));                                    \
             if (l->attention_out_norm != NULL)  /* in place: each row read, then written */ \

@@ -210,7 +210,8 @@ static inline void prefetch_lines_ahead(const uint8_t *const col[], int cols, in
  * as its passes grow faster than a function's size. */
 #define QUANT_FORMATS(F) F(Q4_0) F(Q4_1) F(Q5_0) F(Q5_1) F(Q8_0) F(Q4_K) F(Q5_K) F(Q6_K)
 #define QUANT_ROWS_TO_4(F, TYPE) F(TYPE, 1) F(TYPE, 2) F(TYPE, 3) F(TYPE, 4)
-#define QUANT_ROWS_TO_8(F, TYPE) QUANT_ROWS_TO_4(F, TYPE) F(TYPE, 5) F(TYPE, 6) F(TYPE, 7) F(TYPE, 8)
+#define QUANT_ROWS_TO_8(F, TYPE)                                                           \
+    QUANT_ROWS_TO_4(F, TYPE) F(TYPE, 5) F(TYPE, 6) F(TYPE, 7) F(TYPE, 8)
 
 /* A flag on a type number: x is rounded to 8-bit integers per run of 32 and multiplied in
  * integers (quant_int8.h), at any row count. */

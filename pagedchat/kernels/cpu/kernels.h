@@ -64,15 +64,15 @@ DECLARE_LAYER_KERNELS(bf16_t, bf16)
                                      int8_t *k_cache, int8_t *v_cache, int tokens,         \
                                      int heads, int kv_heads, int head_dim, int t,         \
                                      int count);                                           \
-    int paged_attention_kv8_part_##S(const T *query, const int8_t *k_cache,              \
-                                       const int8_t *v_cache, T *out,                      \
-                                       const int32_t *block_tables,                        \
-                                       const int32_t *context_lens,                        \
-                                       const int32_t *query_start, const int32_t *rows,    \
-                                       const int32_t *row_seqs, int num_rows,              \
-                                       int max_blocks, int num_heads, int num_kv_heads,    \
-                                       int head_dim, int block_size, float scale,          \
-                                       int window, int t, int count);              \
+    int paged_attention_kv8_part_##S(const T *query, const int8_t *k_cache,                \
+                                     const int8_t *v_cache, T *out,                        \
+                                     const int32_t *block_tables,                          \
+                                     const int32_t *context_lens,                          \
+                                     const int32_t *query_start, const int32_t *rows,      \
+                                     const int32_t *row_seqs, int num_rows,                \
+                                     int max_blocks, int num_heads, int num_kv_heads,      \
+                                     int head_dim, int block_size, float scale,            \
+                                     int window, int t, int count);                        \
     typedef __typeof__(paged_attention_kv8_part_##S) *Kv8Attention_##S;
 
 DECLARE_KV8_KERNELS(float, f32)
