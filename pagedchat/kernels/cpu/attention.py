@@ -27,8 +27,7 @@ declare({
     # over int8 caches (kv_int8.py), queries and outputs of the type the name ends with
     "paged_attention_kv8": (INT, [P] * 9 + [INT] * 6 + [FLOAT, INT, INT]),
     "paged_prefill_kv8": (INT, [P] * 8 + [INT] * 6 + [FLOAT, INT, INT]),
-    "paged_attention_kv8_part": (INT, [P] * 9 + [INT] * 6 + [FLOAT, INT, INT, INT]),
-})
+    "paged_attention_kv8_part": (INT, [P] * 9 + [INT] * 6 + [FLOAT, INT, INT, INT])})
 
 
 def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

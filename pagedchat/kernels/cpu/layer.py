@@ -16,8 +16,7 @@ declare({
     "rms_norm": (None, [P] * 5 + [INT, INT, FLOAT, INT]),
     "rotary_store": (None, [P, INT64] + [P] * 6 + [INT] * 5),
     "rotary_store_kv8": (None, [P, INT64] + [P] * 6 + [INT] * 5),  # into int8 caches
-    "silu_mul": (None, [P, P, INT, INT, INT]), "gelu_tanh_mul": (None, [P, P, INT, INT, INT]),
-})
+    "silu_mul": (None, [P, P, INT, INT, INT]), "gelu_tanh_mul": (None, [P, P, INT, INT, INT])})
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,

@@ -26,8 +26,7 @@ FIGURES: list[tuple[str, str, str, Callable[[EngineStats, float], float]]] = [
     ("fragmentation", "fragmentation", "{:.1%}", lambda s, _: s.internal_fragmentation),
     ("hit_rate", "prefix hits", "{:.0%}", lambda s, _: s.prefix_hit_rate),
     ("preemptions", "preemptions", "{:.0f}", lambda s, _: float(s.preemptions)),
-    ("tokens_per_second", "tokens/s", "{:.1f}", lambda _, rate: rate),
-]
+    ("tokens_per_second", "tokens/s", "{:.1f}", lambda _, rate: rate)]
 
 
 class Figures(Grid):

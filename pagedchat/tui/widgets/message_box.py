@@ -22,8 +22,7 @@ _STATUS_WORDS = {"generating": "writing…", "cancelled": "cancelled",
 class MessageBox(Vertical, can_focus=True):
     BINDINGS = [
         Binding("y", "copy_text", "Copy message"), Binding("c", "copy_code", "Copy code"),
-        Binding("e", "edit", "Edit and resend"),
-    ]
+        Binding("e", "edit", "Edit and resend")]
 
     class Copied(UIMessage):
         """Text went to the clipboard (the app gives the input its focus back)."""
