@@ -30,8 +30,7 @@ def batch(
         "--temperature", min=0.0,
         help="Default temperature of a line (0 = greedy; unset: 1.0, as vLLM).")] = None,
     kv_blocks: opt.KvBlocks = None, kv_memory: opt.KvMemory = None, tp: opt.TensorParallelSize = 1,
-    weights: opt.Weights = None, kv_cache_dtype: opt.KvCacheDtype = "auto",
-) -> None:
+    weights: opt.Weights = None, kv_cache_dtype: opt.KvCacheDtype = "auto") -> None:
     """Run a JSONL file of prompts through the engine; resumable (a rerun skips answered lines)."""
     with opt.starting():
         from pagedchat.chat.batch import describe, load_done, run_batch
@@ -40,7 +39,7 @@ def batch(
         from pagedchat.engine.sampling_params import SamplingParams
 
     opt.check_text(system, "--system")
-    with opt.user_errors():
+    with opt.user_errors("standard output" if output == "-" else output):
         if input_path != "-" and not Path(input_path).is_file():
             raise FileNotFoundError(f"{input_path}: " + ("a folder, not a file of requests"
                                     if Path(input_path).is_dir() else "no such file"))

@@ -56,8 +56,7 @@ def chat(
         help="Stop a reply that repeats itself (on by default).")] = None,
     config: Annotated[Path | None, typer.Option(
         help="Defaults file (default: $XDG_CONFIG_HOME/pagedchat/config.toml); these flags "
-             "win over it.")] = None,
-) -> None:
+             "win over it.")] = None) -> None:
     """Chat in the terminal with a model served by the paged engine."""
     from pagedchat.chat.config_file import ConfigError, read_config, settings_of
     from pagedchat.chat.conversation import DEFAULT_SYSTEM_PROMPT, SamplingSettings

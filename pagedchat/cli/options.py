@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import sys
@@ -102,8 +103,9 @@ def starting() -> Iterator[None]:
 
 
 @contextmanager
-def user_errors() -> Iterator[None]:
-    """A problem the user can fix becomes one line on stderr and exit code 1."""
+def user_errors(output: str | None = None) -> Iterator[None]:
+    """A problem the user can fix becomes one line on stderr and exit code 1. ``output``: where
+    the command writes its results, named when a write finds the disk full (the error does not)."""
     try:
         yield
     except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as pipes do
@@ -113,7 +115,10 @@ def user_errors() -> Iterator[None]:
         # OSError covers a missing file as well as a full disk while writing results.
         from rich.markup import escape
 
-        console.note(f"[red]error:[/red] {escape(str(error))}")  # no markup in the text
+        text = str(error)
+        if getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT) and not error.filename:
+            text = f"cannot write {output or 'the results'}: {error.strerror}"
+        console.note(f"[red]error:[/red] {escape(text)}")  # no markup in the text
         raise typer.Exit(1) from error
 
 

@@ -34,8 +34,7 @@ def run(
         "--verbose", "-v", help="Print load time, token counts and speeds to stderr.")] = False,
     logprobs: Annotated[int | None, typer.Option(
         min=0, max=20, help="Print each reply token's log-probability and the K most likely "
-                            "tokens to stderr.")] = None,
-) -> None:
+                            "tokens to stderr.")] = None) -> None:
     """Answer one prompt, streaming the reply to standard output (pipe friendly)."""
     with opt.starting():
         from dataclasses import replace
@@ -57,7 +56,7 @@ def run(
     opt.check_text(prompt, "PROMPT")
     opt.check_text(system, "--system")
     try:
-        with opt.user_errors():
+        with opt.user_errors("standard output"):
             params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                                     seed=seed, logprobs=logprobs)
             start = time.perf_counter()

@@ -52,8 +52,7 @@ def serve(
     read_timeout: Annotated[float, typer.Option(
         min=0.1, help="Seconds a client may take to send its headers, and its body.")] = 30.0,
     max_concurrent_requests: Annotated[int, typer.Option(
-        min=1, help="Completions running at once; past it a request gets 429.")] = 1024,
-) -> None:
+        min=1, help="Completions running at once; past it a request gets 429.")] = 1024) -> None:
     """An OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, ...)."""
     import logging
 

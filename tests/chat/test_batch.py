@@ -151,6 +151,14 @@ def test_missing_input_and_bad_option_value(opts, tmp_path):
     assert runner.invoke(app, ["batch", str(source), "--temperature", "-1", *opts]).exit_code == 2
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full (Linux's full disk)")
+def test_a_full_disk_names_the_output_it_could_not_write(opts, tmp_path):
+    source = _jsonl(tmp_path / "in.jsonl", {"prompt": "x", "max_tokens": 2})
+    result = runner.invoke(app, ["batch", str(source), "-o", "/dev/full", *opts])
+    assert result.exit_code == 1
+    assert "error: cannot write /dev/full: No space left on device" in result.stderr
+
+
 def test_ctrl_c_stops_cleanly_and_a_rerun_finishes(opts, tmp_path, monkeypatch):
     source = _jsonl(tmp_path / "in.jsonl", *_counting_lines(6))
     out = tmp_path / "out.jsonl"

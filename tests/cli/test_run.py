@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -61,6 +62,18 @@ def test_run_stops_quietly_when_its_reader_goes_away(tiny_model_dir):
     _, errors = process.communicate(timeout=120)
     assert process.returncode == 141, errors.decode()
     assert b"error" not in errors.lower() and b"Traceback" not in errors
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full (Linux's full disk)")
+def test_run_says_the_reply_could_not_be_written_to_a_full_disk(tiny_model_dir):
+    """`pagedchat run ... > /dev/full`: one line naming standard output and the full disk."""
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "pagedchat.cli", "run", "--model",
+                               str(tiny_model_dir), "--max-tokens", "8", "hi"], stdout=full,
+                              stderr=subprocess.PIPE, timeout=120)
+    assert done.returncode == 1
+    assert "error: cannot write standard output: No space left on device" in done.stderr.decode()
+    assert b"Traceback" not in done.stderr
 
 
 def test_a_byte_order_mark_on_stdin_is_no_part_of_the_prompt(tiny_model_dir):

@@ -242,8 +242,7 @@ class ModelRunner:
             (step.swap_out, (self.k_caches, self.v_caches),
              (self.host_k_caches, self.host_v_caches)),
             (step.swap_in, (self.host_k_caches, self.host_v_caches),
-             (self.k_caches, self.v_caches)),
-        ):
+             (self.k_caches, self.v_caches))):
             if pairs:
                 mapping = torch.tensor(pairs, dtype=torch.int64)
                 for s, d in zip(src[0] + src[1], dst[0] + dst[1]):

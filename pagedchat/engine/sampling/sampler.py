@@ -113,8 +113,7 @@ SLICE_LOGITS = 1 << 23
 
 
 def sample(logits: torch.Tensor, rows: list[SampleRow],
-           max_logsumexp: RowReduction = reference.max_logsumexp,
-           ) -> tuple[list[int], list[float]]:
+           max_logsumexp: RowReduction = reference.max_logsumexp) -> tuple[list[int], list[float]]:
     """Next token and its log-probability (under the model's own distribution) per row. ``logits``
     are float32 or the model's own lower precision: ``max_logsumexp`` (the kernel backend's, a
     compiled single pass on the CPU) reads them as they are, and only what needs float32 arithmetic
