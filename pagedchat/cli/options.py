@@ -61,9 +61,14 @@ KvCacheDtype = Annotated[str, typer.Option(
                              "Refused where the attention backend lacks it.")]
 
 
-def _check_speculative(value: str | None) -> str | None:
+def _check_speculative(ctx: typer.Context, value: str | None) -> str | None:
     if value not in (None, "ngram"):
         raise typer.BadParameter(f"{value!r} is not a speculation (choose ngram)")
+    # alone it would change nothing: refused, not ignored (an absent option comes last)
+    source = ctx.get_parameter_source("num_speculative_tokens")
+    if value is None and getattr(source, "name", None) == "COMMANDLINE":
+        raise typer.BadParameter("it needs --speculative ngram (alone it changes nothing)",
+                                 param_hint="'--num-speculative-tokens'")
     return value
 
 

@@ -92,6 +92,21 @@ def test_run_names_a_missing_model():
     assert "/no/such/model.gguf: no such file or folder" in result.output
 
 
+@pytest.mark.parametrize("command", ["run", "chat", "serve", "inspect"])
+@pytest.mark.parametrize("first", [True, False])
+def test_speculative_tokens_without_speculation_are_refused_not_ignored(command, first):
+    """Before or after the other options, --num-speculative-tokens alone is a usage error
+    naming it; beside --speculative ngram it is taken."""
+    given = ["--num-speculative-tokens", "4"]
+    result = runner.invoke(app, [command, *given, "--model", "/no/such/model.gguf"] if first
+                           else [command, "--model", "/no/such/model.gguf", *given])
+    assert result.exit_code == 2
+    assert "'--num-speculative-tokens': it needs --speculative ngram" in result.output
+    with_it = runner.invoke(app, ["run", *given, "--speculative", "ngram", "--model",
+                                  "/no/such/model.gguf", "hi"])
+    assert with_it.exit_code == 1 and "no such file or folder" in with_it.output
+
+
 @pytest.mark.parametrize("args, stdin, hint", [
     (["bad \udcff byte"], None, "PROMPT"),  # argv bytes that are not UTF-8, as Python has them
     (["-"], b"piped \xfe", "PROMPT"),  # a pipe's bytes
