@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -116,6 +117,21 @@ def test_run_refuses_text_that_is_not_utf8(tiny_model_dir, args, stdin, hint):
     result = runner.invoke(app, ["run", "--model", str(tiny_model_dir), *args], input=stdin)
     assert result.exit_code == 2
     assert hint in result.output and "lone surrogate" in result.output
+
+
+def test_run_says_so_when_corrupt_weights_compute_nan(tiny_model_dir, tmp_path):
+    """A file whose weights are garbage (here: a NaN in a layer) makes no reply: the
+    run ends with one line naming the cause, not an empty reply and exit 0."""
+    from safetensors.torch import load_file, save_file
+
+    corrupt = tmp_path / "corrupt"
+    shutil.copytree(tiny_model_dir, corrupt)
+    weights = load_file(corrupt / "model.safetensors")
+    weights["model.layers.0.mlp.down_proj.weight"][0, 0] = float("nan")
+    save_file(weights, corrupt / "model.safetensors", metadata={"format": "pt"})
+    result = runner.invoke(app, ["run", "--model", str(corrupt), "--max-tokens", "4", "hi"])
+    assert result.exit_code == 1
+    assert "computed NaN or infinity from this prompt: its weights look corrupt" in result.stderr
 
 
 def test_run_rejects_impossible_sampling(tiny_model_dir):

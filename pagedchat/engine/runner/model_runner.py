@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from pagedchat.engine.config import EngineConfig, parse_bytes
+from pagedchat.engine.errors import ModelLoadError
 from pagedchat.engine.kv_groups import kv_groups
 from pagedchat.engine.layers.attention import AttentionMetadata
 from pagedchat.engine.loading.loader import load_weights
@@ -184,6 +185,9 @@ class ModelRunner:
         """The argmax rows' tokens, then the other sampled rows' logits (both use the logits
         buffer, whose logits outlive the step), on every worker; the step's keeps kept."""
         source, rows = self._sampled_hidden(hidden, step)
+        if not bool(torch.isfinite(source).all()):  # no token can come of them: say so
+            raise ModelLoadError("the model computed NaN or infinity from this prompt: its "
+                                 "weights look corrupt (download the file again)")
         if step.keep:
             slots = torch.tensor([slot for _, slot in step.keep], dtype=torch.int64,
                                  device=self.device)
