@@ -46,10 +46,9 @@ def bench(ctx: typer.Context) -> None:
 
 
 def main() -> None:
-    """The installed command: ``app``, with what importing it made (alive for the whole
-    process) frozen out of the collector's reach, so that a streaming answer shows no
-    collector pause. Not in the library: a long-lived caller (a test session) keeps its
-    collector."""
+    """The installed command: ``app``, with what importing it made (alive for the whole process)
+    frozen out of the collector's reach, so that a streaming answer shows no collector pause. Not in
+    the library: a long-lived caller (a test session) keeps its collector."""
     gc.freeze()
     app()
 

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from pagedchat.cli import options as opt
+from pagedchat.engine.errors import RequestError
 from pagedchat.engine.presets import PRESETS, SPECULATIVE_TOKENS, swap_space
 
 RUN = PRESETS["run"]
@@ -93,6 +94,8 @@ def run(
                     sys.stdout.flush()
                     final = output
             sys.stdout.write("\n")
+            if final is not None and final.error is not None:
+                raise RequestError(f"the request failed ({final.error})")
     except KeyboardInterrupt:
         typer.secho("\ninterrupted", err=True)
         raise typer.Exit(130) from None

@@ -1,6 +1,5 @@
-"""The block pool's records: a block, a prefix-cache hit, the host swap pool, the prompts
-whose last rows the runner keeps, and the chained hash that names a full block by
-everything before it."""
+"""The block pool's records: a block, a prefix-cache hit, the host swap pool, the prompts whose last
+rows the runner keeps, and the chained hash that names a full block by everything before it."""
 
 from __future__ import annotations
 
@@ -97,9 +96,8 @@ class HostPool:
 
 
 class KeptRows:
-    """The prompts whose last row's final hidden state the runner keeps: the whole token
-    tuple (only that exact prompt is a hit) -> the runner's slot, least recently used
-    given up first."""
+    """The prompts whose last row's final hidden state the runner keeps: the whole token tuple (only
+    that exact prompt is a hit) -> the runner's slot, least recently used given up first."""
 
     def __init__(self, num_slots: int) -> None:
         self.num_slots = num_slots
@@ -115,9 +113,8 @@ class KeptRows:
         self.slots.move_to_end(key)
 
     def keep(self, prompts: list[tuple[int, ...]]) -> list[int | None]:
-        """Slots for the prompts whose last rows the coming step computes, no slot given
-        twice (the step writes them all): None for a prompt kept already, and once every
-        slot is given."""
+        """Slots for the prompts whose last rows the coming step computes, no slot given twice (the
+        step writes them all): None for a prompt kept already, and once every slot is given."""
         given: list[int | None] = []
         for key in prompts:
             slot = None

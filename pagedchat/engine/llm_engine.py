@@ -169,7 +169,13 @@ class LLMEngine:
                 if greedy:
                     step.argmax_rows.extend(range(row, row + 1 + len(item.draft)))
                 row += 1 + len(item.draft)
-        result = self.runner.execute(step)
+        try:
+            result = self.runner.execute(step)
+        except RequestError as error:  # the step computed no token: its requests end, not the run
+            groups = {item.group.request_id: item.group for item in out.scheduled}
+            for group in groups.values():
+                self._fail(group, error)
+            return self._outputs(groups)
         with timer.phase("sample+detokenize"):
             plain_logits = len(sampling) - plain_argmax
             advanced = self._process(out, sampling, step.argmax_rows[:plain_argmax], StepOutput(
@@ -310,7 +316,8 @@ class LLMEngine:
         if group.error is not None:
             return
         group.error = f"{type(error).__name__}: {error}"
-        log.error("request %s failed: %s", group.request_id, group.error, exc_info=error)
+        log.error("request %s failed: %s", group.request_id, group.error,
+                  exc_info=None if isinstance(error, RequestError) else error)  # ours: a trace
         self.scheduler.abort(group, "error")
         group.metrics.finished_time = time.time()
 

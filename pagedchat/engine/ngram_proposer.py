@@ -47,10 +47,9 @@ class _Fortune:
         self.later[1] += reached - 1
 
     def draft_length(self, limit: int, costs: StepCosts) -> int:
-        """The draft length (up to ``limit``) with the most expected tokens per unit of
-        step cost. The first token's estimate has a Laplace prior (one half without
-        observations); a later token's is drawn towards the first's, which it is taken to
-        equal until observed."""
+        """The draft length (up to ``limit``) with the most expected tokens per unit of step cost.
+        The first token's estimate has a Laplace prior (one half without observations); a later
+        token's is drawn towards the first's, which it is taken to equal until observed."""
         first = (self.first[0] + 1.0) / (self.first[1] + 2.0)
         later = (self.later[0] + 2.0 * first) / (self.later[1] + 2.0)
         best, best_rate, expected, reach = 0, 1.0, 1.0, first

@@ -16,9 +16,8 @@ class KernelBackend(Protocol):
     """The operations the model and the engine call, with their signatures."""
 
     def prepare(self) -> None:
-        """Begin, without waiting, what the first operation would otherwise wait for (the
-        CPU backend compiles its kernels on a first start); operations called meanwhile
-        wait for it."""
+        """Begin, without waiting, what the first operation would otherwise wait for (the CPU
+        backend compiles its kernels on a first start); operations called meanwhile wait for it."""
 
     def store_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None: ...

@@ -186,10 +186,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
 def rotary_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int,
                  k_cache: torch.Tensor, v_cache: torch.Tensor,
                  slot_mapping: torch.Tensor) -> torch.Tensor:
-    """The step before attention: rotate the queries and keys of the fused QKV rows
-    ``[tokens, (num_heads + 2 kv_heads) head_dim]``, store the rotated keys and the values
-    in their slots (as :func:`store_kv`), and return the rotated queries
-    ``[tokens, num_heads, head_dim]``."""
+    """The step before attention: rotate the queries and keys of the fused QKV rows ``[tokens,
+    (num_heads + 2 kv_heads) head_dim]``, store the rotated keys and the values in their slots (as
+    :func:`store_kv`), and return the rotated queries ``[tokens, num_heads, head_dim]``."""
     q, k, v = split_rotary(qkv, cos, sin, num_heads, k_cache.shape[2])
     store_kv(k, v, k_cache, v_cache, slot_mapping)
     return q

@@ -131,7 +131,7 @@ def test_run_says_so_when_corrupt_weights_compute_nan(tiny_model_dir, tmp_path):
     save_file(weights, corrupt / "model.safetensors", metadata={"format": "pt"})
     result = runner.invoke(app, ["run", "--model", str(corrupt), "--max-tokens", "4", "hi"])
     assert result.exit_code == 1
-    assert "computed NaN or infinity from this prompt: its weights look corrupt" in result.stderr
+    assert "computed NaN or infinity in this step: its weights look corrupt" in result.stderr
 
 
 def test_run_rejects_impossible_sampling(tiny_model_dir):

@@ -167,6 +167,30 @@ def test_a_request_that_fails_in_a_step_ends_alone(tiny_llm, fails_after):
     assert stats.used_blocks == 0
 
 
+def test_a_step_that_computes_nan_fails_its_requests_and_the_engine_goes_on(tiny_llm,
+                                                                          monkeypatch):
+    """Hidden states that are not finite (corrupt weights) make no token: that step's
+    requests end with an error naming the cause, their blocks freed; the next request runs."""
+    engine = tiny_llm.engine
+    greedy = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    model = engine.runner.model
+    monkeypatch.setattr(model, "forward", lambda *args: type(model).forward(model, *args) *
+                        float("nan"))
+    engine.add_request("nan-greedy", [3, 1, 4], greedy)
+    engine.add_request("nan-sampled", [1, 5, 9], SamplingParams(temperature=1.0, max_tokens=4))
+    failed = {out.request_id: out for out in engine.step()}
+    assert set(failed) == {"nan-greedy", "nan-sampled"}
+    for out in failed.values():
+        assert out.finished and [o.finish_reason for o in out.outputs] == ["error"]
+        assert "computed NaN or infinity in this step" in out.error
+    assert not engine.has_unfinished_requests() and engine.stats().used_blocks == 0
+    monkeypatch.undo()
+    engine.add_request("after", [5, 6, 7], greedy)
+    while engine.has_unfinished_requests():
+        [after] = engine.step()
+    assert after.error is None and len(after.outputs[0].token_ids) == 4
+
+
 @pytest.mark.parametrize("fields", [
     {"temperature": 2**63}, {"temperature": 1e-300}, {"repetition_penalty": 10**300},
     {"top_k": 2**62, "temperature": 1}, {"logit_bias": {5: 2**6}, "temperature": 1},

@@ -13,9 +13,8 @@ Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin: [tokens, head_dim]
 
 class RotaryEmbedding:
     """cos/sin rows computed as transformers computes its tables (float32), for each step's
-    positions only: a table for every position a model takes would hold 2 x positions x
-    head_dim floats (Gemma 3's two ropes over 32,768 positions: 128 MiB) for the few rows a
-    step reads."""
+    positions only: a table for every position a model takes would hold 2 x positions x head_dim
+    floats (Gemma 3's two ropes over 32,768 positions: 128 MiB) for the few rows a step reads."""
 
     def __init__(self, inv_freq: torch.Tensor, scaling: float) -> None:
         self.inv_freq = inv_freq.float()  # kept float32 whatever the model's dtype

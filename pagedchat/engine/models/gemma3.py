@@ -25,9 +25,8 @@ from pagedchat.engine.parallel.tensor_parallel import TensorParallel
 
 
 class Gemma3Attention(Attention):
-    """The engine's attention with the per-head norms of Q and K (``1 + w``) before rotary and
-    the K/V store, and a query scale of its own; a local layer's metadata carries its
-    window."""
+    """The engine's attention with the per-head norms of Q and K (``1 + w``) before rotary and the
+    K/V store, and a query scale of its own; a local layer's metadata carries its window."""
 
     def __init__(self, config: ModelConfig, kernels: ModuleType, tp: TensorParallel) -> None:
         super().__init__(config, kernels, tp, OffsetRMSNorm)

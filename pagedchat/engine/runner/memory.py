@@ -13,10 +13,9 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
 
 
 def hand_back_freed_memory() -> None:
-    """While a model loads: what was freed so far goes back to the system, and so does each
-    large buffer loading frees from now on (glibc's adaptive mmap threshold would keep them
-    in the heap, and the peak would hold the weights about twice). Process-wide; a no-op
-    without glibc."""
+    """While a model loads: what was freed so far goes back to the system, and so does each large
+    buffer loading frees from now on (glibc's adaptive mmap threshold would keep them in the heap,
+    and the peak would hold the weights about twice). Process-wide; a no-op without glibc."""
     _trim_and_set(64 << 10, 1 << 20)
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from pagedchat.engine.config import EngineConfig, parse_bytes
-from pagedchat.engine.errors import ModelLoadError
+from pagedchat.engine.errors import RequestError
 from pagedchat.engine.kv_groups import kv_groups
 from pagedchat.engine.layers.attention import AttentionMetadata
 from pagedchat.engine.loading.loader import load_weights
@@ -163,9 +163,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, step: StepInput) -> StepOutput | None:
-        """Run one step; rank 0 gets the sampled rows' logits and greedy tokens (see
-        StepOutput), other workers None. A step without query rows (only kept rows are
-        sampled) runs no layer."""
+        """Run one step; rank 0 gets the sampled rows' logits and greedy tokens (see StepOutput),
+        other workers None. A step without query rows (only kept rows are sampled) runs no layer."""
         self.tokens_forwarded += len(step.input_ids)
         self.steps_run += 1
         with self.timer.phase("prepare"):
@@ -185,14 +184,14 @@ class ModelRunner:
         """The argmax rows' tokens, then the other sampled rows' logits (both use the logits
         buffer, whose logits outlive the step), on every worker; the step's keeps kept."""
         source, rows = self._sampled_hidden(hidden, step)
-        if not bool(torch.isfinite(source).all()):  # no token can come of them: say so
-            raise ModelLoadError("the model computed NaN or infinity from this prompt: its "
-                                 "weights look corrupt (download the file again)")
         if step.keep:
             slots = torch.tensor([slot for _, slot in step.keep], dtype=torch.int64,
                                  device=self.device)
             picked = [step.sample_rows[i] for i, _ in step.keep]
             self.kept.index_copy_(0, slots, self._rows(hidden, picked))
+        if self.tp.rank == 0 and not bool(torch.isfinite(source).all()):  # no token comes of it
+            raise RequestError("the model computed NaN or infinity in this step: its weights "
+                               "look corrupt (download the file again)")
         argmax = set(step.argmax_rows)
         greedy = [rows[i] for i in step.argmax_rows]
         wanted = [row for i, row in enumerate(rows) if i not in argmax]

@@ -260,10 +260,9 @@ def _one_builder(target: Path) -> Iterator[None]:
 
 def _build(compiler: str, flags: list[str], target: Path, advance: progress.Advance,
            sources: list[Path] | None = None) -> None:
-    """Compile every source (by default the kernels'), one compiler per core at a time (more
-    only share the cores and their caches), then link; ``advance`` is called once per
-    compiled source and once for the link. Called inside :func:`_one_builder`, which made
-    ``target``'s folder."""
+    """Compile every source (by default the kernels'), one compiler per core at a time (more only
+    share the cores and their caches), then link; ``advance`` is called once per compiled source and
+    once for the link. Called inside :func:`_one_builder`, which made ``target``'s folder."""
     sources = sources or [Path(__file__).with_name(name) for name in SOURCES]
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         objects = [Path(tmp) / f"{source.stem}.o" for source in sources]

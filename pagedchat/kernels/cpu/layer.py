@@ -1,6 +1,5 @@
-"""The small operations of a decoder layer on the CPU (layer.c): RMSNorm with the residual
-add, rotary embedding with the K/V store, SiLU- and GELU(tanh)-and-multiply, float32 and
-bfloat16."""
+"""The small operations of a decoder layer on the CPU (layer.c): RMSNorm with the residual add,
+rotary embedding with the K/V store, SiLU- and GELU(tanh)-and-multiply, float32 and bfloat16."""
 
 from __future__ import annotations
 

@@ -55,10 +55,9 @@ def _onednn_bfloat16() -> bool:
 
 
 def onednn_rows(rows: int) -> int:
-    """The row count oneDNN is asked for: up to 16 rows as they are, more rounded up to a
-    multiple of a sixteenth of the next power of two (at most an eighth more), so that the
-    product oneDNN compiles and caches per row count comes in a few dozen counts, not one
-    per step's count."""
+    """The row count oneDNN is asked for: up to 16 rows as they are, more rounded up to a multiple
+    of a sixteenth of the next power of two (at most an eighth more), so that the product oneDNN
+    compiles and caches per row count comes in a few dozen counts, not one per step's count."""
     if rows <= 16:
         return rows
     grain = (1 << (rows - 1).bit_length()) // 16
