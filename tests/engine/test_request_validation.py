@@ -167,17 +167,22 @@ def test_a_request_that_fails_in_a_step_ends_alone(tiny_llm, fails_after):
     assert stats.used_blocks == 0
 
 
-def test_a_step_that_computes_nan_fails_its_requests_and_the_engine_goes_on(tiny_llm,
+def test_a_step_that_computes_nan_fails_its_requests_and_the_engine_goes_on(tiny_model_dir,
                                                                           monkeypatch):
     """Hidden states that are not finite (corrupt weights) make no token: that step's
-    requests end with an error naming the cause, their blocks freed; the next request runs."""
-    engine = tiny_llm.engine
+    requests end with an error naming the cause, their blocks freed; the next request runs,
+    also one whose step samples a kept row beside the failed prompts' kept NaN rows. An engine
+    of its own: the shared one would keep those rows."""
+    from pagedchat import LLM
+
+    engine = LLM(model=str(tiny_model_dir), num_kv_blocks=64, block_size=16).engine
     greedy = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     model = engine.runner.model
     monkeypatch.setattr(model, "forward", lambda *args: type(model).forward(model, *args) *
                         float("nan"))
-    engine.add_request("nan-greedy", [3, 1, 4], greedy)
-    engine.add_request("nan-sampled", [1, 5, 9], SamplingParams(temperature=1.0, max_tokens=4))
+    engine.add_request("nan-greedy", list(range(3, 19)), greedy)  # whole blocks: kept
+    engine.add_request("nan-sampled", list(range(20, 36)),
+                       SamplingParams(temperature=1.0, max_tokens=4))
     failed = {out.request_id: out for out in engine.step()}
     assert set(failed) == {"nan-greedy", "nan-sampled"}
     for out in failed.values():
@@ -185,10 +190,11 @@ def test_a_step_that_computes_nan_fails_its_requests_and_the_engine_goes_on(tiny
         assert "computed NaN or infinity in this step" in out.error
     assert not engine.has_unfinished_requests() and engine.stats().used_blocks == 0
     monkeypatch.undo()
-    engine.add_request("after", [5, 6, 7], greedy)
-    while engine.has_unfinished_requests():
-        [after] = engine.step()
-    assert after.error is None and len(after.outputs[0].token_ids) == 4
+    for request_id in ("after", "after-again"):  # the second samples its prompt's kept row
+        engine.add_request(request_id, list(range(40, 56)), greedy)
+        while engine.has_unfinished_requests():
+            [after] = engine.step()
+        assert after.error is None and len(after.outputs[0].token_ids) == 4
 
 
 @pytest.mark.parametrize("fields", [

@@ -189,7 +189,8 @@ class ModelRunner:
                                  device=self.device)
             picked = [step.sample_rows[i] for i, _ in step.keep]
             self.kept.index_copy_(0, slots, self._rows(hidden, picked))
-        if self.tp.rank == 0 and not bool(torch.isfinite(source).all()):  # no token comes of it
+        # no token comes of a sampled row that is not finite (the kept slots of others aside)
+        if self.tp.rank == 0 and not bool(torch.isfinite(self._rows(source, rows)).all()):
             raise RequestError("the model computed NaN or infinity in this step: its weights "
                                "look corrupt (download the file again)")
         argmax = set(step.argmax_rows)
