@@ -11,10 +11,9 @@ from typing import TYPE_CHECKING
 
 from pagedchat.machine import usable_cores
 
-# MKL's own allocator keeps every buffer it ever packed a matrix into; without it they go
-# back to malloc, which the engine keeps warm anyway (runner.memory.keep_freed_memory). MKL
-# reads this once, when torch loads it: here it comes before any of pagedchat imports
-# torch. A user's setting wins.
+# MKL's own allocator keeps every buffer it ever packed a matrix into; without it they go back to
+# malloc, which the engine keeps warm anyway (runner.memory.keep_freed_memory). MKL reads this once,
+# when torch loads it: here it comes before any of pagedchat imports torch. A user's setting wins.
 os.environ.setdefault("MKL_DISABLE_FAST_MM", "1")
 # torch's oneDNN glue (ideep) keeps one set-up product per shape it sees; the engine's row
 # count changes from step to step, and those entries, spread through the heap, keep freed

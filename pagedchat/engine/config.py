@@ -45,9 +45,8 @@ class EngineConfig:
     # vLLM's default too: a larger batch makes bigger matrix products, which read the
     # weights once for more tokens
     max_num_seqs: int = 256
-    # Activations (and the malloc heap that keeps them) scale with this; a larger budget
-    # held more memory at the same speed. A chatbot prompt of the paper's length still
-    # fits one step.
+    # Activations (and the malloc heap that keeps them) scale with this; a larger budget held more
+    # memory at the same speed. A chatbot prompt of the paper's length still fits one step.
     max_num_batched_tokens: int = 1024
     max_model_len: int | None = None
     dtype: str = "float32"

@@ -44,9 +44,8 @@ def open_model(config: EngineConfig) -> OpenedModel:
     except Exception as error:
         raise ModelLoadError(
             f"{files.folder}: cannot read config or tokenizer ({error})") from error
-    # what a first start's conversion and the tokenizer's parse freed goes back before the
-    # weights load; only now, as their many mid-sized buffers a low mapping threshold would
-    # map one by one
+    # what a first start's conversion and the tokenizer's parse freed goes back before the weights
+    # load; only now, as their many mid-sized buffers a low mapping threshold would map one by one
     hand_back_freed_memory()
     context = model_config.max_position_embeddings
     config = replace(config, max_model_len=min(config.max_model_len or context, context))

@@ -143,7 +143,8 @@ class EngineLoop(EngineThread):
 
     def _warm_up(self) -> bool:
         """One greedy and one sampled request of a few tokens, to their end: every kernel a
-        request meets is compiled and has run once. Leaves the pool as it found it."""
+        request meets is compiled and has run once (one that fails fails the engine, as a
+        corrupt model's would). Leaves the pool as it found it."""
         engine, start = self.engine, time.perf_counter()
         prompt = engine.tokenizer.encode(WARM_UP_PROMPT)[: engine.config.max_model_len - 3]
         try:
@@ -152,7 +153,8 @@ class EngineLoop(EngineThread):
                     engine.add_request(rid, prompt or [0], SamplingParams(
                         temperature=temperature, max_tokens=2, ignore_eos=True, seed=0))
             while engine.has_unfinished_requests():
-                engine.step()
+                if failed := [out.error for out in engine.step() if out.error is not None]:
+                    raise RuntimeError(failed[0])  # a model that cannot answer it serves none
             engine.reset_prefix_cache()
         except Exception as error:
             self._engine_failed(error)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 
 import httpx
 import pytest
@@ -181,3 +182,33 @@ def test_an_engine_that_fails_to_abort_is_reported_too(own_server):
     assert stopped.wait(10)
     health = httpx.get(f"{live.url}/health", timeout=10)
     assert health.status_code == 503 and "the pool is corrupt" in health.json()["reason"]
+
+
+def test_a_model_that_cannot_answer_the_warm_up_stops_the_server_saying_why(tiny_model_dir,
+                                                                             tmp_path):
+    """Weights that compute NaN (a corrupt file) fail the warm-up's requests: the server
+    reports the engine failed, with the cause, rather than look healthy and fail every
+    request."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    corrupt = tmp_path / "corrupt"
+    shutil.copytree(tiny_model_dir, corrupt)
+    weights = load_file(corrupt / "model.safetensors")
+    weights["model.layers.0.mlp.down_proj.weight"][0, 0] = float("nan")
+    save_file(weights, corrupt / "model.safetensors", metadata={"format": "pt"})
+    live, thread = start_server(corrupt, ready=False)
+    try:
+        loop = live.state.engine_loop
+        for _ in range(600):  # the warm-up runs on the engine's thread
+            if loop.failed is not None:
+                break
+            time.sleep(0.1)
+        assert loop.failed is not None and "computed NaN or infinity" in loop.failed
+        assert not loop.ready.is_set()
+        health = httpx.get(f"{live.url}/health", timeout=10)
+        assert health.status_code == 503 and "computed NaN" in health.json()["reason"]
+    finally:
+        live.server.should_exit = True
+        thread.join(30)

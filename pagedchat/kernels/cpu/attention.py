@@ -15,9 +15,8 @@ from pagedchat.kernels import reference
 from pagedchat.kernels.cpu.build import FLOAT, INT, P, declare, kernel
 from pagedchat.kernels.reference import first_key, gather_kv, write_slots
 
-# Chunks of at least this many queries go to the chunked-prefill kernel, which reads each
-# tile of K and V once for a tile of query rows (from 8 rows on it beats the row-by-row
-# kernel).
+# Chunks of at least this many queries go to the chunked-prefill kernel, which reads each tile of K
+# and V once for a tile of query rows (from 8 rows on it beats the row-by-row kernel).
 PREFILL_MIN_QUERY_LEN = 8
 
 declare({
