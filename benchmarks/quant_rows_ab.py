@@ -50,7 +50,7 @@ def weights_named(tensors: dict, name: str) -> list[QuantizedWeight]:
 
 def with_library(library: ctypes.CDLL, x: torch.Tensor,
                  weights: list[QuantizedWeight]) -> list[torch.Tensor]:
-    cpu_quant._library = lambda: library
+    cpu_quant.kernel_library = lambda: library
     return [cpu_quant.quantized_linear(x, w) for w in weights]
 
 
@@ -71,6 +71,7 @@ def main() -> None:
     old = ctypes.CDLL(args.baseline)
     build._set_signatures(old, {name: signature for name, signature in build._SIGNATURES.items()
                                 if hasattr(old, name)})
+    old.build_flags = new.build_flags  # the products a baseline of this layout is handed
     for name in args.names.split(","):
         weights = [QuantizedWeight(w.segments, w.in_features, int8_activations=args.int8)
                    for w in weights_named(tensors, name)]

@@ -21,10 +21,6 @@ from functools import cached_property
 import torch
 import torch.nn.functional as F
 
-__all__ = ["EXACT_OFFSETS", "FORMATS", "INT8_ACTIVATIONS", "QFormat", "QuantizedWeight", "Segment",
-           "dequantize", "dequantize_blocks", "quantize_q8_0", "quantized_embedding",
-           "quantized_linear", "round_activations", "row_norms"]
-
 
 @dataclass(frozen=True)
 class QFormat:

@@ -9,22 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from pagedchat.kernels.reference import (
-    embedding,
-    gelu_tanh_mul,
-    linear,
-    max_logsumexp,
-    pack_embedding,
-    pack_linear,
-    prepare,
-    quantized_embedding,
-    quantized_linear,
-    rms_norm,
-    screen_candidates,
-    silu_mul,
-    split_rotary,
-    swap_blocks,
-)
+from pagedchat.kernels import reference
 from pagedchat.kernels.triton_attention import (
     choose_num_splits,
     paged_attention,
@@ -34,17 +19,19 @@ from pagedchat.kernels.triton_attention import (
 from pagedchat.kernels.triton_cache import copy_blocks, store_kv
 from pagedchat.kernels.triton_utils import INTERPRETED
 
-__all__ = ["INTERPRETED", "choose_num_splits", "copy_blocks", "embedding", "gelu_tanh_mul",
-           "linear", "max_logsumexp", "pack_embedding", "pack_linear", "paged_attention",
-           "paged_attention_decode", "paged_attention_prefill", "prepare", "quantized_embedding",
-           "quantized_linear", "rms_norm", "rotary_store", "screen_candidates", "silu_mul",
-           "store_kv", "swap_blocks"]
+__all__ = ["INTERPRETED", "choose_num_splits", "copy_blocks", "paged_attention",
+           "paged_attention_decode", "paged_attention_prefill", "rotary_store", "store_kv"]
+
+
+def __getattr__(name: str) -> object:
+    """The reference's operation ``name``, where this backend has none of its own."""
+    return getattr(reference, name)
 
 
 def rotary_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int,
                  k_cache: torch.Tensor, v_cache: torch.Tensor,
                  slot_mapping: torch.Tensor) -> torch.Tensor:
     """The reference's rotation, then this backend's store."""
-    q, k, v = split_rotary(qkv, cos, sin, num_heads, k_cache.shape[2])
+    q, k, v = reference.split_rotary(qkv, cos, sin, num_heads, k_cache.shape[2])
     store_kv(k, v, k_cache, v_cache, slot_mapping)
     return q

@@ -21,15 +21,15 @@ pytestmark = pytest.mark.skipif(cpu.kernel_library() is None, reason="no C compi
 def choose(monkeypatch, value: str | None, runnable: tuple[str, ...]) -> str:
     monkeypatch.setattr(build, "runnable_isas", lambda: runnable)
     if value is None:
-        monkeypatch.delenv(cpu.ISA_VARIABLE, raising=False)
+        monkeypatch.delenv(build.ISA_VARIABLE, raising=False)
     else:
-        monkeypatch.setenv(cpu.ISA_VARIABLE, value)
-    return cpu.chosen_isa.__wrapped__()
+        monkeypatch.setenv(build.ISA_VARIABLE, value)
+    return build.chosen_isa.__wrapped__()
 
 
 def test_each_level_this_cpu_runs_has_its_own_library():
-    levels = cpu.runnable_isas()
-    assert levels[0] == "portable" and set(levels) <= set(cpu.ISAS)
+    levels = build.runnable_isas()
+    assert levels[0] == "portable" and set(levels) <= set(build.ISAS)
     libraries = {level: cpu.kernel_library(level) for level in levels}
     for level, library in libraries.items():
         assert library.kernels_isa().decode() == level
@@ -55,7 +55,7 @@ def test_a_level_that_cannot_be_had_warns_once_and_takes_the_best(monkeypatch, c
         assert choose(monkeypatch, value, ("portable", "avx2")) == "avx2"
     assert len(caplog.records) == 1
     assert problem in caplog.records[0].getMessage()
-    assert cpu.ISA_VARIABLE in caplog.records[0].getMessage()
+    assert build.ISA_VARIABLE in caplog.records[0].getMessage()
 
 
 def test_set_isa_refuses_a_level_the_cpu_cannot_run(monkeypatch):
@@ -106,7 +106,7 @@ def test_two_starts_on_an_empty_cache_compile_once(monkeypatch, tmp_path):
     compiled = build.kernel_library(level)._name
     compiles = []
 
-    def slow_build(compiler, flags, target, advance) -> None:
+    def slow_build(compiler, flags, target, advance, sources) -> None:
         compiles.append(target)
         time.sleep(0.5)
         part = target.with_name(f"{target.name}.{len(compiles)}")
@@ -140,7 +140,7 @@ def test_int8_cache_attention_is_built_apart_at_the_level_in_use_on_first_use(mo
         part = build.typed_kernel("paged_attention_kv8_part", dtype)
         assert whole is not None and part is not None and whole.restype is build.INT
     apart = build.plain_library(build.Path(build.__file__).with_name("attention_kv8.c"),
-                                library.kernels_isa().decode())
+                                flags=library.build_flags)
     assert [file.name for file in (tmp_path / "kernels").glob("attention_kv8-*.so")] == [
         build.Path(apart._name).name]
     assert build.typed_kernel("paged_attention_kv8", torch.float32) is not None

@@ -16,12 +16,19 @@ from paged_cases import TOL, guarded_blocks, paged_batch, rel_err
 from pagedchat.kernels import cpu
 from pagedchat.kernels import reference as ref
 from pagedchat.kernels.cpu import attention, build
-from pagedchat.kernels.cpu.linear import _onednn_bfloat16
+from pagedchat.kernels.cpu.linear import (
+    BLOCKED_ROWS,
+    LINEAR_ROWS,
+    _onednn,
+    _onednn_bfloat16,
+    blocked_width,
+    onednn_rows,
+)
 
 pytestmark = pytest.mark.skipif(cpu.kernel_library() is None, reason="no C compiler")
 
 
-@pytest.fixture(autouse=True, scope="module", params=cpu.runnable_isas())
+@pytest.fixture(autouse=True, scope="module", params=build.runnable_isas())
 def isa(request):
     """Every test of this module, once per level: the dispatch calls that level's library."""
     cpu.set_isa(request.param)
@@ -32,7 +39,7 @@ def isa(request):
 
 # The fixed attention grids take the level innermost (each case on every level in turn),
 # so that a case's batch and reference, which cost far more than the kernel, are made once.
-on_each_level = pytest.mark.parametrize("isa", cpu.runnable_isas(), indirect=True,
+on_each_level = pytest.mark.parametrize("isa", build.runnable_isas(), indirect=True,
                                         scope="function")
 
 
@@ -429,7 +436,7 @@ def test_layer_kernels_leave_other_dtypes_to_the_reference():
 
 
 @settings(max_examples=40, deadline=None)
-@given(rows=st.integers(1, cpu.LINEAR_ROWS.stop + 2), k_dim=st.sampled_from([8, 100, 576]),
+@given(rows=st.integers(1, LINEAR_ROWS.stop + 2), k_dim=st.sampled_from([8, 100, 576]),
        n_dim=st.sampled_from([1, 7, 64, 961]), with_bias=st.booleans(),
        seed=st.integers(0, 2**16))
 def test_linear_matches_reference(rows, k_dim, n_dim, with_bias, seed):
@@ -470,9 +477,9 @@ def test_linear_on_packed_weights_matches_reference(rows, k_dim, n_dim, with_bia
     assert torch.allclose(out.float(), expected.float(), **tol)
 
 
-@pytest.mark.skipif(not cpu._onednn(), reason="needs torch's oneDNN")
+@pytest.mark.skipif(not _onednn(), reason="needs torch's oneDNN")
 @settings(max_examples=60, deadline=None)
-@given(rows=st.integers(1, cpu.BLOCKED_ROWS.stop + 2),
+@given(rows=st.integers(1, BLOCKED_ROWS.stop + 2),
        shape=st.sampled_from([(961, 576), (576, 1536), (64, 100), (7, 8), (130, 33)]),
        with_bias=st.booleans(), threads=st.sampled_from([1, 2, 3]),
        dtype=st.sampled_from([torch.float32, torch.bfloat16] if _onednn_bfloat16()
@@ -491,7 +498,7 @@ def test_product_on_onednn_blocked_layout_matches_reference(rows, shape, with_bi
     bias = torch.randn(n_dim, generator=gen).to(dtype) if with_bias else None
     out = torch.full((rows, n_dim), float("nan"), dtype=dtype)
     packed = cpu.pack_linear(weight)
-    k_padded = cpu.blocked_width(packed) if packed.is_mkldnn else None
+    k_padded = blocked_width(packed) if packed.is_mkldnn else None
     # a shape oneDNN lays out otherwise on this CPU is no example (a skip here would end
     # the whole test at the first such shape)
     assume(k_padded is not None)
@@ -510,32 +517,32 @@ def test_product_on_onednn_blocked_layout_matches_reference(rows, shape, with_bi
 def test_this_models_layer_shapes_take_the_blocked_product(dtype):
     """Where the C product is built and torch has oneDNN, the model's layer weights are
     read by the C product (a layout check that failed would send them to oneDNN quietly)."""
-    if not cpu._onednn():
+    if not _onednn():
         pytest.skip("needs torch's oneDNN")
     if dtype == torch.bfloat16 and not _onednn_bfloat16():
         pytest.skip("oneDNN has no bfloat16 product on this CPU (AVX2): the weights stay plain")
     for n_dim, k_dim in [(960, 576), (576, 576), (3072, 576), (576, 1536)]:
         packed = cpu.pack_linear(torch.randn(n_dim, k_dim).to(dtype))
-        assert cpu.blocked_width(packed) == k_dim
+        assert blocked_width(packed) == k_dim
 
 
 def test_a_weight_of_zeros_leaves_the_layout_check_to_the_next_of_its_shape():
     """Zeros multiply the same in any layout: such a weight goes to oneDNN, and the first
     real weight of its shape decides (a wrong layout must never pass for zeros)."""
-    if not cpu._onednn():
+    if not _onednn():
         pytest.skip("needs torch's oneDNN")
     zeros = cpu.pack_linear(torch.zeros(208, 48))
-    assert cpu.blocked_width(zeros) is None
+    assert blocked_width(zeros) is None
     x = torch.randn(2, 48)
     assert torch.equal(cpu.linear(x, zeros), torch.zeros(2, 208))
-    assert cpu.blocked_width(cpu.pack_linear(torch.randn(208, 48))) == 48
-    assert cpu.blocked_width(zeros) == 48
+    assert blocked_width(cpu.pack_linear(torch.randn(208, 48))) == 48
+    assert blocked_width(zeros) == 48
 
 
 def test_onednn_row_counts_are_few_and_close():
     """Up to 16 rows go as they are; beyond, at most 12.5% padding and a few dozen distinct
     counts up to 1,024 rows, 8 per doubling (oneDNN builds and keeps a product per count)."""
-    padded = [cpu.onednn_rows(rows) for rows in range(1, 1025)]
+    padded = [onednn_rows(rows) for rows in range(1, 1025)]
     assert padded[:16] == list(range(1, 17))
     for rows, count in enumerate(padded, start=1):
         assert rows <= count <= rows * 1.125 + 1
@@ -545,7 +552,7 @@ def test_onednn_row_counts_are_few_and_close():
 def test_pack_linear_leaves_what_it_cannot_pack():
     weight = torch.randn(4, 3, dtype=torch.float64)
     assert cpu.pack_linear(weight) is weight
-    if cpu._onednn():
+    if _onednn():
         assert cpu.pack_linear(torch.randn(4, 3)).is_mkldnn
 
 
@@ -563,7 +570,7 @@ def test_embedding_reads_rows_of_a_packed_tied_weight(shape, count, dtype, seed)
     ids = torch.cat([torch.tensor([0, vocab - 1]), torch.randint(0, vocab, (count,),
                                                                  generator=gen)])
     packed = cpu.pack_embedding(weight)
-    assert packed is weight or (packed.is_mkldnn and cpu.blocked_width(packed) is not None)
+    assert packed is weight or (packed.is_mkldnn and blocked_width(packed) is not None)
     assert torch.equal(cpu.embedding(ids, packed), ref.embedding(ids, weight))
     assert torch.equal(cpu.embedding(ids.view(2, -1), packed), weight[ids.view(2, -1)])
     with pytest.raises(IndexError):
@@ -576,7 +583,7 @@ def test_a_packed_embedding_still_reads_after_the_level_switches():
     packed = cpu.pack_embedding(weight)
     ids = torch.tensor([0, 199, 7, 7])
     try:
-        cpu.set_isa(cpu.runnable_isas()[0])
+        cpu.set_isa(build.runnable_isas()[0])
         assert torch.equal(cpu.embedding(ids, packed), weight[ids])
     finally:
         cpu.set_isa(None)
@@ -585,9 +592,9 @@ def test_a_packed_embedding_still_reads_after_the_level_switches():
 def test_pack_embedding_packs_only_what_the_lookup_can_read():
     weight = torch.randn(70, 40, dtype=torch.float64)
     assert cpu.pack_embedding(weight) is weight
-    if cpu._onednn():
+    if _onednn():
         packed = cpu.pack_embedding(torch.randn(70, 40))
-        assert packed.is_mkldnn and cpu.blocked_width(packed) is not None
+        assert packed.is_mkldnn and blocked_width(packed) is not None
 
 
 @pytest.mark.parametrize("rows", [1, 16, 17, 256, 257])

@@ -14,13 +14,14 @@ from paged_cases import TOL, guarded_blocks, paged_batch, rel_err
 from pagedchat.kernels import cpu
 from pagedchat.kernels import reference as ref
 from pagedchat.kernels.cpu import attention
+from pagedchat.kernels.cpu import build as cpu_build
 from pagedchat.kernels.kv_int8 import SCALE_BYTES, dequantize, head_dim_of, quantize
 
 needs_kernels = pytest.mark.skipif(cpu.kernel_library() is None, reason="no C compiler")
 INT8 = torch.int8
 
 
-@pytest.fixture(params=cpu.runnable_isas())
+@pytest.fixture(params=cpu_build.runnable_isas())
 def isa(request):
     """A test on each level in turn: the dispatch calls that level's library."""
     cpu.set_isa(request.param)

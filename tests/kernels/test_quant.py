@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import importlib
 import importlib.util
+import time
 from pathlib import Path
 
 import hypothesis.strategies as st
@@ -205,7 +206,7 @@ def library(request):
 
 @pytest.fixture
 def kernels(library, monkeypatch):
-    monkeypatch.setattr(cpu_quant, "_library", lambda: library)
+    monkeypatch.setattr(cpu_quant, "kernel_library", lambda: library)
     return cpu_quant
 
 
@@ -248,6 +249,49 @@ def test_product_matches_reference(kernels, name, rows):
     halves = kernels.quantized_linear(x.bfloat16(), weight, bias)
     assert halves.dtype == torch.bfloat16
     close(halves, quant.quantized_linear(x.bfloat16(), weight, bias), 1e-2)
+
+
+def test_a_first_start_compiles_the_products_of_its_model_s_formats_alone(monkeypatch,
+                                                                          tmp_path):
+    """The kernels' library holds no format's few-row products: each format's, float and 8-bit
+    apart, is compiled into a library of its own when the loader names the format
+    (prepare) or at its first product, and handed to the library in use; a product
+    of a format not handed over is refused by the C kernels."""
+    if build.kernel_library() is None:
+        pytest.skip("no C compiler")
+    monkeypatch.setenv("PAGEDCHAT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(build, "_LOADED", {})
+    build.plain_library.cache_clear()
+    library = build.kernel_library()
+
+    def built() -> list[str]:
+        return sorted(path.name.rsplit("-", 1)[0]
+                      for path in (tmp_path / "kernels").glob("products-*.so"))
+
+    assert built() == []
+    weight = random_weight("Q6_K", 9, 256, seed=3)
+    x = torch.randn(2, 256, generator=torch.Generator().manual_seed(3))
+    segment = weight.segments[0]
+    out = torch.empty(2, 9)
+    refused = library.quant_linear_f32(x.data_ptr(), segment.data.data_ptr(),
+                                       segment.kernel_type(False), None, out.data_ptr(), 2,
+                                       256, 9, 9, 1, None)
+    assert refused == 1 and built() == []
+    try:
+        close(cpu_quant.quantized_linear(x, weight), quant.quantized_linear(x, weight), 1e-5)
+        assert built() == ["products-Q6_K"]
+        close(cpu_quant.quantized_linear(x, int8(weight)),
+              quant.quantized_linear(x, int8(weight)), 1e-5)
+        assert built() == ["products-Q6_K", "products-Q6_K-int8"]
+        build.prepare([FORMATS["Q5_0"].type_id])
+        for _ in range(600):
+            if "products-Q5_0" in built():
+                break
+            time.sleep(0.1)
+        assert built() == ["products-Q5_0", "products-Q6_K", "products-Q6_K-int8"]
+        assert not build.load_products([12345], library)
+    finally:
+        build.plain_library.cache_clear()
 
 
 @pytest.mark.parametrize(("name", "width"),

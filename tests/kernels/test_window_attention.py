@@ -14,11 +14,12 @@ from paged_cases import TOL, paged_batch, rel_err, windowed
 from pagedchat.kernels import cpu
 from pagedchat.kernels import reference as ref
 from pagedchat.kernels.cpu import attention
+from pagedchat.kernels.cpu import build as cpu_build
 
 pytestmark = pytest.mark.skipif(cpu.kernel_library() is None, reason="no C compiler")
 
 
-@pytest.fixture(autouse=True, scope="module", params=cpu.runnable_isas())
+@pytest.fixture(autouse=True, scope="module", params=cpu_build.runnable_isas())
 def isa(request):
     cpu.set_isa(request.param)
     yield request.param

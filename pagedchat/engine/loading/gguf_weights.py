@@ -18,7 +18,8 @@ import torch
 from pagedchat.engine.errors import ModelLoadError
 from pagedchat.engine.loading.gguf_file import GGUFFile, TensorInfo, read_gguf_header
 from pagedchat.engine.loading.gguf_metadata import parse_metadata
-from pagedchat.kernels.quant import FORMATS, QuantizedWeight
+from pagedchat.kernels.cpu.build import prepare
+from pagedchat.kernels.quant import FORMATS, INT8_ACTIVATIONS, QuantizedWeight
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -131,6 +132,12 @@ def read_gguf_weights(path: Path, num_heads: int, num_kv_heads: int) -> dict[str
     # an embedding the head does not read is looked up a few rows per step: mapped, only
     # the rows the prompts and replies use become resident
     untied = any(tensor.name == "output.weight" for tensor in header.tensors)
+    # a first start compiles the CPU products of the file's formats while its tensors are read
+    # (and a Q8_0 head's 8-bit ones, which its greedy screen takes: GreedyHead)
+    kinds = {t.name: FORMATS[t.type_name].type_id for t in header.tensors if t.type_name in FORMATS}
+    head = kinds.get("output.weight" if untied else "token_embd.weight")
+    screened = [head | INT8_ACTIVATIONS] if head == FORMATS["Q8_0"].type_id else []
+    prepare({*kinds.values(), *screened})
     weights: dict[str, Weight] = {}
     for tensor in header.tensors:
         if (name := hf_name(tensor.name, architecture)) is None:

@@ -159,15 +159,16 @@ def _identity(path: Path) -> list[object]:
 
 
 def _digest(parts: list[Path], out: IO[bytes] | None = None) -> tuple[int, str]:
-    """The size and SHA-256 of ``parts`` end to end, each chunk also written to ``out``."""
-    digest, size = hashlib.sha256(), 0
+    """The size and SHA-256 of ``parts`` end to end, read into one buffer (not a new mapping per
+    chunk), each chunk also written to ``out``."""
+    digest, size, buffer = hashlib.sha256(), 0, memoryview(bytearray(_CHUNK_BYTES))
     for path in parts:
-        with path.open("rb") as source:
-            while chunk := source.read(_CHUNK_BYTES):
-                digest.update(chunk)
-                size += len(chunk)
+        with path.open("rb", buffering=0) as source:
+            while count := source.readinto(buffer):
+                digest.update(buffer[:count])
+                size += count
                 if out is not None:
-                    out.write(chunk)
+                    out.write(buffer[:count])
     return size, digest.hexdigest()
 
 

@@ -6,37 +6,16 @@ through all the layers in one call, the reference for everything else. The kerne
 for the best instruction-set level the CPU runs (``PAGEDCHAT_CPU_ISA`` forces one; see
 :mod:`.build`); without a C compiler the backend is the torch reference, after one warning."""
 
-from pagedchat.kernels.cpu.attention import PREFILL_MIN_QUERY_LEN, paged_attention, store_kv
-from pagedchat.kernels.cpu.build import (
-    ISA_VARIABLE,
-    ISAS,
-    chosen_isa,
-    isa,
-    kernel_library,
-    prepare,
-    runnable_isas,
-    set_isa,
-)
-from pagedchat.kernels.cpu.decoder import DecoderStack, LayerTensors, decoder_stack
+from pagedchat.kernels.cpu.attention import paged_attention, store_kv
+from pagedchat.kernels.cpu.build import isa, kernel_library, prepare, set_isa
+from pagedchat.kernels.cpu.decoder import LayerTensors, decoder_stack
 from pagedchat.kernels.cpu.layer import gelu_tanh_mul, rms_norm, rotary_store, silu_mul
-from pagedchat.kernels.cpu.linear import (
-    BLOCKED_ROWS,
-    LINEAR_ROWS,
-    _onednn,
-    blocked_width,
-    embedding,
-    linear,
-    onednn_rows,
-    pack_embedding,
-    pack_linear,
-)
+from pagedchat.kernels.cpu.linear import embedding, linear, pack_embedding, pack_linear
 from pagedchat.kernels.cpu.quant import quantized_embedding, quantized_linear
 from pagedchat.kernels.cpu.sampling import max_logsumexp, screen_candidates
 from pagedchat.kernels.reference import copy_blocks, swap_blocks
 
-__all__ = ["BLOCKED_ROWS", "ISAS", "ISA_VARIABLE", "LINEAR_ROWS", "PREFILL_MIN_QUERY_LEN",
-           "DecoderStack", "LayerTensors", "_onednn", "blocked_width", "chosen_isa", "copy_blocks",
-           "decoder_stack", "embedding", "gelu_tanh_mul", "isa", "kernel_library", "linear",
-           "max_logsumexp", "onednn_rows", "pack_embedding", "pack_linear", "paged_attention",
-           "prepare", "quantized_embedding", "quantized_linear", "rms_norm", "rotary_store",
-           "runnable_isas", "screen_candidates", "set_isa", "silu_mul", "store_kv", "swap_blocks"]
+__all__ = ["LayerTensors", "copy_blocks", "decoder_stack", "embedding", "gelu_tanh_mul", "isa",
+           "kernel_library", "linear", "max_logsumexp", "pack_embedding", "pack_linear",
+           "paged_attention", "prepare", "quantized_embedding", "quantized_linear", "rms_norm",
+           "rotary_store", "screen_candidates", "set_isa", "silu_mul", "store_kv", "swap_blocks"]

@@ -19,7 +19,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
@@ -31,18 +31,23 @@ except ImportError:  # not on Windows
     fcntl = None
 
 from pagedchat import progress
+from pagedchat.kernels.quant import EXACT_OFFSETS, FORMATS, INT8_ACTIVATIONS
 from pagedchat.machine import usable_cores
 from pagedchat.paths import cache_root
 
 log = logging.getLogger("pagedchat.kernels.cpu")
+_HERE = Path(__file__).parent
 
 # The C sources, built into one library per level: a new kernel file is one name here.
 # Longest to compile first, so that compilers taking them one per core end together.
-SOURCES = ("quant_rows.c", "attention.c", "prefill.c", "linear.c", "quant_int8.c",
-           "quant_int8_tile.c", "quant.c", "layer.c", "quant_split.c", "sampling.c", "decoder.c")
+SOURCES = ("attention.c", "prefill.c", "linear.c", "quant.c", "layer.c", "sampling.c",
+           "decoder.c")
+# The few-row products on GGML blocks, float and (True) 8-bit, built one format to a library
+# (ggml_formats.h's QUANT_FORMATS) when a model first needs them, and handed to a level's library.
+PRODUCT_SOURCES = {False: ("quant_rows.c", "quant_split.c"),
+                   True: ("quant_int8.c", "quant_int8_tile.c")}
 # kernel -> its source, built apart when first asked for: only int8 KV caches call these
 APART = {"paged_attention_kv8": "attention_kv8.c", "paged_attention_kv8_part": "attention_kv8.c"}
-HEADERS = ("vector.h", "kernels.h", "ggml_formats.h", "quant_int8.h", "attention.h", "kv8.h")
 # calls without a declaration are errors (as in GCC 14); split loops only bloat the tiles
 COMPILE_FLAGS = ["-O3", "-ffast-math", "-fopenmp", "-fPIC", "-std=c11",
                  "-Werror=implicit-function-declaration", "-fno-split-loops"]
@@ -154,11 +159,14 @@ def kernel_library(level: str | None = None) -> ctypes.CDLL | None:
     return _library(level)
 
 
-def prepare() -> None:
-    """Build the kernels in use on a thread of their own, if no library has them yet, and
-    return at once: a first start's compile then overlaps what the caller does next (loading
-    the model); a kernel called meanwhile waits for it."""
-    threading.Thread(target=kernel_library, name="pagedchat-kernel-build", daemon=True).start()
+def prepare(kernel_types: Iterable[int] = ()) -> None:
+    """Build the kernels in use, and the products these C kernels' type numbers ask for, each on a
+    thread of its own where the cache lacks it, and return at once: a first start's compile then
+    overlaps what the caller does next (loading the model); a kernel called meanwhile waits."""
+    flags = _flags(_active_isa[0] if _active_isa else chosen_isa())
+    for job, args in [(kernel_library, ()),
+                      *((products_library, (flags, kind)) for kind in set(kernel_types))]:
+        threading.Thread(target=job, args=args, name="pagedchat-kernel-build", daemon=True).start()
 
 
 # one build at a time (re-entered where a level falls back to the next one down); a caller
@@ -178,22 +186,12 @@ def build_level(level: str) -> ctypes.CDLL | None:
     """``level``'s library, built now unless the cache has it, for this process's flags
     (tests build a level as another CPU would); a level that cannot be built falls back to
     the next one down. :func:`kernel_library` keeps one per level."""
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
+    if _compiler() is None:
         log.warning("no C compiler found: using the (slower) torch reference kernels")
         return None
-    flags = [*COMPILE_FLAGS, *_ISA_FLAGS[level]]
-    flags += extensions_added(level)
-    here = Path(__file__).parent
-    target = _target(f"cpu_kernels-{level}", [here / name for name in SOURCES + HEADERS],
-                     compiler, flags)
     try:
-        if not target.is_file():
-            with progress.task(f"compiling the C kernels for this CPU ({level}), once",
-                               len(SOURCES) + 1) as advance, _one_builder(target):
-                if not target.is_file():  # not built by the process this one waited for
-                    _build(compiler, flags, target, advance)
-        library = _set_signatures(ctypes.CDLL(str(target)), _SIGNATURES)
+        library = _built(f"cpu_kernels-{level}", [_HERE / name for name in SOURCES],
+                         _flags(level), f"the C kernels for this CPU ({level})")
     except (OSError, AttributeError, subprocess.CalledProcessError) as error:
         lower = ISAS[ISAS.index(level) - 1] if level != ISAS[0] else None
         detail = getattr(error, "stderr", b"") or b""
@@ -205,31 +203,73 @@ def build_level(level: str) -> ctypes.CDLL | None:
 
 
 @functools.cache
-def plain_library(source: Path, level: str | None = None) -> ctypes.CDLL | None:
-    """``source`` alone (the headers beside it included), as plain C or as ``level``'s
-    kernels are built, once into the cache folder like the kernels, and loaded; None where
-    it cannot be built (after a warning)."""
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or "cc"
-    flags = ([*COMPILE_FLAGS, *_ISA_FLAGS[level], *extensions_added(level)] if level
-             else ["-O2", "-fPIC", "-std=c11"])
+def plain_library(*sources: Path, flags: tuple[str, ...] = ("-O2", "-fPIC", "-std=c11"),
+                  name: str = "") -> ctypes.CDLL | None:
+    """``sources`` (the headers beside them included) as plain C, or with ``flags`` (a level's
+    library's), once into the cache folder like the kernels, and loaded, as ``name`` (by default
+    the first source's); None where they cannot be built (after a warning)."""
+    name = name or sources[0].stem
     try:
-        target = _target(source.stem, [source, *sorted(source.parent.glob("*.h"))], compiler,
-                         flags)
-        with _one_builder(target):
-            if not target.is_file():
-                with progress.task(f"compiling {source.name} for this CPU, once") as advance:
-                    _build(compiler, flags, target, advance, [source])
-        return _set_signatures(ctypes.CDLL(str(target)), _SIGNATURES)
+        return _built(name, list(sources), flags, f"{name} for this CPU")
     except (OSError, subprocess.CalledProcessError) as error:
-        log.warning("could not build or load %s (%s)", source.name, error)
+        log.warning("could not build or load %s (%s)", name, error)
         return None
 
 
-def _target(name: str, files: list[Path], compiler: str, flags: list[str]) -> Path:
-    identity = "|".join([*(file.read_text() for file in files), compiler, *flags,
+def products_library(flags: tuple[str, ...], kernel_type: int) -> ctypes.CDLL | None:
+    """The products a C kernels' type number asks for (its format's, float or 8-bit), as
+    :func:`plain_library` builds them with ``flags`` (a level's library's); None also where there
+    is no compiler or the type is unknown."""
+    int8 = bool(kernel_type & INT8_ACTIVATIONS)
+    type_id = kernel_type & ~(INT8_ACTIVATIONS | EXACT_OFFSETS)
+    name = next((f.name for f in FORMATS.values() if f.type_id == type_id), None)
+    if _compiler() is None or name is None:
+        return None
+    return plain_library(*(_HERE / source for source in PRODUCT_SOURCES[int8]),
+                         flags=(*flags, f"-DQUANT_FORMATS(F)=F({name})"),
+                         name=f"products-{name}{'-int8' * int8}")
+
+
+def load_products(kernel_types: Iterable[int], library: ctypes.CDLL | None = None) -> bool:
+    """Hand ``library`` (a level's kernels; by default those in use) the products these type
+    numbers ask for (:func:`products_library`), built with its flags; whether it has them all."""
+    library = library or kernel_library()
+    for kernel_type in set(kernel_types):
+        if (products := products_library(library.build_flags, kernel_type)) is None:
+            return False
+        functions = ((products.quant8_rows_part, products.quant8_tile_part)
+                     if kernel_type & INT8_ACTIVATIONS else (products.quant_rows_part, None))
+        if library.set_products(kernel_type, *functions) != 0:
+            return False
+    return True
+
+
+def _built(name: str, sources: list[Path], flags: tuple[str, ...], what: str) -> ctypes.CDLL:
+    """``sources`` (with the headers beside them) compiled with ``flags`` into one library in
+    the cache folder, unless it is there already, and loaded (its ``build_flags``: ``flags``)."""
+    compiler = _compiler() or "cc"
+    headers = sorted(sources[0].parent.glob("*.h"))
+    identity = "|".join([*(file.read_text() for file in sources + headers), compiler, *flags,
                          platform.machine(), _cpu_flags()])
     digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
-    return cache_root() / "kernels" / f"{name}-{digest}.so"
+    target = cache_root() / "kernels" / f"{name}-{digest}.so"
+    if not target.is_file():
+        with progress.task(f"compiling {what}, once", len(sources) + 1) as advance, \
+                _one_builder(target):
+            if not target.is_file():  # not built by the process this one waited for
+                _build(compiler, flags, target, advance, sources)
+    library = _set_signatures(ctypes.CDLL(str(target)), _SIGNATURES)
+    library.build_flags = flags
+    return library
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def _flags(level: str) -> tuple[str, ...]:
+    """The compiler's flags for ``level``'s kernels on this CPU."""
+    return (*COMPILE_FLAGS, *_ISA_FLAGS[level], *extensions_added(level))
 
 
 def extensions_added(level: str) -> list[str]:
@@ -258,12 +298,11 @@ def _one_builder(target: Path) -> Iterator[None]:
         yield  # closing the file releases the lock
 
 
-def _build(compiler: str, flags: list[str], target: Path, advance: progress.Advance,
-           sources: list[Path] | None = None) -> None:
-    """Compile every source (by default the kernels'), one compiler per core at a time (more only
-    share the cores and their caches), then link; ``advance`` is called once per compiled source and
-    once for the link. Called inside :func:`_one_builder`, which made ``target``'s folder."""
-    sources = sources or [Path(__file__).with_name(name) for name in SOURCES]
+def _build(compiler: str, flags: tuple[str, ...], target: Path, advance: progress.Advance,
+           sources: list[Path]) -> None:
+    """Compile every source, one compiler per core at a time (more only share the cores and their
+    caches), then link; ``advance`` is called once per compiled source and once for the link.
+    Called inside :func:`_one_builder`, which made ``target``'s folder."""
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         objects = [Path(tmp) / f"{source.stem}.o" for source in sources]
         lib = Path(tmp) / "kernels.so"
@@ -313,7 +352,6 @@ def typed_kernel(name: str, dtype: torch.dtype):
         function = f"{name}_{suffix}"
         library = kernel_library() if suffix is not None and function in _SIGNATURES else None
         if library is not None and name in APART:  # built apart, at the level in use
-            library = plain_library(Path(__file__).with_name(APART[name]),
-                                    library.kernels_isa().decode())
+            library = plain_library(_HERE / APART[name], flags=library.build_flags)
         _FUNCTIONS[key] = None if library is None else getattr(library, function)
     return _FUNCTIONS[key]

@@ -128,17 +128,15 @@ static int product_##S(const Product *p, const T *x, float *wide, const void *bi
 DEFINE_PRODUCT(float, f32)
 DEFINE_PRODUCT(bf16_t, bf16)
 
-/* Whether every quantized segment of every layer is in a format the products know (checked
- * before the team starts, as a product would refuse it). */
+/* Whether every quantized segment of every layer is in a format whose products were handed
+ * over (checked before the team starts, as a product would refuse it). */
 static int known_formats(const DecoderLayer *layers, int count) {
     for (int i = 0; i < count; i++) {
         const Product *products[] = {&layers[i].qkv, &layers[i].o, &layers[i].gate_up,
                                      &layers[i].down};
         for (int j = 0; j < 4; j++)
-            for (int k = 0; k < products[j]->count; k++) {
-                Format f;
-                if (!format_of(products[j]->segments[k].type & ~TYPE_FLAGS, &f)) return 0;
-            }
+            for (int k = 0; k < products[j]->count; k++)
+                if (products_of(products[j]->segments[k].type) == NULL) return 0;
     }
     return 1;
 }

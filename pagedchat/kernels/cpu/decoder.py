@@ -9,7 +9,7 @@ from typing import NamedTuple
 import torch
 
 from pagedchat.kernels.cpu.attention import _plan
-from pagedchat.kernels.cpu.build import FLOAT, INT, P, declare, kernel, typed_kernel
+from pagedchat.kernels.cpu.build import FLOAT, INT, P, declare, kernel, load_products, typed_kernel
 from pagedchat.kernels.cpu.linear import BLOCKED_ROWS, blocked_width
 from pagedchat.kernels.cpu.quant import thread_split
 from pagedchat.kernels.kv_int8 import head_dim_of
@@ -175,6 +175,7 @@ class DecoderStack:
                 *(_pointer(getattr(layer, name)) for name in _OPTIONAL_NORMS),
                 layer.k_cache.shape[1], layer.rope, layer.group)
             for layer, bias in zip(layers, biases, strict=True)))
+        load_products(segment.type for array in segments for segment in array)  # formats used
         # how the quantized products' columns are split among the threads: equal at first,
         # then as the decoder finds the threads' speeds (rebalance in kernels.h)
         self.bounds: ctypes.Array | None = None

@@ -207,8 +207,14 @@ static inline void prefetch_lines_ahead(const uint8_t *const col[], int cols, in
  * The few-row products (quant_rows.c, quant_int8.c) have a function per format and row
  * count, both constants that fold into the tile's loops, called from a switch on both: one
  * function holding every case's inlined tiles takes GCC several times as long to compile,
- * as its passes grow faster than a function's size. */
+ * as its passes grow faster than a function's size. They (with quant_split.c, and
+ * quant_int8_tile.c) are built one format to a library, as a model first needs the format
+ * (the 8-bit ones apart): build.py defines QUANT_FORMATS as that format alone and hands the
+ * library's functions to quant.c (set_products), so that a first start compiles only what
+ * its model multiplies. */
+#ifndef QUANT_FORMATS
 #define QUANT_FORMATS(F) F(Q4_0) F(Q4_1) F(Q5_0) F(Q5_1) F(Q8_0) F(Q4_K) F(Q5_K) F(Q6_K)
+#endif
 #define QUANT_ROWS_TO_4(F, TYPE) F(TYPE, 1) F(TYPE, 2) F(TYPE, 3) F(TYPE, 4)
 #define QUANT_ROWS_TO_8(F, TYPE)                                                           \
     QUANT_ROWS_TO_4(F, TYPE) F(TYPE, 5) F(TYPE, 6) F(TYPE, 7) F(TYPE, 8)
@@ -241,9 +247,10 @@ static inline void thread_run(int count, int t, int team, const float *bounds, i
  * columns of out[m][n] (row stride out_stride; float32, or bfloat16 where out_bf16) =
  * x[m] . W[n] (+ bias[n]) for rows <= QUANT_ROWS_MAX rows of x (float32 [rows, k_dim]) and
  * W's n_dim rows of format f; exact_offsets as the EXACT_OFFSETS flag says. */
-void quant_rows_part(const float *x, const uint8_t *w, const Format *f, int exact_offsets,
-                     const float *bias, void *out, int out_bf16, int rows, int k_dim,
-                     int n_dim, int64_t out_stride, int t, int count, const float *bounds);
+typedef void RowsProduct(const float *x, const uint8_t *w, const Format *f, int exact_offsets,
+                         const float *bias, void *out, int out_bf16, int rows, int k_dim,
+                         int n_dim, int64_t out_stride, int t, int count, const float *bounds);
+RowsProduct quant_rows_part;
 
 #if defined(__AVX2__)
 /* byte i: 16 where bit i of the 32 bits at p is set, else 0 (a fifth bit) */
@@ -312,14 +319,21 @@ void split_row_columns(int type, int rows, const float *x, const uint8_t *w,
 
 /* quant_rows_part's contract, with x rounded to 8 bits (quant_int8.c); type without the
  * flag. Returns 0, 1 for an unknown type, 2 when out of memory. */
-int quant8_rows_part(const float *x, const uint8_t *w, int type, const float *bias,
-                     void *out, int out_bf16, int rows, int k_dim, int n_dim,
-                     int64_t out_stride, int t, int threads, const float *bounds);
-
+typedef int Int8Product(const float *x, const uint8_t *w, int type, const float *bias,
+                        void *out, int out_bf16, int rows, int k_dim, int n_dim,
+                        int64_t out_stride, int t, int threads, const float *bounds);
+Int8Product quant8_rows_part;
 /* The same for any row count, in byte tiles (quant_int8_tile.c): for more than
  * INT8_ROWS_MAX rows. */
-int quant8_tile_part(const float *x, const uint8_t *w, int type, const float *bias,
-                     void *out, int out_bf16, int rows, int k_dim, int n_dim,
-                     int64_t out_stride, int t, int threads, const float *bounds);
+Int8Product quant8_tile_part;
+
+/* One format's few-row products, from the format's own library (see QUANT_FORMATS). */
+typedef struct {
+    RowsProduct *rows;
+    Int8Product *rows8, *tile8;
+} Products;
+/* The products of `type`, or NULL until set_products (quant.c) has those its flags ask for
+ * (INT8_ACTIVATIONS: rows8 and tile8, else rows). */
+const Products *products_of(int type);
 
 #endif

@@ -438,20 +438,49 @@ static int product_rows(const float *x, const uint8_t *w, const Format *f, const
     return 0;
 }
 
+/* Each format's few-row products, by type number, as build.py hands them over. */
+static Products format_products[32];
+
+/* Hands over the few-row products of `type` (from a library of that format alone, see
+ * QUANT_FORMATS): where flagged INT8_ACTIVATIONS, quant8_rows_part and quant8_tile_part, else
+ * quant_rows_part (second NULL). Returns 0, or 1 for a type the products do not know. */
+int set_products(int type, void *first, void *second) {
+    Format f;
+    const int base = type & ~TYPE_FLAGS;
+    if (base < 0 || base >= 32 || !format_of(base, &f)) return 1;
+    Products *p = &format_products[base];
+    if (!(type & INT8_ACTIVATIONS)) {
+        p->rows = (RowsProduct *)first;
+        return 0;
+    }
+    p->tile8 = (Int8Product *)second;
+    p->rows8 = (Int8Product *)first;  /* after tile8: products_of looks at rows8 */
+    return 0;
+}
+
+const Products *products_of(int type) {
+    const int base = type & ~TYPE_FLAGS;
+    if (base < 0 || base >= 32) return NULL;
+    const Products *p = &format_products[base];
+    return ((type & INT8_ACTIVATIONS) ? p->rows8 : p->rows) != NULL ? p : NULL;
+}
+
 /* Thread t of a team of `threads`: its share of out[m][n] (row stride out_stride; float32, or
  * bfloat16 where out_bf16) = x[m] . W[n] (+ bias[n]) for W's n_dim rows of `type` blocks;
  * x float32 [rows, k_dim]. Returns 0, 1 for an unknown type, 2 when out of memory.
  * Threads take runs of groups of NC columns (equal, or as bounds has it: see thread_run);
  * each group is decoded once per call (per step of k) and multiplied with every panel of
  * x. A type flagged INT8_ACTIVATIONS goes to quant_int8.c (a few rows) or
- * quant_int8_tile.c. */
+ * quant_int8_tile.c. A type whose products were not handed over (set_products) is unknown. */
 int quant_product_part(const float *x, const uint8_t *w, int type, const float *bias,
                        void *out, int out_bf16, int rows, int k_dim, int n_dim,
                        int64_t out_stride, int t, int threads, const float *bounds) {
+    const Products *products = products_of(type);
+    if (products == NULL) return 1;
     const int exact_offsets = (type & EXACT_OFFSETS) != 0;
     type &= ~EXACT_OFFSETS;
     if (type & INT8_ACTIVATIONS)
-        return (rows <= INT8_ROWS_MAX ? quant8_rows_part : quant8_tile_part)(
+        return (rows <= INT8_ROWS_MAX ? products->rows8 : products->tile8)(
             x, w, type & ~INT8_ACTIVATIONS, bias, out, out_bf16, rows, k_dim, n_dim,
             out_stride, t, threads, bounds);
     Format f;
@@ -461,9 +490,9 @@ int quant_product_part(const float *x, const uint8_t *w, int type, const float *
         const int passes = (rows + FEW_ROWS - 1) / FEW_ROWS;
         for (int p = 0, m = 0, count; p < passes; p++, m += count) {
             count = (rows - m) / (passes - p);
-            quant_rows_part(x + (int64_t)m * k_dim, w, &f, exact_offsets, bias,
-                            out_at(out, out_bf16, (int64_t)m * out_stride), out_bf16, count,
-                            k_dim, n_dim, out_stride, t, threads, bounds);
+            products->rows(x + (int64_t)m * k_dim, w, &f, exact_offsets, bias,
+                           out_at(out, out_bf16, (int64_t)m * out_stride), out_bf16, count,
+                           k_dim, n_dim, out_stride, t, threads, bounds);
         }
         return 0;
     }

@@ -10,13 +10,11 @@ import weakref
 import torch
 
 from pagedchat.kernels import quant
-from pagedchat.kernels.cpu.build import INT, INT64, P, declare, kernel_library
+from pagedchat.kernels.cpu.build import INT, INT64, P, declare, kernel_library, load_products
 from pagedchat.kernels.quant import QuantizedWeight
 
-__all__ = ["quantized_embedding", "quantized_linear"]
-
 declare({"quant_linear": (INT, [P, P, INT, P, P] + [INT] * 3 + [INT64, INT, P])},
-        {"quant_embedding": (INT, [P, P, INT, P] + [INT] * 4)})
+        {"quant_embedding": (INT, [P, P, INT, P] + [INT] * 4), "set_products": (INT, [INT, P, P])})
 _TYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
 _PRODUCTS = {dtype: f"quant_linear_{suffix}" for dtype, suffix in _TYPES.items()}
 # weight -> how its products split the columns among the threads (threads + 1 fractions),
@@ -32,11 +30,6 @@ def thread_split(split: ctypes.Array | None, threads: int) -> ctypes.Array:
     return (ctypes.c_float * (threads + 1))(*(i / threads for i in range(threads + 1)))
 
 
-def _library():
-    """The active level's library (tests swap in another level's)."""
-    return kernel_library()
-
-
 def _check(status: int, what: str) -> None:
     if status == 2:
         raise MemoryError(f"{what}: out of memory for the decoded weights")
@@ -50,7 +43,7 @@ def quantized_linear(x: torch.Tensor, weight: QuantizedWeight,
     """Same contract as :func:`pagedchat.kernels.quant.quantized_linear`: each segment of
     the weight writes its columns of ``out``. Called once per layer and step, so it keeps
     to plain ints and pointers between the checks and the C calls."""
-    library = _library()
+    library = kernel_library()
     if (library is None or x.dtype not in _PRODUCTS or x.dim() != 2 or not x.is_cpu
             or x.shape[1] != weight.in_features):
         return quant.quantized_linear(x, weight, bias, out)
@@ -74,10 +67,12 @@ def quantized_linear(x: torch.Tensor, weight: QuantizedWeight,
     split = _BOUNDS[weight] = thread_split(_BOUNDS.get(weight), threads)
     bounds = ctypes.addressof(split)
     for segment in weight.segments:
-        status = product(x_at, segment.data.data_ptr(),
-                         segment.kernel_type(weight.int8_activations),
-                         None if bias_at is None else bias_at + 4 * first,
-                         out_at + size * first, rows, width, segment.rows, n_dim, threads, bounds)
+        arguments = (x_at, segment.data.data_ptr(), segment.kernel_type(weight.int8_activations),
+                     None if bias_at is None else bias_at + 4 * first, out_at + size * first,
+                     rows, width, segment.rows, n_dim, threads, bounds)
+        status = product(*arguments)
+        if status == 1 and load_products([arguments[2]], library):  # the format's first product
+            status = product(*arguments)
         _check(status, "linear")
         first += segment.rows
     return out
@@ -87,7 +82,7 @@ def quantized_embedding(ids: torch.Tensor, weight: QuantizedWeight,
                         dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Same contract as :func:`pagedchat.kernels.quant.quantized_embedding`, for a weight
     of one segment (an embedding table)."""
-    library = _library()
+    library = kernel_library()
     if library is None or dtype not in _TYPES or len(weight.segments) != 1:
         return quant.quantized_embedding(ids, weight, dtype)
     flat = ids.reshape(-1).to(torch.int64).contiguous()

@@ -497,16 +497,15 @@ void split_row_columns(int type, int rows, const float *x, const uint8_t *w,
         const int stop = n + run < end ? n + run : end;
         for (int r = 0; r < rows; r++) {
             void *row_out = (char *)out + r * out_stride * (out_bf16 ? 2 : 4);
-            /* each format's loops with its type a constant */
+            /* each format's loops with its type a constant, for the formats built */
 #define SPLIT_CASE(TYPE)                                                                   \
             case TYPE:                                                                     \
-                split_columns_of(TYPE, &split[r], w, row_bytes, bias, row_out, out_bf16,   \
-                                 k_dim, n, stop);                                          \
+                if (TYPE == Q4_0 || TYPE == Q5_0 || TYPE == Q8_0 || TYPE == Q4_K           \
+                    || TYPE == Q6_K)                                                       \
+                    split_columns_of(TYPE, &split[r], w, row_bytes, bias, row_out,         \
+                                     out_bf16, k_dim, n, stop);                            \
                 break;
-            switch (type) {
-                SPLIT_CASE(Q4_0) SPLIT_CASE(Q5_0) SPLIT_CASE(Q8_0) SPLIT_CASE(Q4_K)
-                SPLIT_CASE(Q6_K)
-            }
+            switch (type) { QUANT_FORMATS(SPLIT_CASE) }
 #undef SPLIT_CASE
         }
     }

@@ -13,9 +13,10 @@ from pagedchat.engine.layers import greedy_head
 from pagedchat.engine.layers.greedy_head import FasterWay, GreedyHead
 from pagedchat.kernels import cpu
 from pagedchat.kernels import reference as ref
+from pagedchat.kernels.cpu import build as cpu_build
 from pagedchat.kernels.quant import QuantizedWeight, quantize_q8_0
 
-BACKENDS = ["reference", *(f"cpu-{level}" for level in cpu.runnable_isas()
+BACKENDS = ["reference", *(f"cpu-{level}" for level in cpu_build.runnable_isas()
                            if cpu.kernel_library() is not None)]
 
 

@@ -13,16 +13,17 @@ def test_linear_weights_are_packed_once_for_the_backend(tiny_model_dir):
     backend's."""
     from pagedchat.engine.layers.linear import Linear
     from pagedchat.kernels import cpu
+    from pagedchat.kernels.cpu.linear import _onednn, blocked_width
 
     llm = LLM(model=str(tiny_model_dir), num_kv_blocks=64, block_size=16)
     model = llm.engine.runner.model
     layers = [m for m in model.modules() if isinstance(m, Linear)]
-    assert layers and all(m.weight.is_mkldnn == cpu._onednn() for m in layers)
+    assert layers and all(m.weight.is_mkldnn == _onednn() for m in layers)
     assert model.tied
     head = model.embed_tokens.weight
-    assert head.is_mkldnn == (cpu._onednn() and cpu.kernel_library() is not None)
+    assert head.is_mkldnn == (_onednn() and cpu.kernel_library() is not None)
     if head.is_mkldnn:
-        assert cpu.blocked_width(head) is not None
+        assert blocked_width(head) is not None
     reference = LLM(model=str(tiny_model_dir), num_kv_blocks=64, block_size=16,
                     attention_backend="torch")
     assert not any(m.weight.is_mkldnn for m in reference.engine.runner.model.modules()

@@ -154,6 +154,6 @@ def test_without_a_compiler_the_tokenizers_library_reads_it(pair, tmp_path, monk
     monkeypatch.setenv("PAGEDCHAT_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(text_tokenizer, "plain_library", build.plain_library.__wrapped__)
     tokenizer = TextTokenizer.from_folder(tmp_path)
-    assert "could not build or load bpe.c" in caplog.text
+    assert "could not build or load bpe " in caplog.text
     assert isinstance(tokenizer.backend, Tokenizer)
     assert tokenizer.encode("ab cd") == theirs.encode("ab cd").ids

@@ -14,17 +14,18 @@ from safetensors.torch import load_file
 from pagedchat import LLM, SamplingParams
 from pagedchat.engine.layers.attention import AttentionMetadata
 from pagedchat.kernels import cpu
+from pagedchat.kernels.cpu import attention as cpu_attention
 from pagedchat.kernels.cpu.decoder import QUANTIZED_ROWS
-from pagedchat.kernels.cpu.linear import _onednn_bfloat16
+from pagedchat.kernels.cpu.linear import BLOCKED_ROWS, _onednn, _onednn_bfloat16
 from pagedchat.kernels.quant import QFormat, QuantizedWeight, Segment
 
 needs_stack = pytest.mark.skipif(
-    not (cpu.kernel_library() is not None and cpu._onednn()),
+    not (cpu.kernel_library() is not None and _onednn()),
     reason="the stack needs the C kernels and torch's oneDNN")
 # float bfloat16 weights reach the stack packed by oneDNN, which packs bfloat16 only on
 # CPUs with AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT; elsewhere the layers run one by one
 needs_bfloat16_stack = pytest.mark.skipif(
-    not (cpu.kernel_library() is not None and cpu._onednn() and _onednn_bfloat16()),
+    not (cpu.kernel_library() is not None and _onednn() and _onednn_bfloat16()),
     reason="oneDNN does not pack bfloat16 weights on this CPU")
 needs_kernels = pytest.mark.skipif(cpu.kernel_library() is None,
                                    reason="the stack needs the C kernels")
@@ -153,8 +154,8 @@ def test_stack_gives_the_layers_result_bit_for_bit(tiny_model_dir, monkeypatch, 
         step += 1
     assert finished == {name: max_tokens for name, (_, max_tokens) in lengths.items()}
     assert len({rows for rows, _ in taken}) >= 4
-    assert any(1 < longest < cpu.PREFILL_MIN_QUERY_LEN for _, longest in taken)
-    assert left and min(left) >= cpu.PREFILL_MIN_QUERY_LEN
+    assert any(1 < longest < cpu_attention.PREFILL_MIN_QUERY_LEN for _, longest in taken)
+    assert left and min(left) >= cpu_attention.PREFILL_MIN_QUERY_LEN
     if split is not None:
         bounds = list(stack.bounds)
         assert len(bounds) == len(split) and bounds[0] == 0.0 and bounds[-1] == 1.0
@@ -169,7 +170,7 @@ def test_stack_leaves_large_steps_and_other_dtypes_to_the_layers(tiny_model_dir)
     C kernels (float16)."""
     llm = LLM(model=str(tiny_model_dir), num_kv_blocks=64, block_size=16)
     model = llm.engine.runner.model
-    rows = cpu.BLOCKED_ROWS.stop
+    rows = BLOCKED_ROWS.stop
     x = torch.zeros(rows, model.config.hidden_size)
     cos = sin = torch.zeros(rows, model.config.head_dim)
     ids = torch.arange(rows, dtype=torch.int32)
@@ -189,7 +190,7 @@ def test_quantized_stack_takes_steps_past_the_blocked_rows(tiny_model_dir, dtype
     llm = _engine("quantized", dtype, tiny_model_dir)
     model = llm.engine.runner.model
     stack = model.decoder_stack()
-    rows = cpu.BLOCKED_ROWS.stop + 3
+    rows = BLOCKED_ROWS.stop + 3
     torch.manual_seed(0)
     x = torch.randn(rows, model.config.hidden_size).to(stack.dtype)
     rope = model.rotary.lookup(torch.arange(rows) % 7, x.dtype)

@@ -13,7 +13,7 @@ import torch
 from pagedchat import LLM, SamplingParams
 from pagedchat.engine.layers.linear import Linear
 from pagedchat.kernels import cpu
-from pagedchat.kernels.cpu.linear import blocked_width
+from pagedchat.kernels.cpu.linear import _onednn, blocked_width
 from pagedchat.kernels.quant import QuantizedWeight
 from tests.conftest import SMALL_VOCAB_SIZE, build_tiny_tokenizer
 from tests.engine.models.test_decoder_stack import _quantized
@@ -23,7 +23,7 @@ from tests.engine.models.test_gemma3 import prompts, reference, save_tiny_gemma3
 needs_kernels = pytest.mark.skipif(cpu.kernel_library() is None,
                                    reason="the stack needs the C kernels")
 needs_stack = pytest.mark.skipif(
-    not (cpu.kernel_library() is not None and cpu._onednn()),
+    not (cpu.kernel_library() is not None and _onednn()),
     reason="the stack on float weights needs the C kernels and torch's oneDNN")
 
 
