@@ -462,7 +462,8 @@ const Products *products_of(int type) {
     const int base = type & ~TYPE_FLAGS;
     if (base < 0 || base >= 32) return NULL;
     const Products *p = &format_products[base];
-    return ((type & INT8_ACTIVATIONS) ? p->rows8 : p->rows) != NULL ? p : NULL;
+    const int handed = (type & INT8_ACTIVATIONS) ? p->rows8 != NULL : p->rows != NULL;
+    return handed ? p : NULL;
 }
 
 /* Thread t of a team of `threads`: its share of out[m][n] (row stride out_stride; float32, or
