@@ -316,9 +316,9 @@ class LLMEngine:
         if group.error is not None:
             return
         group.error = f"{type(error).__name__}: {error}"
-        # a request's own error is named; a fault of ours also gets its traceback
-        log.error("request %s failed: %s", group.request_id, group.error,
-                  exc_info=None if isinstance(error, RequestError) else error)
+        # a request's own error is for its caller to report (once); a fault of ours is logged here
+        if not isinstance(error, RequestError):
+            log.error("request %s failed: %s", group.request_id, group.error, exc_info=error)
         self.scheduler.abort(group, "error")
         group.metrics.finished_time = time.time()
 
