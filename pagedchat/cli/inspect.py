@@ -84,3 +84,6 @@ def inspect(
                                              "snapshots": [s.to_json() for s in snapshots]},
                                             indent=1) + "\n")
             console.note(f"{len(snapshots)} snapshots written to {json_path}")
+        if all(f"{a.request_id} refused: " in " ".join(e for s in snapshots for e in s.events)
+               for a in arrivals):
+            raise ValueError("every request was refused (each step above says why)")

@@ -63,6 +63,23 @@ def test_errors(model, tmp_path):
     assert runner.invoke(app, ["inspect", *model, "--preemption", "drop"]).exit_code == 2
 
 
+def test_every_prompt_refused_ends_with_an_error(model, tmp_path):
+    """A pool too small for every prompt: each step names the refusal, the JSON is written,
+    and the command ends with an error (exit 1); one prompt that fits is not an error."""
+    out = tmp_path / "s.json"
+    long = " ".join(["word"] * 40)
+    result = runner.invoke(app, ["inspect", *model, "--prompt", long, "--prompt", long,
+                                 "--kv-blocks", "2", "--block-size", "4", "--json", str(out)])
+    assert result.exit_code == 1
+    assert "prompt-1 refused: " in result.stdout and "prompt-2 refused: " in result.stdout
+    assert "every request was refused" in result.output
+    assert json.loads(out.read_text())["snapshots"]
+    fits = runner.invoke(app, ["inspect", *model, "--prompt", long, "--prompt", "hi",
+                               "--kv-blocks", "4", "--block-size", "4", "--max-tokens", "2"])
+    assert fits.exit_code == 0, fits.output
+    assert "prompt-1 refused: " in fits.stdout
+
+
 @pytest.mark.parametrize("content, words", [
     (None, "a folder, not a file of prompts"), (b"", "no prompts in it"),
     (b"  \n\n", "no prompts in it"),

@@ -32,9 +32,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def resolve_device(device: str) -> str:
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
+    return ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
 
 
 def materialize(model: torch.nn.Module, device: torch.device) -> None:

@@ -184,9 +184,7 @@ def pack_embedding(weight: torch.Tensor) -> torch.Tensor:
     C product, faster than the plain weight's path for a decode step's rows, which writes
     the logits into the runner's buffer."""
     packed = pack_linear(weight)
-    if not packed.is_mkldnn or blocked_width(packed) is None:
-        return weight
-    return packed
+    return packed if packed.is_mkldnn and blocked_width(packed) is not None else weight
 
 
 def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
