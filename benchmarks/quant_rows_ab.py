@@ -1,14 +1,15 @@
-"""Few-row quantized products (decode steps) of two builds of the CPU kernels in one process:
-a saved library (BASELINE.so, e.g. a copy of the cached build before a change) against the
-current sources' build, alternated, over every layer's weight of that name in the named
-layer's format (``blk.1.ffn_down.weight``: the layers whose ffn_down is in layer 1's format)
-or a single tensor (``output.weight``), at each of ROWS rows of x (default 1). One thread:
-thread CPU time, best of 5 runs (what the kernel costs); with ``--threads N``: wall time,
-median of 9 (weights read from memory as a decode step reads them, where they exceed the
-cache). ``--int8``: the products on 8-bit activations. Prints ms, GB/s of weight bytes,
+"""Few-row quantized products (decode steps) of two builds in one process: saved products
+libraries (BASELINE: copies of the cached ``products-FORMAT[-int8]-*.so`` from before a change,
+comma-separated, matched to a weight's format by that name) against the current sources'
+products, alternated, each handed to the level's library in turn, over every layer's weight of
+that name in the named layer's format (``blk.1.ffn_down.weight``: the layers whose ffn_down is
+in layer 1's format) or a single tensor (``output.weight``), at each of ROWS rows of x (default
+1). One thread: thread CPU time, best of 5 runs (what the kernel costs); with ``--threads N``:
+wall time, median of 9 (weights read from memory as a decode step reads them, where they exceed
+the cache). ``--int8``: the products on 8-bit activations. Prints ms, GB/s of weight bytes,
 new/old and the largest output difference.
 
-    python benchmarks/quant_rows_ab.py MODEL.gguf BASELINE.so \
+    python benchmarks/quant_rows_ab.py MODEL.gguf products-Q4_K-OLD.so,products-Q6_K-OLD.so \
         blk.0.ffn_gate.weight,output.weight [1,4] [--threads 2] [--int8]
 """
 
@@ -18,6 +19,7 @@ import argparse
 import ctypes
 import statistics
 import time
+from pathlib import Path
 
 import gguf
 import numpy as np
@@ -48,16 +50,21 @@ def weights_named(tensors: dict, name: str) -> list[QuantizedWeight]:
     return [w for w in found if w.segments[0].format == named.segments[0].format]
 
 
-def with_library(library: ctypes.CDLL, x: torch.Tensor,
-                 weights: list[QuantizedWeight]) -> list[torch.Tensor]:
-    cpu_quant.kernel_library = lambda: library
+def with_products(products: dict[int, ctypes.CDLL], x: torch.Tensor,
+                  weights: list[QuantizedWeight]) -> list[torch.Tensor]:
+    """The products of ``weights`` after handing the level's library ``products`` (by type)."""
+    library = build.kernel_library()
+    for kind, found in products.items():
+        functions = ((found.quant8_rows_part, found.quant8_tile_part)
+                     if kind & build.INT8_ACTIVATIONS else (found.quant_rows_part, None))
+        library.set_products(kind, *functions)
     return [cpu_quant.quantized_linear(x, w) for w in weights]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", help="a GGUF file")
-    parser.add_argument("baseline", help="the saved library to compare against")
+    parser.add_argument("baseline", help="saved products libraries, comma-separated")
     parser.add_argument("names", help="tensor names, comma-separated")
     parser.add_argument("rows", nargs="?", default="1", help="rows of x, comma-separated")
     parser.add_argument("--threads", type=int, default=1, help="threads of the products")
@@ -67,23 +74,24 @@ def main() -> None:
     clock, rounds, pick = ((time.thread_time, ROUNDS, min) if args.threads == 1
                            else (time.perf_counter, 9, statistics.median))
     tensors = {t.name: t for t in gguf.GGUFReader(args.model).tensors}
-    new = build.kernel_library()
-    old = ctypes.CDLL(args.baseline)
-    build._set_signatures(old, {name: signature for name, signature in build._SIGNATURES.items()
-                                if hasattr(old, name)})
-    old.build_flags = new.build_flags  # the products a baseline of this layout is handed
+    flags = build.kernel_library().build_flags
+    saved = {Path(path).name.split("-")[1] + "-int8" * ("-int8-" in path): ctypes.CDLL(path)
+             for path in args.baseline.split(",")}
     for name in args.names.split(","):
         weights = [QuantizedWeight(w.segments, w.in_features, int8_activations=args.int8)
                    for w in weights_named(tensors, name)]
+        kind = weights[0].segments[0].kernel_type(args.int8)
+        saved_as = weights[0].segments[0].format.name + "-int8" * args.int8
+        old, new = {kind: saved[saved_as]}, {kind: build.products_library(flags, kind)}
         for rows in map(int, args.rows.split(",")):
             x = torch.randn(rows, weights[0].in_features)
-            difference = (torch.cat(with_library(old, x, weights), 1)
-                          - torch.cat(with_library(new, x, weights), 1)).abs().max().item()
+            difference = (torch.cat(with_products(old, x, weights), 1)
+                          - torch.cat(with_products(new, x, weights), 1)).abs().max().item()
             spent: dict[str, list[float]] = {"old": [], "new": []}
             for _ in range(rounds):
-                for label, library in (("old", old), ("new", new)):
+                for label, products in (("old", old), ("new", new)):
                     start = clock()
-                    with_library(library, x, weights)
+                    with_products(products, x, weights)
                     spent[label].append((clock() - start) * 1e3 / len(weights))
             before, after = pick(spent["old"]), pick(spent["new"])
             megabytes = weights[0].nbytes / 1e6
