@@ -26,6 +26,9 @@ gguf = pytest.importorskip("gguf")
 HIDDEN, HEADS, HEAD_DIM, INTERMEDIATE = 64, 4, 256, 256
 LAYERS = 6  # transformers' default pattern for a Gemma 3 GGUF: five local layers, one global
 WINDOW = 16
+# the Triton backend's checks, where a CUDA GPU is
+ON_A_GPU = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                         reason="needs a CUDA GPU"))
 # where each K format keeps its float16 scales, and their spread (random blocks)
 K_SCALES = {"Q4_K": ((0, 2), 0.003), "Q6_K": ((208,), 0.0005)}
 
@@ -157,6 +160,21 @@ def test_greedy_matches_transformers_on_the_quantized_path(gemma_gguf, reference
     assert [s.format.name for s in fused.segments] == ["Q5_0"]
     fused = model.layers[1].self_attn.qkv_proj.quantized
     assert [s.format.name for s in fused.segments] == ["Q5_0", "Q8_0"]
+    outputs = llm.generate(_prompts(), SamplingParams(temperature=0, max_tokens=12))
+    assert [o.outputs[0].token_ids for o in outputs] == references
+    if options["num_kv_blocks"] == 80:
+        assert llm.engine.stats().preemptions > 0
+
+
+@pytest.mark.parametrize("device", [ON_A_GPU])
+@pytest.mark.parametrize("options", [
+    dict(block_size=16, num_kv_blocks=64),
+    dict(block_size=4, num_kv_blocks=80, max_num_batched_tokens=24),
+], ids=["batched", "preempted"])
+def test_greedy_matches_transformers_on_a_gpu(gemma_gguf, references, device, options):
+    """The Triton backend's windows and groups on the de-quantized weights, float32."""
+    llm = LLM(model=str(gemma_gguf), device=device, **options)
+    assert llm.engine.config.weights == "float32"
     outputs = llm.generate(_prompts(), SamplingParams(temperature=0, max_tokens=12))
     assert [o.outputs[0].token_ids for o in outputs] == references
     if options["num_kv_blocks"] == 80:

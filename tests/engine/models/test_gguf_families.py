@@ -18,6 +18,7 @@ from pagedchat.engine.loading.gguf_weights import read_gguf_weights
 from pagedchat.kernels.quant import QuantizedWeight, dequantize
 from tests.engine.models.family_gguf import Family, write_family_gguf
 from tests.engine.models.test_gemma3 import greedy_tokens
+from tests.engine.models.test_gemma3_gguf import ON_A_GPU
 
 gguf = pytest.importorskip("gguf")
 
@@ -108,16 +109,19 @@ def test_llama3_rope_freqs_change_the_tokens(files, references):
 
 
 @pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("device", ["cpu", ON_A_GPU])
 @pytest.mark.parametrize("options", [
     # every prompt in one batch; then again, from the prefix cache
     dict(block_size=16, num_kv_blocks=64),
     # preempts and chunks: the longest request fits, barely
     dict(block_size=4, num_kv_blocks=24, max_num_batched_tokens=24),
 ], ids=["batched-then-cached", "preempted"])
-def test_greedy_matches_transformers(files, references, name, options):
+def test_greedy_matches_transformers(files, references, name, device, options):
+    """On the CPU, the quantized path; on a GPU, the Triton backend on the weights
+    de-quantized to float32."""
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
-    llm = LLM(model=str(files[name]), **options)
-    assert llm.engine.config.weights == "gguf"
+    llm = LLM(model=str(files[name]), device=device, **options)
+    assert llm.engine.config.weights == ("gguf" if device == "cpu" else "float32")
     outputs = llm.generate(_prompts(), params, use_progress=False)
     assert [o.outputs[0].token_ids for o in outputs] == references[name]
     if options["num_kv_blocks"] == 24:
