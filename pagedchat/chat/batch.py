@@ -305,9 +305,9 @@ def describe(summary: Summary) -> str:
     parts = [f"{summary.done} done", f"{summary.failed} failed"]
     if summary.skipped:
         parts.append(f"{summary.skipped} skipped (answered by an earlier run)")
-    text = (f"{summary.requests} lines: {', '.join(parts)}; {summary.prompt_tokens} prompt "
-            f"tokens ({summary.cached_tokens} from the prefix cache), "
-            f"{summary.completion_tokens} completion tokens in {summary.seconds:.1f} s")
+    text = (f"{summary.requests} line{'s' * (summary.requests != 1)}: {', '.join(parts)}; "
+            f"{summary.prompt_tokens} prompt tokens ({summary.cached_tokens} from the prefix "
+            f"cache), {summary.completion_tokens} completion tokens in {summary.seconds:.1f} s")
     for stopped, why in ((summary.interrupted, "interrupted"),
                          (summary.engine_error, f"the engine failed ({summary.engine_error})")):
         if stopped:

@@ -21,8 +21,7 @@ Role = Literal["user", "assistant"]
 # generating: being written; cancelled: the user stopped it; interrupted: the app ended first;
 # error: the engine refused it; looped: the repetition guard stopped it (its text is kept);
 # unanswered (a user message): no reply to it was saved, the app ended or failed first.
-Status = Literal["done", "generating", "cancelled", "interrupted", "error", "unanswered",
-                 "looped"]
+Status = Literal["done", "generating", "cancelled", "interrupted", "error", "unanswered", "looped"]
 
 
 @dataclass
@@ -101,11 +100,8 @@ class Session:
 
     def history(self) -> list[dict[str, str]]:
         """The messages a prompt is made of: everything said, without failed or empty replies."""
-        return [
-            {"role": message.role, "content": message.content}
-            for message in self.messages
-            if message.role == "user" or (message.content and message.status != "error")
-        ]
+        return [{"role": message.role, "content": message.content} for message in self.messages
+                if message.role == "user" or (message.content and message.status != "error")]
 
 
 def title_from(text: str, width: int = 32) -> str:

@@ -160,8 +160,7 @@ class LLMEngine:
         drafting = [item for item in out.scheduled if item.draft]
         with timer.phase("prepare"):
             step = out.step_input(self.config.block_size)
-            step.argmax_rows = [row for row, item in enumerate(sampling)
-                                if self._argmax_only(item)]
+            step.argmax_rows = [row for row, item in enumerate(sampling) if self._argmax_only(item)]
             plain_argmax = len(step.argmax_rows)
             draft_argmax = [self._argmax_only(item) for item in drafting]
             row = len(sampling)  # a drafted sequence's rows follow the plain ones (step_input)
@@ -384,10 +383,8 @@ class LLMEngine:
                 cut = max(previous - max(map(len, params.stop)), 0) + min(hits)
                 seq.output_text = seq.output_text[:cut]
                 reason = "stop"
-        if reason is None and (
-            seq.num_output_tokens >= params.max_tokens
-            or seq.num_tokens >= self.config.max_model_len
-        ):
+        if reason is None and (seq.num_output_tokens >= params.max_tokens
+                               or seq.num_tokens >= self.config.max_model_len):
             reason = "length"
         if reason is not None:
             self.scheduler.finish_seq(seq, reason)

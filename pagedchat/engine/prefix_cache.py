@@ -76,8 +76,7 @@ class PrefixCache:
             parent = h
         return hashes, found
 
-    def _hit(self, seq: Sequence, hashes: list[int], found: list[list[int]],
-             end: int) -> PrefixHit:
+    def _hit(self, seq: Sequence, hashes: list[int], found: list[list[int]], end: int) -> PrefixHit:
         """The hit within ``seq``'s first ``end`` tokens from the full blocks found there:
         as many as every windowed group holds the window of, then the tail."""
         bs = self.block_size

@@ -237,9 +237,8 @@ class Scheduler:
                 budget -= take
         return plan
 
-    def _allocate(
-        self, plan: list[ScheduledSeq], cached: dict[int, PrefixHit] | None = None
-    ) -> bool:
+    def _allocate(self, plan: list[ScheduledSeq],
+                  cached: dict[int, PrefixHit] | None = None) -> bool:
         """Allocate slots for every sequence of ``plan`` (in every layer group) or for none."""
         bm = self.block_manager
         cached = cached or {}

@@ -108,8 +108,7 @@ class QuantizedWeight:
         self.out_features = sum(s.rows for s in merged)
 
     @classmethod
-    def from_blocks(cls, format_name: str, data: torch.Tensor,
-                    in_features: int) -> QuantizedWeight:
+    def from_blocks(cls, format_name: str, data: torch.Tensor, in_features: int) -> QuantizedWeight:
         """One segment: ``data`` holds the blocks of each row, as uint8 ``[rows, bytes]``."""
         if format_name not in FORMATS:
             raise ValueError(f"unsupported quantization {format_name!r} "

@@ -68,5 +68,4 @@ def usage(outputs: list[RequestOutput]) -> dict:
     completion = sum(len(o.token_ids) for out in outputs for o in out.outputs)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": sum(o.num_cached_tokens
-                                                           for o in outputs)}}
+            "prompt_tokens_details": {"cached_tokens": sum(o.num_cached_tokens for o in outputs)}}

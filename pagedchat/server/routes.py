@@ -39,8 +39,7 @@ async def completions(body: CompletionRequest, request: Request):
     state: ServerState = request.app.state.server
     state.check_model(body.model)
     if body.echo or body.suffix:
-        raise APIError(400, "echo and suffix are not supported", "echo" if body.echo else
-                       "suffix")
+        raise APIError(400, "echo and suffix are not supported", "echo" if body.echo else "suffix")
     prompts = await state.completion_prompts(body.prompt)
     return await _run(request, state, body, prompts, f"cmpl-{uuid.uuid4().hex}", arrival)
 

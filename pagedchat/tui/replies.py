@@ -286,8 +286,6 @@ class Replies:
             status = {"abort": "cancelled", LOOPED: "looped"}.get(update.finish_reason, "done")
             self.finish(update.request_id, status)
             return
-        if (box := self._box(turn)) is not None:
-            box.refresh_info()
         if time.monotonic() - turn.saved_at >= SAVE_EVERY:
             turn.saved_at = time.monotonic()
             self.app.save(lambda: self.app.store.update_message(reply))

@@ -84,8 +84,7 @@ def gguf_architecture(path: Path) -> str | None:
     return None
 
 
-def prepare_model(spec: str | os.PathLike | None = None,
-                  weights: str = "float32") -> ModelFiles:
+def prepare_model(spec: str | os.PathLike | None = None, weights: str = "float32") -> ModelFiles:
     """Check ``spec`` (a path, a ``NAMED_MODELS`` name, None: the default) and return its HF
     folder (a GGUF converted once); quantized ``weights``: a folder without weights."""
     start = time.perf_counter()
@@ -170,8 +169,8 @@ def load_weights(config: ModelConfig) -> dict[str, gguf_weights.Weight]:
     if config.quantize_q8_0:
         # every matrix whose rows are whole blocks: the products' and the embedding's
         weights = {name: quantize_q8_0(tensor)
-                   if tensor.dim() == 2 and tensor.is_floating_point()
-                   and tensor.shape[1] % 32 == 0 else tensor
+                   if tensor.dim() == 2 and tensor.is_floating_point() and tensor.shape[1] % 32 == 0
+                   else tensor
                    for name, tensor in weights.items()}
     return weights
 
@@ -250,8 +249,7 @@ def _write_folder(folder: Path, source: Path, write: Callable[[Path], None]) -> 
     staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".converting-"))
 
     def done_elsewhere() -> bool:
-        return folder.is_dir() and all((folder / item.name).exists()
-                                       for item in staging.iterdir())
+        return folder.is_dir() and all((folder / item.name).exists() for item in staging.iterdir())
 
     try:
         write(staging)

@@ -123,8 +123,7 @@ class CausalLM(nn.Module):
             return self._argmax(hidden, out)
         screen = head.way.screen(len(hidden))
         started = time.perf_counter()
-        tokens = (head.tokens(self.norm(hidden)[0], out) if screen
-                  else self._argmax(hidden, out))
+        tokens = (head.tokens(self.norm(hidden)[0], out) if screen else self._argmax(hidden, out))
         head.way.took(len(hidden), screen, time.perf_counter() - started)
         return tokens
 

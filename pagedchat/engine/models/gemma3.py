@@ -65,9 +65,8 @@ class Gemma3ForCausalLM(CausalLM):
     norms = ("self_attn.q_norm", "self_attn.k_norm", "input_layernorm",
              "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
 
-    def __init__(
-        self, config: ModelConfig, kernels: ModuleType, tp: TensorParallel | None = None
-    ) -> None:
+    def __init__(self, config: ModelConfig, kernels: ModuleType,
+                 tp: TensorParallel | None = None) -> None:
         if config.attn_logit_softcapping is not None:
             raise ValueError("Gemma 3 configs with attn_logit_softcapping are not supported")
         if not config.sliding_window:

@@ -49,9 +49,8 @@ class LlamaForCausalLM(CausalLM):
 
     qk_norm: type[RMSNorm] | None = None  # each layer's attention's (Qwen 3's)
 
-    def __init__(
-        self, config: ModelConfig, kernels: ModuleType, tp: TensorParallel | None = None
-    ) -> None:
+    def __init__(self, config: ModelConfig, kernels: ModuleType,
+                 tp: TensorParallel | None = None) -> None:
         super().__init__(config, kernels, tp, lambda tp: [
             DecoderLayer(config, kernels, tp, self.qk_norm)
             for _ in range(config.num_hidden_layers)],

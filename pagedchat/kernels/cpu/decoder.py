@@ -233,8 +233,7 @@ def _product_ok(weight: Weight, dtype: torch.dtype, in_features: int) -> bool:
     if isinstance(weight, QuantizedWeight):
         return weight.in_features == in_features and all(
             s.data.is_cpu and s.data.is_contiguous() for s in weight.segments)
-    return (weight.is_mkldnn and weight.dtype == dtype
-            and blocked_width(weight) is not None)
+    return (weight.is_mkldnn and weight.dtype == dtype and blocked_width(weight) is not None)
 
 
 def decoder_stack(layers: list[LayerTensors], num_heads: int, eps: float,

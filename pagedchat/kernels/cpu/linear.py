@@ -195,8 +195,7 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if (k_padded := blocked_width(weight)) is None:  # packed before set_isa switched levels
         return reference.embedding(ids, weight.to_dense())
     ids = ids.to(torch.int64).contiguous()
-    if ids.numel() and not (0 <= (bounds := ids.aminmax()).min
-                            and bounds.max < weight.shape[0]):
+    if ids.numel() and not (0 <= (bounds := ids.aminmax()).min and bounds.max < weight.shape[0]):
         raise IndexError(f"embedding: ids outside [0, {weight.shape[0]})")
     out = torch.empty(*ids.shape, weight.shape[1], dtype=weight.dtype)
     typed_kernel("embedding_blocked", weight.dtype)(

@@ -86,8 +86,7 @@ def quantized_embedding(ids: torch.Tensor, weight: QuantizedWeight,
     if library is None or dtype not in _TYPES or len(weight.segments) != 1:
         return quant.quantized_embedding(ids, weight, dtype)
     flat = ids.reshape(-1).to(torch.int64).contiguous()
-    if flat.numel() and not (0 <= (bounds := flat.aminmax()).min
-                             and bounds.max < weight.shape[0]):
+    if flat.numel() and not (0 <= (bounds := flat.aminmax()).min and bounds.max < weight.shape[0]):
         raise IndexError(f"embedding: ids outside [0, {weight.shape[0]})")
     out = torch.empty(flat.numel(), weight.in_features, dtype=dtype)
     segment = weight.segments[0]

@@ -1,11 +1,17 @@
 """One message of the chat: who, the text as Markdown, and the figures of its turn.
 
-A streaming reply is flushed to the Markdown widget on a timer, as appends of what is new (a
-widget takes about 20 updates a second at most), and rendered once in full when it ends."""
+A streaming reply is flushed to the Markdown widget on a timer, as appends of what is new, its
+figures with it, and rendered once in full when it ends. The app's thread shares the cores with
+the engine's kernels, and a flush of a long reply costs it more to lay out: a tick flushes only
+where the thread was busy at most UI_SHARE of the time since the last flush, or MOST_SECONDS ago."""
 
 from __future__ import annotations
 
+import re
+import time
+
 from textual.app import ComposeResult
+from textual.await_complete import AwaitComplete
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.message import Message as UIMessage
@@ -13,10 +19,31 @@ from textual.widgets import Label, Markdown, Static
 
 from pagedchat.chat.conversation import Message
 
-FLUSH_SECONDS = 0.1
+FLUSH_SECONDS, UI_SHARE, MOST_SECONDS = 0.1, 0.1, 1.0
 _STATUS_WORDS = {"generating": "writing…", "cancelled": "cancelled",
                  "interrupted": "interrupted", "error": "failed", "unanswered": "no reply",
                  "looped": "stopped"}
+
+
+class MessageMarkdown(Markdown):
+    """Markdown whose last block has no margin (the caption follows it): set on that block
+    alone after each change, where a :last-child rule restyles every block at each one."""
+
+    _trimmed = None
+
+    def update(self, markdown: str) -> AwaitComplete:
+        return AwaitComplete(self._trim(super().update(markdown)))
+
+    def append(self, markdown: str) -> AwaitComplete:
+        return AwaitComplete(self._trim(super().append(markdown)))
+
+    async def _trim(self, change: AwaitComplete) -> None:
+        await change
+        if self._trimmed is not None:
+            self._trimmed.styles.clear_rule("margin")
+        if self.children:
+            self._trimmed = self.children[-1]
+            self._trimmed.styles.margin = 0
 
 
 class MessageBox(Vertical, can_focus=True):
@@ -39,9 +66,10 @@ class MessageBox(Vertical, can_focus=True):
         self.message = message
         self.note = ""  # e.g. "waiting for the model"
         self._timer = None
+        self._flushed = (0.0, 0.0)  # when the last flush was, and the app thread's CPU time then
         # held, not queried: in the app's teardown a query can find the box but not its parts
         self._header_label = Label(self._header(), classes="header")
-        self._markdown = Markdown(with_line_breaks(message.content))
+        self._markdown = MessageMarkdown(with_line_breaks(message.content))
         self._caption_static = Static(self._caption(), classes="caption", markup=False)
 
     def compose(self) -> ComposeResult:
@@ -77,6 +105,12 @@ class MessageBox(Vertical, can_focus=True):
             self._show_info()
 
     def _flush(self) -> None:
+        now, busy = time.monotonic(), time.thread_time()
+        if (busy - self._flushed[1] > UI_SHARE * (now - self._flushed[0])
+                and now - self._flushed[0] < MOST_SECONDS):
+            return
+        self._flushed = now, busy
+        self._show_info()
         markdown = self._markdown
         text, shown = with_line_breaks(self.message.content), markdown.source
         if text == shown:
@@ -157,15 +191,4 @@ def with_line_breaks(text: str) -> str:
 
 def code_blocks(text: str) -> list[str]:
     """The contents of the fenced code blocks in ``text``, in order."""
-    blocks: list[str] = []
-    lines: list[str] | None = None
-    for line in text.splitlines():
-        if line.lstrip().startswith("```"):
-            if lines is None:
-                lines = []
-            else:
-                blocks.append("\n".join(lines))
-                lines = None
-        elif lines is not None:
-            lines.append(line)
-    return blocks
+    return re.findall(r"^[ \t]*```[^\n]*\n(.*?)\n?^[ \t]*```", text, re.MULTILINE | re.DOTALL)
