@@ -17,6 +17,7 @@ from pagedchat.tui.widgets.message_box import (
     with_line_breaks,
 )
 from pagedchat.tui.widgets.prompt_input import PromptInput
+from tests.tui.conftest import wait_until
 
 REPLY = "Try this:\n\n```python\nprint('hi')\n```\n\nor this:\n\n```\necho hi\n```\n"
 
@@ -62,9 +63,12 @@ async def test_a_streamed_reply_s_last_block_alone_loses_its_margin(make_app):
     (:last-child), which would restyle every block of it at each streamed append."""
     app = make_app(engine=False)
     async with app.run_test(size=(100, 40)) as pilot:
-        box = MessageBox(Message("assistant", "one", status="generating", prompt_tokens=5))
+        # a finished reply: no flush of the box's own text between the changes below
+        box = MessageBox(Message("assistant", "one", prompt_tokens=5))
         await app.screen.mount(box, before=0)
         markdown, caption = box.query_one(MessageMarkdown), box.query_one(".caption")
+        # its first text goes in when it mounts, an update that an earlier append would lose
+        await wait_until(pilot, lambda: len(markdown.children) == 1)
 
         async def blocks_after(change) -> list[tuple[int, int]]:
             await change
