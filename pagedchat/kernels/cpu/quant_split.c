@@ -298,8 +298,11 @@ static inline __m256i k_piece(int type, const uint8_t *b, int piece) {
     const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
     const __m256i low = _mm256_and_si256(i < 2 ? ql : _mm256_srli_epi16(ql, 4),
                                          _mm256_set1_epi8(0x0F));
-    const __m256i high = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * i), _mm256_set1_epi8(0x03));
-    return _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
+    /* qh's bits 2 i and 2 i + 1 moved to bits 4 and 5 (what crosses between bytes is masked) */
+    const __m256i high = _mm256_and_si256(i == 3 ? _mm256_srli_epi16(qh, 2)
+                                          : _mm256_slli_epi16(qh, 4 - 2 * i),
+                                          _mm256_set1_epi8(0x30));
+    return _mm256_or_si256(low, high);
 }
 
 /* x . the column at col: per run of 32 values, each term's byte products summed in pairs
@@ -311,32 +314,33 @@ column_split(int type, const SplitX *x, int k_dim, const uint8_t *col, int64_t a
     for (int k = 0, at = 0; k < k_dim; k += 256, at += bytes) {
         const uint8_t *b = col + at;
         prefetch_lines_ahead(&col, 1, at, bytes, ahead);
-        /* the block's integer scales as 16-bit words: Q4_K's 8 run scales, or Q6_K's 16 */
+        /* the block's integer scales as 16-bit words: Q4_K's 8 run scales in both halves, or
+         * Q6_K's 16, its even runs' in the low 128 bits and its odd runs' in the high */
         uint64_t sc = 0, mn = 0;
         __m256i words;
         if (type == Q4_K) {
             k_fields(b, &sc, &mn);
             words = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((int64_t)sc)));
         } else {
-            words = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
+            words = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
+                _mm_loadu_si128((const __m128i *)(b + 192)),
+                _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15)));
         }
         __m256i dot[SPLIT_TERMS];
         for (int t = 0; t < SPLIT_TERMS; t++) dot[t] = _mm256_setzero_si256();
         acc = _mm256_add_ps(acc, k_offsets(type, b, mn, x->offsets + k / 16));
         for (int piece = 0; piece < 8; piece++) {
             const __m256i q = k_piece(type, b, piece);
-            /* Q4_K: word `piece` in every lane (both halves hold the 8); Q6_K: word 2 piece in
-             * the low 128 bits, word 2 piece + 1 in the high (the pair is 32-bit lane
-             * `piece`, spread, then each half keeps its word) */
-            const __m256i sc = type == Q4_K
-                ? _mm256_shuffle_epi8(words, _mm256_set1_epi16((short)(0x0100 + 0x0202 * piece)))
-                : _mm256_shuffle_epi8(
-                      _mm256_permutevar8x32_epi32(words, _mm256_set1_epi32(piece)),
-                      _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
-                                       2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3));
+            /* word `piece` of each half: Q4_K's run scale, or Q6_K's two runs' (2 piece in the
+             * low 128 bits, 2 piece + 1 in the high) */
+            const __m256i sc =
+                _mm256_shuffle_epi8(words, _mm256_set1_epi16((short)(0x0100 + 0x0202 * piece)));
             for (int t = 0; t < SPLIT_TERMS; t++)
                 dot[t] = dot_scaled(dot[t], q, _mm256_loadu_si256(
                     (const __m256i *)(x->term[t] + k + 32 * piece)), sc);
+            /* each term's sum kept as one running register: left free, the compiler sums
+             * the 24 products as a tree whose partial sums spill to the stack */
+            __asm__("" : "+x"(dot[0]), "+x"(dot[1]), "+x"(dot[2]));
         }
         __m256 dots = _mm256_cvtepi32_ps(dot[0]);
         for (int t = 1; t < SPLIT_TERMS; t++)
