@@ -38,10 +38,8 @@ def chat(
         "--no-kv-store", help="Keep no KV blocks on disk.")] = False,
     kv_store_cap: opt.KvStoreCap = "2GiB",
     raw: Annotated[bool, typer.Option(
-        "--raw", help="Plain continuation: the model continues your text, no chat format."
-    )] = False,
-    system: Annotated[str | None, typer.Option(
-        help="System prompt of new sessions.")] = None,
+        "--raw", help="Plain continuation: the model continues your text as it is.")] = False,
+    system: Annotated[str | None, typer.Option(help="System prompt of new sessions.")] = None,
     temperature: Annotated[float | None, typer.Option(
         min=0.0, help="Temperature of new sessions (0: greedy).")] = None,
     top_p: Annotated[float | None, typer.Option(help="top_p of new sessions.")] = None,

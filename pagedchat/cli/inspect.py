@@ -26,8 +26,7 @@ def inspect(
     prompt: Annotated[list[str] | None, typer.Option(
         "--prompt", help="Run this prompt instead of the default scenario (repeatable).")]
     = None,
-    file: Annotated[Path | None, typer.Option(
-        "--file", help="Prompts to run, one a line.")] = None,
+    file: Annotated[Path | None, typer.Option("--file", help="Prompts to run, one a line.")] = None,
     step: Annotated[bool, typer.Option("--step", help="Wait for Enter between steps "
                                                       "(q + Enter quits).")] = False,
     json_path: opt.JsonPath = None,

@@ -123,6 +123,15 @@ def unpermute_rows(rows: int, heads: int) -> torch.Tensor:
     return torch.arange(rows).view(heads, half, 2).transpose(1, 2).reshape(rows)
 
 
+def prepare_products(header: GGUFFile) -> None:
+    """Start compiling the file's CPU products (and a Q8_0 head's 8-bit screen's: GreedyHead)."""
+    untied = any(tensor.name == "output.weight" for tensor in header.tensors)
+    kinds = {t.name: FORMATS[t.type_name].type_id for t in header.tensors if t.type_name in FORMATS}
+    head = kinds.get("output.weight" if untied else "token_embd.weight")
+    screened = {head | INT8_ACTIVATIONS} if head == FORMATS["Q8_0"].type_id else set()
+    prepare({*kinds.values(), *screened})
+
+
 def read_gguf_weights(path: Path, num_heads: int, num_kv_heads: int) -> dict[str, Weight]:
     """Every tensor transformers loads from ``path``, by its transformers name: quantized
     ones as :class:`QuantizedWeight`, the others as float32 tensors."""
@@ -131,12 +140,7 @@ def read_gguf_weights(path: Path, num_heads: int, num_kv_heads: int) -> dict[str
     # an embedding the head does not read is looked up a few rows per step: mapped, only
     # the rows the prompts and replies use become resident
     untied = any(tensor.name == "output.weight" for tensor in header.tensors)
-    # a first start compiles the CPU products of the file's formats while its tensors are read
-    # (and a Q8_0 head's 8-bit ones, which its greedy screen takes: GreedyHead)
-    kinds = {t.name: FORMATS[t.type_name].type_id for t in header.tensors if t.type_name in FORMATS}
-    head = kinds.get("output.weight" if untied else "token_embd.weight")
-    screened = [head | INT8_ACTIVATIONS] if head == FORMATS["Q8_0"].type_id else []
-    prepare({*kinds.values(), *screened})
+    prepare_products(header)  # a first start's compile, while the tensors are read
     weights: dict[str, Weight] = {}
     for tensor in header.tensors:
         if (name := hf_name(tensor.name, architecture)) is None:

@@ -21,7 +21,7 @@ from pagedchat import progress
 from pagedchat.engine.config import QUANTIZED_WEIGHTS
 from pagedchat.engine.errors import ModelLoadError
 from pagedchat.engine.loading import gguf_weights
-from pagedchat.engine.loading.gguf_file import SCALARS, STRING, read_gguf_header
+from pagedchat.engine.loading.gguf_file import SCALARS, STRING, GGUFFile, read_gguf_header
 from pagedchat.engine.loading.named_models import NAMED_MODELS, default_model_path, named_model_path
 from pagedchat.kernels.quant import QuantizedWeight, quantize_q8_0
 from pagedchat.paths import cache_root
@@ -105,8 +105,8 @@ def prepare_model(spec: str | os.PathLike | None = None, weights: str = "float32
     if weights in QUANTIZED_WEIGHTS:
         folder = cache_root() / "models" / f"{_gguf_key(path)}-metadata"
         from_cache = (folder / "config.json").is_file()
-        if not from_cache:
-            check_gguf(path)
+        if not from_cache:  # the file's products compile while its tokenizer is converted
+            gguf_weights.prepare_products(check_gguf(path))
             with progress.task(f"reading {path.name}'s config and tokenizer, once"):
                 _write_folder(folder, path,
                               lambda staging: gguf_weights.write_metadata(path, staging))
@@ -139,8 +139,8 @@ def check_hf_folder(folder: Path) -> None:
         raise ModelLoadError(f"{folder}: no .safetensors weights in the folder")
 
 
-def check_gguf(path: Path) -> None:
-    """Reject a file that is not a GGUF, is cut short, or holds an unsupported model."""
+def check_gguf(path: Path) -> GGUFFile:
+    """``path``'s header; a file not a GGUF, cut short or of an unsupported model is rejected."""
     try:
         with path.open("rb") as handle:
             magic = handle.read(4)
@@ -148,10 +148,11 @@ def check_gguf(path: Path) -> None:
         raise ModelLoadError(f"{path}: cannot read ({error})") from error
     if magic != b"GGUF":
         raise ModelLoadError(f"{path}: not a model (expected a GGUF file or an HF folder)")
-    arch = read_gguf_header(path).fields.get("general.architecture")
-    if arch not in _GGUF_ARCHITECTURES:
+    header = read_gguf_header(path)
+    if (arch := header.fields.get("general.architecture")) not in _GGUF_ARCHITECTURES:
         raise ModelLoadError(f"{path}: unsupported architecture {arch!r} "
                              f"(supported: {', '.join(_GGUF_ARCHITECTURES)})")
+    return header
 
 
 def load_weights(config: ModelConfig) -> dict[str, gguf_weights.Weight]:

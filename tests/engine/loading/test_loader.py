@@ -164,3 +164,27 @@ def test_a_conversion_another_start_finished_meanwhile_stays(tmp_path):
     _write_folder(folder, source, write)
     assert folder.stat().st_ino != first and (folder / "config.json").is_file()
     assert [item.name for item in folder.parent.iterdir()] == ["model-key"]
+
+
+def test_a_first_start_compiles_the_products_while_it_converts_the_tokenizer(
+        tmp_path, monkeypatch, small_vocab_model_dir):
+    from pagedchat.engine.loading import gguf_weights
+    from pagedchat.kernels.quant import FORMATS, INT8_ACTIVATIONS
+    from tests.engine.loading.test_gguf_weights import write_tiny_gguf
+
+    monkeypatch.setenv("PAGEDCHAT_CACHE_DIR", str(tmp_path / "cache"))
+    # a tied head: the Q8_0 embedding, whose 8-bit products the greedy screen takes too
+    path = write_tiny_gguf(small_vocab_model_dir, tmp_path / "tiny.gguf",
+                           {"token_embd": "Q8_0", "ffn_down": "Q4_0"})
+    calls: list[tuple[str, set[int]]] = []
+    monkeypatch.setattr(gguf_weights, "prepare", lambda kinds: calls.append(("compile", kinds)))
+    write_metadata = gguf_weights.write_metadata
+    monkeypatch.setattr(gguf_weights, "write_metadata", lambda path, folder: (
+        calls.append(("convert", set())), write_metadata(path, folder)))
+
+    prepare_model(path, weights="gguf")
+    prepare_model(path, weights="gguf")  # a later start reads its folder from the cache
+
+    q8_0 = FORMATS["Q8_0"].type_id
+    assert calls == [("compile", {FORMATS["Q4_0"].type_id, q8_0, q8_0 | INT8_ACTIVATIONS}),
+                     ("convert", set())]
