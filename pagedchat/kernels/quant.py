@@ -302,20 +302,19 @@ def _dequantized_chunks(weight: QuantizedWeight) -> Iterator[torch.Tensor]:
 def row_norms(weight: QuantizedWeight) -> torch.Tensor:
     """Each row's Euclidean norm of a Q8_0 ``weight``, float32 rounded up (never below the norm
     of its exact weights): per block, d^2 times the sum of q^2 (an integer float32 holds
-    exactly), the q of ``ROWS_AT_ONCE`` rows widened at a time into one buffer."""
+    exactly), ``ROWS_AT_ONCE`` rows at a time, their q widened into one buffer."""
     norms = []
     for segment in weight.segments:
         blocks = segment.data.view(segment.rows, -1, segment.format.type_size)
-        sums, q = torch.empty(blocks.shape[:2]), torch.empty(ROWS_AT_ONCE, blocks.shape[1], 32)
+        q = torch.empty(ROWS_AT_ONCE, blocks.shape[1], 32)
         for start in range(0, segment.rows, ROWS_AT_ONCE):
-            part = q[:min(ROWS_AT_ONCE, segment.rows - start)]
-            part.copy_(blocks[start:start + len(part), :, 2:].view(torch.int8)).square_()
-            torch.sum(part, -1, out=sums[start:start + len(part)])
-        scales = _half(blocks.view(-1, blocks.shape[2]), 0).view(sums.shape).double()
-        exact = (scales.square() * sums).sum(-1).sqrt()
-        rounded = exact.float()
-        norms.append(torch.where(rounded.double() < exact,
-                                 rounded.nextafter(torch.tensor(float("inf"))), rounded))
+            rows = blocks[start:start + ROWS_AT_ONCE]
+            sums = q[:len(rows)].copy_(rows[:, :, 2:].view(torch.int8)).square_().sum(-1)
+            scales = _half(rows.reshape(-1, rows.shape[2]), 0).view(sums.shape).double()
+            exact = (scales.square() * sums).sum(-1).sqrt()
+            rounded = exact.float()
+            norms.append(torch.where(rounded.double() < exact,
+                                     rounded.nextafter(torch.tensor(float("inf"))), rounded))
     return torch.cat(norms) if norms else torch.empty(0)
 
 
