@@ -1,8 +1,8 @@
 """A GGUF file's header without its arrays (scalars, strings, where each tensor lies), and
 tensors' bytes. gguf-py's ``GGUFReader`` makes an object of every value (a vocabulary: hundreds
 of thousands, alive while the weights load); the engine needs none, so an array is stepped
-over, its length kept. Tensors are read with plain reads, so the file's pages never count
-beside their copies; a table read a few rows at a time (an untied embedding) is mapped (``map``)."""
+over, its length kept. Quantized tensors are mapped (``map``): the file's pages are the weights,
+never beside a copy; the others are read (``read``) and converted."""
 
 from __future__ import annotations
 

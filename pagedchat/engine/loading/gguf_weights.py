@@ -137,15 +137,12 @@ def read_gguf_weights(path: Path, num_heads: int, num_kv_heads: int) -> dict[str
     ones as :class:`QuantizedWeight`, the others as float32 tensors."""
     header = read_gguf_header(path)
     architecture = header.fields.get("general.architecture")
-    # an embedding the head does not read is looked up a few rows per step: mapped, only
-    # the rows the prompts and replies use become resident
-    untied = any(tensor.name == "output.weight" for tensor in header.tensors)
     prepare_products(header)  # a first start's compile, while the tensors are read
     weights: dict[str, Weight] = {}
     for tensor in header.tensors:
         if (name := hf_name(tensor.name, architecture)) is None:
             continue
-        weight = _read_tensor(header, tensor, mapped=untied and tensor.name == "token_embd.weight")
+        weight = _read_tensor(header, tensor)
         if architecture == "llama" and (".q_proj." in name or ".k_proj." in name):
             heads = num_heads if ".q_proj." in name else num_kv_heads
             order = unpermute_rows(weight.shape[0], heads)
@@ -160,8 +157,9 @@ def read_gguf_weights(path: Path, num_heads: int, num_kv_heads: int) -> dict[str
     return weights
 
 
-def _read_tensor(header: GGUFFile, tensor: TensorInfo, mapped: bool = False) -> Weight:
-    """``tensor`` as the engine keeps it; ``mapped``: a quantized one's blocks mapped."""
+def _read_tensor(header: GGUFFile, tensor: TensorInfo) -> Weight:
+    """``tensor`` as the engine keeps it: a quantized one's blocks mapped from the file (no
+    copy to make at load; an untied embedding's rows resident only once looked up)."""
     kind = tensor.type_name
     width = int(tensor.shape[0])  # GGUF lists the innermost dimension first
     if kind in _PLAIN:
@@ -174,5 +172,5 @@ def _read_tensor(header: GGUFFile, tensor: TensorInfo, mapped: bool = False) -> 
         raise ModelLoadError(
             f"{header.path}: tensor {tensor.name} is {kind}, which --weights gguf does not "
             f"keep quantized (it reads {', '.join(FORMATS)}); use --weights float32")
-    blocks = torch.from_numpy(header.map(tensor) if mapped else header.read(tensor))
+    blocks = torch.from_numpy(header.map(tensor))
     return QuantizedWeight.from_blocks(kind, blocks.reshape(-1, blocks.shape[-1]), width)
