@@ -86,9 +86,8 @@ def _decode_kernel(
         part = (seq * (tl.num_programs(1) * GROUP) + heads).to(tl.int64) * num_splits + split
         tl.store(part_m_ptr + part, m_i, mask=g_mask)
         tl.store(part_l_ptr + part, l_i, mask=g_mask)
-        tl.store(
-            part_acc_ptr + part[:, None] * HEAD_DIM_PAD + d[None, :], acc, mask=g_mask[:, None],
-        )
+        tl.store(part_acc_ptr + part[:, None] * HEAD_DIM_PAD + d[None, :], acc,
+                 mask=g_mask[:, None])
     else:
         store_output(
             out_ptr, q_row * stride_ot + heads[:, None] * stride_oh + d[None, :] * stride_od,
@@ -112,18 +111,15 @@ def _reduce_kernel(out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, query_start_lo
     m = tl.load(part_m_ptr + part, mask=s_mask, other=float("-inf"))
     lse = tl.load(part_l_ptr + part, mask=s_mask, other=0.0)
     acc = tl.load(
-        part_acc_ptr + part[:, None] * HEAD_DIM_PAD + d[None, :], mask=s_mask[:, None], other=0.0
-    )
+        part_acc_ptr + part[:, None] * HEAD_DIM_PAD + d[None, :], mask=s_mask[:, None], other=0.0)
     m_max = tl.max(m, 0)
     m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
     w = tl.exp2(m - m_max)
     total = tl.sum(w * lse, 0)
     total = tl.where(total == 0.0, 1.0, total)
     out = tl.sum(w[:, None] * acc, 0) / total
-    tl.store(
-        out_ptr + q_row * stride_ot + head * stride_oh + d * stride_od,
-        out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM,
-    )
+    tl.store(out_ptr + q_row * stride_ot + head * stride_oh + d * stride_od,
+             out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
 
 
 @functools.cache
@@ -168,8 +164,7 @@ def paged_attention_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
         tile_n = 64 if head_dim_pad <= 128 and query.dtype != torch.float32 else 32
     if num_splits is None:
         num_splits = choose_num_splits(
-            num_seqs, num_kv_heads, max_context_len, _num_cores(query.device)
-        )
+            num_seqs, num_kv_heads, max_context_len, _num_cores(query.device))
     tokens_per_split = triton.cdiv(triton.cdiv(max(max_context_len, 1), num_splits), tile_n)
     tokens_per_split *= tile_n
     num_splits = max(1, triton.cdiv(max_context_len, tokens_per_split))

@@ -107,8 +107,7 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
     if value.shape != key.shape or tuple(k_cache.shape[2:]) != (num_kv_heads, cache_head_dim):
         raise ValueError(
             f"store_kv: key {tuple(key.shape)}, value {tuple(value.shape)} do not fit "
-            f"a cache of shape {tuple(k_cache.shape)}"
-        )
+            f"a cache of shape {tuple(k_cache.shape)}")
     if int8:
         _store_kv8_kernel[(num_tokens,)](
             key, value, k_cache, v_cache, slot_mapping.to(key.device), *key.stride(),

@@ -33,8 +33,7 @@ def check_device(tensor: torch.Tensor, what: str) -> None:
     if tensor.device.type == "cpu" and not INTERPRETED:
         raise RuntimeError(
             f"{what}: Triton kernels need a GPU, or TRITON_INTERPRET=1 set before triton is "
-            "imported to run on CPU; use the torch reference kernels instead"
-        )
+            "imported to run on CPU; use the torch reference kernels instead")
 
 
 def dot_settings(dtype: torch.dtype) -> tuple[bool, str]:
@@ -69,8 +68,7 @@ def check_attention_inputs(query: torch.Tensor, k_cache: torch.Tensor,
     if query.shape[2] != cache_head_dim or num_heads % num_kv_heads != 0:
         raise ValueError(
             f"paged_attention: {num_heads} query heads of dim {query.shape[2]} do not fit "
-            f"{num_kv_heads} kv heads of dim {cache_head_dim}"
-        )
+            f"{num_kv_heads} kv heads of dim {cache_head_dim}")
     if int8 and (k_cache.stride(3) != 1 or cache_head_dim % 2):
         raise ValueError("paged_attention: int8 rows must be contiguous, of an even head_dim")
     if not int8 and query.dtype != k_cache.dtype:
@@ -103,8 +101,7 @@ def attention_call(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     the largest int32)."""
     group = check_attention_inputs(query, k_cache, v_cache)
     block_tables, context_lens, query_start_loc = on_device(
-        query.device, block_tables, context_lens, query_start_loc
-    )
+        query.device, block_tables, context_lens, query_start_loc)
     out = torch.empty(query.shape, dtype=query.dtype, device=query.device) if out is None else out
     upcast, precision = dot_settings(query.dtype)
     head_dim = query.shape[2]

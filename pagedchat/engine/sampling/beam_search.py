@@ -65,8 +65,7 @@ def beam_step(
     candidates = [
         Candidate(beam, token, logprob, token in eos_ids or length >= max_new_tokens)
         for beam, token, logprob in top_candidates(
-            logprobs, [seq.cumulative_logprob for seq in beams], keep)
-    ]
+            logprobs, [seq.cumulative_logprob for seq in beams], keep)]
     hypotheses = group.beam_hypotheses
     for c in candidates[:width]:
         if c.ends:

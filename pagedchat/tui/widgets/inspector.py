@@ -138,8 +138,7 @@ class Inspector(VerticalScroll):
             + (_window_line(s) if s.has_windows else "")
             + (f"\nspec    {s.speculation()}" if s.speculative else "")
             + (f"\ndisk    {s.kv_store_read} blocks read back · {s.kv_store_written} "
-               "written (KV store)" if s.kv_store_read is not None else "")
-        )
+               "written (KV store)" if s.kv_store_read is not None else ""))
 
     def show_focus(self, session_of: dict[str, int], titles: dict[int, str],
                    focused: int | None, paths: dict[str, list[Message]] | None = None) -> None:
