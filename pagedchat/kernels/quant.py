@@ -318,15 +318,17 @@ def row_norms(weight: QuantizedWeight) -> torch.Tensor:
     return torch.cat(norms) if norms else torch.empty(0)
 
 
+_ONE_127TH, _ZERO = torch.tensor(1 / 127, dtype=torch.float32), torch.tensor(0.0)
+
+
 def round_activations(x: torch.Tensor) -> torch.Tensor:
     """``x`` (float32, last dimension a multiple of 32) as the 8-bit products see it: each
     run of 32 values ``d * q`` for integers ``q`` in [-127, 127], ``d = max|x| * (1/127)``,
     ``q = x * (1/d)`` rounded to the nearest integer, ties to even (the C kernels round the
     same way, so the same ``q``)."""
     runs = x.reshape(*x.shape[:-1], -1, 32)
-    d = runs.abs().amax(-1, keepdim=True) * torch.tensor(1 / 127, dtype=torch.float32)
-    inverse = torch.where(d > 0, 1 / d, torch.zeros_like(d))
-    return (torch.round(runs * inverse) * d).reshape(x.shape)
+    d = runs.abs().amax(-1, keepdim=True).mul_(_ONE_127TH)
+    return runs.mul(torch.where(d > 0, d.reciprocal(), _ZERO)).round_().mul_(d).reshape(x.shape)
 
 
 def quantized_linear(x: torch.Tensor, weight: QuantizedWeight,

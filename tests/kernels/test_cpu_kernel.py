@@ -211,7 +211,7 @@ def test_step_plan_is_reused_across_layers_and_never_across_steps():
     """Layers of one step share the metadata tensors, and the plan made for them; the
     next step's tensors (possibly at the same addresses) get a plan of their own."""
     for seed, (ctx, q_lens) in enumerate([([40, 90], [1, 60]), ([7, 300, 33], [7, 1, 30]),
-                                          ([40, 90], [1, 60])]):
+                                          ([40, 90], [1, 60]), ([5, 300, 33], [1, 1, 1])]):
         batch = paged_batch(ctx, q_lens, 16, 9, 3, 64, torch.float32, seed=seed)
         scale = batch["query"].shape[-1] ** -0.5
         expected = ref.paged_attention(**batch, scale=scale)

@@ -66,8 +66,7 @@ class GreedyHead:
     def __init__(self, weight: QuantizedWeight, kernels: ModuleType) -> None:
         if not self.supports(weight):
             raise ValueError(f"a greedy head screens Q8_0 weights, not {weight!r}")
-        self.weight = weight
-        self.kernels = kernels
+        self.weight, self.kernels = weight, kernels
         # the same blocks, multiplied with 8-bit activations
         self.int8_weight = QuantizedWeight(weight.segments, weight.in_features,
                                            int8_activations=True)
@@ -81,11 +80,10 @@ class GreedyHead:
 
     def slack(self, x: torch.Tensor) -> torch.Tensor:
         """Per row of x: the bound on |approx - exact| divided by the weight row's norm."""
-        wide = x.double()
-        rounded = round_activations(x).double()
-        k = x.shape[1]
-        rounding = (wide - rounded).norm(dim=1)
-        sums = UNIT_ROUNDOFF * (k * wide.norm(dim=1) + (k // 32 + 4) * rounded.norm(dim=1))
+        wide, rounded, k = x.double(), round_activations(x).double(), x.shape[1]
+        rounding, whole, kept = torch.linalg.vector_norm(
+            torch.stack((wide - rounded, wide, rounded)), dim=2)
+        sums = UNIT_ROUNDOFF * (k * whole + (k // 32 + 4) * kept)
         return ((rounding + sums) * (1 + UNIT_ROUNDOFF)).float()
 
     def tokens(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -96,22 +94,23 @@ class GreedyHead:
         approx = self.kernels.quantized_linear(x, self.int8_weight, out=out)
         found, counts = self.kernels.screen_candidates(approx, self.norms, self.slack(x), CAPACITY)
         del approx
+        screened = counts <= CAPACITY
+        if bool(screened.all()):  # the usual case
+            return self._best(x, found)
         tokens = torch.empty(x.shape[0], dtype=torch.int64)
-        overflow = (counts > CAPACITY).nonzero().flatten()
-        if len(overflow):
-            whole = self.kernels.quantized_linear(x[overflow], self.weight)
-            tokens[overflow] = whole.argmax(dim=1)
-        screened = (counts <= CAPACITY).nonzero().flatten()
-        if len(screened):
+        tokens[~screened] = self.kernels.quantized_linear(x[~screened], self.weight).argmax(dim=1)
+        if bool(screened.any()):
             tokens[screened] = self._best(x[screened], found[screened])
         return tokens
 
     def _best(self, x: torch.Tensor, found: torch.Tensor) -> torch.Tensor:
-        """The exact best of each row's candidates (``found``, -1 past its last)."""
-        union = found[found >= 0].unique()  # sorted: the first of equal maxima wins
-        logits = self.kernels.quantized_linear(x, self.weight.take_rows(union.long()))
-        mine = torch.zeros(logits.shape, dtype=torch.bool)
-        rows = torch.arange(len(x)).unsqueeze(1).expand_as(found)
+        """The exact best of each row's candidates (``found``: increasing, -1 past the last)."""
         valid = found >= 0
-        mine[rows[valid], torch.searchsorted(union, found[valid])] = True
-        return union[logits.masked_fill(~mine, float("-inf")).argmax(dim=1)].long()
+        union = found[valid] if len(x) == 1 else found[valid].unique()
+        logits = self.kernels.quantized_linear(x, self.weight.take_rows(union.long()))
+        if len(x) > 1:  # each row's best among its own candidates only
+            mine = torch.zeros(logits.shape, dtype=torch.bool)
+            rows = torch.arange(len(x)).unsqueeze(1).expand_as(found)
+            mine[rows[valid], torch.searchsorted(union, found[valid])] = True
+            logits.masked_fill_(~mine, float("-inf"))
+        return union[logits.argmax(dim=1)].long()

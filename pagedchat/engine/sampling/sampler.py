@@ -135,8 +135,7 @@ def processed_logits(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tenso
     if any(row.params.repetition_penalty != 1.0 or row.params.presence_penalty
            or row.params.frequency_penalty or row.banned or row.params.logit_bias
            or row.params.logits_processors for row in rows):
-        logits = apply_penalties(logits.to(torch.float32, copy=True), rows)
-        logits = apply_constraints(logits, rows)
+        logits = apply_constraints(apply_penalties(logits.to(torch.float32, copy=True), rows), rows)
     return logits
 
 

@@ -18,6 +18,7 @@ from pagedchat.kernels.reference import first_key, gather_kv, write_slots
 # Chunks of at least this many queries go to the chunked-prefill kernel, which reads each tile of K
 # and V once for a tile of query rows (from 8 rows on it beats the row-by-row kernel).
 PREFILL_MIN_QUERY_LEN = 8
+_count = functools.cache(functools.partial(torch.arange, dtype=torch.int32))  # 0 .. n - 1, shared
 
 declare({
     # ... scale, window (0: none), num_threads
@@ -136,20 +137,19 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
 def _plan(block_tables: torch.Tensor, context_lens: torch.Tensor,
           query_start_loc: torch.Tensor) -> _Plan:
     """How this step's batch splits between the row-by-row kernel and the long chunks."""
+    starts, lens = query_start_loc.tolist(), context_lens.tolist()
+    as_int32 = [tensor.to(torch.int32).contiguous()
+                for tensor in (block_tables, context_lens, query_start_loc)]
+    if starts == list(range(len(starts))):  # a decode step, a row per sequence: no search
+        return _Plan(_count(len(lens)), _count(len(lens)), *as_int32, [], _count(0))
     q_lens = query_start_loc[1:] - query_start_loc[:-1]
     short = q_lens < PREFILL_MIN_QUERY_LEN
-    total = int(query_start_loc[-1])
-    starts, lens = query_start_loc.tolist(), context_lens.tolist()
     long = (~short).nonzero().flatten().tolist()
     return _Plan(
-        rows=torch.arange(total, dtype=torch.int32)[torch.repeat_interleave(short, q_lens)],
-        row_seqs=torch.repeat_interleave(torch.arange(len(q_lens), dtype=torch.int32),
-                                         q_lens * short),
-        tables=block_tables.to(torch.int32).contiguous(),
-        context_lens=context_lens.to(torch.int32).contiguous(),
-        query_start_loc=query_start_loc.to(torch.int32).contiguous(),
-        long_chunks=[(seq, starts[seq], starts[seq + 1], lens[seq]) for seq in long],
-        long_seqs=torch.tensor(long, dtype=torch.int32))
+        torch.arange(starts[-1], dtype=torch.int32)[torch.repeat_interleave(short, q_lens)],
+        torch.repeat_interleave(_count(len(q_lens)), q_lens * short), *as_int32,
+        [(seq, starts[seq], starts[seq + 1], lens[seq]) for seq in long],
+        torch.tensor(long, dtype=torch.int32))
 
 
 def _sdpa(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
