@@ -103,8 +103,7 @@ class QuantizedWeight:
             else:
                 merged.append(Segment(segment.format, segment.data.contiguous()))
         self.segments = tuple(merged)
-        self.in_features = in_features
-        self.int8_activations = int8_activations
+        self.in_features, self.int8_activations = in_features, int8_activations
         self.out_features = sum(s.rows for s in merged)
 
     @classmethod
@@ -138,6 +137,9 @@ class QuantizedWeight:
         does not keep the rest of its weight alive)."""
         if isinstance(index, slice) and index.step in (None, 1):
             return self._row_range(*index.indices(self.shape[0])[:2])
+        if isinstance(index, torch.Tensor) and len(self.segments) == 1:  # one gather (checked)
+            return QuantizedWeight([Segment(s.format, s.data[index]) for s in self.segments],
+                                   self.in_features, self.int8_activations)
         rows = torch.arange(self.shape[0])[index]
         ends = torch.tensor([s.rows for s in self.segments]).cumsum(0)
         owner = torch.bucketize(rows, ends, right=True)

@@ -118,9 +118,7 @@ def _per_step(make):
 def _slots(slot_mapping: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The int64 slots to write and, when some rows are skipped (-1), the rows kept."""
     valid = slot_mapping >= 0
-    if bool(valid.all()):
-        return slot_mapping.long(), None
-    return slot_mapping[valid].long(), valid
+    return (slot_mapping.long(), None) if bool(valid.all()) else (slot_mapping[valid].long(), valid)
 
 
 def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
