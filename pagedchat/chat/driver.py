@@ -108,7 +108,7 @@ def load_engine(model: str | None = None, **config: Any) -> LLMEngine:
 
 class EngineDriver(EngineThread):
     def __init__(self, load: Callable[[], LLMEngine], on_event: Callable[[Event], None],
-                 flush_interval: float = 0.05, stats_interval: float = 0.25) -> None:
+                 flush_interval: float = 0.05, stats_interval: float = 1.0) -> None:
         super().__init__("engine-driver")
         self._load = load
         self._emit = on_event
