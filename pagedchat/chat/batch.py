@@ -40,8 +40,7 @@ class LineError(ValueError):
 
     def __init__(self, request_id: object, reason: str, param: str | None = None) -> None:
         super().__init__(reason)
-        self.request_id = request_id
-        self.param = param
+        self.request_id, self.param = request_id, param
 
 
 @dataclass
@@ -83,22 +82,24 @@ class Summary:
 
 
 def parse_line(text: str, line: int, tokenizer, system: str | None,
-               defaults: dict[str, object]) -> BatchJob:
-    """One input line -> a BatchJob, or LineError naming what is wrong with it."""
+               defaults: dict[str, object], name: object = None) -> BatchJob:
+    """One input line -> a BatchJob, or LineError naming what is wrong with it; a line that
+    gives no id is ``name`` (by default its line number)."""
+    name = line if name is None else name
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        raise LineError(line, "the line is not valid UTF-8") from None
+        raise LineError(name, "the line is not valid UTF-8") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as error:
-        raise LineError(line, f"malformed JSON ({error.msg.removesuffix(' at')} at column "
+        raise LineError(name, f"malformed JSON ({error.msg.removesuffix(' at')} at column "
                               f"{error.colno})") from None
     except RecursionError:  # Python's parser recurses per level of nesting
-        raise LineError(line, "malformed JSON (nested too deeply)") from None
+        raise LineError(name, "malformed JSON (nested too deeply)") from None
     if not isinstance(data, dict):
-        raise LineError(line, "a line must be a JSON object")
-    request_id = data.get("id", line)
+        raise LineError(name, "a line must be a JSON object")
+    request_id = data.get("id", name)
     # NaN, Infinity or 1e400 would be written back as no JSON reader takes them
     if request_id is None or isinstance(request_id, (dict, list)) or (
             isinstance(request_id, float) and not math.isfinite(request_id)):
@@ -149,14 +150,18 @@ def _messages(request_id: object, messages: object, system: str | None) -> list[
 def parse_file(lines: Iterable[str], tokenizer, system: str | None,
                defaults: dict[str, object]) -> list[BatchJob | Rejected]:
     """Every non-blank line in order: its BatchJob, or why it is rejected. An id an earlier line
-    has (valid or not) is rejected, so it names one request; no id means the line number."""
+    has (valid or not) is rejected, so it names one request; no id means the line number, or
+    "line N" where a line of the file gives that number as its own id."""
     entries: list[BatchJob | Rejected] = []
     first_line: dict[str, int] = {}
+    lines = list(lines)
+    taken = {key(_own_id(text)) for text in lines}
     for line, text in enumerate(lines, 1):
         if not text.strip():
             continue
         try:
-            entry: BatchJob | Rejected = parse_line(text, line, tokenizer, system, defaults)
+            entry: BatchJob | Rejected = parse_line(text, line, tokenizer, system, defaults,
+                                                    f"line {line}" if key(line) in taken else line)
         except LineError as error:
             entry = Rejected(error.request_id, line, str(error), error.param)
         id_key = key(entry.request_id)
@@ -166,6 +171,14 @@ def parse_file(lines: Iterable[str], tokenizer, system: str | None,
         first_line.setdefault(id_key, line)
         entries.append(entry)
     return entries
+
+
+def _own_id(text: str) -> object:
+    """The id a line gives itself; None where it gives none (or is no JSON object)."""
+    with contextlib.suppress(ValueError, RecursionError):
+        data = json.loads(text)
+        return data.get("id") if isinstance(data, dict) else None
+    return None
 
 
 def answered_lines(entries: list[BatchJob | Rejected],

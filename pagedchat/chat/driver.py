@@ -110,10 +110,8 @@ class EngineDriver(EngineThread):
     def __init__(self, load: Callable[[], LLMEngine], on_event: Callable[[Event], None],
                  flush_interval: float = 0.05, stats_interval: float = 1.0) -> None:
         super().__init__("engine-driver")
-        self._load = load
-        self._emit = on_event
-        self._flush_interval = flush_interval
-        self._stats_interval = stats_interval
+        self._load, self._emit = load, on_event
+        self._flush_interval, self._stats_interval = flush_interval, stats_interval
         self._pending: dict[str, ReplyUpdate] = {}
         self._live: set[str] = set()
         self._guarded: set[str] = set()  # live requests the repetition guard watches

@@ -31,8 +31,7 @@ class BlockManager(PrefixCache):
     def __init__(self, num_blocks: int, block_size: int, num_host_blocks: int = 0,
                  enable_prefix_caching: bool = True,
                  windows: tuple[int | None, ...] = (None,)) -> None:
-        self.block_size = block_size
-        self.num_blocks = num_blocks
+        self.block_size, self.num_blocks = block_size, num_blocks
         self.enable_prefix_caching = enable_prefix_caching
         self.windows = tuple(windows)  # per layer group: its sliding window, None for global
         self.num_groups = len(self.windows)
@@ -50,10 +49,8 @@ class BlockManager(PrefixCache):
         self.kept_rows = KeptRows(KEPT_ROWS)
         self.host = HostPool(num_host_blocks)
         self.pending_copies: list[tuple[int, int]] = []
-        self.prefix_queries = 0
-        self.prefix_hits = 0
-        self.swapped_out = 0
-        self.swapped_in = 0
+        self.prefix_queries, self.prefix_hits = 0, 0
+        self.swapped_out, self.swapped_in = 0, 0
         self.window_freed = 0  # blocks that went back to the pool by sliding out of a window
 
     @property

@@ -74,8 +74,7 @@ class _Index:
 
 class NgramProposer:
     def __init__(self, ngram_min: int, ngram_max: int, row_cost: float = ROW_COST) -> None:
-        self.ngram_min = ngram_min
-        self.ngram_max = ngram_max
+        self.ngram_min, self.ngram_max = ngram_min, ngram_max
         # what steps of each row count cost (row_cost 0, until timed: always the whole limit)
         self.costs = StepCosts(row_cost)
         self._fortunes = {n: _Fortune() for n in range(ngram_min, ngram_max + 1)}

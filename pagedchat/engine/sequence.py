@@ -117,8 +117,7 @@ class SequenceGroup:
 
     def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
                  params: SamplingParams, arrival_time: float | None = None) -> None:
-        self.request_id = request_id
-        self.prompt = prompt
+        self.request_id, self.prompt = request_id, prompt
         self.prompt_token_ids = list(prompt_token_ids)
         self.params = params
         self.seqs = [Sequence(prompt_token_ids, len(prompt_token_ids))]

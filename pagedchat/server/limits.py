@@ -19,10 +19,8 @@ DRAINED_BODIES = 8
 class RequestLimits:
     def __init__(self, app: ASGIApp, max_bytes: int, read_timeout: float,
                  max_concurrent: int) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-        self.read_timeout = read_timeout
-        self.max_concurrent = max_concurrent
+        self.app, self.max_bytes = app, max_bytes
+        self.read_timeout, self.max_concurrent = read_timeout, max_concurrent
         self.running = 0  # completions inside the app now
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -21,8 +21,7 @@ class MLP(nn.Module):
     def __init__(self, config: ModelConfig, kernels: ModuleType, tp: TensorParallel,
                  activation: str = "silu_mul") -> None:
         super().__init__()
-        self.tp = tp
-        self.kernels = kernels
+        self.tp, self.kernels = tp, kernels
         self.activation = activation
         self.intermediate = config.intermediate_size // tp.size
         self.gate_up_proj = Linear(config.hidden_size, 2 * self.intermediate, False, kernels)

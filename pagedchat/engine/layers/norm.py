@@ -12,8 +12,7 @@ class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float, kernels: ModuleType) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-        self.kernels = kernels
+        self.eps, self.kernels = eps, kernels
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None

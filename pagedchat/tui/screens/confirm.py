@@ -14,8 +14,7 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def __init__(self, question: str, yes: str = "Yes") -> None:
         super().__init__()
-        self.question = question
-        self.yes = yes
+        self.question, self.yes = question, yes
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
