@@ -103,7 +103,7 @@ def parse_line(text: str, line: int, tokenizer, system: str | None,
     # NaN, Infinity or 1e400 would be written back as no JSON reader takes them
     if request_id is None or isinstance(request_id, (dict, list)) or (
             isinstance(request_id, float) and not math.isfinite(request_id)):
-        raise LineError(line, "id must be a string or a finite number")
+        raise LineError(name, "id must be a string or a finite number")
     if problem := invalid_text(data):
         raise LineError(request_id, problem[1], problem[0])
     if unknown := sorted(set(data) - PROMPT_FIELDS - SAMPLING_FIELDS):

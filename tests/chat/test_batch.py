@@ -113,24 +113,27 @@ def test_stdin_to_stdout_with_a_shared_system_prompt(opts):
 
 def test_an_id_less_line_never_takes_an_id_another_line_gives_itself(opts, tmp_path):
     """Line 1 has no id and line 3 calls itself 1; line 2 cannot be read and line 4 calls
-    itself 2: each id-less line is then named "line N", so no line is refused as a duplicate
-    and every id in the output names one request."""
+    itself 2; line 6's id is null and line 7 calls itself 6: each of lines 1, 2 and 6 is then
+    named "line N", so no line is refused as a duplicate and every id names one request."""
     source = _jsonl(tmp_path / "in.jsonl",
                     {"prompt": "Hello", "max_tokens": 2},
                     "{not json",
                     {"id": 1, "prompt": "Hi", "max_tokens": 2},
                     {"id": 2, "prompt": "Bye", "max_tokens": 2},
-                    {"prompt": "Again", "max_tokens": 2})
+                    {"prompt": "Again", "max_tokens": 2},
+                    {"id": None, "prompt": "Null id", "max_tokens": 2},
+                    {"id": 6, "prompt": "Six", "max_tokens": 2})
     out = tmp_path / "out.jsonl"
     result = runner.invoke(app, ["batch", str(source), "-o", str(out), *opts])
-    assert result.exit_code == 1  # the unreadable line
+    assert result.exit_code == 1  # the unreadable line and the null id
     by_line = {r["line"]: r for r in _records(out)}
     assert {line: r["id"] for line, r in by_line.items()} == {
-        1: "line 1", 2: "line 2", 3: 1, 4: 2, 5: 5}
-    assert [line for line, r in by_line.items() if "error" in r] == [2]
+        1: "line 1", 2: "line 2", 3: 1, 4: 2, 5: 5, 6: "line 6", 7: 6}
+    assert [line for line, r in by_line.items() if "error" in r] == [2, 6]
     assert "malformed JSON" in by_line[2]["error"]
+    assert "id must be a string or a finite number" in by_line[6]["error"]
     rerun = runner.invoke(app, ["batch", str(source), "-o", str(out), *opts])
-    assert rerun.exit_code == 1 and "0 done, 1 failed, 4 skipped" in rerun.stderr  # resumed
+    assert rerun.exit_code == 1 and "0 done, 2 failed, 5 skipped" in rerun.stderr  # resumed
 
 
 def test_bad_lines_get_error_records_and_the_rest_runs(opts, tmp_path):
