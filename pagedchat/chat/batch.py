@@ -76,9 +76,7 @@ class Summary:
 
     @property
     def exit_code(self) -> int:
-        if self.interrupted:
-            return 130
-        return 1 if self.failed or self.engine_error else 0
+        return 130 if self.interrupted else 1 if self.failed or self.engine_error else 0
 
 
 def parse_line(text: str, line: int, tokenizer, system: str | None,

@@ -67,9 +67,7 @@ def load_done(path: Path) -> list[dict[str, object]]:
 def _kind(record: object) -> str | None:
     if not isinstance(record, dict) or "id" not in record:
         return None
-    if "error" in record:
-        return "error"
-    return "answer" if "text" in record else None
+    return "error" if "error" in record else "answer" if "text" in record else None
 
 
 def _replace(path: Path, content: bytes) -> None:

@@ -104,8 +104,7 @@ class LLMEngine:
                                "stop")
         for param, tokens in (("logit_bias", params.logit_bias or {}),
                               ("stop_token_ids", params.stop_token_ids)):
-            outside = [t for t in tokens if not 0 <= t < self.vocab_size]
-            if outside:
+            if outside := [t for t in tokens if not 0 <= t < self.vocab_size]:
                 raise RequestError(f"{param} names token {outside[0]}, outside the vocabulary "
                                    f"[0, {self.vocab_size})", param)
 
@@ -128,10 +127,8 @@ class LLMEngine:
 
     def stats(self) -> EngineStats:
         stats = engine_stats(self.scheduler, self.kv_cache_dtype)
-        if self.kv_store is None:
-            return stats
-        return replace(stats, kv_store_read=self.kv_store.loaded,
-                       kv_store_written=self.kv_store.saved)
+        return stats if self.kv_store is None else replace(
+            stats, kv_store_read=self.kv_store.loaded, kv_store_written=self.kv_store.saved)
 
     @property
     def kv_cache_dtype(self) -> str:
@@ -168,13 +165,14 @@ class LLMEngine:
                 if greedy:
                     step.argmax_rows.extend(range(row, row + 1 + len(item.draft)))
                 row += 1 + len(item.draft)
-        try:
-            result = self.runner.execute(step)
-        except RequestError as error:  # the step computed no token: its requests end, not the run
-            groups = {item.group.request_id: item.group for item in out.scheduled}
-            for group in groups.values():
-                self._fail(group, error)
-            return self._outputs(groups)
+        result = self.runner.execute(step)
+        if result.failed:  # rows the model computed NaN or infinity for: their requests end
+            owners = [item.group for item in sampling] + [
+                item.group for item in drafting for _ in range(1 + len(item.draft))]
+            for row in result.failed:
+                self._fail(owners[row], RequestError(
+                    "the model computed NaN or infinity in this step: its weights look "
+                    "corrupt (download the file again)"))
         with timer.phase("sample+detokenize"):
             plain_logits = len(sampling) - plain_argmax
             advanced = self._process(out, sampling, step.argmax_rows[:plain_argmax], StepOutput(
@@ -214,6 +212,8 @@ class LLMEngine:
         for row, token in zip(argmax_rows, result.tokens, strict=True):
             group = sampling[row].group
             advanced[group.request_id] = group
+            if group.error is not None:  # failed in this step
+                continue
             try:
                 [seq] = self._seqs_to_sample(sampling[row])
                 seq.append_token(token, None)
@@ -226,6 +226,9 @@ class LLMEngine:
         others = (item for i, item in enumerate(sampling) if i not in argmax)
         for row, item in enumerate(others):  # row: of the logits
             group = item.group
+            if group.error is not None:  # failed in this step: nothing to sample or fork
+                advanced[group.request_id] = group
+                continue
             if group.params.use_beam_search:
                 beams.setdefault(group.request_id, (group, {}))[1][item.seq.seq_id] = row
                 continue

@@ -43,7 +43,9 @@ class StepInput:
 class StepOutput:
     """What rank 0's runner gives back for a step: the logits of the sampled rows that are
     not argmax rows, in their order (on the CPU a view of a buffer the next step
-    overwrites), and the greedy token of each argmax row, in theirs."""
+    overwrites), the greedy token of each argmax row, in theirs, and ``failed``: the rows
+    (positions in sample_rows) computed as NaN or infinity, their tokens and logits void."""
 
     logits: torch.Tensor  # [len(sample_rows) - len(argmax_rows), vocab]
     tokens: list[int]
+    failed: list[int] = field(default_factory=list)

@@ -77,8 +77,7 @@ class ChatApp(App):
         """``settings`` and ``system_prompt`` are those of new sessions; ``load_model``
         makes the engine of another model for ``/model`` (None: the app cannot switch)."""
         super().__init__()
-        self.store = store
-        self.model_name = model_name
+        self.store, self.model_name = store, model_name
         self.load_model = load_model
         self.new_settings = settings or SamplingSettings()
         self.new_system_prompt = system_prompt
@@ -87,8 +86,7 @@ class ChatApp(App):
         self.sessions: dict[int, Session] = {}
         self.current: int | None = None
         self.engine_stopped = False
-        self._start_session = session_id
-        self._continue_last = continue_last
+        self._start_session, self._continue_last = session_id, continue_last
         self._loaded: set[int] = set()  # sessions whose messages are read
         self.editing: Message | None = None  # the user message the input is an edit of
         self._load_started = time.monotonic()

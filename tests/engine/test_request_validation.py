@@ -197,6 +197,54 @@ def test_a_step_that_computes_nan_fails_its_requests_and_the_engine_goes_on(tiny
         assert after.error is None and len(after.outputs[0].token_ids) == 4
 
 
+@pytest.mark.parametrize("speculative", [None, "ngram"])
+def test_a_row_that_computes_nan_fails_its_request_alone(tiny_model_dir, monkeypatch,
+                                                         speculative):
+    """A request whose sampled row is not finite (here: every row of token 5 made NaN) ends
+    with an error naming the cause, its blocks freed, also where it would fork n samples or
+    where the NaN row is a drafted one; the requests in its steps go on, their greedy tokens
+    those of a run without it."""
+    from pagedchat import LLM
+
+    engine = LLM(model=str(tiny_model_dir), num_kv_blocks=64, block_size=16,
+                 speculative=speculative).engine
+    greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    good = {"good-long": list(range(40, 59)), "good-short": [60, 61, 62]}
+
+    def run() -> dict:
+        outputs = {}
+        while engine.has_unfinished_requests():
+            outputs.update((out.request_id, out) for out in engine.step() if out.finished)
+        return outputs
+
+    for request_id, prompt in good.items():
+        engine.add_request(request_id, prompt, greedy)
+    alone = {request_id: out.outputs[0].token_ids for request_id, out in run().items()}
+    model = engine.runner.model
+    monkeypatch.setattr(model, "forward", lambda input_ids, *args: type(model).forward(
+        model, input_ids, *args).masked_fill((input_ids == 5).unsqueeze(-1), float("nan")))
+    if speculative:  # a draft of token 5 for the request that starts with 7: a drafted row
+        proposer = engine.scheduler.proposer
+        propose = proposer.propose
+        monkeypatch.setattr(proposer, "propose", lambda seq, limit: [5, 9] if seq.token_ids[0] == 7
+                            and seq.num_output_tokens else propose(seq, limit))
+    bad = {"bad-greedy": ([3, 4, 5], greedy),
+           "bad-forked": ([6, 5], SamplingParams(temperature=1.0, n=2, max_tokens=6)),
+           "bad-drafted": ([7, 8, 9] if speculative else [7, 8, 5], greedy)}
+    for request_id, (prompt, params) in bad.items():
+        engine.add_request(request_id, prompt, params)
+    for request_id, prompt in good.items():
+        engine.add_request(request_id, prompt, greedy)
+    outputs = run()
+    for request_id in bad:
+        assert [o.finish_reason for o in outputs[request_id].outputs] == ["error"]
+        assert "computed NaN or infinity in this step" in outputs[request_id].error
+    for request_id, tokens in alone.items():
+        assert outputs[request_id].error is None
+        assert outputs[request_id].outputs[0].token_ids == tokens
+    assert engine.stats().used_blocks == 0
+
+
 @pytest.mark.parametrize("fields", [
     {"temperature": 2**63}, {"temperature": 1e-300}, {"repetition_penalty": 10**300},
     {"top_k": 2**62, "temperature": 1}, {"logit_bias": {5: 2**6}, "temperature": 1},

@@ -9,7 +9,6 @@ import numpy as np
 import torch
 
 from pagedchat.engine.config import EngineConfig, parse_bytes
-from pagedchat.engine.errors import RequestError
 from pagedchat.engine.kv_groups import kv_groups
 from pagedchat.engine.layers.attention import AttentionMetadata
 from pagedchat.engine.loading.loader import load_weights
@@ -187,10 +186,12 @@ class ModelRunner:
                                  device=self.device)
             picked = [step.sample_rows[i] for i, _ in step.keep]
             self.kept.index_copy_(0, slots, self._rows(hidden, picked))
-        # no token comes of a sampled row that is not finite (the kept slots of others aside)
-        if self.tp.rank == 0 and not bool(torch.isfinite(self._rows(source, rows)).all()):
-            raise RequestError("the model computed NaN or infinity in this step: its weights "
-                               "look corrupt (download the file again)")
+        # no token comes of a sampled row that is not finite: its request fails, the others
+        # go on (on every worker alike, the row zeroed, so that the head's path is the same)
+        finite = torch.isfinite(self._rows(source, rows)).all(dim=-1)
+        if failed := (~finite).nonzero().flatten().tolist():
+            source = source.index_fill(0, torch.tensor([rows[i] for i in failed],
+                                                       device=self.device), 0.0)
         argmax = set(step.argmax_rows)
         greedy = [rows[i] for i in step.argmax_rows]
         wanted = [row for i, row in enumerate(rows) if i not in argmax]
@@ -202,7 +203,7 @@ class ModelRunner:
         if wanted:
             logits = self.model.compute_logits(self._rows(source, wanted),
                                                self._logits_buffer(len(wanted)))
-        return StepOutput(to_host(logits), tokens.tolist()) if self.tp.rank == 0 else None
+        return StepOutput(to_host(logits), tokens.tolist(), failed) if self.tp.rank == 0 else None
 
     def _sampled_hidden(self, hidden: torch.Tensor,
                         step: StepInput) -> tuple[torch.Tensor, list[int]]:
