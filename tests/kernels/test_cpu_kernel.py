@@ -80,6 +80,26 @@ def test_decode_matches_reference(block_size, head_dim, group, dtype):
 
 @on_each_level
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("kv_heads", "group", "head_dim"),
+                         [(1, 4, 256), (1, 3, 64), (1, 8, 128), (2, 3, 80), (1, 1, 64)])
+@pytest.mark.parametrize("threads", [2, 3, 5])
+def test_lone_decode_with_fewer_kv_heads_than_threads(threads, kv_heads, group, head_dim,
+                                                      dtype):
+    """One or two sequences decoding over a long context with fewer KV heads than threads
+    (Gemma 3 270M's one): each KV head's query heads are split into slices, evenly or not,
+    one work item each, and every output head is still its reference's."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for ctx in ([700], [300, 45]):
+            compare_case(ctx, [1] * len(ctx), 16, kv_heads * group, kv_heads, head_dim, dtype,
+                         seed=threads + group + head_dim)
+    finally:
+        torch.set_num_threads(previous)
+
+
+@on_each_level
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_mixed_batch_of_decodes_short_and_long_chunks(dtype):
     # decode rows, a short chunk after a cached prefix (kernel), a long chunk after a
     # cached prefix and a whole prompt (both SDPA), and a sequence with no query

@@ -137,7 +137,8 @@ static inline void softmax_row(float *s, int n) {
 typedef struct {
     const int32_t *block_tables, *context_lens, *query_start, *rows, *row_seqs;
     const int *run_starts;
-    int max_blocks, num_heads, num_kv_heads, block_size, split;
+    int max_blocks, num_heads, num_kv_heads, block_size;
+    int split, qsplit;  /* items per run; slices of a KV head's query heads (see the part) */
     int window;  /* a query at position p reads keys p - window + 1 .. p; 0: from key 0 */
     int64_t num_items;
     float scale;
@@ -163,9 +164,11 @@ static inline int row_runs(const int32_t *rows, const int32_t *row_seqs, int num
 /* What work item `item` reads: its sequence's block table, returned, its run of query rows
  * (*m of them from rows[*first]), the tokens its walk reads (*n from token *lo: the run's
  * first row's window to its last row; row i of the run attends to tokens up to
- * *lo + *n - (*m - 1 - i), exclusive) and its first KV head (*kv_first). */
+ * *lo + *n - (*m - 1 - i), exclusive), its first KV head (*kv_first) and the query heads it
+ * takes of each KV head's group (*g_count from the group's *g_first). */
 static inline const int32_t *item_walk(const Batch *b, int64_t item, int *first, int *m,
-                                       int *lo, int *n, int *kv_first) {
+                                       int *lo, int *n, int *kv_first, int *g_first,
+                                       int *g_count) {
     const int run = (int)(item / b->split);
     *first = b->run_starts[run];
     *m = b->run_starts[run + 1] - *first;
@@ -174,7 +177,10 @@ static inline const int32_t *item_walk(const Batch *b, int64_t item, int *first,
     const int end = b->context_lens[seq] - q_len + (row - b->query_start[seq]) + 1;
     *lo = b->window > 0 && end - (*m - 1) > b->window ? end - (*m - 1) - b->window : 0;
     *n = end - *lo;
-    *kv_first = (int)(item % b->split) * (b->num_kv_heads / b->split);
+    const int part = (int)(item % b->split), group = b->num_heads / b->num_kv_heads;
+    *kv_first = part / b->qsplit * (b->num_kv_heads * b->qsplit / b->split);
+    *g_first = part % b->qsplit * group / b->qsplit;
+    *g_count = (part % b->qsplit + 1) * group / b->qsplit - *g_first;
     return b->block_tables + (int64_t)seq * b->max_blocks;
 }
 
@@ -208,22 +214,23 @@ static inline __attribute__((always_inline)) int NAME##_item(                   
     const int num_heads = b->num_heads, block_size = b->block_size;                         \
     const float scale = b->scale;                                                           \
     const int group = num_heads / num_kv_heads;                                             \
-    const int heads_per_item = num_kv_heads / split;                                        \
+    const int heads_per_item = num_kv_heads * b->qsplit / split;                            \
     const int64_t head_bytes = HEAD_BYTES(head_dim);                                        \
     const int vector_path = head_dim % 16 == 0;                                            \
-    int first, m, lo, n, kv_first;                                                          \
-    const int32_t *table = item_walk(b, item, &first, &m, &lo, &n, &kv_first);              \
+    int first, m, lo, n, kv_first, g0, sub, unused;                                         \
+    const int32_t *table = item_walk(b, item, &first, &m, &lo, &n, &kv_first, &g0, &sub);   \
     /* the thread's next item (items go round-robin): its rows are prefetched, a slice per  \
      * tile of this walk, so that memory keeps streaming while this item computes */        \
     int next_first, next_m, next_lo = 0, next_n = 0, next_kv = 0;                           \
     const int32_t *next_table = item + stride < b->num_items                                \
-        ? item_walk(b, item + stride, &next_first, &next_m, &next_lo, &next_n, &next_kv)    \
+        ? item_walk(b, item + stride, &next_first, &next_m, &next_lo, &next_n, &next_kv,    \
+                    &unused, &unused)                                                       \
         : NULL;                                                                             \
-    const int head0 = kv_first * group;                                                     \
-    /* one "head" per query head and row of the run: (KV head j, row i, query head g of     \
-     * j's group) at (j * m + i) * group + g, so that a KV head's are consecutive and take \
-     * its tiles together, as a group's query heads do */                                   \
-    const int members = m * group;                                                          \
+    const int head0 = kv_first * group + g0;                                                \
+    /* one "head" per query head taken and row of the run: (KV head j, row i, query head   \
+     * g0 + g of j's group) at (j * m + i) * sub + g, so that a KV head's are consecutive  \
+     * and take its tiles together, as a group's query heads do */                          \
+    const int members = m * sub;                                                            \
     const int heads = heads_per_item * members;                                             \
     const int64_t width = (int64_t)heads * head_dim;                                        \
     float *q = malloc(sizeof(float) * (size_t)(2 * width + (int64_t)heads * n)              \
@@ -234,7 +241,7 @@ static inline __attribute__((always_inline)) int NAME##_item(                   
     T *raw = (T *)(scores + (int64_t)heads * n); /* the query as given, for the bf16 dot */ \
     const int row0 = b->rows[first];                                                        \
     for (int h = 0; h < heads; h++) {                                                       \
-        const int j = h / members, i = h % members / group, g = h % group;                  \
+        const int j = h / members, i = h % members / sub, g = h % sub;                      \
         const T *q_row = query + ((int64_t)(row0 + i) * num_heads + head0 + j * group + g)  \
                                  * head_dim;                                                \
         for (int d = 0; d < head_dim; d++) {                                                \
@@ -275,7 +282,7 @@ static inline __attribute__((always_inline)) int NAME##_item(                   
             for (int h = 0; h < heads; h++) {                                               \
                 /* a run's earlier rows see fewer tokens, its later rows' windows begin     \
                  * later: weight 0 outside [from, seen) */                                  \
-                const int seen = n - (m - 1 - h % members / group);                         \
+                const int seen = n - (m - 1 - h % members / sub);                           \
                 const int from = b->window > 0 && seen > b->window ? seen - b->window : 0;  \
                 float *sh = scores + (int64_t)h * n;                                        \
                 softmax_row(sh + from, seen - from);                                        \
@@ -326,7 +333,7 @@ static inline __attribute__((always_inline)) int NAME##_item(                   
         }                                                                                   \
     }                                                                                       \
     for (int h = 0; h < heads; h++) {                                                       \
-        const int j = h / members, i = h % members / group, g = h % group;                  \
+        const int j = h / members, i = h % members / sub, g = h % sub;                      \
         T *out_row = out + ((int64_t)(row0 + i) * num_heads + head0 + j * group + g)        \
                            * head_dim;                                                      \
         for (int d = 0; d < head_dim; d++)                                                  \
@@ -345,11 +352,17 @@ int PART(const T *query, const C *k_cache, const C *v_cache, T *out,            
     /* each sequence's consecutive rows as one item */                                      \
     int run_starts[num_rows + 1];                                                           \
     const int runs = row_runs(rows, row_seqs, num_rows, run_starts);                        \
-    /* a lone long decode is split by KV head so that every thread has work */              \
-    const int split = runs < 2 * count ? num_kv_heads : 1;                                  \
+    /* a lone long decode is split by KV head so that every thread has work, and where the \
+     * runs' KV heads are fewer than the threads (Gemma 3 270M has one), each KV head's     \
+     * query heads into slices too: an item then reads its KV head for its slice */         \
+    const int group = num_heads / num_kv_heads, few = runs < 2 * count;                     \
+    const int pairs = runs * num_kv_heads;                                                  \
+    const int wanted = few && pairs < count ? (count + pairs - 1) / pairs : 1;              \
+    const int qsplit = wanted < group ? wanted : group;                                     \
+    const int split = few ? num_kv_heads * qsplit : 1;                                      \
     const Batch b = {block_tables, context_lens, query_start, rows, row_seqs, run_starts,   \
-                     max_blocks, num_heads, num_kv_heads, block_size, split, window,        \
-                     (int64_t)runs * split, scale};                                         \
+                     max_blocks, num_heads, num_kv_heads, block_size, split, qsplit,        \
+                     window, (int64_t)runs * split, scale};                                 \
     int failed = 0;                                                                         \
     for (int64_t item = t; item < b.num_items; item += count) {                             \
         int bad;                                                                            \
