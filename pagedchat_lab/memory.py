@@ -155,12 +155,12 @@ def _contiguous_parts(running: list[_Held], head: Request, policy: str, capacity
 
 def resident_figures(engine: LLMEngine) -> dict[str, float]:
     """The process's resident memory against what it must hold: the weights and the KV
-    pool (written in full when the engine starts). ``beyond_weights_and_kv_mb`` is the
-    rest: Python, torch, the tokenizer, activations and the buffers kept for reuse."""
-    runner = engine.runner
-    pool = engine.scheduler.block_manager.num_blocks * runner.block_bytes
-    rss = resident_bytes()
+    pool's blocks ever written (a CPU pool's pages come in as its blocks are first written).
+    ``beyond_weights_and_kv_mb`` is the rest: Python, torch, the tokenizer, activations and
+    the buffers kept for reuse."""
+    runner, blocks = engine.runner, engine.scheduler.block_manager
+    written, rss = blocks.high_water * runner.block_bytes, resident_bytes()
     return {"rss_mb": rss / MB, "weights_mb": runner.weight_bytes / MB,
-            "kv_written_mb": engine.scheduler.block_manager.high_water * runner.block_bytes / MB,
-            "kv_pool_mb": pool / MB,
-            "beyond_weights_and_kv_mb": (rss - runner.weight_bytes - pool) / MB}
+            "kv_written_mb": written / MB,
+            "kv_pool_mb": blocks.num_blocks * runner.block_bytes / MB,
+            "beyond_weights_and_kv_mb": (rss - runner.weight_bytes - written) / MB}

@@ -160,7 +160,7 @@ def on_threads(threads: int) -> Iterator[None]:
 def _small_default_kv_pool(monkeypatch):
     """An engine built without a pool size (the commands' default) gets a pool of a few
     hundred MiB rather than the default's GiBs: a test's requests fill a small share of
-    either, and every engine zeroes its whole pool when it starts. Tensor-parallel workers,
+    either, and the block manager keeps an entry per block of the pool. Tensor-parallel workers,
     spawned processes, keep the real default; rank 0's pool is the one scheduled."""
     from pagedchat.engine.config import EngineConfig
 

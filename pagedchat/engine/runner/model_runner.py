@@ -95,7 +95,7 @@ class ModelRunner:
         self.num_blocks = self._num_blocks()
         self.num_host_blocks = parse_bytes(config.swap_space) // self.block_bytes
         # one K and one V tensor per slot of a page: a layer's K/V live in its slot's tensors
-        self.k_caches, self.v_caches = self._allocate(self.num_blocks, self.device, write=True)
+        self.k_caches, self.v_caches = self._allocate(self.num_blocks, self.device)
         # the host pool, used only when swapping, is left to fill as blocks are swapped out
         self.host_k_caches, self.host_v_caches = self._allocate(self.num_host_blocks, "cpu")
         for layer, slot in zip(self.model.layers, self.kv_groups.layer_slot, strict=True):
@@ -141,18 +141,14 @@ class ModelRunner:
         budget = parse_bytes(self.config.kv_cache_memory or EngineConfig.DEFAULT_KV_CACHE_MEMORY)
         return max(budget // self.block_bytes, 1)
 
-    def _allocate(self, num_blocks: int, device, write: bool = False,
-                  ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Per-layer K and V pools, views of one allocation. ``write``: zero it now, as
-        transformers' paged cache and vLLM do, so that no request page-faults it in."""
+    def _allocate(self, num_blocks: int, device) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Per-layer K and V pools, views of one zeroed allocation; on the CPU the system's
+        zero pages, each touched when a block on it is first written: a start costs nothing
+        per block of the pool, and the resident set grows with the blocks used (handed out
+        lowest first), not with the pool's size."""
         shape = (2 * self.kv_groups.layers_per_page, num_blocks, *self.kv_shape)
-        if torch.device(device).type == "cpu":
-            pool = anonymous_tensor(shape, self.kv_dtype)
-            if write:
-                pool.zero_()
-        else:
-            pool = (torch.zeros if write else torch.empty)(shape, dtype=self.kv_dtype,
-                                                           device=device)
+        pool = (anonymous_tensor(shape, self.kv_dtype) if torch.device(device).type == "cpu"
+                else torch.zeros(shape, dtype=self.kv_dtype, device=device))
         return list(pool[0::2]), list(pool[1::2])
 
     def shutdown(self) -> None:
