@@ -84,27 +84,22 @@ class Segment:
 
 class QuantizedWeight:
     """A ``[out_features, in_features]`` weight as GGML blocks, in row segments, whose rows can
-    be taken and weights stacked without touching a block. ``int8_activations``: products
-    round their input to 8 bits first (:func:`round_activations`), as llama.cpp does."""
+    be taken and weights stacked without touching a block: a fused projection keeps its parts'
+    blocks where they are (mapped from the file, shared with other processes), one segment
+    each. ``int8_activations``: products round their input to 8 bits first
+    (:func:`round_activations`), as llama.cpp does."""
 
     def __init__(self, segments: Sequence[Segment], in_features: int,
                  int8_activations: bool = False) -> None:
-        merged: list[Segment] = []
         for segment in segments:
             if segment.data.dtype != torch.uint8 or segment.data.dim() != 2:
                 raise ValueError("a quantized segment is a 2-D uint8 tensor")
             if segment.data.shape[1] != segment.format.row_bytes(in_features):
                 raise ValueError(f"{segment.format.name}: rows of {segment.data.shape[1]} "
                                  f"bytes do not hold {in_features} values")
-            if segment.rows == 0:
-                continue
-            if merged and merged[-1].format == segment.format:
-                merged[-1] = Segment(segment.format, torch.cat([merged[-1].data, segment.data]))
-            else:
-                merged.append(Segment(segment.format, segment.data.contiguous()))
-        self.segments = tuple(merged)
+        self.segments = tuple(Segment(s.format, s.data.contiguous()) for s in segments if s.rows)
         self.in_features, self.int8_activations = in_features, int8_activations
-        self.out_features = sum(s.rows for s in merged)
+        self.out_features = sum(s.rows for s in self.segments)
 
     @classmethod
     def from_blocks(cls, format_name: str, data: torch.Tensor, in_features: int) -> QuantizedWeight:
@@ -145,14 +140,16 @@ class QuantizedWeight:
         owner = torch.bucketize(rows, ends, right=True)
         # each run of picked rows from one segment is one gather
         cuts = [0, *((owner[1:] != owner[:-1]).nonzero().flatten() + 1).tolist(), len(rows)]
-        pieces = []
+        pieces: list[Segment] = []
         for begin, end in zip(cuts[:-1], cuts[1:], strict=True):
             if begin == end:
                 continue
             i = int(owner[begin])
-            first = int(ends[i]) - self.segments[i].rows
             segment = self.segments[i]
-            pieces.append(Segment(segment.format, segment.data[rows[begin:end] - first]))
+            taken = segment.data[rows[begin:end] - (int(ends[i]) - segment.rows)]
+            if pieces and pieces[-1].format == segment.format:  # copies both: one segment
+                taken = torch.cat([pieces.pop().data, taken])
+            pieces.append(Segment(segment.format, taken))
         return QuantizedWeight(pieces, self.in_features, self.int8_activations)
 
     def _row_range(self, start: int, stop: int) -> QuantizedWeight:

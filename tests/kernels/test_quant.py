@@ -161,12 +161,21 @@ def test_real_files_dequantize_bit_for_bit(package):
 def test_rows_are_taken_and_stacked_without_decoding():
     q = random_weight("Q4_1", 8, 64, seed=1)
     v = random_weight("Q8_0", 4, 64, seed=2)
-    fused = QuantizedWeight.stack([q, random_weight("Q4_1", 4, 64, seed=3), v])
-    assert [(s.format.name, s.rows) for s in fused.segments] == [("Q4_1", 12), ("Q8_0", 4)]
+    parts = [q, random_weight("Q4_1", 4, 64, seed=3), v]
+    fused = QuantizedWeight.stack(parts)
+    # each part's blocks stay where they are (a GGUF's: mapped from the file), not copied
+    assert [(s.format.name, s.rows) for s in fused.segments] == \
+        [("Q4_1", 8), ("Q4_1", 4), ("Q8_0", 4)]
+    assert [s.data.data_ptr() for s in fused.segments] == \
+        [part.segments[0].data.data_ptr() for part in parts]
     assert fused.shape == (16, 64)
     order = torch.tensor([15, 0, 3, 12, 11, 1])
     assert same_bits(quant.dequantize(fused.take_rows(order)),
                      quant.dequantize(fused)[order])
+    # rows gathered from neighbouring segments of one format make one segment
+    taken = fused.take_rows(torch.tensor([0, 9, 1]))
+    assert [(s.format.name, s.rows) for s in taken.segments] == [("Q4_1", 3)]
+    assert same_bits(quant.dequantize(taken), quant.dequantize(fused)[[0, 9, 1]])
     assert same_bits(quant.dequantize(fused.take_rows(slice(2, 14))),
                      quant.dequantize(fused)[2:14])
     # a slice of whole segments shares their blocks; a part of one is a copy of its rows

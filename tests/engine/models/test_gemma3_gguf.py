@@ -157,9 +157,9 @@ def test_greedy_matches_transformers_on_the_quantized_path(gemma_gguf, reference
     model = llm.engine.runner.model
     assert llm.engine.config.weights == "gguf" and model.embed_tokens.quantized is not None
     fused = model.layers[0].self_attn.qkv_proj.quantized
-    assert [s.format.name for s in fused.segments] == ["Q5_0"]
+    assert [s.format.name for s in fused.segments] == ["Q5_0", "Q5_0", "Q5_0"]
     fused = model.layers[1].self_attn.qkv_proj.quantized
-    assert [s.format.name for s in fused.segments] == ["Q5_0", "Q8_0"]
+    assert [s.format.name for s in fused.segments] == ["Q5_0", "Q5_0", "Q8_0"]
     outputs = llm.generate(_prompts(), SamplingParams(temperature=0, max_tokens=12))
     assert [o.outputs[0].token_ids for o in outputs] == references
     if options["num_kv_blocks"] == 80:
