@@ -25,6 +25,12 @@ def key_name(key: str) -> str:
     return "+".join(part.capitalize() for part in key.split(",")[0].split("+"))
 
 
+def cell(text: str) -> str:
+    """``text`` as one cell of a Markdown table: a ``|`` in it (``/model [NAME|PATH]``)
+    would end the cell."""
+    return text.replace("|", "\\|")
+
+
 def help_markdown(bindings: list[Binding]) -> str:
     keys = [(key_name(b.key), b.tooltip or b.description) for b in bindings if b.description]
     keys += [("Enter / Ctrl+J", "send / new line in the input (Shift+Enter too, where the "
@@ -33,8 +39,9 @@ def help_markdown(bindings: list[Binding]) -> str:
              ("Y / C", "copy the focused message / its last code block"),
              ("E", "edit the focused message of yours and send it again as a new branch"),
              ("Ctrl+P", "command palette")]
-    key_rows = "\n".join(f"| `{key}` | {does} |" for key, does in keys)
-    command_rows = "\n".join(f"| `{c.usage}` | {c.help} |" for c in COMMANDS.values())
+    key_rows = "\n".join(f"| `{cell(key)}` | {cell(does)} |" for key, does in keys)
+    command_rows = "\n".join(f"| `{cell(c.usage)}` | {cell(c.help)} |"
+                             for c in COMMANDS.values())
     return (f"## Keys\n\n| Key | Does |\n|---|---|\n{key_rows}\n\n"
             f"## Commands\n\n| Command | Does |\n|---|---|\n{command_rows}\n\n{ABOUT}")
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from markdown_it import MarkdownIt
+
 from pagedchat.chat.conversation import Message
 from pagedchat.tui.commands import COMMANDS, parse
 from pagedchat.tui.screens.confirm import ConfirmScreen
@@ -19,11 +21,27 @@ def test_parse():
     assert parse("//not a command") is None
 
 
-def test_help_lists_every_command_from_its_one_table():
+def table_rows(markdown: str) -> list[list[str]]:
+    """The cells' text of every table row, as the help's Markdown widget parses them."""
+    rows, row = [], None
+    for token in MarkdownIt("gfm-like").parse(markdown):
+        if token.type == "tr_open":
+            row = []
+        elif token.type == "tr_close":
+            rows.append(row)
+            row = None
+        elif token.type == "inline" and row is not None:
+            row.append("".join(child.content for child in token.children))
+    return rows
+
+
+def test_help_lists_every_command_from_its_one_table_one_row_each():
     assert list(COMMANDS) == ["new", "system", "set", "model", "regen", "edit", "continue", "clear",
                               "rename", "export", "help"]
-    markdown = help_markdown([])
-    assert all(f"| `{found.usage}` | {found.help} |" in markdown for found in COMMANDS.values())
+    rows = table_rows(help_markdown([]))
+    assert all([found.usage, found.help] in rows for found in COMMANDS.values())
+    assert ["/model [NAME|PATH]", "switch the model (alone: list the models)"] in rows
+    assert all(len(row) == 2 for row in rows)
 
 
 async def test_slash_commands(make_app, tmp_path):
