@@ -1,4 +1,4 @@
-"""Quantized products (kernels/cpu/quant.c) against the float32 packed path (oneDNN layout, the C
+"""Quantized products (kernels/cpu/quant*.c) against the float32 packed path (oneDNN layout, the C
 blocked product), or against themselves with 8-bit activations (``--against int8``,
 quant_int8*.c), on a GGUF's weights (the default model's unless ``--model``), at several
 row counts: each timed run multiplies by the weight of that shape in every layer in turn

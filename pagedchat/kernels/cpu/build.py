@@ -40,7 +40,8 @@ _HERE = Path(__file__).parent
 
 # The C sources, built into one library per level: a new kernel file is one name here.
 # Longest to compile first, so that compilers taking them one per core end together.
-SOURCES = ("attention.c", "prefill.c", "linear.c", "quant.c", "layer.c", "sampling.c", "decoder.c")
+SOURCES = ("attention.c", "prefill.c", "linear.c", "quant.c", "quant_panels.c", "layer.c",
+           "sampling.c", "decoder.c")
 # The few-row products on GGML blocks, float and (True) 8-bit, built one format to a library
 # (ggml_formats.h's QUANT_FORMATS) when a model first needs them, and handed to a level's library.
 PRODUCT_SOURCES = {False: ("quant_rows.c", "quant_split.c"),

@@ -336,4 +336,22 @@ typedef struct {
  * (INT8_ACTIVATIONS: rows8 and tile8, else rows). */
 const Products *products_of(int type);
 
+/* out[0, k_dim) = one row of W's blocks decoded to float32, k_dim a multiple of the
+ * format's block size (quant.c). */
+void decode_row(const Format *f, const uint8_t *row, int k_dim, float *out);
+
+/* Thread t's share of a product (quant_product_part's contract, x float32) of more rows of
+ * x than the few-row products take, decoding W's rows into a scratch (quant_panels.c);
+ * rows at least panel_rows_min(), or any count in formats below Q4_K. */
+int panel_product_part(const float *x, const uint8_t *w, const Format *f, const float *bias,
+                       void *out, int out_bf16, int rows, int k_dim, int n_dim,
+                       int64_t out_stride, int t, int threads, const float *bounds);
+/* The fewest rows of x a packed panel takes: fewer take dot products. */
+int panel_rows_min(void);
+
+/* The output `at` elements on (float32, or bfloat16 where out_bf16). */
+static inline void *out_at(void *out, int out_bf16, int64_t at) {
+    return out_bf16 ? (void *)((bf16_t *)out + at) : (void *)((float *)out + at);
+}
+
 #endif
