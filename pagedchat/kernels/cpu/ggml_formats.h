@@ -1,6 +1,6 @@
-/* GGML's block formats, shared by the products on them: quant.c (a decoded tile, any row
- * count), quant_rows.c (decoding in registers, for a few rows), quant_int8.c and quant_int8_tile.c
- * (8-bit activations, for a few rows and for many). */
+/* GGML's block formats, shared by the products on them: quant.c (decoding, dispatch) and
+ * quant_panels.c (a decoded tile, many rows), quant_rows.c (decoding in registers, for a few
+ * rows), quant_int8.c and quant_int8_tile.c (8-bit activations, for a few rows and for many). */
 #ifndef PAGEDCHAT_CPU_GGML_FORMATS_H
 #define PAGEDCHAT_CPU_GGML_FORMATS_H
 
