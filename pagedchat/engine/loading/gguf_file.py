@@ -1,11 +1,12 @@
 """A GGUF file's header without its arrays (scalars, strings, where each tensor lies), and
 tensors' bytes. gguf-py's ``GGUFReader`` makes an object of every value (a vocabulary: hundreds
 of thousands, alive while the weights load); the engine needs none, so an array is stepped
-over, its length kept. Quantized tensors are mapped (``map``): the file's pages are the weights,
+over. Quantized tensors are mapped (``map``): the file's pages are the weights,
 never beside a copy; the others are read (``read``) and converted."""
 
 from __future__ import annotations
 
+import functools
 import mmap
 import struct
 from dataclasses import dataclass
@@ -48,7 +49,6 @@ class TensorInfo:
 class GGUFFile:
     path: Path
     fields: dict[str, Value]  # every metadata key but the arrays
-    array_lengths: dict[str, int]  # the arrays, by key: their lengths only
     tensors: tuple[TensorInfo, ...]
     version: int
     # with ``read_gguf_header(path, with_arrays=True)``: each array's values, by key
@@ -83,17 +83,32 @@ class GGUFFile:
 def read_gguf_header(path: Path, with_arrays: bool = False) -> GGUFFile:
     """Parse ``path``'s header; a file that cannot be read, is not a GGUF of version 2 or 3, is cut
     short or names a type GGML does not have raises ModelLoadError naming it. ``with_arrays``: the
-    arrays' values too (the vocabulary: what a conversion reads), each read in bulk."""
+    arrays' values too (the vocabulary: what a conversion reads), each read in bulk. Without
+    them, one parse per version of the file (path, size, mtime) serves a start's every read."""
     try:
-        with path.open("rb") as handle:
-            if path.stat().st_size < 24:
-                raise ModelLoadError(f"{path}: corrupt or truncated GGUF (no header)")
-            with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as view:
-                return _parse(path, view, with_arrays)
+        stat = path.stat()
+        if with_arrays:
+            return _parse_file(path, stat.st_size, with_arrays=True)
+        return _header(path, stat.st_size, stat.st_mtime_ns)
     except OSError as error:
         raise ModelLoadError(f"{path}: cannot read ({error})") from error
     except (struct.error, UnicodeDecodeError) as error:
         raise ModelLoadError(f"{path}: corrupt or truncated GGUF ({error})") from error
+
+
+@functools.lru_cache(maxsize=4)
+def _header(path: Path, size: int, _mtime_ns: int) -> GGUFFile:
+    return _parse_file(path, size, with_arrays=False)
+
+
+def _parse_file(path: Path, size: int, with_arrays: bool) -> GGUFFile:
+    with path.open("rb") as handle:
+        if handle.read(4) != _MAGIC:
+            raise ModelLoadError(f"{path}: not a model (expected a GGUF file or an HF folder)")
+        if size < 24:
+            raise ModelLoadError(f"{path}: corrupt or truncated GGUF (no header)")
+        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as view:
+            return _parse(path, view, with_arrays)
 
 
 class _Cursor:
@@ -121,8 +136,6 @@ def _parse(path: Path, data: mmap.mmap, with_arrays: bool = False) -> GGUFFile:
     import gguf
 
     cursor = _Cursor(data)
-    if data[:4] != _MAGIC:
-        raise ModelLoadError(f"{path}: not a GGUF file")
     cursor.at = 4
     version = cursor.take("I")
     if version not in _VERSIONS:
@@ -130,16 +143,14 @@ def _parse(path: Path, data: mmap.mmap, with_arrays: bool = False) -> GGUFFile:
                              "little-endian)")
     tensor_count, field_count = cursor.take("Q"), cursor.take("Q")
     fields: dict[str, Value] = {}
-    arrays: dict[str, int] = {}
     values: dict[str, list] | None = {} if with_arrays else None
     for _ in range(field_count):
         key = cursor.string()
         kind = cursor.take("I")
         if kind == ARRAY and values is not None:
             values[key] = _array(cursor)
-            arrays[key] = len(values[key])
         elif kind == ARRAY:
-            arrays[key] = _skip_array(cursor)
+            _skip_array(cursor)
         else:
             fields[key] = _value(cursor, kind)
     infos = []
@@ -167,7 +178,7 @@ def _parse(path: Path, data: mmap.mmap, with_arrays: bool = False) -> GGUFFile:
             raise ModelLoadError(f"{path}: truncated GGUF (tensor {name} ends past the end "
                                  "of the file)")
         tensors.append(tensor)
-    return GGUFFile(path, fields, arrays, tuple(tensors), version, values)
+    return GGUFFile(path, fields, tuple(tensors), version, values)
 
 
 def _value(cursor: _Cursor, kind: int) -> Value:
@@ -196,8 +207,8 @@ def _array(cursor: _Cursor) -> list:
     raise struct.error(f"unknown metadata value type {kind}")
 
 
-def _skip_array(cursor: _Cursor) -> int:
-    """Step over an array (of any depth), keeping nothing; its length."""
+def _skip_array(cursor: _Cursor) -> None:
+    """Step over an array (of any depth), keeping nothing."""
     kind, length = cursor.take("I"), cursor.take("Q")
     if kind in SCALARS:
         cursor.at += length * struct.calcsize("<" + SCALARS[kind])
@@ -211,4 +222,3 @@ def _skip_array(cursor: _Cursor) -> int:
         raise struct.error(f"unknown metadata value type {kind}")
     if cursor.at > len(cursor.data):
         raise struct.error("an array runs past the end of the file")
-    return length

@@ -1,18 +1,19 @@
-"""transformers' parse of a GGUF (``load_gguf_checkpoint``) fed by this package's header
-reader instead of gguf-py's, which decodes each array value one at a time (most of a first
-start). Here values come decoded in bulk (:func:`.read_gguf_header`) and pass through
+"""transformers' parses of a GGUF's header fed by this package's header reader: its legacy
+one (``load_gguf_checkpoint``, over gguf-py's reader, which decodes each array value one at a
+time) and its own reader's (``read_gguf_metadata``, which walks each string in Python, once per
+caller). Here values come decoded in bulk (:func:`.read_gguf_header`), once, and pass through
 transformers' decoding as they are; the rest of its parse is unchanged. Tensors come as
 gguf-py gives them: the file's bytes mapped read-only, in the same dtype and shape."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from pagedchat.engine.loading.gguf_file import TensorInfo, read_gguf_header
+from pagedchat.engine.loading.gguf_file import GGUFFile, TensorInfo
 
 # gguf-py's element types of the unquantized formats; every other tensor is its raw bytes
 _PLAIN = {"F16": np.float16, "F32": np.float32, "F64": np.float64, "I8": np.int8,
@@ -59,8 +60,7 @@ class _Tensor:
 class _Reader:
     """Stands for ``gguf.GGUFReader(path)`` in transformers' parse."""
 
-    def __init__(self, path: str | Path, mode: str = "r") -> None:
-        header = read_gguf_header(Path(path), with_arrays=True)
+    def __init__(self, header: GGUFFile) -> None:
         arrays = header.array_values or {}
         self.fields: dict[str, _Field] = {  # the reader's own fields come first
             "GGUF.version": _Field([header.version]),
@@ -69,8 +69,7 @@ class _Reader:
             **{key: _Field([value]) for key, value in header.fields.items()}}
         for key, values in arrays.items():
             self.fields[key] = _Field(values)
-        self.tensors = tuple(_Tensor(Path(path), info) for info in header.tensors)
-        self.nested = any(values and isinstance(values[0], list) for values in arrays.values())
+        self.tensors = tuple(_Tensor(header.path, info) for info in header.tensors)
 
 
 def _decoded(value, data_type=None):
@@ -78,20 +77,33 @@ def _decoded(value, data_type=None):
     return value
 
 
-def parse_metadata(parse: Callable[..., dict], path: str | Path, **kwargs) -> dict:
+def parse_metadata(parse: Callable[..., dict], header: GGUFFile, **kwargs) -> dict:
     """``parse(path, **kwargs)`` (``load_gguf_checkpoint``: the metadata unless
-    ``return_tensors=True``) over this package's reader; a file with a nested array (no
-    supported model has one) goes to gguf-py's reader."""
+    ``return_tensors=True``) over this package's parse of its header, with its arrays; a file
+    with a nested array goes to gguf-py's reader."""
     import gguf
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
     kwargs.setdefault("return_tensors", False)
-    reader = _Reader(path)
-    if reader.nested:
-        return parse(path, **kwargs)
+    if read_metadata(header) is None:
+        return parse(header.path, **kwargs)
+    reader = _Reader(header)
     saved = gguf.GGUFReader, gguf_utils._gguf_parse_value
     gguf.GGUFReader, gguf_utils._gguf_parse_value = (lambda *args, **_: reader), _decoded
     try:
-        return parse(path, **kwargs)
+        return parse(header.path, **kwargs)
     finally:
         gguf.GGUFReader, gguf_utils._gguf_parse_value = saved
+
+
+def read_metadata(header: GGUFFile, string_arrays: Container[str] = ()) -> tuple | None:
+    """transformers' ``read_gguf_metadata`` from ``header`` (parsed with its arrays): every key's
+    value, a string array not in ``string_arrays`` as its length; the tensors' names. None where
+    an array holds arrays (no supported model's), which transformers' readers each treat apart."""
+    metadata: dict = dict(header.fields)
+    for key, values in (header.array_values or {}).items():
+        if values and isinstance(values[0], list):
+            return None
+        counted = key not in string_arrays and bool(values) and isinstance(values[0], str)
+        metadata[key] = len(values) if counted else list(values)
+    return metadata, tuple(tensor.name for tensor in header.tensors)

@@ -6,6 +6,7 @@ weight de-quantizes to transformers' value; F32, F16, BF16 become float32 likewi
 from __future__ import annotations
 
 import copy
+import functools
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,7 +18,7 @@ import torch
 
 from pagedchat.engine.errors import ModelLoadError
 from pagedchat.engine.loading.gguf_file import GGUFFile, TensorInfo, read_gguf_header
-from pagedchat.engine.loading.gguf_metadata import parse_metadata
+from pagedchat.engine.loading.gguf_metadata import parse_metadata, read_metadata
 from pagedchat.kernels.cpu.build import prepare
 from pagedchat.kernels.quant import FORMATS, INT8_ACTIVATIONS, QuantizedWeight
 
@@ -68,31 +69,42 @@ def write_metadata(path: Path, folder: Path) -> None:
 
 @contextmanager
 def header_parsed_once() -> Iterator[None]:
-    """Within this block transformers' parses of a GGUF's header (for the config, the
-    tokenizer's class, the tensors) read it by :func:`.parse_metadata`: the metadata once (a
-    second parse is a copy of the first), the tensors' bytes mapped as gguf-py maps them."""
+    """Within this block transformers' parses of a GGUF's header (for the config, the tokenizer,
+    the tensors) read one parse of it with its arrays (:mod:`.gguf_metadata`)."""
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
+    try:  # transformers' own reader, since 5.x
+        from transformers.integrations import gguf as gguf_integration
+        from transformers.integrations.gguf import reader
+    except ImportError:
+        gguf_integration = reader = None
     parse = getattr(gguf_utils, "load_gguf_checkpoint", None)
-    parsed: dict[str, dict] = {}
+    read = getattr(reader, "read_gguf_metadata", None)
+    header_of = functools.cache(lambda file: read_gguf_header(Path(file), with_arrays=True))
+    metadata_of = functools.cache(lambda file: parse_metadata(parse, header_of(file)))
 
     def parse_once(file, return_tensors=False, **kwargs):
         if return_tensors:
-            return parse_metadata(parse, file, return_tensors=True, **kwargs)
+            return parse_metadata(parse, header_of(str(file)), return_tensors=True, **kwargs)
         if kwargs:
             return parse(file, return_tensors, **kwargs)
-        if str(file) not in parsed:
-            parsed[str(file)] = parse_metadata(parse, file)
-        # the callers read the config alone: the vocabulary is not copied
-        return {**parsed[str(file)], "config": copy.deepcopy(parsed[str(file)]["config"])}
+        metadata = metadata_of(str(file))  # the callers read the config: the vocabulary is shared
+        return {**metadata, "config": copy.deepcopy(metadata["config"])}
 
-    if parse is not None:
-        gguf_utils.load_gguf_checkpoint = parse_once
+    def read_once(file, string_arrays=()):
+        return read_metadata(header_of(str(file)), string_arrays) or read(file, string_arrays)
+
+    patches = [patch for patch in ((gguf_utils, "load_gguf_checkpoint", parse, parse_once),
+                                   (reader, "read_gguf_metadata", read, read_once),
+                                   (gguf_integration, "read_gguf_metadata", read, read_once))
+               if patch[2] is not None]
+    for module, name, _, new in patches:
+        setattr(module, name, new)
     try:
         yield
     finally:
-        if parse is not None:
-            gguf_utils.load_gguf_checkpoint = parse
+        for module, name, old, _ in patches:
+            setattr(module, name, old)
 
 
 def add_rope_freqs(config: PretrainedConfig, path: Path) -> None:

@@ -9,7 +9,6 @@ import hashlib
 import json
 import os
 import shutil
-import struct
 import tempfile
 import time
 from collections.abc import Callable
@@ -21,7 +20,7 @@ from pagedchat import progress
 from pagedchat.engine.config import QUANTIZED_WEIGHTS
 from pagedchat.engine.errors import ModelLoadError
 from pagedchat.engine.loading import gguf_weights
-from pagedchat.engine.loading.gguf_file import SCALARS, STRING, GGUFFile, read_gguf_header
+from pagedchat.engine.loading.gguf_file import GGUFFile, read_gguf_header
 from pagedchat.engine.loading.named_models import NAMED_MODELS, default_model_path, named_model_path
 from pagedchat.kernels.quant import QuantizedWeight, quantize_q8_0
 from pagedchat.paths import cache_root
@@ -61,27 +60,11 @@ def reads_quantized(spec: str | os.PathLike | None) -> bool:
 
 
 def gguf_architecture(path: Path) -> str | None:
-    """A GGUF file's ``general.architecture``, read from the start of its header without
-    parsing the rest (the tokenizer's arrays); None where it is not found there."""
+    """A GGUF file's ``general.architecture``; None where it is not a GGUF this reads."""
     try:
-        with path.open("rb") as handle:
-            magic, _version, _tensors, count = struct.unpack("<4sIQQ", handle.read(24))
-            if magic != b"GGUF":
-                return None
-            for _ in range(count):
-                key = handle.read(struct.unpack("<Q", handle.read(8))[0])
-                kind = struct.unpack("<I", handle.read(4))[0]
-                if kind == STRING:
-                    value = handle.read(struct.unpack("<Q", handle.read(8))[0])
-                    if key == b"general.architecture":
-                        return value.decode()
-                elif kind in SCALARS:
-                    handle.read(struct.calcsize("<" + SCALARS[kind]))
-                else:  # an array comes before the architecture: the header is unusual
-                    return None
-    except (OSError, struct.error, UnicodeDecodeError):
+        return read_gguf_header(path).fields.get("general.architecture")
+    except ModelLoadError:
         return None
-    return None
 
 
 def prepare_model(spec: str | os.PathLike | None = None, weights: str = "float32") -> ModelFiles:
@@ -141,13 +124,6 @@ def check_hf_folder(folder: Path) -> None:
 
 def check_gguf(path: Path) -> GGUFFile:
     """``path``'s header; a file not a GGUF, cut short or of an unsupported model is rejected."""
-    try:
-        with path.open("rb") as handle:
-            magic = handle.read(4)
-    except OSError as error:
-        raise ModelLoadError(f"{path}: cannot read ({error})") from error
-    if magic != b"GGUF":
-        raise ModelLoadError(f"{path}: not a model (expected a GGUF file or an HF folder)")
     header = read_gguf_header(path)
     if (arch := header.fields.get("general.architecture")) not in _GGUF_ARCHITECTURES:
         raise ModelLoadError(f"{path}: unsupported architecture {arch!r} "

@@ -60,11 +60,14 @@ def test_header_matches_gguf_py(tmp_path):
 
 
 def test_arrays_are_stepped_over(tmp_path):
-    """The tokenizer's arrays are kept as lengths, never as values."""
-    header = read_gguf_header(write_gguf(tmp_path / "sample.gguf"))
-    assert header.array_lengths == {"tokenizer.ggml.tokens": len(TOKENS),
-                                    "tokenizer.ggml.scores": len(TOKENS), "test.nested": 2}
-    assert not set(header.array_lengths) & set(header.fields)
+    """The tokenizer's arrays are stepped over, never read as values; what follows them (the
+    tensors) is read as a parse with the arrays reads it."""
+    path = write_gguf(tmp_path / "sample.gguf")
+    header = read_gguf_header(path)
+    assert header.array_values is None
+    arrays = {"tokenizer.ggml.tokens", "tokenizer.ggml.scores", "test.nested"}
+    assert not arrays & set(header.fields)
+    assert header.tensors and header.tensors == read_gguf_header(path, with_arrays=True).tensors
 
 
 def test_damaged_files_are_named(tmp_path):
@@ -80,7 +83,7 @@ def test_damaged_files_are_named(tmp_path):
         read_gguf_header(header_only)
     other = tmp_path / "other.gguf"
     other.write_bytes(b"GGML" + data[4:])
-    with pytest.raises(ModelLoadError, match="other.gguf: not a GGUF file"):
+    with pytest.raises(ModelLoadError, match="other.gguf: not a model"):
         read_gguf_header(other)
     with pytest.raises(ModelLoadError, match="missing.gguf: cannot read"):
         read_gguf_header(tmp_path / "missing.gguf")
@@ -112,5 +115,6 @@ def test_arrays_read_in_bulk_are_gguf_pys_values(tmp_path):
         if values and isinstance(values[0], list):  # gguf-py lists a nested array's leaves
             values = [leaf for inner in values for leaf in inner]
         assert values == [field.contents(i) for i in range(len(field.data))], key
-    assert header.array_lengths == {key: len(v) for key, v in header.array_values.items()}
+    assert set(header.array_values) == {"tokenizer.ggml.tokens", "tokenizer.ggml.scores",
+                                        "test.nested"}
     assert read_gguf_header(path).array_values is None

@@ -135,30 +135,32 @@ def test_tiny_gguf_reads_as_transformers_loads_it(tiny_gguf):
 
 
 def test_metadata_parses_the_header_once(tiny_gguf, tmp_path, monkeypatch):
+    """Writing a GGUF's config and tokenizer parses its header with the arrays once: neither
+    gguf-py's reader nor transformers' own walks the vocabulary; both are restored after."""
     import gguf
+    from transformers import modeling_gguf_pytorch_utils
+    from transformers.integrations.gguf import reader
 
-    from pagedchat.engine.loading import gguf_metadata
+    from pagedchat.engine.loading import gguf_file
 
-    parses, gguf_py_parses = [], []
-
-    class CountingReader(gguf_metadata._Reader):
-        def __init__(self, *args, **kwargs):
-            parses.append(args[0])
-            super().__init__(*args, **kwargs)
+    parses, their_parses = [], []
+    ours, theirs = gguf_file._parse_file, reader._read_metadata
 
     class CountingGGUFReader(gguf.GGUFReader):
         def __init__(self, *args, **kwargs):
-            gguf_py_parses.append(args[0])
+            their_parses.append(args[0])
             super().__init__(*args, **kwargs)
 
-    monkeypatch.setattr(gguf_metadata, "_Reader", CountingReader)
+    monkeypatch.setattr(gguf_file, "_parse_file",
+                        lambda *args, **kwargs: parses.append(kwargs) or ours(*args, **kwargs))
+    monkeypatch.setattr(reader, "_read_metadata",
+                        lambda *args: their_parses.append(args[1]) or theirs(*args))
     monkeypatch.setattr(gguf, "GGUFReader", CountingGGUFReader)
     write_metadata(tiny_gguf, tmp_path)
-    assert len(parses) == 1 and not gguf_py_parses
+    assert parses.count({"with_arrays": True}) == 1 and not their_parses
     assert (tmp_path / "config.json").is_file() and (tmp_path / "tokenizer.json").is_file()
-    from transformers import modeling_gguf_pytorch_utils
-
     assert modeling_gguf_pytorch_utils.load_gguf_checkpoint.__name__ == "load_gguf_checkpoint"
+    assert reader.read_gguf_metadata.__name__ == "read_gguf_metadata"
 
 
 def test_tensors_parsed_in_bulk_are_gguf_pys(tiny_gguf, monkeypatch):
@@ -411,16 +413,26 @@ def test_q8_0_at_load_is_greedy_exact_on_its_values(tiny_model_dir, tmp_path):
 
 def _same_metadata(path: Path) -> None:
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    from transformers.integrations.gguf import reader
 
-    from pagedchat.engine.loading.gguf_metadata import parse_metadata
+    from pagedchat.engine.loading.gguf_file import read_gguf_header
+    from pagedchat.engine.loading.gguf_metadata import parse_metadata, read_metadata
 
-    ours = parse_metadata(gguf_utils.load_gguf_checkpoint, path)
+    header = read_gguf_header(path, with_arrays=True)
+    ours = parse_metadata(gguf_utils.load_gguf_checkpoint, header)
     theirs = gguf_utils.load_gguf_checkpoint(path, return_tensors=False)
     assert ours == theirs
     for part, values in theirs.items():
         if isinstance(values, dict):
-            assert {key: type(value) for key, value in ours[part].items()} == \
-                {key: type(value) for key, value in values.items()}, part
+            assert _types(ours[part]) == _types(values), part
+    # transformers' own reader, as the config and the tokenizer call it
+    for asked in ((), ("tokenizer.ggml.tokens", "tokenizer.ggml.merges")):
+        ours, theirs = read_metadata(header, asked), reader.read_gguf_metadata(str(path), asked)
+        assert ours == theirs and _types(ours[0]) == _types(theirs[0]), asked
+
+
+def _types(values: dict) -> dict:
+    return {key: type(value) for key, value in values.items()}
 
 
 def test_metadata_read_in_bulk_is_gguf_pys(tiny_gguf):
