@@ -87,9 +87,8 @@ def read_gguf_header(path: Path, with_arrays: bool = False) -> GGUFFile:
     them, one parse per version of the file (path, size, mtime) serves a start's every read."""
     try:
         stat = path.stat()
-        if with_arrays:
-            return _parse_file(path, stat.st_size, with_arrays=True)
-        return _header(path, stat.st_size, stat.st_mtime_ns)
+        return (_parse_file(path, stat.st_size, with_arrays=True) if with_arrays
+                else _header(path, stat.st_size, stat.st_mtime_ns))
     except OSError as error:
         raise ModelLoadError(f"{path}: cannot read ({error})") from error
     except (struct.error, UnicodeDecodeError) as error:

@@ -1,9 +1,8 @@
-"""transformers' parses of a GGUF's header fed by this package's header reader: its legacy
-one (``load_gguf_checkpoint``, over gguf-py's reader, which decodes each array value one at a
-time) and its own reader's (``read_gguf_metadata``, which walks each string in Python, once per
-caller). Here values come decoded in bulk (:func:`.read_gguf_header`), once, and pass through
-transformers' decoding as they are; the rest of its parse is unchanged. Tensors come as
-gguf-py gives them: the file's bytes mapped read-only, in the same dtype and shape."""
+"""transformers' parses of a GGUF's header (its legacy ``load_gguf_checkpoint`` over gguf-py's
+reader, which decodes each array value one at a time, and its own ``read_gguf_metadata``, which
+walks each string in Python for every caller) fed by one bulk parse of this package's
+(:func:`.read_gguf_header`), its values passing through transformers' decoding as they are.
+Tensors come as gguf-py gives them: the file's bytes mapped read-only, same dtype and shape."""
 
 from __future__ import annotations
 
@@ -72,11 +71,6 @@ class _Reader:
         self.tensors = tuple(_Tensor(header.path, info) for info in header.tensors)
 
 
-def _decoded(value, data_type=None):
-    """transformers' ``_gguf_parse_value`` for a value :class:`_Reader` already decoded."""
-    return value
-
-
 def parse_metadata(parse: Callable[..., dict], header: GGUFFile, **kwargs) -> dict:
     """``parse(path, **kwargs)`` (``load_gguf_checkpoint``: the metadata unless
     ``return_tensors=True``) over this package's parse of its header, with its arrays; a file
@@ -89,7 +83,9 @@ def parse_metadata(parse: Callable[..., dict], header: GGUFFile, **kwargs) -> di
         return parse(header.path, **kwargs)
     reader = _Reader(header)
     saved = gguf.GGUFReader, gguf_utils._gguf_parse_value
-    gguf.GGUFReader, gguf_utils._gguf_parse_value = (lambda *args, **_: reader), _decoded
+    # the reader stands for gguf-py's, its values already decoded as transformers decodes them
+    gguf.GGUFReader = lambda *args, **_: reader
+    gguf_utils._gguf_parse_value = lambda value, data_type=None: value
     try:
         return parse(header.path, **kwargs)
     finally:

@@ -5,6 +5,7 @@ weight de-quantizes to transformers' value; F32, F16, BF16 become float32 likewi
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import re
@@ -73,21 +74,19 @@ def header_parsed_once() -> Iterator[None]:
     the tensors) read one parse of it with its arrays (:mod:`.gguf_metadata`)."""
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
-    try:  # transformers' own reader, since 5.x
+    gguf_integration = reader = None
+    with contextlib.suppress(ImportError):  # transformers' own reader, since 5.x
         from transformers.integrations import gguf as gguf_integration
         from transformers.integrations.gguf import reader
-    except ImportError:
-        gguf_integration = reader = None
     parse = getattr(gguf_utils, "load_gguf_checkpoint", None)
     read = getattr(reader, "read_gguf_metadata", None)
     header_of = functools.cache(lambda file: read_gguf_header(Path(file), with_arrays=True))
     metadata_of = functools.cache(lambda file: parse_metadata(parse, header_of(file)))
 
     def parse_once(file, return_tensors=False, **kwargs):
-        if return_tensors:
-            return parse_metadata(parse, header_of(str(file)), return_tensors=True, **kwargs)
-        if kwargs:
-            return parse(file, return_tensors, **kwargs)
+        if return_tensors or kwargs:
+            return parse_metadata(parse, header_of(str(file)), return_tensors=return_tensors,
+                                  **kwargs)
         metadata = metadata_of(str(file))  # the callers read the config: the vocabulary is shared
         return {**metadata, "config": copy.deepcopy(metadata["config"])}
 

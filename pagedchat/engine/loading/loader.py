@@ -56,15 +56,10 @@ def reads_quantized(spec: str | os.PathLike | None) -> bool:
     path = Path(spec).expanduser()
     if str(spec) in NAMED_MODELS and not path.exists():
         path = named_model_path(str(spec))
-    return path.is_file() and gguf_architecture(path) in _GGUF_ARCHITECTURES
-
-
-def gguf_architecture(path: Path) -> str | None:
-    """A GGUF file's ``general.architecture``; None where it is not a GGUF this reads."""
     try:
-        return read_gguf_header(path).fields.get("general.architecture")
-    except ModelLoadError:
-        return None
+        return path.is_file() and check_gguf(path) is not None
+    except ModelLoadError:  # not a GGUF, or not of a supported architecture
+        return False
 
 
 def prepare_model(spec: str | os.PathLike | None = None, weights: str = "float32") -> ModelFiles:

@@ -12,7 +12,8 @@ import pytest
 
 from pagedchat.engine.errors import ModelLoadError
 from pagedchat.engine.loading import named_models
-from pagedchat.engine.loading.loader import gguf_architecture, reads_quantized
+from pagedchat.engine.loading.gguf_file import read_gguf_header
+from pagedchat.engine.loading.loader import reads_quantized
 from pagedchat.engine.loading.named_models import (
     NAMED_MODELS,
     NamedModel,
@@ -163,7 +164,8 @@ def test_a_name_resolves_everywhere_a_model_is_taken(tmp_path, monkeypatch):
     writer.close()
     _install_fake_model(tmp_path, monkeypatch, written.read_bytes())
     assert reads_quantized("fake-model")
-    assert gguf_architecture(named_model_path("fake-model")) == "qwen2"
+    assert read_gguf_header(named_model_path("fake-model")).fields["general.architecture"] == \
+        "qwen2"
 
 
 def test_every_named_model_has_its_parts_in_order():
@@ -179,4 +181,5 @@ def test_an_installed_named_model_is_a_gguf_of_its_family(name, architecture):
     model = NAMED_MODELS[name]
     if not is_installed(model):
         pytest.skip(f"{name} is not installed ({model.install_command()})")
-    assert gguf_architecture(named_model_path(name)) == architecture
+    assert read_gguf_header(named_model_path(name)).fields["general.architecture"] == \
+        architecture
